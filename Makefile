@@ -1,0 +1,57 @@
+# torchstep — the README's two commands (`make demo`, `make test`) bootstrap everything.
+# Needs only Python 3.11, pip, git and make. Re-running with the environment in place
+# reinstalls nothing: the stamp below only goes stale when the lock or a pyproject changes.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.torchstep-installed
+UV_VERSION := 0.13.8
+ADAPTERS := core airflow kfp prefect
+PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: env demo test lint typecheck unit test-isolated bench system-deps lock clean
+
+env: $(STAMP)
+
+$(STAMP): requirements/dev.lock $(PYPROJECTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements/dev.lock
+	# torch through pip: pip's own configuration may point at a local CPU build (FACTS.md).
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(foreach a,$(ADAPTERS),-e adapters/$(a))
+	touch $@
+
+system-deps:
+	@bash tools/system-deps.sh
+
+demo: $(STAMP)
+	$(BIN)/python dags/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy adapters
+
+unit: $(STAMP) system-deps
+	$(BIN)/pytest
+
+test: lint typecheck unit test-isolated
+
+# Each adapter alone in a fresh venv with the newest versions its ranges allow.
+test-isolated: $(STAMP)
+	$(BIN)/python tools/test_isolated.py $(ADAPTERS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+# Regenerate the pinned dependency set after editing requirements/dev.in.
+lock: $(STAMP)
+	$(BIN)/uv pip compile -q --python-version 3.11 requirements/dev.in -o requirements/dev.lock
+
+clean:
+	rm -rf $(VENV) .venv-isolated .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,67 @@
+"""torchstep: TorchX AppDefs as native steps of Airflow, KFP v2 and Prefect, each run
+under an embedded elastic agent.
+
+Importing this package is cheap: it never imports torch, and submodules load on first
+use (the Airflow scheduler re-parses DAG files that import us every 30 s).
+
+Example::
+
+    >>> import torchstep
+    >>> app = torchstep.materialize("utils.echo", ["--msg", "hi"])
+    >>> torchstep.build_plan(app, target="local").roles[0].name
+    'echo'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, NonRetryableError, SpecError
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (loaded lazily)
+_LAZY = {
+    "materialize": "torchstep.components",
+    "build_plan": "torchstep.plan",
+    "StepPlan": "torchstep.plan",
+    "RolePlan": "torchstep.plan",
+    "explain": "torchstep.explain",
+    "run_local": "torchstep.local",
+    "StepResult": "torchstep.result",
+    "record": "torchstep.worker",
+    "expires": "torchstep.worker",
+    "heartbeat": "torchstep.worker",
+    "output": "torchstep.worker",
+}
+_SUBMODULES = {"kubernetes", "local", "plan", "result", "worker", "agent", "components", "names", "macros"}
+
+__all__ = [
+    "AGENT_ERROR_EXIT_CODE",
+    "NON_RETRYABLE_EXIT_CODE",
+    "NonRetryableError",
+    "SpecError",
+    *_LAZY,
+    "kubernetes",
+]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from torchstep import kubernetes
+    from torchstep.components import materialize
+    from torchstep.explain import explain
+    from torchstep.local import run_local
+    from torchstep.plan import RolePlan, StepPlan, build_plan
+    from torchstep.result import StepResult
+    from torchstep.worker import expires, heartbeat, output, record
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"torchstep.{name}")
+    else:
+        raise AttributeError(f"module 'torchstep' has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -1,0 +1,257 @@
+"""The versioned step result (``"schema": 1``) shared by the agent, the local launcher and
+every adapter.
+
+One agent writes a :class:`StepResult` with one :class:`ReplicaResult` (itself); the local
+launcher and the Kubernetes paths aggregate several with :func:`merge`. Adapters surface
+``result.to_dict()`` natively (Airflow XCom, Prefect task result, KFP output).
+
+Example::
+
+    >>> from torchstep.result import StepResult, ReplicaResult, RankResult
+    >>> r = StepResult(app_id="demo-1a2b", state="SUCCEEDED", exit_code=0, replicas=[
+    ...     ReplicaResult(role="trainer", replica_id=0, state="SUCCEEDED", exit_code=0,
+    ...                   ranks=[RankResult(role="trainer", rank=0, local_rank=0, state="SUCCEEDED", exit_code=0)])])
+    >>> StepResult.from_dict(r.to_dict()) == r
+    True
+    >>> [x.rank for x in r.ranks]
+    [0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+#: Terminal states, named as TorchX ``AppState`` names.
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+RUNNING = "RUNNING"
+PENDING = "PENDING"
+UNKNOWN = "UNKNOWN"
+
+#: The number of trailing log lines of a failed rank kept in the result.
+TAIL_LINES = 50
+
+
+@dataclass
+class RankResult:
+    """One worker process (a torch.distributed rank) of one replica."""
+
+    role: str
+    rank: int  # global rank (torch RANK)
+    local_rank: int
+    state: str = UNKNOWN
+    exit_code: int | None = None
+    signal: str | None = None  # e.g. "SIGKILL" when the worker died of a signal
+    message: str | None = None  # error message from the worker's error file
+    traceback: str | None = None
+    timestamp: float | None = None  # unix time of the failure, when known
+    reason: str | None = None  # worker_failed | timer_expired | heartbeat_timeout | ...
+    replica_id: int | None = None
+    log_file: str | None = None
+    tail: list[str] = field(default_factory=list)  # last TAIL_LINES lines when it failed
+
+
+@dataclass
+class ReplicaResult:
+    """One agent (one "node") of one role."""
+
+    role: str
+    replica_id: int
+    state: str = UNKNOWN
+    exit_code: int | None = None
+    restarts: int = 0
+    ranks: list[RankResult] = field(default_factory=list)
+    log_dir: str | None = None
+    result_file: str | None = None
+    message: str | None = None  # agent-level message (rendezvous timeout, signal, ...)
+
+
+@dataclass
+class StepResult:
+    """The result of a whole step (one agent, or every replica of every role).
+
+    ``root_cause`` is the earliest failure (by timestamp) or ``None``; ``retryable`` is
+    ``False`` when any failure was a :class:`torchstep.NonRetryableError` (or the reserved
+    exit code) or the step was cancelled on purpose.
+    """
+
+    app_id: str
+    state: str
+    exit_code: int | None = None
+    retryable: bool = True
+    restarts: int = 0
+    duration_s: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    root_cause: RankResult | None = None
+    replicas: list[ReplicaResult] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    message: str | None = None
+    log_dir: str | None = None
+    attempts: int = 1
+    schema: int = SCHEMA_VERSION
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[RankResult]:
+        """Every rank of every replica, in role / replica / rank order."""
+        return [rk for rep in self.replicas for rk in rep.ranks]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == SUCCEEDED
+
+    def app_status(self) -> Any:
+        """This result as a TorchX ``AppStatus`` (roles and replicas included)."""
+        from torchx.specs import AppState, AppStatus, ReplicaStatus, RoleStatus
+
+        def state_of(name: str) -> AppState:
+            return AppState[name] if name in AppState.__members__ else AppState.UNKNOWN
+
+        roles: dict[str, list[ReplicaStatus]] = {}
+        for rep in self.replicas:
+            roles.setdefault(rep.role, []).append(
+                ReplicaStatus(
+                    id=rep.replica_id,
+                    state=state_of(rep.state),
+                    role=rep.role,
+                    hostname="localhost",
+                    structured_error_msg=json.dumps(dataclasses.asdict(self.root_cause))
+                    if self.root_cause is not None and self.root_cause.role == rep.role
+                    and self.root_cause.replica_id == rep.replica_id
+                    else "<NONE>",
+                )
+            )
+        msg = self.message or ""
+        if self.root_cause is not None and not msg:
+            msg = self.root_cause.message or f"exit code {self.root_cause.exit_code}"
+        return AppStatus(
+            state=state_of(self.state),
+            num_restarts=self.restarts,
+            msg=msg,
+            roles=[RoleStatus(role=name, replicas=reps) for name, reps in roles.items()],
+        )
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepResult:
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"unsupported step result schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
+        d = dict(data)
+        rc = d.pop("root_cause", None)
+        reps = d.pop("replicas", [])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            **{k: v for k, v in d.items() if k in known},
+            root_cause=_rank_from(rc) if rc else None,
+            replicas=[_replica_from(r) for r in reps],
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> StepResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temp file in the same directory + rename)."""
+        write_json_atomic(path, self.to_dict())
+
+
+def _rank_from(d: dict[str, Any]) -> RankResult:
+    known = {f.name for f in dataclasses.fields(RankResult)}
+    return RankResult(**{k: v for k, v in d.items() if k in known})
+
+
+def _replica_from(d: dict[str, Any]) -> ReplicaResult:
+    known = {f.name for f in dataclasses.fields(ReplicaResult)}
+    ranks = [_rank_from(r) for r in d.get("ranks", [])]
+    return ReplicaResult(**{k: v for k, v in d.items() if k in known and k != "ranks"}, ranks=ranks)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON so a reader never sees a half-written file, even if we are killed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
+    """The root cause: the failed rank with the earliest timestamp (unknown times last)."""
+    failed = [r for r in ranks if r.state not in (SUCCEEDED, UNKNOWN, RUNNING, PENDING) or
+              (r.exit_code not in (None, 0))]
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (r.timestamp is None, r.timestamp or 0.0, r.rank))
+
+
+def merge(app_id: str, replicas: list[StepResult], *, started_at: float | None = None,
+          ended_at: float | None = None, attempts: int = 1, log_dir: str | None = None) -> StepResult:
+    """Aggregate the per-agent results of one run into one step result.
+
+    State: CANCELLED if any replica was cancelled, else FAILED if any failed, else SUCCEEDED
+    when all succeeded. Outputs come from the replica that holds global rank 0 of the first
+    role. Restarts are summed.
+    """
+    reps = [rep for r in replicas for rep in r.replicas]
+    states = [r.state for r in replicas]
+    if CANCELLED in states:
+        state = CANCELLED
+    elif FAILED in states or UNKNOWN in states:
+        state = FAILED
+    elif states and all(s == SUCCEEDED for s in states):
+        state = SUCCEEDED
+    else:
+        state = UNKNOWN
+    roots = [r.root_cause for r in replicas if r.root_cause is not None]
+    root = min(roots, key=lambda r: (r.timestamp is None, r.timestamp or 0.0)) if roots else None
+    exit_code = 0 if state == SUCCEEDED else next(
+        (r.exit_code for r in replicas if r.exit_code not in (None, 0)), None)
+    outputs: dict[str, Any] = {}
+    for r in replicas:
+        if r.outputs:
+            outputs = r.outputs
+            break
+    t0 = started_at if started_at is not None else min((r.started_at for r in replicas if r.started_at), default=None)
+    t1 = ended_at if ended_at is not None else max((r.ended_at for r in replicas if r.ended_at), default=None)
+    return StepResult(
+        app_id=app_id,
+        state=state,
+        exit_code=exit_code,
+        retryable=all(r.retryable for r in replicas),
+        restarts=sum(r.restarts for r in replicas),
+        duration_s=(t1 - t0) if (t0 is not None and t1 is not None) else 0.0,
+        started_at=t0,
+        ended_at=t1,
+        root_cause=root,
+        replicas=reps,
+        outputs=outputs,
+        message=next((r.message for r in replicas if r.message), None),
+        log_dir=log_dir,
+        attempts=attempts,
+    )

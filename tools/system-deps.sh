@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite runs for real: PostgreSQL (the real Airflow
+# deployment test) and etcd (the agent's etcd rendezvous test). Idempotent and quick when
+# they are present; prints what it did. Without root or apt it says so and the tests that
+# need the package skip with that reason.
+set -u
+need=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: cannot install ${need[*]} (needs root and apt-get); tests that need them will skip" >&2
+  exit 0
+fi
+echo "system-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null 2>&1 || true
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+  || echo "system-deps: apt-get install ${need[*]} failed; tests that need them will skip" >&2
+# Debian starts services on install; the tests start their own on free loopback ports.
+for svc in etcd postgresql; do
+  command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1 || true
+done
+exit 0
