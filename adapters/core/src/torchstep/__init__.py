@@ -41,9 +41,19 @@ __all__ = [
     "AGENT_ERROR_EXIT_CODE",
     "NON_RETRYABLE_EXIT_CODE",
     "NonRetryableError",
+    "RolePlan",
     "SpecError",
-    *_LAZY,
+    "StepPlan",
+    "StepResult",
+    "build_plan",
+    "expires",
+    "explain",
+    "heartbeat",
     "kubernetes",
+    "materialize",
+    "output",
+    "record",
+    "run_local",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

@@ -126,7 +126,8 @@ class StepResult:
                     role=rep.role,
                     hostname="localhost",
                     structured_error_msg=json.dumps(dataclasses.asdict(self.root_cause))
-                    if self.root_cause is not None and self.root_cause.role == rep.role
+                    if self.root_cause is not None
+                    and self.root_cause.role == rep.role
                     and self.root_cause.replica_id == rep.replica_id
                     else "<NONE>",
                 )
@@ -203,15 +204,23 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
     """The root cause: the failed rank with the earliest timestamp (unknown times last)."""
-    failed = [r for r in ranks if r.state not in (SUCCEEDED, UNKNOWN, RUNNING, PENDING) or
-              (r.exit_code not in (None, 0))]
+    failed = [
+        r for r in ranks if r.state not in (SUCCEEDED, UNKNOWN, RUNNING, PENDING) or (r.exit_code not in (None, 0))
+    ]
     if not failed:
         return None
     return min(failed, key=lambda r: (r.timestamp is None, r.timestamp or 0.0, r.rank))
 
 
-def merge(app_id: str, replicas: list[StepResult], *, started_at: float | None = None,
-          ended_at: float | None = None, attempts: int = 1, log_dir: str | None = None) -> StepResult:
+def merge(
+    app_id: str,
+    replicas: list[StepResult],
+    *,
+    started_at: float | None = None,
+    ended_at: float | None = None,
+    attempts: int = 1,
+    log_dir: str | None = None,
+) -> StepResult:
     """Aggregate the per-agent results of one run into one step result.
 
     State: CANCELLED if any replica was cancelled, else FAILED if any failed, else SUCCEEDED
@@ -230,8 +239,7 @@ def merge(app_id: str, replicas: list[StepResult], *, started_at: float | None =
         state = UNKNOWN
     roots = [r.root_cause for r in replicas if r.root_cause is not None]
     root = min(roots, key=lambda r: (r.timestamp is None, r.timestamp or 0.0)) if roots else None
-    exit_code = 0 if state == SUCCEEDED else next(
-        (r.exit_code for r in replicas if r.exit_code not in (None, 0)), None)
+    exit_code = 0 if state == SUCCEEDED else next((r.exit_code for r in replicas if r.exit_code not in (None, 0)), None)
     outputs: dict[str, Any] = {}
     for r in replicas:
         if r.outputs:

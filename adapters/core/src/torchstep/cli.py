@@ -1,0 +1,89 @@
+"""The ``torchstep`` command line.
+
+    torchstep explain REF --target T [-- component args]
+    torchstep run REF [options] [-- component args]      (or --app FILE.json)
+    torchstep render REF --namespace NS [-- component args]
+    torchstep runopts {local,kubernetes}
+    torchstep builtins
+
+REF is anything :func:`torchstep.materialize` takes: ``path/file.py:fn``,
+``package.module:fn`` or a TorchX builtin such as ``dist.ddp``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from torchstep.errors import SpecError
+
+#: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
+SUBCOMMANDS = {
+    "run": "torchstep.local.cli:main",
+    "render": "torchstep.kubernetes.cli:main",
+}
+
+
+def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[opts..., "--", component args...]`` → (opts, component args)."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def explain_main(argv: Sequence[str]) -> int:
+    from torchstep.components import materialize
+    from torchstep.explain import explain
+    from torchstep.plan import TARGETS
+
+    opts, comp_args = split_component_args(argv)
+    p = argparse.ArgumentParser(prog="torchstep explain", description="print the translation table of an AppDef")
+    p.add_argument("ref", help="component: path/file.py:fn, package.module:fn or a TorchX builtin (dist.ddp)")
+    p.add_argument("--target", "-t", required=True, choices=TARGETS)
+    ns = p.parse_args(opts)
+    app = materialize(ns.ref, comp_args)
+    text = explain(app, ns.target)
+    sys.stdout.write(text)
+    return 0 if "REJECTED" not in text else 2
+
+
+def runopts_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="torchstep runopts", description="print the options of a target")
+    p.add_argument("target", choices=["local", "kubernetes"])
+    ns = p.parse_args(list(argv))
+    module = importlib.import_module(f"torchstep.{ns.target}")
+    print(module.runopts())
+    return 0
+
+
+def builtins_main(argv: Sequence[str]) -> int:
+    from torchx.specs.finder import get_components
+
+    for name in sorted(get_components()):
+        print(name)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"explain": explain_main, "runopts": runopts_main, "builtins": builtins_main}
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] not in commands and argv[0] not in SUBCOMMANDS):
+        print(__doc__.strip())
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd in commands:
+            return commands[cmd](rest)
+        module, _, fn = SUBCOMMANDS[cmd].partition(":")
+        return int(getattr(importlib.import_module(module), fn)(rest) or 0)
+    except SpecError as e:
+        print(f"torchstep {cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

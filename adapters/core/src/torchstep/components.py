@@ -1,0 +1,226 @@
+"""``materialize``: a TorchX component (reference or callable) plus its arguments → AppDef.
+
+String arguments are parsed by TorchX's own builder (``materialize_appdef``), exactly as
+``torchx run`` parses them; keyword arguments are passed to the function as Python values.
+
+Example::
+
+    >>> import torchstep
+    >>> app = torchstep.materialize("utils.echo", ["--msg", "hello"])
+    >>> app.roles[0].args
+    ['hello']
+    >>> torchstep.materialize("utils.echo", {"msg": "hi"}).roles[0].args
+    ['hi']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torchstep.errors import SpecError
+
+ComponentRef = str | Callable[..., Any]
+
+
+def materialize(
+    component: Any,
+    args: Sequence[str] | Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Build the ``torchx.specs.AppDef`` of ``component``.
+
+    ``component`` is an AppDef (returned as is), a callable, ``"path/file.py:fn"``,
+    ``"package.module:fn"`` or a TorchX builtin such as ``"dist.ddp"``. ``args`` is a list
+    of command-line strings (``["--lr", "0.1"]``) or a mapping of parameter name to value
+    (rendered as ``--name value``; lists repeat, ``*args`` parameters take a list);
+    ``kwargs`` are passed to the function unparsed. Every failure is a
+    :class:`~torchstep.SpecError` whose ``field`` is ``component`` or ``component.<param>``.
+    """
+    from torchx.specs import AppDef
+
+    if isinstance(component, AppDef):
+        if args or kwargs:
+            raise SpecError(
+                "component",
+                None,
+                "arguments were given with a ready AppDef",
+                fix="pass the component function (or its reference) instead of an AppDef",
+            )
+        return component
+    fn, label = _resolve(component)
+    if kwargs and args:
+        raise SpecError(
+            "component",
+            None,
+            f"{label}: give either args or keyword arguments, not both",
+            fix="merge them into one mapping",
+        )
+    if kwargs:
+        _check_kwargs(fn, label, kwargs)
+        try:
+            app = fn(**kwargs)
+        except SpecError:
+            raise
+        except Exception as e:  # the component's own validation
+            raise SpecError(
+                "component", None, f"{label} raised {type(e).__name__}: {e}", fix="fix the component arguments"
+            ) from e
+        return _check_app(app, label)
+    argv = _argv_of(fn, label, args)
+    return _check_app(_materialize_argv(fn, label, argv), label)
+
+
+def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
+    if callable(component):
+        return component, getattr(component, "__qualname__", repr(component))
+    if not isinstance(component, str) or not component.strip():
+        raise SpecError(
+            "component",
+            None,
+            f"expected an AppDef, a callable or a reference string, got {component!r}",
+            fix='use e.g. "components/train.py:trainer" or "dist.ddp"',
+        )
+    ref = component.strip()
+    path, sep, fn_name = ref.rpartition(":")
+    if sep and path and not path.endswith(".py") and not os.path.exists(path) and "/" not in path:
+        # "package.module:fn"
+        try:
+            module = importlib.import_module(path)
+        except ImportError as e:
+            raise SpecError(
+                "component",
+                None,
+                f"cannot import module {path!r} of {ref!r}: {e}",
+                fix="check the module path and that its package is installed",
+            ) from e
+        fn = getattr(module, fn_name, None)
+        if not callable(fn):
+            raise SpecError(
+                "component",
+                None,
+                f"module {path!r} has no function {fn_name!r}",
+                fix=f"define {fn_name}() in {path} or fix the reference",
+            )
+        return fn, ref
+    from torchx.specs.finder import ComponentNotFoundException, ComponentValidationException, get_component
+
+    if sep and not os.path.exists(path):
+        raise SpecError(
+            "component",
+            None,
+            f"component file {path!r} does not exist",
+            fix="give a path relative to the current directory or an absolute path",
+        )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            found = get_component(ref)
+    except (ComponentNotFoundException, ComponentValidationException) as e:
+        raise SpecError(
+            "component", None, str(e).strip(), fix="check the name with `torchx builtins`, or use path/file.py:fn"
+        ) from e
+    except Exception as e:  # import errors of the user's file, syntax errors...
+        raise SpecError(
+            "component", None, f"cannot load {ref!r}: {type(e).__name__}: {e}", fix="fix the component file"
+        ) from e
+    return found.fn, ref
+
+
+def _check_kwargs(fn: Callable[..., Any], label: str, kwargs: Mapping[str, Any]) -> None:
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    for key in kwargs:
+        if key not in params:
+            raise SpecError(
+                f"component.{key}",
+                None,
+                f"{label} has no parameter {key!r}",
+                fix=f"use one of: {', '.join(params) or '(none)'}",
+            )
+
+
+def _argv_of(fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[str, Any] | None) -> list[str]:
+    if args is None:
+        return []
+    if isinstance(args, str):
+        raise SpecError(
+            "component",
+            None,
+            f"args for {label} must be a list of strings or a mapping, got a string",
+            fix='split it: ["--lr", "0.1"], never one shell string',
+        )
+    if isinstance(args, Mapping):
+        params = inspect.signature(fn).parameters
+        argv: list[str] = []
+        rest: list[str] = []
+        for key, value in args.items():
+            p = params.get(key)
+            if p is None:
+                raise SpecError(
+                    f"component.{key}",
+                    None,
+                    f"{label} has no parameter {key!r}",
+                    fix=f"use one of: {', '.join(params) or '(none)'}",
+                )
+            if p.kind == p.VAR_POSITIONAL:
+                rest = [str(v) for v in (value if isinstance(value, list | tuple) else [value])]
+                continue
+            flag = f"--{key}"
+            if isinstance(value, list | tuple):
+                argv += [flag, *[str(v) for v in value]]
+            elif isinstance(value, dict):
+                argv += [flag, ",".join(f"{k}={v}" for k, v in value.items())]
+            else:
+                argv += [flag, str(value)]
+        return argv + rest
+    out = []
+    for i, a in enumerate(args):
+        if not isinstance(a, str):
+            raise SpecError(
+                f"component.args[{i}]",
+                None,
+                f"must be a string, got {type(a).__name__}",
+                fix="convert every argument to str",
+            )
+        out.append(a)
+    return out
+
+
+def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> Any:
+    from torchx.specs.builders import materialize_appdef
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            return materialize_appdef(fn, argv)
+    except SystemExit as e:  # argparse: bad or missing argument
+        msg = err.getvalue().strip().splitlines()
+        detail = msg[-1] if msg else f"argument parsing exited with {e.code}"
+        raise SpecError(
+            "component", None, f"{label}: {detail}", fix=f"run `torchx run {label} --help`-style args; got {argv!r}"
+        ) from None
+    except SpecError:
+        raise
+    except Exception as e:
+        raise SpecError(
+            "component", None, f"{label} raised {type(e).__name__}: {e}", fix="fix the component arguments"
+        ) from e
+
+
+def _check_app(app: Any, label: str) -> Any:
+    from torchx.specs import AppDef
+
+    if not isinstance(app, AppDef):
+        raise SpecError(
+            "component",
+            None,
+            f"{label} returned {type(app).__name__}, not a torchx AppDef",
+            fix="return torchx.specs.AppDef(...) from the component",
+        )
+    return app
