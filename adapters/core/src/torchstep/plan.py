@@ -125,6 +125,29 @@ def retry_budget(policy: str, max_retries: int) -> RetryBudget:
 
 
 @dataclass(frozen=True)
+class StepRetry:
+    """Retries of the whole step that the orchestrator owns (APPLICATION policy), with the
+    timing from ``role.metadata["torchstep"]`` (``retry_delay``, ``retry_backoff``,
+    ``max_retry_delay``; ``None`` = the orchestrator's default). Every adapter maps this
+    one object (Airflow ``retries``/``retry_delay``, KFP ``set_retry``, Prefect ``retries``).
+
+    >>> StepRetry(2, delay_s=10.0, backoff=2.0, max_delay_s=15.0).delays()
+    [10.0, 15.0]
+    """
+
+    count: int
+    delay_s: float | None = None
+    backoff: float | None = None
+    max_delay_s: float | None = None
+
+    def delays(self, default_delay_s: float = 0.0) -> list[float]:
+        """The wait before each retry (``delay * backoff**i``, capped at ``max_delay_s``)."""
+        base = self.delay_s if self.delay_s is not None else default_delay_s
+        out = [base * (self.backoff or 1.0) ** i for i in range(self.count)]
+        return [min(d, self.max_delay_s) for d in out] if self.max_delay_s is not None else out
+
+
+@dataclass(frozen=True)
 class Resources:
     """Per-replica resources; ``None`` means unset (TorchX's NULL_RESOURCE uses -1)."""
 
@@ -248,6 +271,16 @@ class StepPlan:
     def orchestrator_retries(self) -> int:
         """Retries of the whole step that the orchestrator owns (APPLICATION policy)."""
         return max((r.retry.orchestrator_retries for r in self.roles), default=0)
+
+    @property
+    def step_retry(self) -> StepRetry:
+        """The orchestrator's retries of this step and their timing: taken from the role that
+        owns the most orchestrator retries (the first one on a tie)."""
+        count = self.orchestrator_retries
+        owner = next((r for r in self.roles if count and r.retry.orchestrator_retries == count), None)
+        if owner is None:
+            return StepRetry(0)
+        return StepRetry(count, owner.retry_delay_s, owner.retry_backoff, owner.max_retry_delay_s)
 
     @property
     def retry_owner(self) -> RetryOwner:
