@@ -1,0 +1,49 @@
+"""torchstep for Apache Airflow 3: run a TorchX AppDef as an Airflow task.
+
+``AppDefOperator`` runs an AppDef (or a TorchX component and its arguments) under
+torchstep's embedded elastic agent, locally in the Airflow worker or on Kubernetes;
+``@task.torchstep`` (registered through the provider entry point) turns a component
+function into a task.
+
+Importing this package is free: it imports neither Airflow nor torch, TorchX, kfp,
+prefect or the Kubernetes client — names load on first use, so DAG files stay cheap to
+parse (the scheduler re-parses them every 30 s).
+
+Example::
+
+    from airflow.sdk import DAG
+    from torchstep_airflow import AppDefOperator
+
+    with DAG("train", params={"lr": 0.1}):
+        AppDefOperator(task_id="train", app="dist.ddp",
+                       app_args=["-j", "2x2", "--script", "train.py", "--", "--lr", "{{ params.lr }}"])
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (loaded lazily)
+_LAZY = {
+    "AppDefOperator": "torchstep_airflow.operators",
+    "torchstep_task": "torchstep_airflow.decorators",
+    "step_run_id": "torchstep_airflow.settings",
+}
+
+__all__ = ["AppDefOperator", "step_run_id", "torchstep_task"]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from torchstep_airflow.decorators import torchstep_task
+    from torchstep_airflow.operators import AppDefOperator
+    from torchstep_airflow.settings import step_run_id
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'torchstep_airflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

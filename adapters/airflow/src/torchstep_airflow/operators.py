@@ -1,0 +1,242 @@
+"""``AppDefOperator``: a TorchX AppDef as an Airflow task, run under torchstep's agent.
+
+Example::
+
+    from airflow.sdk import DAG
+    from torchstep_airflow import AppDefOperator
+    from components.train import trainer
+
+    with DAG("train", params={"lr": 0.1}, schedule=None):
+        AppDefOperator(task_id="train", app=trainer, app_args={"lr": "{{ params.lr }}", "j": "2x2"})
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from torchstep.errors import SpecError
+
+from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
+
+try:  # Airflow >= 3.1 moved the task exceptions into the task SDK
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+except ImportError:  # pragma: no cover - Airflow 3.0
+    from airflow.exceptions import AirflowException, AirflowFailException  # type: ignore[no-redef]
+
+if TYPE_CHECKING:
+    from torchstep.plan import StepPlan
+    from torchstep.result import StepResult
+
+TARGETS = ("local", "kubernetes")
+#: Jinja markers of Airflow's default template environment.
+_JINJA = ("{{", "{%", "{#")
+
+
+class AppDefOperator(BaseOperator):
+    """Run a TorchX AppDef as one Airflow task, every replica under torchstep's agent.
+
+    :param app: a ``torchx.specs.AppDef``, a component function, or a component reference
+        (``"path/file.py:fn"``, ``"package.module:fn"``, a TorchX builtin like ``"dist.ddp"``).
+    :param app_args: the component's arguments: a list of command-line strings
+        (``["--lr", "0.1"]``, parsed by TorchX like ``torchx run``) or a mapping of parameter
+        to value. Templated: ``{{ params.lr }}``, ``{{ ds }}``, ``{{ run_id }}`` and XComArgs
+        work. The AppDef is built after rendering, at execute time; an AppDef's own args are
+        never templates (a literal ``{{`` reaches the process as is).
+    :param target: ``"local"`` (the processes run in the Airflow worker) or ``"kubernetes"``.
+    :param cfg: options of the target (``torchstep runopts local|kubernetes``). Templated.
+
+    Retries, retry timing and the step timeout come from the AppDef (see
+    :mod:`torchstep_airflow.settings`); ``retries`` that contradicts it is a SpecError.
+    XCom ``return_value`` is the step result (``StepResult.to_dict()``), pushed on failure
+    too; a non-retryable failure raises ``AirflowFailException`` (no Airflow retry).
+
+    Example::
+
+        AppDefOperator(task_id="train", app="dist.ddp",
+                       app_args=["-j", "2x2", "--script", "train.py"], target="local")
+    """
+
+    template_fields: Sequence[str] = ("app_args", "cfg")
+    template_fields_renderers = {"app_args": "py", "cfg": "py"}
+    shallow_copy_attrs: Sequence[str] = ("app",)
+    ui_color = "#f9d5c8"
+    ui_fgcolor = "#ee4c2c"
+
+    def __init__(
+        self,
+        *,
+        app: Any,
+        app_args: Sequence[Any] | Mapping[str, Any] | None = None,
+        target: str = "local",
+        cfg: Mapping[str, Any] | None = None,
+        retries: int | None = None,
+        retry_delay: timedelta | float | None = None,
+        retry_exponential_backoff: float | None = None,
+        max_retry_delay: timedelta | float | None = None,
+        execution_timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _check_inputs(app, app_args, target, cfg)
+        self.app = app
+        self.app_args = app_args
+        self.target = target
+        self.cfg = dict(cfg or {})
+        self._user = UserSettings(retries, retry_delay, retry_exponential_backoff, max_retry_delay, execution_timeout)
+        # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
+        # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
+        plan = self._parse_time_plan()
+        self._parsed: dict[str, Any] | None = task_settings(plan, self._user, target) if plan else None
+        given: dict[str, Any] = {
+            "retries": retries,
+            "retry_delay": retry_delay,
+            "retry_exponential_backoff": retry_exponential_backoff,
+            "max_retry_delay": max_retry_delay,
+            "execution_timeout": execution_timeout,
+        }
+        given.update(self._parsed or {})
+        super().__init__(**{k: v for k, v in given.items() if v is not None}, **kwargs)
+        self._runner: Any = None
+
+    # -- building the AppDef ----------------------------------------------------------------
+    def _component(self) -> tuple[Any, Sequence[Any] | Mapping[str, Any] | None]:
+        """The component and its (rendered or not) arguments."""
+        return self.app, self.app_args
+
+    def _parse_time_plan(self) -> StepPlan | None:
+        component, args = self._component()
+        if _is_appdef(component) or not _templated(args):
+            return _plan(component, args, self.target)
+        if isinstance(args, Mapping):
+            # Templated values: plan with the component's defaults for them, only to read
+            # the retry budget; execute() checks it against the rendered AppDef.
+            static = {k: v for k, v in args.items() if not _templated(v)}
+            try:
+                return _plan(component, static, self.target)
+            except SpecError:
+                return None
+        return None
+
+    def build_app(self) -> tuple[Any, StepPlan]:
+        """The AppDef of this try (after template rendering) and its plan."""
+        from torchstep.components import materialize
+        from torchstep.plan import build_plan
+
+        component, args = self._component()
+        app = materialize(component, None if _is_appdef(component) else args)
+        return app, build_plan(app, self.target)
+
+    # -- running ------------------------------------------------------------------------------
+    def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            app, plan = self.build_app()
+            check_run_settings(plan, self._user, self.target, self._parsed, self)
+        except SpecError as e:
+            raise AirflowFailException(f"torchstep: {e}") from e
+        run_id = run_id_of(context)
+        self.log.info("torchstep: running app %r (run id %s) on target %s", plan.app_name, run_id, self.target)
+        if self.target == "local":
+            from torchstep_airflow.local import LocalStep
+
+            self._runner = LocalStep(app, run_id=run_id, cfg=self.cfg, log=self.log)
+        else:
+            from torchstep_airflow.kubernetes import KubernetesStep
+
+            self._runner = KubernetesStep(self, app, plan, run_id=run_id, cfg=self.cfg)
+        try:
+            result = self._runner.run(context)
+        finally:
+            self._runner = None
+        return self.finish(result, context)
+
+    def finish(self, result: StepResult, context: Any) -> dict[str, Any]:
+        """Return the result as XCom, or push it and raise the matching Airflow exception."""
+        data = result.to_dict()
+        if result.succeeded:
+            self.log.info(
+                "torchstep: %s succeeded (%.1f s, %d restart(s))", result.app_id, result.duration_s, result.restarts
+            )
+            return data
+        if self.do_xcom_push:
+            context["ti"].xcom_push(key="return_value", value=data)
+        summary = failure_summary(result)
+        self.log.error("torchstep: %s", summary)
+        if not result.retryable:
+            raise AirflowFailException(f"torchstep: {summary} (not retryable)")
+        raise AirflowException(f"torchstep: {summary}")
+
+    def on_kill(self) -> None:
+        """Task cleared, marked failed or timed out: stop every process of the step."""
+        runner = self._runner
+        if runner is not None:
+            self.log.warning("torchstep: stopping the step (task killed)")
+            runner.cancel()
+
+
+def failure_summary(result: StepResult) -> str:
+    """One line: state, exit code and root cause of a failed step."""
+    text = f"{result.app_id} {result.state}"
+    if result.exit_code is not None:
+        text += f" (exit code {result.exit_code})"
+    rc = result.root_cause
+    if rc is not None:
+        where = f"{rc.role}/{rc.replica_id if rc.replica_id is not None else '?'} rank {rc.rank}"
+        how = rc.message or (f"signal {rc.signal}" if rc.signal else f"exit code {rc.exit_code}")
+        text += f"; root cause: {where}: {how}"
+    elif result.message:
+        text += f"; {result.message}"
+    return text
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _is_appdef(app: Any) -> bool:
+    # An AppDef exists only if the DAG file imported torchx: no import here.
+    specs = sys.modules.get("torchx.specs")
+    return specs is not None and isinstance(app, specs.AppDef)
+
+
+def _templated(value: Any) -> bool:
+    """Whether ``value`` holds a Jinja template or an XComArg (rendered at run time)."""
+    if isinstance(value, str):
+        return any(m in value for m in _JINJA)
+    if isinstance(value, Mapping):
+        return any(_templated(v) for v in value.values())
+    if isinstance(value, list | tuple | set):
+        return any(_templated(v) for v in value)
+    return hasattr(value, "resolve") and hasattr(value, "iter_references")  # XComArg / ResolveMixin
+
+
+def _plan(component: Any, args: Any, target: str) -> StepPlan:
+    from torchstep.components import materialize
+    from torchstep.plan import build_plan
+
+    app = materialize(component, None if _is_appdef(component) else args)
+    return build_plan(app, target)
+
+
+def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:
+    if target not in TARGETS:
+        raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of: {', '.join(TARGETS)}")
+    if not (isinstance(app, str) or callable(app) or _is_appdef(app)):
+        raise SpecError(
+            "app",
+            target,
+            f"expected an AppDef, a component function or a reference string, got {type(app).__name__}",
+            fix='e.g. app="components/train.py:trainer" or app=trainer',
+        )
+    if app_args is not None and not isinstance(app_args, Mapping | list | tuple) and not _templated(app_args):
+        raise SpecError(
+            "app_args",
+            target,
+            f"must be a list of strings or a mapping, got {type(app_args).__name__}",
+            fix='app_args=["--lr", "0.1"] or app_args={"lr": 0.1}; never one shell string',
+        )
+    if _is_appdef(app) and app_args:
+        raise SpecError(
+            "app_args", target, "arguments were given with a ready AppDef", fix="pass the component function instead"
+        )
+    if cfg is not None and not isinstance(cfg, Mapping):
+        raise SpecError("cfg", target, f"must be a mapping, got {type(cfg).__name__}", fix='cfg={"log_dir": "/data"}')

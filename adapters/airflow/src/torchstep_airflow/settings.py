@@ -1,0 +1,169 @@
+"""Airflow task settings derived from a StepPlan: retries, retry timing and timeouts, and
+the run id that names one try of a task. Pure functions (no Airflow import), so the rules
+are testable without a scheduler.
+
+One retry layer, never two (ARCHITECTURE.md, "Retries: one budget, one owner"):
+
+- APPLICATION policy, ``max_retries=N`` → the task's ``retries=N``; the agent restarts 0.
+  A different ``retries`` on the task (argument or ``default_args``) is a SpecError.
+- REPLICA / HOT_SPARE / ROLE policy with ``max_retries>0`` → the agent (or the role's
+  launcher) owns the budget; ``retries>0`` on the task is a SpecError (layers would multiply).
+- ``max_retries=0`` → the AppDef asks for no retries and Airflow's ``retries`` is the
+  DAG author's to set.
+- ``role.metadata["torchstep"]`` ``retry_delay`` / ``retry_backoff`` / ``max_retry_delay``
+  → ``retry_delay`` / ``retry_exponential_backoff`` / ``max_retry_delay``; a different
+  value on the task is a SpecError. Unset → Airflow's defaults (``retry_delay`` 300 s!).
+- ``app.metadata["torchstep.timeout"]`` (the step timeout, enforced by the runner) →
+  ``execution_timeout`` = timeout + 60 s as a backstop, unless the task sets its own.
+
+Example::
+
+    >>> import torchstep
+    >>> from torchx import specs
+    >>> role = specs.Role("w", image="", entrypoint="true", max_retries=2,
+    ...                   metadata={"torchstep": {"retry_delay": 5}})
+    >>> plan = torchstep.build_plan(specs.AppDef("app", roles=[role]), "local")
+    >>> task_settings(plan, UserSettings(), "local")
+    {'retries': 2, 'retry_delay': datetime.timedelta(seconds=5)}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from torchstep.errors import SpecError
+from torchstep.plan import RetryOwner, StepPlan
+
+#: Seconds added to the plan's step timeout for Airflow's ``execution_timeout`` backstop:
+#: the runner stops the step first and reports it; Airflow fires only if the runner hangs.
+TIMEOUT_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class UserSettings:
+    """What the DAG author set on the task (arguments or ``default_args``); None = unset."""
+
+    retries: int | None = None
+    retry_delay: timedelta | float | None = None
+    retry_exponential_backoff: float | None = None
+    max_retry_delay: timedelta | float | None = None
+    execution_timeout: timedelta | None = None
+
+
+def _seconds(value: timedelta | float | None) -> float | None:
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def task_settings(plan: StepPlan, user: UserSettings, target: str) -> dict[str, Any]:
+    """The BaseOperator keyword arguments the plan implies (only those it sets).
+
+    Raises :class:`~torchstep.SpecError` when the task's own settings would add a second
+    retry layer or contradict the AppDef.
+    """
+    out: dict[str, Any] = {}
+    step = plan.step_retry
+    if step.count:
+        i = next(i for i, r in enumerate(plan.roles) if r.retry.orchestrator_retries == step.count)
+        if user.retries is not None and user.retries != step.count:
+            raise SpecError(
+                f"roles[{i}].max_retries",
+                target,
+                f"the AppDef gives Airflow {step.count} retries of the step (APPLICATION policy) but the task "
+                f"sets retries={user.retries}",
+                fix="set the count in one place: drop retries= (and default_args['retries']) or change max_retries",
+            )
+        out["retries"] = step.count
+        timing = {
+            "retry_delay": (step.delay_s, user.retry_delay, "retry_delay"),
+            "retry_exponential_backoff": (step.backoff, user.retry_exponential_backoff, "retry_backoff"),
+            "max_retry_delay": (step.max_delay_s, user.max_retry_delay, "max_retry_delay"),
+        }
+        for kwarg, (planned, mine, key) in timing.items():
+            if planned is None:
+                continue
+            if mine is not None and _seconds(mine) != planned:
+                raise SpecError(
+                    f"roles[{i}].metadata['torchstep'][{key!r}]",
+                    target,
+                    f"the AppDef sets {key}={planned:g} but the task sets {kwarg}={mine}",
+                    fix="set it in one place",
+                )
+            out[kwarg] = planned if kwarg == "retry_exponential_backoff" else timedelta(seconds=planned)
+    elif plan.retry_owner in (RetryOwner.AGENT, RetryOwner.ROLE) and user.retries:
+        i, role = next((i, r) for i, r in enumerate(plan.roles) if r.retry.owner is plan.retry_owner)
+        raise SpecError(
+            f"roles[{i}].retry_policy",
+            target,
+            f"role {role.name!r} restarts itself ({role.retry.policy}, max_retries={role.retry.count}); Airflow "
+            f"retries={user.retries} on top would multiply the retry layers",
+            fix="set retries=0 on the task (and in default_args), or use RetryPolicy.APPLICATION to let "
+            "Airflow own the budget",
+        )
+    if plan.timeout_s is not None and user.execution_timeout is None:
+        out["execution_timeout"] = timedelta(seconds=plan.timeout_s + TIMEOUT_MARGIN_S)
+    return out
+
+
+def check_run_settings(
+    plan: StepPlan, user: UserSettings, target: str, parsed: dict[str, Any] | None, task: Any
+) -> None:
+    """At execute time: the rendered AppDef must want the settings the task was parsed with.
+
+    ``parsed`` is what :func:`task_settings` gave when the DAG was parsed, or None when
+    the plan could not be built then (templated ``app_args``). The scheduler fixed the
+    task's ``retries`` at parse time, so a difference is an error (the fix: set the value
+    on the task) rather than a silently dropped field.
+    """
+    wanted = task_settings(plan, user, target)
+    if parsed is not None:
+        diff = sorted(k for k in wanted.keys() | parsed.keys() if wanted.get(k) != parsed.get(k))
+        have = {k: parsed.get(k) for k in diff}
+    else:
+        diff = sorted(k for k, v in wanted.items() if not _same(getattr(task, k, None), v))
+        have = {k: getattr(task, k, None) for k in diff}
+    if diff:
+        want = ", ".join(f"{k}={wanted.get(k)}" for k in diff)
+        got = ", ".join(f"{k}={v}" for k, v in have.items())
+        raise SpecError(
+            "app_args",
+            target,
+            f"after rendering, the AppDef wants {want} but the task was parsed with {got} "
+            "(templated app_args change the retry settings, which Airflow fixes when it parses the DAG)",
+            fix=f"set {want} on the task explicitly",
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, timedelta | int | float) and isinstance(b, timedelta | int | float):
+        return _seconds(a) == _seconds(b)
+    return bool(a == b)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:+-]+")
+
+
+def step_run_id(dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
+    """The run id of one try of one task: unique per try, stable within it (it names the
+    app id, the rendezvous and the Kubernetes objects of that try).
+
+    >>> step_run_id("train", "manual__2026-11-21T10:00:00+00:00", "fit", 2)
+    'train.fit.manual__2026-11-21T10:00:00+00:00.try2'
+    >>> step_run_id("train", "scheduled__x", "fit", 1, map_index=3)
+    'train.fit.3.scheduled__x.try1'
+    """
+    parts = [dag_id, task_id, *([str(map_index)] if map_index >= 0 else []), run_id, f"try{try_number}"]
+    return ".".join(_UNSAFE.sub("_", p) for p in parts)
+
+
+def run_id_of(context: Any) -> str:
+    """:func:`step_run_id` from an Airflow task context."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    return step_run_id(
+        ti.dag_id, ti.run_id, ti.task_id, int(ti.try_number or 1), -1 if map_index is None else map_index
+    )
