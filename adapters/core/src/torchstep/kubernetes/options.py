@@ -1,0 +1,223 @@
+"""The kubernetes target's run options, declared as a TorchX ``runopts`` (typed, with
+defaults and help; ``torchstep runopts kubernetes`` prints them).
+
+Example::
+
+    >>> from torchstep.kubernetes.options import resolve
+    >>> opts = resolve({"queue": "team-a", "labels": "team:ml;tier:batch"})
+    >>> (opts.namespace, opts.queue, opts.labels)
+    ('default', 'team-a', {'team': 'ml', 'tier': 'batch'})
+    >>> resolve({"queue": "Team A"})
+    Traceback (most recent call last):
+    ...
+    torchstep.errors.SpecError: cfg['queue'] (target 'kubernetes'): 'Team A' is not a valid label value; fix: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchstep.errors import SpecError
+from torchstep.kubernetes import syntax
+from torchstep.launch import DEFAULT_RDZV_PORT
+
+TARGET = "kubernetes"
+
+#: Label Kueue reads to put a Job (or a bare Pod) into a LocalQueue.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: ``imagePullPolicy`` values.
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+# name -> (type, default, help). The single source for runopts() and KubernetesOptions.
+_OPTS: dict[str, tuple[Any, Any, str]] = {
+    "namespace": (str, "default", "namespace of every object"),
+    "run_id": (
+        str,
+        None,
+        "the orchestrator's run id: object names end in a hash of it (the same id gives the same names, "
+        "so make it unique per attempt); default: a fresh random id",
+    ),
+    "service_account": (str, None, "serviceAccountName of every pod"),
+    "image_pull_secrets": (list, None, "Secrets to pull images with, ';'-separated"),
+    "image_pull_policy": (str, None, f"imagePullPolicy: {' | '.join(PULL_POLICIES)} (default: Kubernetes')"),
+    "priority_class": (str, None, "priorityClassName of every pod"),
+    "queue": (str, None, f"Kueue LocalQueue: label {QUEUE_LABEL} on every Job and bare Pod"),
+    "labels": (dict, None, "extra labels on every object and pod: key:value;key2:value2"),
+    "annotations": (dict, None, "extra annotations on every object and pod: key:value;key2:value2"),
+    "ttl_seconds_after_finished": (int, None, "Jobs (and their pods) are deleted this long after they finish"),
+    "active_deadline": (
+        int,
+        None,
+        "seconds a role may run before Kubernetes stops it and fails it; the smallest of this, "
+        "app metadata torchstep.timeout and role metadata torchstep.timeout wins",
+    ),
+    "pod": (
+        bool,
+        None,
+        "1-replica roles: true = a bare Pod (what KubernetesPodOperator runs), false = an Indexed Job of 1; "
+        "default: a Pod, unless the role's retries need the Job controller (REPLICA or ROLE with max_retries > 0)",
+    ),
+    "shm_size": (str, None, "sizeLimit of the /dev/shm memory volume, e.g. 8Gi (default: the pod's memory limit)"),
+    "rdzv_port": (int, DEFAULT_RDZV_PORT, "rendezvous port of multi-replica roles (a port_map entry c10d wins)"),
+    "join_timeout": (
+        int,
+        900,
+        "seconds a replica waits in the rendezvous for its peers (pods may start minutes apart: "
+        "scheduling, node scale-up, image pulls)",
+    ),
+    "cluster_domain": (str, "cluster.local", "the cluster's DNS domain (part of replica 0's FQDN)"),
+    "result_file": (
+        str,
+        None,
+        "absolute path in the container where the agent writes the step result "
+        "(e.g. /airflow/xcom/return.json for KubernetesPodOperator's do_xcom_push)",
+    ),
+}
+
+
+def runopts() -> Any:
+    """The kubernetes target's options as a ``torchx.specs.runopts``.
+
+    >>> print(runopts())  # doctest: +ELLIPSIS
+        usage:
+            [namespace=NAMESPACE],...
+    """
+    from typing import Dict, List  # noqa: UP035 - torchx's runopts wants typing generics
+
+    from torchx.specs import runopts as RunOpts
+
+    types = {list: List[str], dict: Dict[str, str]}  # noqa: UP006
+    opts = RunOpts()
+    for name, (typ, default, help_) in _OPTS.items():
+        opts.add(name, type_=types.get(typ, typ), default=default, help=help_)
+    return opts
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """Resolved options of one rendering (see :func:`runopts` for the meaning of each).
+
+    >>> KubernetesOptions().rdzv_port
+    29500
+    """
+
+    namespace: str = "default"
+    run_id: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    image_pull_policy: str | None = None
+    priority_class: str | None = None
+    queue: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    ttl_seconds_after_finished: int | None = None
+    active_deadline: int | None = None
+    pod: bool | None = None
+    shm_size: str | None = None
+    rdzv_port: int = DEFAULT_RDZV_PORT
+    join_timeout: int = 900
+    cluster_domain: str = "cluster.local"
+    result_file: str | None = None
+
+
+def resolve(cfg: Mapping[str, Any] | None, *, namespace: str | None = None) -> KubernetesOptions:
+    """Check ``cfg`` against :func:`runopts` and fill in defaults. Values may be typed or
+    strings (as ``--cfg key=value`` gives them). ``namespace`` (the ``render`` argument) is
+    used unless ``cfg`` names another one. Bad keys or values raise a
+    :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
+    """
+    out: dict[str, Any] = {}
+    for key, value in dict(cfg or {}).items():
+        path = f"cfg[{key!r}]"
+        if key not in _OPTS:
+            raise SpecError(path, TARGET, "unknown option", fix=f"use one of: {', '.join(_OPTS)}")
+        if value is not None:
+            out[key] = _check(key, _convert(path, _OPTS[key][0], value))
+    if namespace is not None:
+        ns = _check("namespace", namespace)
+        if out.get("namespace", ns) != ns:
+            raise SpecError(
+                "cfg['namespace']", TARGET, f"{out['namespace']!r} conflicts with namespace={ns!r}", fix="give one"
+            )
+        out["namespace"] = ns
+    for key in ("image_pull_secrets",):
+        if key in out:
+            out[key] = tuple(out[key])
+    return KubernetesOptions(**out)
+
+
+def _check(key: str, value: Any) -> Any:
+    """Kubernetes syntax of one option value."""
+    path = f"cfg[{key!r}]"
+    names = {
+        "namespace": (syntax.is_dns_label, "a DNS-1123 label", "e.g. 'ml-team'"),
+        "service_account": (syntax.is_dns_subdomain, "a valid ServiceAccount name", "e.g. 'trainer'"),
+        "priority_class": (syntax.is_dns_subdomain, "a valid PriorityClass name", "e.g. 'high-priority'"),
+        "queue": (syntax.is_label_value, "a valid label value", "e.g. 'team-a-queue'"),
+        "cluster_domain": (syntax.is_dns_subdomain, "a DNS domain", "e.g. 'cluster.local'"),
+        "shm_size": (syntax.is_quantity, "a Kubernetes quantity", "e.g. '8Gi'"),
+    }
+    if key in names:
+        ok, what, fix = names[key]
+        if not ok(value):
+            raise SpecError(path, TARGET, f"{value!r} is not {what}", fix=fix)
+    elif key == "run_id" and (not value.strip() or not value.isprintable()):
+        raise SpecError(path, TARGET, "must be a non-empty printable string", fix="pass the orchestrator's run id")
+    elif key == "image_pull_secrets":
+        for name in value:
+            if not syntax.is_dns_subdomain(name):
+                raise SpecError(path, TARGET, f"{name!r} is not a valid Secret name", fix="e.g. 'regcred'")
+    elif key == "image_pull_policy" and value not in PULL_POLICIES:
+        raise SpecError(
+            path, TARGET, f"{value!r} is not an image pull policy", fix=f"one of {', '.join(PULL_POLICIES)}"
+        )
+    elif key in ("labels", "annotations"):
+        for k, v in value.items():
+            if not syntax.is_qualified_name(k):
+                raise SpecError(f"{path}[{k!r}]", TARGET, "not a valid label/annotation key", fix="e.g. 'team'")
+            if key == "labels" and not syntax.is_label_value(v):
+                raise SpecError(f"{path}[{k!r}]", TARGET, f"{v!r} is not a valid label value", fix="e.g. 'ml'")
+    elif key in ("ttl_seconds_after_finished",) and value < 0:
+        raise SpecError(path, TARGET, "must not be negative", fix="e.g. 3600")
+    elif key in ("active_deadline", "join_timeout") and value <= 0:
+        raise SpecError(path, TARGET, "must be a positive number of seconds", fix="e.g. 3600")
+    elif key == "rdzv_port" and not 1 <= value <= 65535:
+        raise SpecError(path, TARGET, "must be a port in 1..65535", fix="e.g. 29500")
+    elif key == "result_file" and not value.startswith("/"):
+        raise SpecError(path, TARGET, "must be an absolute path in the container", fix="e.g. /tmp/result.json")
+    return value
+
+
+def _convert(path: str, typ: Any, value: Any) -> Any:
+    """A typed value, or the string form ``--cfg`` gives (lists ``a;b``, dicts ``k:v;k2:v2``)."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif typ is str:
+        if isinstance(value, str) and value and "\x00" not in value:
+            return value
+    elif typ is list:
+        if isinstance(value, str):
+            return [v.strip() for v in value.replace(",", ";").split(";") if v.strip()]
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return list(value)
+    elif typ is dict:
+        if isinstance(value, str):
+            pairs = [p for p in value.replace(",", ";").split(";") if p.strip()]
+            if all(":" in p for p in pairs):
+                return {k.strip(): v.strip() for k, _, v in (p.partition(":") for p in pairs)}
+        elif isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+    kind = {list: "a list of strings", dict: "a mapping of strings (key:value;key2:value2)"}.get(
+        typ, f"a {typ.__name__}"
+    )
+    raise SpecError(path, TARGET, f"must be {kind}, got {value!r}", fix="see `torchstep runopts kubernetes`")
