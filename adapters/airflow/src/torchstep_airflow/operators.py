@@ -110,14 +110,14 @@ class AppDefOperator(BaseOperator):
         component, args = self._component()
         if _is_appdef(component) or not _templated(args):
             return _plan(component, args, self.target)
-        if isinstance(args, Mapping):
-            # Templated values: plan with the component's defaults for them, only to read
-            # the retry budget; execute() checks it against the rendered AppDef.
-            static = {k: v for k, v in args.items() if not _templated(v)}
+        # Templated arguments are unknown until the task runs. Plan with stand-ins, only to
+        # read the retry budget now: the component's defaults for them, else "0" (which
+        # TorchX parses as str, int, float or bool). execute() checks the rendered AppDef.
+        for stand_in in _stand_ins(args):
             try:
-                return _plan(component, static, self.target)
+                return _plan(component, stand_in, self.target)
             except SpecError:
-                return None
+                continue
         return None
 
     def build_app(self) -> tuple[Any, StepPlan]:
@@ -148,6 +148,12 @@ class AppDefOperator(BaseOperator):
             self._runner = KubernetesStep(self, app, plan, run_id=run_id, cfg=self.cfg)
         try:
             result = self._runner.run(context)
+        except BaseException:  # timeout or kill: keep what the stopped run reported
+            stopped = getattr(self._runner, "result", None)
+            if stopped is not None and self.do_xcom_push:
+                context["ti"].xcom_push(key="return_value", value=stopped.to_dict())
+                self.log.error("torchstep: stopped: %s", failure_summary(stopped))
+            raise
         finally:
             self._runner = None
         return self.finish(result, context)
@@ -207,6 +213,16 @@ def _templated(value: Any) -> bool:
     if isinstance(value, list | tuple | set):
         return any(_templated(v) for v in value)
     return hasattr(value, "resolve") and hasattr(value, "iter_references")  # XComArg / ResolveMixin
+
+
+def _stand_ins(args: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
+    """Arguments to plan with at parse time, templated values replaced (see above)."""
+    if isinstance(args, Mapping):
+        static = {k: v for k, v in args.items() if not _templated(v)}
+        return [static, {k: "0" if _templated(v) else v for k, v in args.items()}]
+    if isinstance(args, list | tuple):
+        return [["0" if _templated(v) else v for v in args]]
+    return []
 
 
 def _plan(component: Any, args: Any, target: str) -> StepPlan:

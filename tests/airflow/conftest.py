@@ -1,0 +1,314 @@
+"""Airflow test harness: one shared AIRFLOW_HOME per session for ``dag.test()`` runs (each
+DAG run in its own subprocess, so Airflow's process-wide configuration never leaks between
+tests or into other test packages), and a real deployment (PostgreSQL + api-server +
+scheduler + dag-processor, LocalExecutor) for the slow end-to-end test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = Path(sys.executable).parent
+AIRFLOW = str(BIN / "airflow")
+DAG_FILES = [*sorted((HERE / "dags").glob("*.py")), *sorted((ROOT / "dags" / "airflow").glob("*.py"))]
+DRIVER = HERE / "dag_test_driver.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def airflow_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment every Airflow process of a test gets (FACTS.md, Airflow 3.3)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "TORCHSTEP_TEST_LOG_DIR": str(home / "torchstep-logs"),
+            # the agent's console script and the repository's components
+            "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def make_home(prefix: str) -> Path:
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    (home / "dags").mkdir()
+    for f in DAG_FILES:  # links: the DAG files find the repository through Path(__file__).resolve()
+        (home / "dags" / f.name).symlink_to(f)
+    return home
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float, **kw) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    if out.returncode:
+        raise AssertionError(f"{argv[:3]} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
+    return out
+
+
+def procs_with_env(marker: str) -> list[int]:
+    """Live processes whose environment contains ``marker`` (e.g. ``AIRFLOW_HOME=<tmp>``),
+    whatever session or parent they ended up in."""
+    want = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            data = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if want in data.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# -- dag.test() ---------------------------------------------------------------------------------
+class DagTester:
+    """Runs DAGs with ``dag.test()`` in subprocesses sharing one migrated AIRFLOW_HOME."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = airflow_env(home)
+
+    def run(self, dag_id: str, conf: dict | None = None, *, timeout: float = 240) -> dict:
+        files = [f for f in (self.home / "dags").glob("*.py") if f'"{dag_id}"' in f.read_text()]
+        assert files, f"no DAG file defines {dag_id!r}"
+        argv = [sys.executable, str(DRIVER), str(files[0]), dag_id, json.dumps(conf or {})]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("DAG_TEST_SUMMARY ")]
+        if proc.returncode or not lines:
+            raise AssertionError(
+                f"dag.test of {dag_id} broke ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+            )
+        summary = json.loads(lines[-1].split(" ", 1)[1])
+        summary["output"] = proc.stdout + proc.stderr
+        return summary
+
+
+@pytest.fixture(scope="session")
+def dag_tester():
+    home = make_home("torchstep-airflow-dagtest-")
+    tester = DagTester(home)
+    run([AIRFLOW, "db", "migrate"], tester.env, timeout=180)
+    yield tester
+    kill_all(procs_with_env(f"AIRFLOW_HOME={home}"))
+    shutil.rmtree(home, ignore_errors=True)
+
+
+# -- a real deployment --------------------------------------------------------------------------
+def postgres_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return found[-1].parent if found else None
+
+
+class Postgres:
+    """A throwaway PostgreSQL server on a loopback port, data in a temp dir."""
+
+    def __init__(self, base: Path) -> None:
+        pgbin = postgres_bin()
+        assert pgbin is not None
+        self.bin = pgbin
+        self.dir = base / "pgdata"
+        self.port = free_port()
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            base.chmod(0o755)
+        self.dir.mkdir(mode=0o700)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+
+    def pg(self, tool: str, *args: str, timeout: float = 60) -> None:
+        run([*self.as_user, str(self.bin / tool), *args], dict(os.environ), timeout=timeout)
+
+    def start(self) -> str:
+        self.pg("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+        self.pg("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "server.log"), "-o", opts, "start")
+        psql = ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
+        self.pg(*psql, "-c", "CREATE USER airflow PASSWORD 'airflow'", "-c", "CREATE DATABASE airflow OWNER airflow")
+        return f"postgresql+psycopg2://airflow:airflow@127.0.0.1:{self.port}/airflow"
+
+    def stop(self) -> None:
+        if (self.dir / "postmaster.pid").exists():
+            self.pg("pg_ctl", "-D", str(self.dir), "-m", "fast", "-w", "stop")
+
+
+class Deployment:
+    """api-server + scheduler + dag-processor with LocalExecutor on PostgreSQL."""
+
+    COMPONENTS = {
+        "api-server": ["api-server", "--host", "127.0.0.1", "--port", "{port}", "--workers", "1"],
+        "scheduler": ["scheduler"],
+        "dag-processor": ["dag-processor"],
+    }
+
+    def __init__(self) -> None:
+        self.home = make_home("torchstep-airflow-deploy-")
+        self.pg = Postgres(self.home)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.token = ""
+        self.stopped: list[int] | None = None
+
+    def start(self) -> None:
+        conn = self.pg.start()
+        self.env = airflow_env(
+            self.home,
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=conn,
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="4",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(self.port),
+            AIRFLOW__API__BASE_URL=self.url,
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
+            AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(48),
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
+        )
+        run([AIRFLOW, "db", "migrate"], self.env, timeout=240)
+        for name, argv in self.COMPONENTS.items():
+            log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+            argv = [a.replace("{port}", str(self.port)) for a in argv]
+            self.procs[name] = subprocess.Popen(
+                [AIRFLOW, *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            log.close()
+        self.wait(self.healthy, 120, "the api-server and scheduler to be healthy")
+        self.token = self.call("GET", "/auth/token")["access_token"]
+        self.call("GET", "/execution/health")  # the first call is slow: warm it up
+
+    # -- REST -------------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict | None = None, *, ok=(200, 201)) -> dict:
+        req = urllib.request.Request(self.url + path, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        data = json.dumps(body).encode() if body is not None else None
+        try:
+            with urllib.request.urlopen(req, data=data, timeout=30) as resp:
+                text = resp.read().decode()
+                return json.loads(text) if text else {}
+        except urllib.error.HTTPError as e:
+            if e.code in ok:
+                return {}
+            raise AssertionError(f"{method} {path} -> {e.code}: {e.read().decode()[:2000]}") from None
+
+    def healthy(self) -> bool:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited {p.returncode}:\n{self.log_of(name)[-5000:]}")
+        try:
+            h = self.call("GET", "/api/v2/monitor/health")
+        except (OSError, AssertionError):
+            return False
+        return all(h.get(c, {}).get("status") == "healthy" for c in ("metadatabase", "scheduler"))
+
+    def wait(self, cond, timeout: float, what: str, interval: float = 0.5):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = cond()
+            if value:
+                return value
+            time.sleep(interval)
+        logs = "\n".join(f"--- {n}\n{self.log_of(n)[-3000:]}" for n in self.procs)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+
+    def log_of(self, name: str) -> str:
+        f = self.home / f"{name}.log"
+        return f.read_text(errors="replace") if f.exists() else ""
+
+    def trigger(self, dag_id: str, conf: dict | None = None, timeout: float = 180) -> dict:
+        """Trigger a run through the REST API and wait until it finishes; returns the run."""
+
+        def dag_known() -> bool:
+            try:
+                return bool(self.call("GET", f"/api/v2/dags/{dag_id}", ok=()))
+            except AssertionError:
+                return False
+
+        self.wait(dag_known, 120, f"the dag-processor to register {dag_id}")
+        run_ = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_['dag_run_id']}"
+
+        def finished() -> dict | None:
+            r = self.call("GET", path)
+            return r if r["state"] in ("success", "failed") else None
+
+        return self.wait(finished, timeout, f"run {run_['dag_run_id']} of {dag_id} to finish", interval=1)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def stop(self) -> list[int]:
+        """SIGTERM every component, wait, then report (and kill) any process left behind.
+        Idempotent: returns the processes found left behind by the first call."""
+        if self.stopped is not None:
+            return self.stopped
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        left = procs_with_env(f"AIRFLOW_HOME={self.home}")
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = procs_with_env(f"AIRFLOW_HOME={self.home}")
+        kill_all(left)
+        self.pg.stop()
+        self.stopped = left
+        return left
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (make system-deps installs it)")
+    d = Deployment()
+    try:
+        d.start()
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(d.home, ignore_errors=True)

@@ -1,0 +1,85 @@
+"""torchstep tasks in real Airflow DAG runs (``dag.test()``: the task runner, XCom, retries
+and timeouts of Airflow itself, with real agents and real torch.distributed workers)."""
+
+import os
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def example_run(dag_tester):
+    return dag_tester.run("torchstep_example", {"lr": 0.4, "epochs": 40})
+
+
+@pytest.fixture(scope="module")
+def faults(dag_tester, tmp_path_factory):
+    state = tmp_path_factory.mktemp("faults")
+    summary = dag_tester.run("torchstep_faults", {"state_dir": str(state)})
+    summary["state_dir"] = state
+    return summary
+
+
+def test_pipeline_passes_results_along_and_trains_on_2_replicas_x_2_processes(example_run):
+    tasks = example_run["tasks"]
+    assert {t: v["state"] for t, v in tasks.items()} == {
+        "prepare": "success",
+        "train": "success",
+        "evaluate": "success",
+    }
+    train = tasks["train"]["xcom"]
+    assert train["state"] == "SUCCEEDED" and train["schema"] == 1
+    assert sorted((r["role"], r["replica_id"]) for r in train["replicas"]) == [("trainer", 0), ("trainer", 1)]
+    assert sorted(rk["rank"] for rep in train["replicas"] for rk in rep["ranks"]) == [0, 1, 2, 3]
+    assert train["outputs"]["world_size"] == 4
+    assert train["outputs"]["lr"] == 0.4  # templated app_args ({{ params.lr }}) were rendered
+    assert os.path.dirname(train["outputs"]["model"]) != os.path.dirname(tasks["prepare"]["xcom"]["outputs"]["data"])
+    evaluate = tasks["evaluate"]["xcom"]  # @task.torchstep, fed by two upstream results
+    assert evaluate["state"] == "SUCCEEDED" and evaluate["outputs"]["mse"] < 0.05
+
+
+def test_every_rank_output_reaches_the_task_log_prefixed(example_run):
+    out = example_run["output"]
+    for rank in range(4):
+        assert f"(rank {rank} of 4)" in out
+    assert "[trainer/0]" in out or "[trainer/" in out
+
+
+def test_a_worker_that_fails_once_is_retried_by_airflow_exactly_once(faults):
+    flaky = faults["tasks"]["flaky"]
+    assert flaky["state"] == "success"
+    assert flaky["try_number"] == 2 and flaky["max_tries"] == 1
+    assert flaky["xcom"]["outputs"] == {"failures_before_success": 1}
+    assert (faults["state_dir"] / "flaky.count").read_text() == "1"
+
+
+def test_non_retryable_error_fails_the_task_without_any_retry(faults):
+    task = faults["tasks"]["non_retryable"]
+    assert task["max_tries"] == 2  # Airflow would have retried twice...
+    assert (task["state"], task["try_number"]) == ("failed", 1)  # ...but did not
+    result = task["xcom"]
+    assert result["retryable"] is False and result["state"] == "FAILED"
+    assert "retrying cannot help" in result["root_cause"]["message"]
+    assert "not retryable" in faults["output"]
+
+
+def test_execution_timeout_leaves_no_process_behind(faults):
+    task = faults["tasks"]["hang"]
+    assert (task["state"], task["try_number"]) == ("failed", 1)
+    assert task["xcom"]["state"] == "CANCELLED"  # the stopped run's result is still reported
+    pids = [int(p) for f in faults["state_dir"].glob("pids.*") for p in f.read_text().split()]
+    assert len(pids) == 4  # 2 workers and their parents (the agent side)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "zombie" not in _state(p)]
+        time.sleep(0.2)
+    assert alive == []
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line for line in f if line.startswith("State:")), "").lower()
+    except OSError:
+        return "zombie"

@@ -1,0 +1,48 @@
+"""A real Airflow: PostgreSQL, api-server, scheduler and dag-processor with LocalExecutor.
+DAG runs are triggered through the REST API, as a user or a CI system would."""
+
+import urllib.parse
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def task_path(run: dict, task_id: str) -> str:
+    return (
+        f"/api/v2/dags/{run['dag_id']}/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}/taskInstances/{task_id}"
+    )
+
+
+def log_text(deployment, run: dict, task_id: str, try_number: int) -> str:
+    log = deployment.call("GET", f"{task_path(run, task_id)}/logs/{try_number}?full_content=true")
+    return "\n".join(str(e.get("event", "")) if isinstance(e, dict) else str(e) for e in log["content"])
+
+
+def test_example_pipeline_succeeds_with_results_in_xcom_and_rank_logs_in_the_task_log(deployment):
+    run = deployment.trigger("torchstep_example", {"lr": 0.4, "epochs": 40}, timeout=300)
+    assert run["state"] == "success"
+    xcom = deployment.call("GET", f"{task_path(run, 'train')}/xcomEntries/return_value?deserialize=true")
+    result = xcom["value"]
+    assert result["state"] == "SUCCEEDED" and result["outputs"]["world_size"] == 4
+    assert result["outputs"]["lr"] == 0.4
+    log = log_text(deployment, run, "train", 1)
+    for rank in range(4):
+        assert f"(rank {rank} of 4)" in log  # every rank's output, prefixed, in Airflow's task log
+    assert "[trainer/3]" in log
+
+
+def test_failing_step_is_tried_retries_plus_one_times_and_its_log_shows_the_root_cause(deployment, tmp_path):
+    run = deployment.trigger("torchstep_failing", {"state_dir": str(tmp_path)}, timeout=180)
+    assert run["state"] == "failed"
+    tries = deployment.call("GET", f"{task_path(run, 'always_fails')}/tries")["task_instances"]
+    assert [t["try_number"] for t in tries] == [1, 2]  # max_retries=1 (APPLICATION) -> Airflow retries=1
+    assert tries[-1]["state"] == "failed" and tries[-1]["max_tries"] == 1
+    for n in (1, 2):
+        log = log_text(deployment, run, "always_fails", n)
+        assert "[faulty/0]" in log and "RuntimeError: this step always fails" in log
+        assert "root cause: faulty/0 rank 0" in log
+
+
+def test_stopping_airflow_leaves_no_process_behind(deployment):
+    assert deployment.stop() == []
