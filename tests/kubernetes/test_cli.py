@@ -79,3 +79,16 @@ def test_docstring_examples(module):
     name = "torchstep.kubernetes" if module == "__init__" else f"torchstep.kubernetes.{module}"
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_docs_example_is_current(capsys):
+    """docs/kubernetes.md shows real output of the command it names."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
+    command = "torchstep render dist.ddp -n ml --run-id manual__2026-11-21T10:00:00 --cfg queue=team-a -- -j 2x4 --gpu 4 --memMB 65536 --cpu 16 --script train.py -- --lr 0.1"
+    assert f"`{command}`" in doc
+    assert torchstep_main(command.split()[1:]) == 0
+    out = capsys.readouterr().out
+    example = doc.split(f"`{command}`", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert example == out
