@@ -37,10 +37,20 @@ def materialize(
 
     ``component`` is an AppDef (returned as is), a callable, ``"path/file.py:fn"``,
     ``"package.module:fn"`` or a TorchX builtin such as ``"dist.ddp"``. ``args`` is a list
-    of command-line strings (``["--lr", "0.1"]``) or a mapping of parameter name to value
-    (rendered as ``--name value``; lists repeat, ``*args`` parameters take a list);
-    ``kwargs`` are passed to the function unparsed. Every failure is a
-    :class:`~torchstep.SpecError` whose ``field`` is ``component`` or ``component.<param>``.
+    of command-line strings (``["--lr", "0.1"]``), parsed by TorchX's own builder exactly
+    as ``torchx run`` parses them, or a mapping of parameter name to value rendered to
+    that command line (``--name value``; lists as ``a,b``, dicts as ``k=v,k2=v2`` — TorchX's
+    encodings; ``None`` leaves the parameter at its default; a ``*args`` parameter takes a
+    list). ``kwargs`` are passed to the function as Python values, unparsed. Every failure
+    is a :class:`~torchstep.SpecError` (never ``SystemExit``) whose ``field`` is
+    ``component``, ``component.<param>`` or ``component.args[i]``.
+
+    >>> materialize("utils.sh", {"args": ["echo", "--not-a-flag"]}).roles[0].args
+    ['-c', 'echo --not-a-flag']
+    >>> materialize("dist.ddp", ["--script", "train.py", "--nope"])
+    Traceback (most recent call last):
+    ...
+    torchstep.errors.SpecError: component: dist.ddp: unrecognized arguments: --nope; fix: ...
     """
     from torchx.specs import AppDef
 
@@ -99,6 +109,13 @@ def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
                 f"cannot import module {path!r} of {ref!r}: {e}",
                 fix="check the module path and that its package is installed",
             ) from e
+        except Exception as e:  # the module itself fails: SyntaxError, errors at import time
+            raise SpecError(
+                "component",
+                None,
+                f"importing module {path!r} of {ref!r} raised {type(e).__name__}: {e}",
+                fix=f"fix the module {path}",
+            ) from e
         fn = getattr(module, fn_name, None)
         if not callable(fn):
             raise SpecError(
@@ -120,19 +137,36 @@ def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             found = get_component(ref)
-    except (ComponentNotFoundException, ComponentValidationException) as e:
+    except ComponentNotFoundException as e:
         raise SpecError(
             "component", None, str(e).strip(), fix="check the name with `torchx builtins`, or use path/file.py:fn"
         ) from e
-    except Exception as e:  # import errors of the user's file, syntax errors...
+    except ComponentValidationException as e:
         raise SpecError(
-            "component", None, f"cannot load {ref!r}: {type(e).__name__}: {e}", fix="fix the component file"
+            "component",
+            None,
+            " ".join(str(e).split()),
+            fix="a TorchX component has type-annotated parameters, a docstring and returns specs.AppDef",
         ) from e
+    except Exception as e:  # import errors of the user's file, syntax errors...
+        fix = "fix the component file"
+        if isinstance(e, AttributeError) and "BinOp" in str(e):  # TorchX 0.7's linter reads `X | None` so
+            fix = "write parameter annotations as typing.Optional[...] / List[...] / Dict[...], not `X | None`"
+        raise SpecError("component", None, f"cannot load {ref!r}: {type(e).__name__}: {e}", fix=fix) from e
     return found.fn, ref
 
 
+def _parameters(fn: Callable[..., Any], label: str) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError) as e:
+        raise SpecError(
+            "component", None, f"{label} has no readable signature: {e}", fix="use a Python function"
+        ) from e
+
+
 def _check_kwargs(fn: Callable[..., Any], label: str, kwargs: Mapping[str, Any]) -> None:
-    params = inspect.signature(fn).parameters
+    params = _parameters(fn, label)
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     for key in kwargs:
@@ -156,29 +190,7 @@ def _argv_of(fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[s
             fix='split it: ["--lr", "0.1"], never one shell string',
         )
     if isinstance(args, Mapping):
-        params = inspect.signature(fn).parameters
-        argv: list[str] = []
-        rest: list[str] = []
-        for key, value in args.items():
-            p = params.get(key)
-            if p is None:
-                raise SpecError(
-                    f"component.{key}",
-                    None,
-                    f"{label} has no parameter {key!r}",
-                    fix=f"use one of: {', '.join(params) or '(none)'}",
-                )
-            if p.kind == p.VAR_POSITIONAL:
-                rest = [str(v) for v in (value if isinstance(value, list | tuple) else [value])]
-                continue
-            flag = f"--{key}"
-            if isinstance(value, list | tuple):
-                argv += [flag, *[str(v) for v in value]]
-            elif isinstance(value, dict):
-                argv += [flag, ",".join(f"{k}={v}" for k, v in value.items())]
-            else:
-                argv += [flag, str(value)]
-        return argv + rest
+        return _argv_of_mapping(_parameters(fn, label), label, args)
     out = []
     for i, a in enumerate(args):
         if not isinstance(a, str):
@@ -192,6 +204,33 @@ def _argv_of(fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[s
     return out
 
 
+def _argv_of_mapping(params: Mapping[str, inspect.Parameter], label: str, args: Mapping[str, Any]) -> list[str]:
+    """``{"j": "2x2", "mounts": [...]}`` → the ``torchx run`` command line of those values."""
+    argv: list[str] = []
+    rest: list[str] = []
+    for key, value in args.items():
+        p = params.get(key) if isinstance(key, str) else None
+        if p is None or p.kind == p.VAR_KEYWORD:
+            raise SpecError(
+                f"component.{key}",
+                None,
+                f"{label} has no parameter {key!r}",
+                fix=f"use one of: {', '.join(params) or '(none)'}",
+            )
+        if value is None:
+            continue  # the parameter's default
+        if p.kind == p.VAR_POSITIONAL:
+            # after "--": a value that looks like a flag stays a value
+            rest = ["--", *(str(v) for v in (value if isinstance(value, list | tuple) else [value]))]
+        elif isinstance(value, list | tuple):
+            argv += [f"--{key}", ",".join(str(v) for v in value)]
+        elif isinstance(value, Mapping):
+            argv += [f"--{key}", ",".join(f"{k}={v}" for k, v in value.items())]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv + rest
+
+
 def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> Any:
     from torchx.specs.builders import materialize_appdef
 
@@ -199,11 +238,17 @@ def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> An
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             return materialize_appdef(fn, argv)
-    except SystemExit as e:  # argparse: bad or missing argument
-        msg = err.getvalue().strip().splitlines()
-        detail = msg[-1] if msg else f"argument parsing exited with {e.code}"
+    except SystemExit as e:  # argparse: bad or missing argument, or --help
+        lines = err.getvalue().strip().splitlines()
+        detail = lines[-1].partition("error: ")[2] if lines and "error: " in lines[-1] else ""
+        if not detail:
+            detail = "--help is not a component argument" if e.code == 0 else f"argument parsing exited with {e.code}"
         raise SpecError(
-            "component", None, f"{label}: {detail}", fix=f"run `torchx run {label} --help`-style args; got {argv!r}"
+            "component",
+            None,
+            f"{label}: {detail}",
+            fix=f"pass the component's arguments as `torchx run` takes them (see `torchx run {label} --help`); "
+            f"got {argv!r}",
         ) from None
     except SpecError:
         raise

@@ -10,7 +10,9 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import types
 from typing import Any
 
 from torchstep.plan import Decision, plan_decisions
@@ -21,16 +23,26 @@ ACTIONS = {"honoured": "yes", "ignored": "ignored", "rejected": "REJECTED"}
 def explain(app: Any, target: str, *, width: int = 120) -> str:
     """A readable table, one row per field: its value and what it becomes on ``target``,
     or why it is ignored or rejected (with the fix). Never raises for a bad AppDef: the
-    rejected fields are rows of the table.
+    rejected fields are rows of the table, and the first line says how many there are.
+
+    >>> import torchstep
+    >>> from torchx.specs import AppDef, Role
+    >>> text = explain(AppDef("x", [Role("r", image="", entrypoint="python")]), "kfp")
+    >>> text.splitlines()[0]
+    "torchstep explain: app 'x' on target 'kfp' — 1 field(s) rejected"
+    >>> [line.split("|")[2].strip() for line in text.splitlines() if "roles[0].image " in line]
+    ['REJECTED']
     """
     decisions = plan_decisions(app, target)
-    return render_table(decisions, app_name=getattr(app, "name", "?"), target=target, width=width)
+    name = getattr(app, "name", "?")
+    return render_table(decisions, app_name=name if isinstance(name, str) else repr(name), target=target, width=width)
 
 
 def render_table(decisions: list[Decision], *, app_name: str, target: str, width: int = 120) -> str:
+    """The table of :func:`explain` for decisions already made."""
     rejected = [d for d in decisions if d.action == "rejected"]
     status = "OK" if not rejected else f"{len(rejected)} field(s) rejected"
-    head = f"torchstep explain: app {app_name!r} on target {target!r} — {status}"
+    head = f"torchstep explain: app {_one_line(app_name)!r} on target {_one_line(str(target))!r} — {status}"
     fw = min(max((len(d.field) for d in decisions), default=5), 44)
     vw = 30
     aw = 8
@@ -39,9 +51,9 @@ def render_table(decisions: list[Decision], *, app_name: str, target: str, width
     lines.append(f"{'-' * fw}-+-{'-' * vw}-+-{'-' * aw}-+-{'-' * bw}")
     for d in decisions:
         becomes = d.becomes + (f" — fix: {d.fix}" if d.fix else "")
-        fcol = textwrap.wrap(d.field, fw) or [""]
-        vcol = textwrap.wrap(d.value.replace("\n", "\\n"), vw) or [""]
-        bcol = textwrap.wrap(becomes, bw) or [""]
+        fcol = _wrap(d.field, fw)
+        vcol = _wrap(d.value, vw)
+        bcol = _wrap(becomes, bw)
         for i in range(max(len(fcol), len(vcol), len(bcol))):
             f = fcol[i] if i < len(fcol) else ""
             v = vcol[i] if i < len(vcol) else ""
@@ -49,3 +61,25 @@ def render_table(decisions: list[Decision], *, app_name: str, target: str, width
             b = bcol[i] if i < len(bcol) else ""
             lines.append(f"{f:<{fw}} | {v:<{vw}} | {a:<{aw}} | {b}".rstrip())
     return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    # break_on_hyphens=False keeps paths and flags whole; control characters are escaped
+    # so one field is one table cell whatever its value holds
+    return textwrap.wrap(_one_line(text), width, break_on_hyphens=False, drop_whitespace=True) or [""]
+
+
+class _ExplainModule(types.ModuleType):
+    """``import torchstep.explain`` binds the *module* to ``torchstep.explain``, shadowing
+    the function of the same name that the package exports: calling the module calls
+    the function, so ``torchstep.explain(app, target)`` works in any import order."""
+
+    def __call__(self, app: Any, target: str, *, width: int = 120) -> str:
+        return explain(app, target, width=width)
+
+
+sys.modules[__name__].__class__ = _ExplainModule

@@ -133,6 +133,19 @@ def replica_env(
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         }
     )
+    if role.uses_torchrun:
+        # The role's own torchrun keeps its argv (the shim makes it our agent): what
+        # agent_argv would pass as flags reaches it through the environment instead —
+        # torchrun reads PET_*, the agent TORCHSTEP_*; a flag in the command wins (the
+        # planner rejects a flag that disagrees with the plan).
+        if role.retry.agent_restarts and "PET_MAX_RESTARTS" not in role.env:
+            env["PET_MAX_RESTARTS"] = str(role.retry.agent_restarts)
+        if "PET_NPROC_PER_NODE" not in role.env:
+            env["PET_NPROC_PER_NODE"] = str(role.nproc_per_node)
+        if role.heartbeat_timeout_s is not None:
+            env["TORCHSTEP_HEARTBEAT_TIMEOUT"] = f"{role.heartbeat_timeout_s:g}"
+        if role.grace_period_s is not None:
+            env["TORCHSTEP_GRACE_PERIOD"] = f"{role.grace_period_s:g}"
     if rdzv_endpoint is not None:
         env[ENV_RDZV_ENDPOINT] = rdzv_endpoint
     if rdzv_id is not None:

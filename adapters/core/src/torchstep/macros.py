@@ -1,13 +1,16 @@
 """TorchX macros as typed placeholders, and binding them at run time.
 
-Binding follows TorchX exactly (``string.Template.safe_substitute``): ``${app_id}`` is
-replaced, unknown ``${x}`` is left alone, and ``$$`` becomes ``$`` — TorchX's own
-``dist.ddp`` relies on that (``$${${rank0_env}:=localhost}``).
+Binding follows TorchX exactly (``string.Template.safe_substitute``, applied like
+``torchx.specs.macros.Values.apply`` to every arg, every env value and every string nested
+in the role's metadata — not to the entrypoint): ``${app_id}`` and ``$app_id`` are replaced,
+unknown ``${x}`` is left alone, and ``$$`` becomes ``$`` — TorchX's own ``dist.ddp`` relies
+on that (``$${${rank0_env}:=localhost}``). The plan keeps argv raw, byte for byte; binding
+happens when a replica starts.
 
 Example::
 
     >>> from torchstep.macros import Macro, find_macros, substitute
-    >>> sorted(m.value for m in find_macros(["--id", "${app_id}", "r${replica_id}"]))
+    >>> sorted(m.value for m in find_macros(["--id", "${app_id}", "r$replica_id", "$${img_root}"]))
     ['app_id', 'replica_id']
     >>> substitute("run-${app_id}-$${HOME}", {"app_id": "demo-1a2b"})
     'run-demo-1a2b-${HOME}'
@@ -15,9 +18,11 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from string import Template
+from typing import Any
 
 
 class Macro(str, enum.Enum):
@@ -31,6 +36,11 @@ class Macro(str, enum.Enum):
 
     @property
     def placeholder(self) -> str:
+        """``${name}``, as TorchX writes it.
+
+        >>> Macro.APP_ID.placeholder
+        '${app_id}'
+        """
         return "${" + self.value + "}"
 
 
@@ -38,16 +48,20 @@ class Macro(str, enum.Enum):
 #: replica 0 (TorchX's kubernetes scheduler uses the same name).
 RANK0_ENV_VAR = "TORCHX_RANK0_HOST"
 
+_BY_NAME = {m.value: m for m in Macro}
+
 
 def find_macros(texts: Iterable[str]) -> frozenset[Macro]:
-    """The macros used in ``texts``."""
+    """The macros that binding would replace in ``texts`` (parsed exactly as
+    ``string.Template`` parses them, so ``$${app_id}`` — an escaped ``$`` — is not one)."""
     found: set[Macro] = set()
     for text in texts:
         if "$" not in text:
             continue
-        for m in Macro:
-            if m.placeholder in text or f"${m.value}" in text:
-                found.add(m)
+        for match in Template.pattern.finditer(text):
+            name = match.group("named") or match.group("braced")
+            if name in _BY_NAME:
+                found.add(_BY_NAME[name])
     return frozenset(found)
 
 
@@ -56,3 +70,31 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
     if "$" not in text:
         return text
     return Template(text).safe_substitute(values)
+
+
+def substitute_nested(obj: Any, values: Mapping[str, str]) -> Any:
+    """A deep copy of ``obj`` (dicts and lists) with macros bound in every string, as
+    TorchX binds role metadata.
+
+    >>> substitute_nested({"labels": {"run": "${app_id}"}, "n": 1}, {"app_id": "a-1"})
+    {'labels': {'run': 'a-1'}, 'n': 1}
+    """
+    if isinstance(obj, str):
+        return substitute(obj, values)
+    if isinstance(obj, dict):
+        return {k: substitute_nested(v, values) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [substitute_nested(v, values) for v in obj]
+    return copy.deepcopy(obj)
+
+
+def nested_strings(obj: Any) -> Iterator[str]:
+    """Every string nested in dicts and lists (what :func:`substitute_nested` binds)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from nested_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from nested_strings(v)

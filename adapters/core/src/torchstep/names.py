@@ -1,7 +1,8 @@
 """Kubernetes-safe names derived deterministically from app and role names.
 
-The run-unique suffix is *not* added here: it is added at run time (an orchestrator run id
-or a fresh short id), never baked in at build/compile time.
+The run-unique suffix is *not* added here at build time: :func:`run_name` adds it at run
+time (a hash of the orchestrator's run id, or a fresh short id), so a plan, a rendered
+manifest or a compiled pipeline never carries one run's name.
 
 Example::
 
@@ -9,8 +10,8 @@ Example::
     'trainer-main'
     >>> len(dns_label("x" * 100, max_len=40))
     40
-    >>> run_name("trainer", "manual__2026-11-21T10:00:00+00:00")[:8]
-    'trainer-'
+    >>> run_name("trainer", "manual__2026-11-21T10:00:00+00:00")
+    'trainer-c6288252'
 """
 
 from __future__ import annotations
@@ -19,43 +20,63 @@ import hashlib
 import re
 import secrets
 
-#: DNS-1123 label limit. Job names get pod names `<job>-<index>-<5 random>`, and the
-#: Indexed Job adds the `batch.kubernetes.io/job-completion-index` label, so names used
-#: for Jobs stay well below it (see ``JOB_NAME_MAX``).
+#: DNS-1123 label limit.
 LABEL_MAX = 63
 #: Jobs: the Job controller appends ``-<index>-<5 chars>`` to pod names and the pod
-#: hostname must stay a valid label.
+#: hostname must stay a valid label, so Job names stay at or below this.
 JOB_NAME_MAX = 47
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _digest(text: str, n: int = 6) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
+def is_dns_label(name: str, *, max_len: int = LABEL_MAX) -> bool:
+    """True when ``name`` is a valid DNS-1123 label of at most ``max_len`` characters.
+
+    >>> is_dns_label("trainer-0"), is_dns_label("Trainer"), is_dns_label("-a")
+    (True, False, False)
+    """
+    return len(name) <= max_len and bool(_LABEL.match(name))
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """True when ``name`` is a DNS-1123 subdomain (names of Secrets, PVCs...).
+
+    >>> is_dns_subdomain("hf-token.v2"), is_dns_subdomain("HF_token")
+    (True, False)
+    """
+    return len(name) <= 253 and bool(_SUBDOMAIN.match(name))
+
+
 def dns_label(name: str, *, max_len: int = LABEL_MAX) -> str:
     """A DNS-1123 label for ``name``: lowercase, ``[a-z0-9-]``, starts and ends
-    alphanumeric, at most ``max_len`` characters.
+    alphanumeric, at most ``max_len`` characters, always the same for the same name.
 
-    When characters had to be replaced or the name truncated, a short hash of the original
-    name is appended so two different names cannot collide. Returns ``""`` when no
-    ASCII letter or digit is left (callers raise a SpecError naming the field).
+    Invalid characters become ``-`` (``Trainer_Main`` → ``trainer-main``). A name that is
+    too long is cut and gets a short hash of the whole name, so two long names sharing a
+    prefix stay distinct. Two names that differ only in case or punctuation map to the
+    same label: the planner rejects that within one app. Returns ``""`` when no ASCII
+    letter or digit is left (callers raise a SpecError naming the field).
+
+    >>> dns_label("a" * 70) == dns_label("a" * 71)
+    False
+    >>> dns_label("模型")
+    ''
     """
-    low = name.lower()
-    cleaned = _INVALID.sub("-", low).strip("-")
-    cleaned = re.sub(r"-{2,}", "-", cleaned)
+    cleaned = re.sub(r"-{2,}", "-", _INVALID.sub("-", name.lower())).strip("-")
     if not cleaned:
         return ""
-    changed = cleaned != name
-    if len(cleaned) <= max_len and not changed:
+    if len(cleaned) <= max_len:
         return cleaned
-    if not changed:  # only too long
-        suffix = _digest(name)
-        return f"{cleaned[: max_len - len(suffix) - 1].rstrip('-')}-{suffix}"
     suffix = _digest(name)
-    head = cleaned[: max_len - len(suffix) - 1].rstrip("-")
-    return f"{head}-{suffix}" if head else suffix
+    head = cleaned[: max(max_len - len(suffix) - 1, 0)].rstrip("-")
+    return f"{head}-{suffix}" if head else suffix[:max_len]
 
 
 def short_id(n: int = 6) -> str:
@@ -65,15 +86,21 @@ def short_id(n: int = 6) -> str:
 
 
 def run_name(base: str, run_id: str | None = None, *, max_len: int = JOB_NAME_MAX) -> str:
-    """``base`` plus a run-unique suffix: a hash of ``run_id`` when given (stable for one
-    orchestrator run/try), else a fresh random id.
+    """``base`` (a DNS label, e.g. ``f"{plan.k8s_name}-{role.k8s_name}"``) plus a
+    run-unique suffix: a hash of ``run_id`` when given (stable across the retries of one
+    orchestrator run), else a fresh random id. Call it at run time, never at build time.
+
+    ``base`` is shortened deterministically (with a hash of the whole base) when the
+    result would exceed ``max_len``, so two long bases sharing a prefix never collide.
+
+    >>> a = run_name("x" * 60 + "-trainer", "run-1")
+    >>> b = run_name("x" * 60 + "-reader", "run-1")
+    >>> a != b and len(a) == 47 and is_dns_label(a)
+    True
     """
     suffix = _digest(run_id, 8) if run_id else short_id(8)
-    head = base[: max_len - len(suffix) - 1].rstrip("-")
+    head = dns_label(base, max_len=max_len - len(suffix) - 1) or "run"
     return f"{head}-{suffix}"
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def is_env_name(name: str) -> bool:

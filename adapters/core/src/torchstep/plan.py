@@ -13,21 +13,43 @@ Example::
     >>> r = plan.roles[0]
     >>> (r.min_replicas, r.num_replicas, r.nproc_per_node, r.uses_torchrun)
     (2, 2, 2, True)
-    >>> plan.roles[0].retry.owner.value
-    'orchestrator'
+    >>> r.retry.owner.value  # max_retries=0: nobody retries
+    'none'
+    >>> build_plan(torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py", "--max_retries", "3"]),
+    ...            target="kfp").orchestrator_retries
+    3
 """
 
 from __future__ import annotations
 
 import enum
-import os
-import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchstep.cmdline import detect_torchrun
 from torchstep.errors import SpecError
-from torchstep.macros import Macro, substitute
+from torchstep.macros import Macro, substitute, substitute_nested
+
+__all__ = [
+    "APP_OPTIONS",
+    "RETRY_OWNERS",
+    "ROLE_OPTIONS",
+    "TARGETS",
+    "Decision",
+    "Mount",
+    "Port",
+    "Resources",
+    "RetryBudget",
+    "RetryOwner",
+    "RolePlan",
+    "SecretRef",
+    "StepPlan",
+    "build_plan",
+    "detect_torchrun",
+    "plan_decisions",
+    "retry_budget",
+]
 
 TARGETS = ("local", "kubernetes", "kfp")
 
@@ -72,7 +94,11 @@ MAX_NPROC = 4096
 
 
 class RetryOwner(str, enum.Enum):
-    """Who spends a role's ``max_retries`` (exactly one layer, never two)."""
+    """Who spends a role's ``max_retries`` (exactly one layer, never two).
+
+    >>> RetryOwner.AGENT.value
+    'agent'
+    """
 
     ORCHESTRATOR = "orchestrator"  # Airflow retries / KFP set_retry / Prefect retries
     AGENT = "agent"  # the embedded agent's --max-restarts (+ lost-replica replacement)
@@ -82,7 +108,12 @@ class RetryOwner(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RetryBudget:
-    """A role's retry budget: its policy, the one layer that owns it and the count."""
+    """A role's retry budget: its policy, the one layer that owns it and the count.
+
+    >>> b = RetryBudget("REPLICA", RetryOwner.AGENT, 3)
+    >>> (b.agent_restarts, b.orchestrator_retries, b.role_retries)
+    (3, 0, 0)
+    """
 
     policy: str
     owner: RetryOwner
@@ -95,10 +126,12 @@ class RetryBudget:
 
     @property
     def orchestrator_retries(self) -> int:
+        """Retries of the whole step by the orchestrator (Airflow/Prefect ``retries``, KFP ``set_retry``)."""
         return self.count if self.owner is RetryOwner.ORCHESTRATOR else 0
 
     @property
     def role_retries(self) -> int:
+        """Restarts of every replica of the role by its launcher / Job (``ROLE``, TorchX nightly)."""
         return self.count if self.owner is RetryOwner.ROLE else 0
 
 
@@ -112,16 +145,40 @@ RETRY_OWNERS: dict[str, RetryOwner] = {
 }
 
 
-def retry_budget(policy: str, max_retries: int) -> RetryBudget:
-    """The single implementation of the retry budget table.
+def policy_name(policy: Any) -> str | None:
+    """The name of a retry policy given as a ``torchx.specs.RetryPolicy`` (any version,
+    nightly's ``ROLE`` included) or as its name; ``None`` when it is not one of the table.
+
+    >>> from torchx.specs import RetryPolicy
+    >>> policy_name(RetryPolicy.REPLICA), policy_name("ROLE"), policy_name("replica")
+    ('REPLICA', 'ROLE', None)
+    """
+    name = policy.name if isinstance(policy, enum.Enum) else policy
+    return name if isinstance(name, str) and name in RETRY_OWNERS else None
+
+
+def retry_budget(policy: Any, max_retries: int) -> RetryBudget:
+    """The single implementation of the retry budget table: ``policy`` (a RetryPolicy or
+    its name) and ``max_retries`` → the one owner of the budget.
 
     >>> retry_budget("REPLICA", 3).agent_restarts
     3
-    >>> retry_budget("APPLICATION", 2).agent_restarts
-    0
+    >>> retry_budget("APPLICATION", 2).orchestrator_retries
+    2
+    >>> retry_budget("REPLICA", 0).owner.value
+    'none'
+
+    Raises :class:`~torchstep.SpecError` for an unknown policy or a bad count.
     """
-    owner = RETRY_OWNERS[policy] if max_retries > 0 else RetryOwner.NONE
-    return RetryBudget(policy=policy, owner=owner, count=max_retries)
+    name = policy_name(policy)
+    if name is None:
+        raise SpecError(
+            "retry_policy", None, f"unknown retry policy {policy!r}", fix=f"use one of: {', '.join(RETRY_OWNERS)}"
+        )
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool) or not 0 <= max_retries <= MAX_RETRIES:
+        raise SpecError("max_retries", None, f"must be an integer in 0..{MAX_RETRIES}", fix="e.g. 2")
+    owner = RETRY_OWNERS[name] if max_retries > 0 else RetryOwner.NONE
+    return RetryBudget(policy=name, owner=owner, count=max_retries)
 
 
 @dataclass(frozen=True)
@@ -149,7 +206,14 @@ class StepRetry:
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-replica resources; ``None`` means unset (TorchX's NULL_RESOURCE uses -1)."""
+    """Per-replica resources; ``None`` means unset (TorchX's NULL_RESOURCE uses -1).
+
+    ``devices`` are Kubernetes extended resources (``{"vpc.amazonaws.com/efa": 4}``),
+    ``capabilities`` node labels (``{"node.kubernetes.io/instance-type": "p4d.24xlarge"}``).
+
+    >>> Resources(cpu=2, mem_mb=4096).gpu
+    0
+    """
 
     cpu: float | None = None
     gpu: int = 0
@@ -160,7 +224,11 @@ class Resources:
 
 @dataclass(frozen=True)
 class Mount:
-    """``kind`` is ``bind`` (host path), ``volume`` (PVC claim) or ``device``."""
+    """``kind`` is ``bind`` (host path), ``volume`` (PVC claim) or ``device``.
+
+    >>> Mount("volume", "datasets", "/data", read_only=True).kind
+    'volume'
+    """
 
     kind: str
     src: str
@@ -171,13 +239,24 @@ class Mount:
 
 @dataclass(frozen=True)
 class Port:
+    """A named port of every replica (``Role.port_map``).
+
+    >>> Port("tb", 6006).port
+    6006
+    """
+
     name: str
     port: int
 
 
 @dataclass(frozen=True)
 class SecretRef:
-    """An environment variable read from a Kubernetes Secret, never copied by value."""
+    """An environment variable read from a Kubernetes Secret, never copied by value
+    (``role.metadata["torchstep"]["secret_env"] = {"HF_TOKEN": "hf-token/token"}``).
+
+    >>> SecretRef("HF_TOKEN", "hf-token", "token").secret
+    'hf-token'
+    """
 
     env: str
     secret: str
@@ -190,6 +269,9 @@ class Decision:
 
     ``action`` is ``honoured``, ``ignored`` (with the reason in ``becomes``) or
     ``rejected`` (only seen by :func:`torchstep.explain`; ``build_plan`` raises).
+
+    >>> Decision("roles[0].resource.memMB", "1024", "ignored", "advisory on the local target").action
+    'ignored'
     """
 
     field: str
@@ -201,7 +283,18 @@ class Decision:
 
 @dataclass(frozen=True)
 class RolePlan:
-    """One role, normalised for a target."""
+    """One role, normalised for a target.
+
+    ``args`` and ``env`` are the AppDef's, byte for byte (macros unbound: see :meth:`bind`).
+    ``min_replicas``/``num_replicas`` are the elastic range, ``nproc_per_node`` the worker
+    processes per replica, ``retry`` the role's one retry budget, ``*_s`` seconds or
+    ``None`` (unset), ``macros`` the TorchX macros the role uses.
+
+    >>> import torchstep
+    >>> r = torchstep.build_plan(torchstep.materialize("utils.echo", ["--msg", "hi ${app_id}"]), "local").roles[0]
+    >>> r.argv, sorted(r.macros), r.nnodes
+    (['echo', 'hi ${app_id}'], [<Macro.APP_ID: 'app_id'>], '1')
+    """
 
     name: str
     k8s_name: str
@@ -227,6 +320,7 @@ class RolePlan:
     macros: frozenset[Macro]
     metadata: Mapping[str, Any]
     workdir: str | None = None  # local target: the image when it is a directory
+    index: int = 0  # position in AppDef.roles (for field paths in errors raised at run time)
 
     @property
     def argv(self) -> list[str]:
@@ -235,6 +329,7 @@ class RolePlan:
 
     @property
     def elastic(self) -> bool:
+        """True when the role may run with fewer replicas (``min_replicas < num_replicas``)."""
         return self.min_replicas != self.num_replicas
 
     @property
@@ -243,16 +338,52 @@ class RolePlan:
         return str(self.num_replicas) if not self.elastic else f"{self.min_replicas}:{self.num_replicas}"
 
     def bind(self, values: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-        """argv and env with macros bound (TorchX semantics, see :mod:`torchstep.macros`)."""
+        """argv and env with macros bound as TorchX's ``macros.Values.apply`` binds them:
+        every arg and every env value (not the entrypoint); ``$$`` becomes ``$``."""
         return (
             [self.entrypoint, *(substitute(a, values) for a in self.args)],
             {k: substitute(v, values) for k, v in self.env.items()},
         )
 
+    def bound_metadata(self, values: Mapping[str, str]) -> dict[str, Any]:
+        """A copy of the role's metadata with macros bound in every nested string, as
+        TorchX binds them (e.g. a ``${app_id}`` label in ``metadata["kubernetes"]``)."""
+        return substitute_nested(dict(self.metadata), values)
+
+    def secret_values(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """Local target: the secret environment read from ``environ`` (the launching
+        process's environment) at launch. Planning never reads the environment, so a
+        plan built where the secret is absent (a DAG parser) stays valid.
+
+        Raises :class:`~torchstep.SpecError` naming the first missing variable.
+        """
+        missing = [r for r in self.secret_env if r.env not in environ]
+        if missing:
+            r = missing[0]
+            raise SpecError(
+                f"roles[{self.index}].metadata['torchstep']['secret_env'][{r.env!r}]",
+                "local",
+                f"the local target reads secret {r.secret}/{r.key} from the environment variable {r.env}, "
+                "which is not set",
+                fix=f"export {r.env} before running, or run on Kubernetes",
+            )
+        return {r.env: environ[r.env] for r in self.secret_env}
+
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The whole AppDef normalised for one target."""
+    """The whole AppDef normalised for one target.
+
+    ``k8s_name`` is the DNS-1123 prefix of every object name (the run-unique suffix is
+    added at run time, :func:`torchstep.names.run_name`); ``timeout_s`` the step timeout
+    (``app.metadata["torchstep.timeout"]``); ``decisions`` one row per field (what
+    :func:`torchstep.explain` prints).
+
+    >>> import torchstep
+    >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", []), "kubernetes")
+    >>> plan.k8s_name, plan.roles[0].k8s_name, plan.retry_owner.value
+    ('echo', 'echo', 'none')
+    """
 
     app_name: str
     k8s_name: str
@@ -284,10 +415,12 @@ class StepPlan:
 
     @property
     def retry_owner(self) -> RetryOwner:
-        owners = {r.retry.owner for r in self.roles} - {RetryOwner.NONE}
-        return owners.pop() if owners else RetryOwner.NONE
+        """The retry owner of the step (the first role's that has one; the planner
+        rejects an orchestrator-owned budget mixed with any other)."""
+        return next((r.retry.owner for r in self.roles if r.retry.owner is not RetryOwner.NONE), RetryOwner.NONE)
 
     def role(self, name: str) -> RolePlan:
+        """The plan of the role called ``name`` (``KeyError`` if there is none)."""
         for r in self.roles:
             if r.name == name:
                 return r
@@ -297,7 +430,9 @@ class StepPlan:
 def build_plan(app: Any, target: str) -> StepPlan:
     """Validate ``app`` (a ``torchx.specs.AppDef``) for ``target`` and normalise it.
 
-    Raises :class:`~torchstep.SpecError` for the first field that cannot be honoured.
+    Raises :class:`~torchstep.SpecError` for the first field that cannot be honoured
+    (:func:`torchstep.explain` lists all of them). Deterministic: it never reads the
+    environment, the clock or a random source, so the same AppDef gives an equal plan.
     """
     from torchstep.rules import Planner
 
@@ -305,56 +440,21 @@ def build_plan(app: Any, target: str) -> StepPlan:
     plan = planner.run()
     for d in planner.decisions:
         if d.action == "rejected":
-            raise SpecError(d.field, target, d.becomes, fix=d.fix)
-    assert plan is not None
+            raise SpecError(d.field, target if d.field != "target" else None, d.becomes, fix=d.fix)
+    if plan is None:  # pragma: no cover - the planner records a rejection whenever it gives up
+        raise SpecError("app", target, "cannot be planned", fix="run `torchstep explain` on it")
     return plan
 
 
 def plan_decisions(app: Any, target: str) -> list[Decision]:
-    """Every decision for every field, rejected ones included (used by ``explain``)."""
+    """Every decision for every field, rejected ones included (used by ``explain``).
+
+    >>> import torchstep
+    >>> [d.action for d in plan_decisions(torchstep.materialize("utils.echo", []), "kfp")][:2]
+    ['honoured', 'honoured']
+    """
     from torchstep.rules import Planner
 
     planner = Planner(app, target)
     planner.run()
     return planner.decisions
-
-
-_TORCHRUN_NAMES = ("torchrun", "torchstep-agent")
-
-
-def detect_torchrun(entrypoint: str, args: list[str]) -> tuple[bool, int | None]:
-    """Whether the role runs its own torchrun (TorchX ``dist.ddp`` style), and its
-    ``--nproc-per-node`` when it is a plain number.
-
-    >>> detect_torchrun("bash", ["-c", "torchrun --nnodes 1 --nproc_per_node 2 train.py"])
-    (True, 2)
-    >>> detect_torchrun("python", ["train.py"])
-    (False, None)
-    """
-    words: list[str]
-    if os.path.basename(entrypoint) in _TORCHRUN_NAMES:
-        words = [entrypoint, *args]
-    elif os.path.basename(entrypoint) in ("bash", "sh") and len(args) >= 2 and args[0] == "-c":
-        try:
-            words = shlex.split(args[1])
-        except ValueError:
-            return False, None
-    elif os.path.basename(entrypoint).startswith("python") and args[:2] == ["-m", "torch.distributed.run"]:
-        words = ["torchrun", *args[2:]]
-    else:
-        return False, None
-    it: Iterator[str] = iter(words)
-    found = False
-    nproc: int | None = None
-    for w in it:
-        if os.path.basename(w) in _TORCHRUN_NAMES:
-            found = True
-        elif found and w in ("--nproc_per_node", "--nproc-per-node"):
-            nproc = _int_or_none(next(it, ""))
-        elif found and w.startswith(("--nproc_per_node=", "--nproc-per-node=")):
-            nproc = _int_or_none(w.split("=", 1)[1])
-    return found, nproc
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text.isdigit() and 0 < int(text) <= MAX_NPROC else None

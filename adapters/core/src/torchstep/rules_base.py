@@ -1,0 +1,93 @@
+"""The recording half of the rule book: every rule records one :class:`Decision` per
+field (honoured / ignored / rejected) through :class:`Recorder`.
+
+Example::
+
+    >>> r = Recorder(app=None, target="kfp")
+    >>> r.ignore("roles[0].resource.tags", {"team": "ml"}, "informational")
+    >>> r.decisions[0].action
+    'ignored'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeGuard
+
+from torchstep.plan import Decision
+
+#: Longest value shown in a decision (explain tables stay readable).
+SHOW_MAX = 200
+#: Upper bound of any duration option (ten years): catches milliseconds given as seconds.
+MAX_SECONDS = 10 * 365 * 86400
+
+
+class Rejected(Exception):
+    """Internal: stop planning a field group after a rejection was recorded."""
+
+
+class Recorder:
+    """Holds the target and the decisions recorded so far (base of every rule class)."""
+
+    def __init__(self, app: Any, target: str) -> None:
+        self.app = app
+        self.target = target
+        self.decisions: list[Decision] = []
+
+    def ok(self, path: str, value: Any, becomes: str) -> None:
+        """Record ``path`` as honoured: ``becomes`` says what it turns into on the target."""
+        self.decisions.append(Decision(path, show(value), "honoured", becomes))
+
+    def ignore(self, path: str, value: Any, why: str) -> None:
+        """Record ``path`` as ignored on the target, with the reason (a plan note)."""
+        self.decisions.append(Decision(path, show(value), "ignored", why))
+
+    def reject(self, path: str, value: Any, problem: str, fix: str) -> None:
+        """Record ``path`` as rejected: ``build_plan`` raises a SpecError with ``fix``."""
+        self.decisions.append(Decision(path, show(value), "rejected", problem, fix))
+
+    def fail(self, path: str, value: Any, problem: str, fix: str) -> Rejected:
+        """:meth:`reject`, and return an exception that ends the field group."""
+        self.reject(path, value, problem, fix)
+        return Rejected()
+
+    @property
+    def rejected(self) -> bool:
+        return any(d.action == "rejected" for d in self.decisions)
+
+    def rejected_under(self, prefix: str) -> bool:
+        """Whether ``prefix`` or a field below it (``prefix.x``, ``prefix[i]``) was rejected."""
+        return any(
+            d.action == "rejected" and (d.field == prefix or d.field.startswith((prefix + ".", prefix + "[")))
+            for d in self.decisions
+        )
+
+    def seconds(self, path: str, value: Any) -> float | None:
+        """A positive duration in seconds (a number or a numeric string), or ``None``
+        after recording a rejection."""
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            self.reject(path, value, "must be a number of seconds", "e.g. 3600")
+            return None
+        try:
+            s = float(value)
+        except (ValueError, OverflowError):
+            self.reject(path, value, "must be a number of seconds", "e.g. 3600")
+            return None
+        if not math.isfinite(s) or not 0 < s <= MAX_SECONDS:
+            self.reject(path, value, f"must be a positive number of seconds (at most {MAX_SECONDS})", "e.g. 3600")
+            return None
+        return s
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def show(value: Any) -> str:
+    """``value`` as one printable line of at most :data:`SHOW_MAX` characters."""
+    try:
+        text = value if isinstance(value, str) and value.isprintable() else repr(value)
+    except Exception:  # a repr that raises must not break planning
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHOW_MAX else text[: SHOW_MAX - 3] + "..."

@@ -1,0 +1,196 @@
+"""Rules for ``Role.metadata`` (the ``torchstep`` options, the ``kubernetes`` pod-spec
+overlay, other tools' keys), secrets by reference, TorchX-nightly-only fields and fields
+of a TorchX newer than this rule book. Part of the rule book behind
+:func:`torchstep.build_plan`.
+
+Example::
+
+    >>> from torchx.specs import Role
+    >>> rules = MetadataRules(app=None, target="kubernetes")
+    >>> role = Role("t", image="img", metadata={"torchstep": {"timeout": 3600}, "mlflow": {"run": "1"}})
+    >>> rules.role_options("roles[0]", role)
+    {'timeout': 3600.0}
+    >>> rules.other_metadata("roles[0]", role)
+    >>> [(d.field, d.action) for d in rules.decisions]
+    [("roles[0].metadata['mlflow']", 'ignored')]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from torchstep.names import is_dns_subdomain, is_env_name
+from torchstep.plan import MAX_NPROC, ROLE_OPTIONS, SecretRef
+from torchstep.rules_base import Recorder, is_int
+
+
+class MetadataRules(Recorder):
+    """metadata / secrets / nightly / unknown-field rules (mixed into the Planner)."""
+
+    def role_options(self, p: str, role: Any) -> dict[str, Any]:
+        """``role.metadata["torchstep"]``: the validated options. Unknown keys and bad
+        values are rejected here; the honoured rows are recorded by the rules that use
+        them (``launch``, ``retry_options``, ``secret_env``)."""
+        md = role.metadata if isinstance(role.metadata, dict) else {}
+        opts = md.get("torchstep")
+        if opts is None:
+            return {}
+        base = f"{p}.metadata['torchstep']"
+        if not isinstance(opts, dict):
+            raise self.fail(base, opts, "must be a dict", f"keys: {', '.join(ROLE_OPTIONS)}")
+        if not opts:
+            self.ok(base, {}, "no torchstep options")
+        out: dict[str, Any] = {}
+        for k, v in opts.items():
+            path = f"{base}[{k!r}]"
+            if k not in ROLE_OPTIONS:
+                self.reject(path, v, f"unknown torchstep option {k!r}", f"use one of: {', '.join(ROLE_OPTIONS)}")
+            elif k == "secret_env":
+                out[k] = v
+            elif k == "nproc_per_node":
+                if not is_int(v) or not 1 <= v <= MAX_NPROC:
+                    self.reject(path, v, f"must be an integer in 1..{MAX_NPROC}", "e.g. 2")
+                else:
+                    out[k] = v
+            elif k == "retry_backoff":
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 1 <= v <= 100:
+                    self.reject(path, v, "must be a number in 1..100", "e.g. 2.0")
+                else:
+                    out[k] = float(v)
+            else:
+                s = self.seconds(path, v)
+                if s is not None:
+                    out[k] = s
+        return out
+
+    def agent_options(self, p: str, opts: Mapping[str, Any], own_torchrun: bool) -> None:
+        """Rows of the timeout / heartbeat_timeout / grace_period options."""
+        base = f"{p}.metadata['torchstep']"
+        if "timeout" in opts:
+            self.ok(
+                f"{base}['timeout']",
+                opts["timeout"],
+                f"role timeout {opts['timeout']:g} s: every replica of the role is stopped after it",
+            )
+        for key, flag, env in (
+            ("heartbeat_timeout", "--heartbeat-timeout", "TORCHSTEP_HEARTBEAT_TIMEOUT"),
+            ("grace_period", "--grace-period", "TORCHSTEP_GRACE_PERIOD"),
+        ):
+            if key in opts:
+                how = f"{env}={opts[key]:g} for the role's own torchrun" if own_torchrun else f"{flag} {opts[key]:g}"
+                self.ok(f"{base}[{key!r}]", opts[key], f"agent {how} ({ROLE_OPTIONS[key]})")
+
+    def secret_env(self, p: str, spec: Any, env: Mapping[str, str]) -> tuple[SecretRef, ...]:
+        """``role.metadata["torchstep"]["secret_env"]``: ``{ENV: "secret-name/key"}``."""
+        if spec is None:
+            return ()
+        path = f"{p}.metadata['torchstep']['secret_env']"
+        if not isinstance(spec, dict):
+            raise self.fail(path, spec, "must map ENV_NAME to 'secret-name/key'", "{'HF_TOKEN': 'hf-token/token'}")
+        if not spec:
+            self.ok(path, {}, "no secrets")
+        refs = []
+        for env_name, ref in spec.items():
+            sub = f"{path}[{env_name!r}]"
+            if not isinstance(env_name, str) or not is_env_name(env_name):
+                self.reject(sub, env_name, "not a valid environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
+                continue
+            if env_name in env:
+                self.reject(sub, ref, f"{env_name} is also set by value in env", "keep it in one place")
+                continue
+            secret, sep, key = ref.partition("/") if isinstance(ref, str) else ("", "", "")
+            if not sep or not is_dns_subdomain(secret) or not _secret_key_ok(key):
+                self.reject(
+                    sub,
+                    ref,
+                    "must be 'secret-name/key': a DNS-1123 secret name and a key of [-._a-zA-Z0-9]",
+                    "e.g. 'hf-token/token'",
+                )
+                continue
+            refs.append(SecretRef(env_name, secret, key))
+            self.ok(
+                sub,
+                ref,
+                {
+                    "local": f"the environment variable {env_name} of the launching process, checked at launch",
+                    "kubernetes": "env valueFrom.secretKeyRef (the value never appears in the manifest)",
+                    "kfp": f"kfp.kubernetes.use_secret_as_env({secret!r}, {{{key!r}: {env_name!r}}})",
+                }[self.target],
+            )
+        return tuple(refs)
+
+    def other_metadata(self, p: str, role: Any) -> None:
+        md = role.metadata if isinstance(role.metadata, dict) else None
+        if md is None:
+            raise self.fail(f"{p}.metadata", role.metadata, "must be a dict", "Role(metadata={...})")
+        if not md:
+            self.ok(f"{p}.metadata", {}, "none")
+        for key, value in md.items():
+            path = f"{p}.metadata[{key!r}]"
+            if key == "torchstep":
+                continue
+            if key == "kubernetes":
+                if not isinstance(value, dict):
+                    self.reject(path, value, "must be a partial pod spec (dict)", "{'nodeSelector': {...}}")
+                elif self.target == "local":
+                    self.ignore(path, value, "a pod spec overlay has no meaning on one machine")
+                elif self.target == "kubernetes":
+                    self.ok(path, value, "merged into the rendered pod spec (TorchX nightly convention)")
+                else:
+                    self.ok(
+                        path,
+                        value,
+                        "mapped to kfp-kubernetes calls where expressible (else a SpecError from the KFP adapter)",
+                    )
+            else:
+                self.ignore(path, value, "metadata for other tools; torchstep reads 'torchstep' and 'kubernetes'")
+
+    def nightly_fields(self, p: str, role: Any) -> None:
+        """``Role.workspace`` and ``Role.overrides`` exist in TorchX nightly only: read by name."""
+        if hasattr(role, "workspace"):
+            ws = role.workspace
+            if ws:
+                self.reject(
+                    f"{p}.workspace",
+                    ws,
+                    "torchstep runs the image as is and does not build workspaces",
+                    "bake the code into the image, or use a directory image on the local target",
+                )
+            else:
+                self.ok(f"{p}.workspace", ws, "unset")
+        if hasattr(role, "overrides"):
+            ov = role.overrides
+            if ov:
+                self.reject(
+                    f"{p}.overrides",
+                    ov,
+                    "scheduler request overrides are specific to TorchX's own schedulers",
+                    "use role.metadata['kubernetes'] for pod spec changes",
+                )
+            else:
+                self.ok(f"{p}.overrides", ov, "unset")
+
+    def unknown_fields(self, prefix: str, obj: Any, known: frozenset[str]) -> None:
+        """Fields of a newer TorchX: rejected when set, noted when unset."""
+        if not dataclasses.is_dataclass(obj):
+            return
+        for f in dataclasses.fields(obj):
+            if f.name in known:
+                continue
+            value = getattr(obj, f.name, None)
+            path = f"{prefix}{f.name}"
+            if value is None or (isinstance(value, str | list | tuple | dict | set) and not value):
+                self.ignore(path, value, "a field of a newer TorchX that torchstep does not know; it is unset")
+            else:
+                self.reject(
+                    path,
+                    value,
+                    "a field of a newer TorchX that torchstep does not know how to honour",
+                    "leave it unset, or upgrade torchstep",
+                )
+
+
+def _secret_key_ok(key: str) -> bool:
+    return bool(key) and len(key) <= 253 and all(c.isascii() and (c.isalnum() or c in "-._") for c in key)
