@@ -1,0 +1,292 @@
+"""Worker-side API: what a training script calls while it runs under ``torchstep-agent``.
+
+Importing this module never imports torch (torch is loaded inside :func:`expires` only).
+Every function is a cheap no-op when the script runs without the agent (plain ``python``
+or plain ``torchrun``), so scripts stay portable.
+
+How the worker talks to the agent — files named by environment variables the agent sets
+for each worker; no sockets, no threads in the worker:
+
+=============================  ==========================================================
+``TORCHELASTIC_ERROR_FILE``    :func:`record` writes the error (torch's format) here
+``TORCHELASTIC_TIMER_FILE``    FIFO of the agent's timer server (:func:`expires`)
+``TORCHSTEP_HEARTBEAT_FILE``   :func:`heartbeat` touches it; the agent watches its mtime
+``TORCHSTEP_OUTPUT_FILE``      :func:`output` keeps a JSON object of name -> value here
+=============================  ==========================================================
+
+Example::
+
+    import torchstep
+
+    @torchstep.record
+    def main() -> None:
+        for step in range(1000):
+            with torchstep.expires(after=60):   # a stuck step is killed and restarted
+                train_one_step()
+            torchstep.heartbeat()               # for --heartbeat-timeout
+        torchstep.output("accuracy", 0.93)      # rank 0's value lands in the step result
+
+    if __name__ == "__main__":
+        main()
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from torchstep.errors import NON_RETRYABLE_EXIT_CODE, NonRetryableError
+
+__all__ = [
+    "ERROR_FILE_ENV",
+    "HEARTBEAT_FILE_ENV",
+    "OUTPUT_FILE_ENV",
+    "TIMER_FILE_ENV",
+    "expires",
+    "heartbeat",
+    "output",
+    "record",
+    "write_error_file",
+]
+
+#: Set by the agent (torch's name): where :func:`record` writes the worker's error.
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+#: Set by the agent (torch's name): the FIFO of the file-based timer server.
+TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+#: Set by the agent: the file :func:`heartbeat` touches.
+HEARTBEAT_FILE_ENV = "TORCHSTEP_HEARTBEAT_FILE"
+#: Set by the agent: the JSON file :func:`output` writes.
+OUTPUT_FILE_ENV = "TORCHSTEP_OUTPUT_FILE"
+
+# heartbeat() is meant to be called every step: skip the syscall when the last touch is
+# this recent (far below any sensible --heartbeat-timeout).
+_HEARTBEAT_MIN_INTERVAL_S = 0.05
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_lock = threading.Lock()  # output() from several threads of one worker
+_last_heartbeat = 0.0
+_timer_clients: dict[str, Any] = {}
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value or None
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_error_file(exc: BaseException, *, retryable: bool = True, path: str | None = None) -> str | None:
+    """Write ``exc`` to the worker's error file in torch's format (what ``@record`` writes).
+
+    torch's ``ProcessFailure`` reads ``message`` (with an integer ``timestamp``); the
+    ``torchstep`` key adds what torch's format lacks: the exception's qualified type, a
+    sub-second timestamp and whether the failure may be retried. Returns the path, or
+    ``None`` when no error file is configured.
+
+    Example::
+
+        try:
+            train()
+        except Exception as e:
+            torchstep.worker.write_error_file(e)
+            raise
+    """
+    target = path or _env(ERROR_FILE_ENV)
+    if target is None:
+        return None
+    now = time.time()
+    kind = type(exc)
+    qualname = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    data = {
+        "message": {
+            "message": f"{kind.__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(exc)),
+                "timestamp": str(int(now)),
+            },
+        },
+        "torchstep": {"exception": qualname, "retryable": retryable, "timestamp": now},
+    }
+    try:
+        _atomic_write(target, json.dumps(data))
+    except OSError as err:  # never hide the worker's own exception behind ours
+        print(f"torchstep: cannot write error file {target}: {err}", file=sys.stderr)
+        return None
+    return target
+
+
+def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
+    """Decorate a worker's main function to report its failure to the agent.
+
+    Like torch's ``@record``: an exception is written to ``TORCHELASTIC_ERROR_FILE`` (the
+    agent puts its message and traceback in the step result) and re-raised. A
+    :class:`torchstep.NonRetryableError` makes the worker exit with
+    ``torchstep.NON_RETRYABLE_EXIT_CODE`` (82) after writing the file: the agent then stops
+    restarting at once. ``sys.exit(0)`` inside ``fn`` returns ``None``, as in torch.
+
+    Example::
+
+        @torchstep.record
+        def main() -> None:
+            raise torchstep.NonRetryableError("bad config: lr must be > 0")
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        try:
+            faulthandler.enable(all_threads=True)  # a segfault still prints a traceback
+        except Exception:  # stderr may be closed; not worth failing for
+            pass
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as e:
+            if e.code in (0, None):
+                return None
+            raise
+        except NonRetryableError as e:
+            write_error_file(e, retryable=False)
+            traceback.print_exc()
+            sys.stderr.flush()
+            raise SystemExit(NON_RETRYABLE_EXIT_CODE) from e
+        except Exception as e:
+            write_error_file(e, retryable=True)
+            raise
+
+    return wrapper
+
+
+def _timer_client(path: str) -> Any:
+    client = _timer_clients.get(path)
+    if client is None:
+        from torch.distributed.elastic import timer  # lazy: only workers that use timers pay
+
+        client = timer.FileTimerClient(path)
+        # torch's own timer.expires() then works in this worker without more setup
+        timer.configure(client)
+        _timer_clients[path] = client
+    return client
+
+
+class expires:
+    """Kill this worker (and restart the group within the budget) if the block takes
+    longer than ``after`` seconds.
+
+    Configures torch's ``FileTimerClient`` from ``TORCHELASTIC_TIMER_FILE`` (set by the
+    agent) on first use, so torch's own ``torch.distributed.elastic.timer.expires()`` works
+    afterwards too. Only the stuck worker's process group is killed, never the agent.
+    ``scope`` names the timer in the step result (default: the caller's ``file#line``).
+    Without the agent it does nothing.
+
+    Example::
+
+        with torchstep.expires(after=120, scope="allreduce"):
+            dist.all_reduce(t)
+    """
+
+    def __init__(self, after: float, scope: str | None = None) -> None:
+        if after <= 0:
+            raise ValueError(f"expires(after=...) must be > 0, got {after!r}")
+        self.after = float(after)
+        if scope is None:
+            caller = sys._getframe(1)
+            scope = f"{caller.f_code.co_filename}#{caller.f_lineno}"
+        self.scope = scope
+        self._client: Any = None
+
+    def __enter__(self) -> expires:
+        path = _env(TIMER_FILE_ENV)
+        if path is not None:
+            self._client = _timer_client(path)
+            self._client.acquire(self.scope, time.time() + self.after)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._client is not None:
+            self._client.release(self.scope)
+            self._client = None
+
+
+def heartbeat() -> None:
+    """Tell the agent this worker is alive (for ``--heartbeat-timeout``).
+
+    Cheap enough to call every step: it touches a file at most every 50 ms. A worker that
+    has not called it for ``--heartbeat-timeout`` seconds (counted from its start) is
+    killed with its process group and the group restarts within the budget.
+
+    Example::
+
+        for batch in loader:
+            train(batch)
+            torchstep.heartbeat()
+    """
+    global _last_heartbeat
+    path = _env(HEARTBEAT_FILE_ENV)
+    if path is None:
+        return
+    now = time.monotonic()
+    if now - _last_heartbeat < _HEARTBEAT_MIN_INTERVAL_S:
+        return
+    _last_heartbeat = now
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        with open(path, "a"):
+            pass
+
+
+def output(name: str, value: Any) -> None:
+    """Publish a JSON-serialisable ``value`` under ``name``.
+
+    The values of global rank 0 (its last value per name, from the last attempt) land in
+    the step result's ``outputs`` — Airflow XCom, Prefect task result, KFP output. Other
+    ranks may call it too; their values are kept in their own files but not reported.
+
+    Example::
+
+        if dist.get_rank() == 0:
+            torchstep.output("checkpoint", "s3://bucket/ckpt/step-1000")
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"output name must be a non-empty string, got {name!r}")
+    try:
+        encoded = json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"output {name!r} is not JSON-serialisable: {e}") from e
+    path = _env(OUTPUT_FILE_ENV)
+    if path is None:
+        return
+    with _lock:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data[name] = json.loads(encoded)
+        _atomic_write(path, json.dumps(data))
