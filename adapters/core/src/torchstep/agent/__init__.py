@@ -1,0 +1,41 @@
+"""The embedded elastic agent: ``torchstep-agent``, a torchrun-compatible step entrypoint
+built on ``torch.distributed.elastic`` (see ``docs/agent.md``).
+
+Importing this package does not import torch; :func:`main` does.
+
+Example::
+
+    >>> from torchstep.agent import shims_dir
+    >>> import os
+    >>> os.access(os.path.join(shims_dir(), "torchrun"), os.X_OK)
+    True
+
+Command line::
+
+    torchstep-agent --nproc-per-node 2 --result-file result.json train.py
+    python -m torchstep.agent --nproc-per-node 2 train.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["main", "shims_dir"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchstep.agent.cli import main
+
+
+def shims_dir() -> str:
+    """The directory with the ``torchrun`` shim: put it first on ``PATH`` and every
+    ``torchrun ...`` command line (e.g. TorchX ``dist.ddp``) runs under this agent."""
+    return str(Path(__file__).resolve().parent.parent / "shims")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "main":
+        from torchstep.agent.cli import main
+
+        return main
+    raise AttributeError(f"module 'torchstep.agent' has no attribute {name!r}")

@@ -1,0 +1,156 @@
+"""``torchstep-agent`` / ``python -m torchstep.agent``: a torchrun-compatible step entrypoint.
+
+    torchstep-agent [torchrun flags] [torchstep flags] script [script args]
+
+Replace ``torchrun`` by ``torchstep-agent`` in any torchrun command line: the run is the
+same, plus a step result file, per-rank logs that are kept, exit codes that say what
+happened, restarts that work, timers/heartbeats, signal forwarding and no orphans.
+See ``docs/agent.md``. torch is imported inside :func:`main` only.
+
+Example::
+
+    torchstep-agent --nproc-per-node 2 --max-restarts 1 --result-file out/result.json train.py --lr 0.1
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from torchstep.agent import signals
+
+if TYPE_CHECKING:
+    from torchstep.agent.settings import AgentSettings
+
+log = logging.getLogger("torchstep.agent")
+_FORMAT = "[torchstep-agent %(asctime)s %(levelname)s] %(message)s"
+
+
+def _setup_logging() -> None:
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _log_to_file(log_dir: str) -> None:
+    try:
+        handler = logging.FileHandler(os.path.join(log_dir, "agent.log"))
+    except OSError as e:
+        log.warning("cannot write %s/agent.log: %s", log_dir, e)
+        return
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    log.addHandler(handler)
+
+
+def _usage_result(message: str, code: int, *, started_at: float) -> None:
+    """A bad command line still leaves a result where the launcher looks for it."""
+    from torchstep.result import FAILED, StepResult, write_json_atomic
+
+    path = os.environ.get("TORCHSTEP_RESULT_FILE")
+    if not path:
+        return
+    now = time.time()
+    result = StepResult(
+        app_id=os.environ.get("TORCHSTEP_APP_ID", "unknown"),
+        state=FAILED,
+        exit_code=code,
+        retryable=False,
+        started_at=started_at,
+        ended_at=now,
+        duration_s=now - started_at,
+        message=message,
+    )
+    try:
+        write_json_atomic(path, result.to_dict())
+    except OSError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent; returns its exit code (see ``docs/agent.md``)."""
+    started_at = time.time()
+    _setup_logging()
+    from torchstep.agent.settings import DEFAULT_SIGNALS
+
+    # before the (slow) torch import: a signal now must still produce a result
+    signals.install_early(os.environ.get("PET_SIGNALS_TO_HANDLE") or DEFAULT_SIGNALS)
+    settings = None
+    try:
+        from torchstep.agent.settings import UsageError, resolve
+
+        try:
+            settings = resolve(sys.argv[1:] if argv is None else argv)
+        except UsageError as e:
+            log.error("%s", e)
+            _usage_result(f"usage error: {e}", 2, started_at=started_at)
+            return 2
+        except SystemExit as e:  # argparse: --help (0) or a bad command line (2)
+            code = e.code if isinstance(e.code, int) else 2
+            if code:
+                _usage_result("usage error: bad command line (see the agent's stderr)", code, started_at=started_at)
+            return code
+        signals.install_torch(settings.config.signals_to_handle)
+        return _run(settings, started_at)
+    except signals.Cancelled as e:
+        from torchstep.agent.results import write_all
+        from torchstep.agent.runner import cancelled_before_start
+
+        signals.enter_late_mode()
+        log.warning("cancelled by %s before the workers started", e)
+        result = cancelled_before_start(settings, e.signum, started_at=started_at)
+        paths = list(settings.result_files) if settings else []
+        if not paths and os.environ.get("TORCHSTEP_RESULT_FILE"):
+            paths = [os.environ["TORCHSTEP_RESULT_FILE"]]
+        write_all(result, paths)
+        return result.exit_code if result.exit_code is not None else 128 + e.signum
+
+
+def _run(settings: AgentSettings, started_at: float) -> int:
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from torchstep.agent.results import Outcome
+    from torchstep.agent.runner import AgentRun
+
+    run = None
+    try:
+        for name in settings.consumed_env:
+            os.environ.pop(name, None)  # launcher settings are for this agent, not a nested one
+        os.environ.update(settings.process_env)
+        try:
+            sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+        _log_to_file(settings.log_dir)
+        log.info("%s", settings.describe())
+        run = AgentRun(settings, started_at=started_at)
+        outcome = run.execute()
+    except (signals.Cancelled, SignalException) as e:
+        signals.enter_late_mode()
+        signum = e.signum if isinstance(e, signals.Cancelled) else int(e.sigval)
+        outcome = Outcome("cancelled", signal=signum)
+        if run is None:
+            raise signals.Cancelled(signum) from None
+    result = run.finish(outcome)
+    level = logging.INFO if result.state == "SUCCEEDED" else logging.ERROR
+    log.log(
+        level,
+        "%s (exit %s, restarts %d): %s",
+        result.state,
+        result.exit_code,
+        result.restarts,
+        result.message or "all workers succeeded",
+    )
+    log.info("result: %s; logs: %s", ", ".join(run.result_paths), settings.log_dir)
+    return result.exit_code if result.exit_code is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

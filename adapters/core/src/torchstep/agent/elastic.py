@@ -1,0 +1,428 @@
+"""``TorchstepAgent``: torch's ``LocalElasticAgent`` with torchstep's additions.
+
+Process supervision (rendezvous, start, monitor, restart within ``--max-restarts``, exit
+barrier) stays torch's; the subclass hooks in around it:
+
+* every worker group start is an :class:`Attempt` with its own log directory, exact exit
+  times (``waitid``) and which ranks died first and which the agent stopped afterwards;
+* the file timer server is always on and kills only the stuck worker's process group;
+  ``--heartbeat-timeout`` does the same for workers that stop calling ``heartbeat()``;
+* a non-retryable failure (exit 82 or ``NonRetryableError`` in the error file) stops
+  restarts at once;
+* stopping a group SIGKILLs the whole process groups afterwards (dataloader children,
+  grandchildren), and the wait after a failure is ``--stop-timeout``, not torch's fixed 30 s;
+* a second signal while the first one's grace period runs kills everything at once.
+
+Example (what :mod:`torchstep.agent.runner` does)::
+
+    agent = TorchstepAgent(spec, logs_specs, settings, run_dir=d, reaper=r, exits=ExitWatcher(), watchdog=wd)
+    result = agent.run()          # torch's RunResult; agent.attempts has the details
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+from torchstep.agent.logs import LogTee, RankPaths, TeeSource, TorchstepLogsSpecs, line_prefix, rank_paths
+from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
+from torchstep.agent.results import failure_is_non_retryable
+from torchstep.agent.settings import AgentSettings
+from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
+from torchstep.agent.watchdog import ProgressWatchdog
+from torchstep.worker import HEARTBEAT_FILE_ENV, OUTPUT_FILE_ENV, TIMER_FILE_ENV
+
+log = logging.getLogger("torchstep.agent")
+
+RUNNING, SUCCEEDED, FAILED, CANCELLED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"
+
+
+@dataclass
+class WorkerRecord:
+    """One worker process of one attempt."""
+
+    local_rank: int
+    global_rank: int
+    paths: RankPaths
+    heartbeat_file: str
+    pid: int | None = None
+    own_group: bool = False  # leader of its own process group (binary entrypoints)
+    exit: ExitInfo | None = None
+    dead_before_stop: bool = False  # already dead when the agent began stopping the group
+    reason: str | None = None  # timer_expired | heartbeat_timeout (set when the agent kills it)
+    detail: str | None = None
+
+
+@dataclass
+class Attempt:
+    """One start of the worker group (initial start, restart or membership change)."""
+
+    index: int
+    restart_count: int
+    group_rank: int
+    group_world_size: int
+    world_size: int
+    started_at: float
+    log_dir: str
+    workers: dict[int, WorkerRecord] = field(default_factory=dict)
+    state: str = RUNNING
+    failures: dict[int, Any] = field(default_factory=dict)  # global rank -> torch ProcessFailure
+    non_retryable: bool = False
+    stop_started_at: float | None = None
+    ended_at: float | None = None
+    cleaned: bool = False
+
+
+class TorchstepAgent(LocalElasticAgent):
+    """See the module docstring. ``attempts`` and the counters are read by the result."""
+
+    def __init__(
+        self,
+        spec: Any,
+        logs_specs: TorchstepLogsSpecs,
+        settings: AgentSettings,
+        *,
+        run_dir: str,
+        reaper: Reaper,
+        exits: ExitWatcher,
+        watchdog: ProgressWatchdog,
+    ) -> None:
+        super().__init__(
+            spec,
+            logs_specs,
+            start_method=settings.config.start_method,
+            exit_barrier_timeout=settings.exit_barrier_timeout,
+            log_line_prefix_template=None,  # LogTee prefixes the console copy
+            shutdown_timeout=settings.config.shutdown_timeout,
+        )
+        self.settings = settings
+        self.attempts: list[Attempt] = []
+        self.failure_restarts = 0
+        self.membership_restarts = 0
+        self.cancel_signal: int | None = None
+        self.graceful_exit: str | None = None
+        self._specs = logs_specs
+        self._run_dir = run_dir
+        self._reaper = reaper
+        self._exits = exits
+        self._watchdog = watchdog
+        self._tee: LogTee | None = None
+        self._heartbeats = HeartbeatWatch(settings.heartbeat_timeout) if settings.heartbeat_timeout > 0 else None
+
+    # -- views used by the runner, the watchdog and the result --------------------------
+    @property
+    def group_rank(self) -> int | None:
+        return self.attempts[-1].group_rank if self.attempts else None
+
+    def any_worker_alive(self) -> bool:
+        attempt = self.attempts[-1] if self.attempts else None
+        return attempt is not None and any(w.pid and pid_alive(w.pid) for w in attempt.workers.values())
+
+    def kill_all_workers(self) -> None:
+        """SIGKILL every worker's process group now (watchdog, second signal)."""
+        for attempt in self.attempts[-1:]:
+            for w in attempt.workers.values():
+                if w.pid:
+                    self._kill(w, signal.SIGKILL)
+
+    # -- rendezvous / start ----------------------------------------------------------------
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
+        super()._rendezvous(worker_group)
+        self._watchdog.phase("starting workers", 120)
+
+    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
+        # torch calls this from _start_workers with each worker's environment, just before
+        # the processes start: the place to add ours and to open the attempt
+        wg = self._worker_group
+        attempt_dir = self._specs.begin_attempt()
+        index = len(self.attempts)
+        control = os.path.join(self._run_dir, f"attempt_{index}")
+        os.makedirs(control, exist_ok=True)
+        first = envs.get(0, {})
+        attempt = Attempt(
+            index=index,
+            restart_count=int(first.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            group_rank=wg.group_rank if wg.group_rank is not None else 0,
+            group_world_size=wg.group_world_size or 1,
+            world_size=int(first.get("WORLD_SIZE", len(envs))),
+            started_at=time.time(),
+            log_dir=attempt_dir,
+        )
+        fifo = os.path.join(self._run_dir, "timer.fifo")
+        server = ReapingTimerServer(fifo, first.get("TORCHELASTIC_RUN_ID", ""), on_expired=self._on_timer_expired)
+        server.start()
+        self._worker_watchdog = server  # torch's _shutdown stops it
+        for local_rank, env in envs.items():
+            rank = int(env.get("RANK", local_rank))
+            record = WorkerRecord(
+                local_rank=local_rank,
+                global_rank=rank,
+                paths=rank_paths(attempt_dir, rank, merge_streams=self._specs.merge_streams),
+                heartbeat_file=os.path.join(control, f"heartbeat.{local_rank}"),
+            )
+            attempt.workers[local_rank] = record
+            env[TIMER_FILE_ENV] = fifo
+            env[HEARTBEAT_FILE_ENV] = record.heartbeat_file
+            env[OUTPUT_FILE_ENV] = record.paths.outputs
+        if self._heartbeats is not None:
+            self._heartbeats.reset({lr: w.heartbeat_file for lr, w in attempt.workers.items()})
+        self.attempts.append(attempt)
+        log.info(
+            "attempt %d: ranks %s, logs in %s", index, [w.global_rank for w in attempt.workers.values()], attempt_dir
+        )
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        attempt = self.attempts[-1]
+        pcontext = self._pcontext
+        if pcontext is not None:
+            original_close = pcontext.close
+
+            def close(death_sig: Any = None, timeout: float = 30) -> None:
+                self._before_stop(attempt)
+                original_close(death_sig, timeout)  # type: ignore[arg-type]
+
+            # torch's process context closes itself when it sees a failure: note who was
+            # already dead at that moment (the failures) before it kills the others
+            pcontext.close = close  # type: ignore[method-assign]
+        sources = []
+        for local_rank, pid in pids.items():
+            w = attempt.workers[local_rank]
+            w.pid = pid
+            self._exits.watch(pid)
+            try:
+                w.own_group = os.getpgid(pid) == pid
+            except ProcessLookupError:
+                w.own_group = False
+            if w.own_group:
+                self._reaper.watch_group(pid)
+            else:
+                self._reaper.watch_pid(pid)
+            prefix = line_prefix(
+                self.settings.prefix_template, role=worker_group.spec.role, rank=w.global_rank, local_rank=local_rank
+            )
+            echo = self.settings.echo_ranks(local_rank)
+            sources.append(TeeSource(w.paths.log, prefix, echo))
+            if w.paths.stderr:
+                sources.append(TeeSource(w.paths.stderr, prefix, echo))
+        filters = list(worker_group.spec.duplicate_stdout_filters or []) + list(
+            worker_group.spec.duplicate_stderr_filters or []
+        )
+        self._tee = LogTee(sources, filters=filters, filter_file=os.path.join(attempt.log_dir, "filtered.log")).start()
+        self._watchdog.phase("monitoring")
+        return pids
+
+    # -- monitor -------------------------------------------------------------------------
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._watchdog.tick()
+        attempt = self.attempts[-1]
+        self._check_heartbeats(attempt)
+        result = super()._monitor_workers(worker_group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            attempt.state = FAILED
+            attempt.failures = dict(result.failures)
+            attempt.ended_at = attempt.ended_at or time.time()
+            bad = [
+                rank for rank, f in result.failures.items() if failure_is_non_retryable(f.exitcode, f.error_file_data)
+            ]
+            if bad:
+                attempt.non_retryable = True
+                if self._remaining_restarts > 0:
+                    log.error(
+                        "rank(s) %s failed non-retryably: no restart (%d left unused)", bad, self._remaining_restarts
+                    )
+                self._remaining_restarts = 0
+        elif result.state == WorkerState.SUCCEEDED:
+            attempt.state = SUCCEEDED
+            attempt.ended_at = time.time()
+        return result
+
+    def _check_heartbeats(self, attempt: Attempt) -> None:
+        if self._heartbeats is None:
+            return
+        alive = {lr for lr, w in attempt.workers.items() if w.pid and self._exits.get(w.pid) is None}
+        for stale in self._heartbeats.stale(alive=alive):
+            w = attempt.workers[stale.local_rank]
+            if w.reason is not None:
+                continue
+            w.reason = "heartbeat_timeout"
+            w.detail = (
+                f"no torchstep.heartbeat() for {stale.age_s:.1f}s (--heartbeat-timeout {self._heartbeats.timeout_s:g}s)"
+            )
+            log.error("rank %d (pid %s): %s; killing its process group", w.global_rank, w.pid, w.detail)
+            self._kill(w, signal.SIGKILL)
+
+    def _on_timer_expired(self, pid: int, scope: str, sig: int) -> None:
+        # runs in the timer server's thread
+        attempt = self.attempts[-1] if self.attempts else None
+        target = None
+        if attempt is not None:
+            try:
+                pgid = os.getpgid(pid)
+            except ProcessLookupError:
+                pgid = -1
+            for w in attempt.workers.values():
+                if w.pid == pid or (w.own_group and w.pid == pgid):
+                    target = w
+        if target is None:
+            if sig > 0:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            return
+        if target.reason is None:
+            target.reason = "timer_expired"
+            target.detail = f"timer {scope!r} expired (torchstep.expires / timer.expires)"
+        log.error("rank %d (pid %s): %s; killing its process group", target.global_rank, target.pid, target.detail)
+        self._kill(target, sig if sig > 0 else signal.SIGKILL)
+
+    def _kill(self, w: WorkerRecord, sig: int) -> None:
+        if w.pid is None:
+            return
+        if w.own_group:
+            signal_group(w.pid, sig)
+        else:
+            try:
+                os.kill(w.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # -- stop / restart / exit -------------------------------------------------------------
+    def _before_stop(self, attempt: Attempt) -> None:
+        if attempt.stop_started_at is not None:
+            return
+        for w in attempt.workers.values():
+            w.dead_before_stop = bool(w.pid) and exited_now(w.pid)  # type: ignore[arg-type]
+        attempt.stop_started_at = time.time()
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._watchdog.phase("stopping workers", self.settings.stop_timeout + 10)
+        self._shutdown(timeout=self.settings.stop_timeout)  # type: ignore[arg-type]
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        attempt = self.attempts[-1] if self.attempts else None
+        if attempt is not None and not attempt.cleaned:
+            self._before_stop(attempt)
+        try:
+            super()._shutdown(death_sig, timeout)
+        finally:
+            if attempt is not None and not attempt.cleaned:
+                attempt.cleaned = True
+                self._cleanup(attempt)
+
+    def _cleanup(self, attempt: Attempt) -> None:
+        groups = [w.pid for w in attempt.workers.values() if w.pid and w.own_group]
+        # the leaders are gone; their children (dataloaders, shells' children) may not be
+        survivors = kill_groups(groups, wait_s=2.0)  # type: ignore[arg-type]
+        if survivors:
+            log.error("processes %s survived SIGKILL (uninterruptible sleep?)", survivors)
+        for w in attempt.workers.values():
+            if w.pid is None:
+                continue
+            info = self._exits.wait_for(w.pid, 2.0)
+            code = self._returncode(w.local_rank)
+            if info is None:
+                info = ExitInfo(time.time(), code if code is not None else -1)
+            elif code is not None:
+                info = ExitInfo(info.time, code)
+            w.exit = info
+            if w.own_group:
+                if not any(p for p in survivors if _pgid(p) == w.pid):
+                    self._reaper.forget_group(w.pid)
+            else:
+                self._reaper.forget_pid(w.pid)
+        if attempt.state == RUNNING:
+            attempt.state = CANCELLED if self.cancel_signal is not None else STOPPED
+        attempt.ended_at = attempt.ended_at or time.time()
+        if self._tee is not None:
+            self._tee.stop()
+            self._tee = None
+
+    def _returncode(self, local_rank: int) -> int | None:
+        pc: Any = self._pcontext
+        if pc is None:
+            return None
+        handlers = getattr(pc, "subprocess_handlers", None)
+        if handlers and local_rank in handlers:
+            return handlers[local_rank].proc.poll()
+        procs = getattr(getattr(pc, "_pc", None), "processes", None)
+        if procs and local_rank < len(procs):
+            return procs[local_rank].exitcode
+        return None
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            self.failure_restarts += 1
+        else:
+            self.membership_restarts += 1
+            log.info(
+                "membership changed (%d node(s) waiting): restarting the group without using the budget",
+                worker_group.spec.rdzv_handler.num_nodes_waiting(),
+            )
+        super()._restart_workers(worker_group)
+
+    def _exit_barrier(self) -> None:
+        self._watchdog.phase("exit barrier", self._exit_barrier_timeout + 10)
+        super()._exit_barrier()
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """torch's ``SimpleElasticAgent.run`` plus: graceful rendezvous exit is recorded
+        (torch returns ``None`` there) and a second signal during the grace period kills
+        every worker group at once."""
+        start = time.monotonic()
+        shutdown_called = False
+        try:
+            result = self._invoke_run(role)
+            self._total_execution_time = int(time.monotonic() - start)
+            self._record_metrics(result)
+            self._record_worker_events(result)
+            return result
+        except RendezvousGracefulExitError as e:
+            self.graceful_exit = str(e)
+            log.info("rendezvous closed while this node was waiting: %s", e)
+            return RunResult(state=WorkerState.SUCCEEDED)
+        except SignalException as e:
+            self.cancel_signal = int(e.sigval)
+            log.warning(
+                "received %s: forwarding it to the workers, SIGKILL after %gs",
+                e.sigval.name,
+                self.settings.grace_period,
+            )
+            self._escalate_on_next_signal()
+            self._watchdog.phase("cancelling", self.settings.grace_period + 10)
+            self._shutdown(e.sigval, timeout=self.settings.grace_period)  # type: ignore[arg-type]
+            shutdown_called = True
+            raise
+        finally:
+            if not shutdown_called:
+                self._shutdown(timeout=self.settings.grace_period)  # type: ignore[arg-type]
+            self._total_execution_time = int(time.monotonic() - start)
+
+    def _escalate_on_next_signal(self) -> None:
+        def kill_now(signum: int, frame: FrameType | None) -> None:
+            log.warning("received %s during the grace period: SIGKILL to every worker", signal.Signals(signum).name)
+            self.kill_all_workers()
+
+        for name in self.settings.config.signals_to_handle.split(","):
+            sig = getattr(signal, name.strip(), None)
+            if sig is not None:
+                signal.signal(sig, kill_now)
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1

@@ -1,0 +1,261 @@
+"""Per-rank log files that are never deleted, and the tee that copies them line by line
+to the agent's stdout with a ``[role/rank]`` prefix.
+
+Layout under ``--log-dir`` (one directory per agent)::
+
+    <log_dir>/agent.log                     the agent's own log
+    <log_dir>/result.json                   the step result (also --result-file)
+    <log_dir>/attempt_<k>/rank<N>.log       stdout + stderr of global rank N, in write order
+    <log_dir>/attempt_<k>/rank<N>.error.json   the worker's error file (torchstep.record / @record)
+    <log_dir>/attempt_<k>/rank<N>.outputs.json torchstep.output() values
+
+``k`` counts the worker-group starts of this agent (0, 1, ...: restarts and membership
+changes). Directories are claimed with ``mkdir``, so a reused or shared log dir continues
+the numbering instead of overwriting anything.
+
+Example::
+
+    >>> import tempfile
+    >>> from torchstep.agent.logs import TorchstepLogsSpecs
+    >>> specs = TorchstepLogsSpecs(tempfile.mkdtemp(), merge_streams=True)
+    >>> envs = {0: {"RANK": "4"}, 1: {"RANK": "5"}}
+    >>> dest = specs.reify(envs)
+    >>> [p.rsplit("/", 2)[-2:] for p in dest.stdouts.values()]
+    [['attempt_0', 'rank4.log'], ['attempt_0', 'rank5.log']]
+    >>> envs[1]["TORCHELASTIC_ERROR_FILE"].endswith("attempt_0/rank5.error.json")
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from string import Template
+from typing import TextIO
+
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+from torchstep.worker import ERROR_FILE_ENV
+
+#: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
+DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "
+_MAX_PARTIAL = 64 * 1024  # a "line" longer than this is emitted in pieces
+
+
+@dataclass(frozen=True)
+class RankPaths:
+    """Where one worker's files live in one attempt."""
+
+    log: str
+    stderr: str | None  # only when stderr cannot be merged into ``log`` (function entrypoints)
+    error: str
+    outputs: str
+
+
+def rank_paths(attempt_dir: str, rank: int | str, *, merge_streams: bool) -> RankPaths:
+    """The files of global rank ``rank`` in ``attempt_dir``."""
+    base = os.path.join(attempt_dir, f"rank{rank}")
+    return RankPaths(
+        log=f"{base}.log",
+        stderr=None if merge_streams else f"{base}.stderr.log",
+        error=f"{base}.error.json",
+        outputs=f"{base}.outputs.json",
+    )
+
+
+class TorchstepLogsSpecs(LogsSpecs):
+    """torch ``LogsSpecs`` with a predictable layout that never deletes a file.
+
+    torch's ``DefaultLogsSpecs`` names attempts by restart count and ``rmtree``s the
+    attempt directory when a membership change starts the group again with the same
+    count; here every group start gets a new ``attempt_<k>``. Console output is done by
+    :class:`LogTee`, so no torch tee is configured.
+    """
+
+    def __init__(self, log_dir: str, *, merge_streams: bool) -> None:
+        os.makedirs(log_dir, exist_ok=True)
+        super().__init__(log_dir=log_dir)
+        self.merge_streams = merge_streams
+        self._next = 0
+        self._pending: str | None = None
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    def begin_attempt(self) -> str:
+        """Claim the next free ``attempt_<k>`` directory (used by the next :meth:`reify`)."""
+        while True:
+            path = os.path.join(self.root_log_dir, f"attempt_{self._next}")
+            self._next += 1
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            self._pending = path
+            return path
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        attempt_dir = self._pending or self.begin_attempt()
+        self._pending = None
+        dest = LogsDest(
+            filtered_stdout=os.path.join(attempt_dir, "filtered_stdout.log"),
+            filtered_stderr=os.path.join(attempt_dir, "filtered_stderr.log"),
+        )
+        for local_rank in range(len(envs)):
+            paths = rank_paths(attempt_dir, envs[local_rank].get("RANK", local_rank), merge_streams=self.merge_streams)
+            dest.stdouts[local_rank] = paths.log
+            # "" = inherit the agent's stderr: the exec wrapper then points it at the log
+            dest.stderrs[local_rank] = paths.stderr or ""
+            dest.error_files[local_rank] = paths.error
+            envs[local_rank][ERROR_FILE_ENV] = paths.error
+        return dest
+
+    def __repr__(self) -> str:
+        return f"TorchstepLogsSpecs(root_log_dir={self.root_log_dir!r}, merge_streams={self.merge_streams})"
+
+
+def line_prefix(template: str | None, *, role: str, rank: int, local_rank: int) -> str:
+    """The console prefix of a rank (torch's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` macros).
+
+    Example::
+
+        >>> line_prefix(None, role="trainer", rank=3, local_rank=1)
+        '[trainer/3] '
+    """
+    return Template(template or DEFAULT_PREFIX_TEMPLATE).safe_substitute(
+        role_name=role, rank=rank, local_rank=local_rank
+    )
+
+
+def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last ``n`` lines of a file (reads at most ``max_bytes`` from its end).
+
+    Example::
+
+        >>> import tempfile
+        >>> f = tempfile.NamedTemporaryFile("w", delete=False); _ = f.write("a\\nb\\nc\\n"); f.close()
+        >>> tail_lines(f.name, 2)
+        ['b', 'c']
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first one is cut
+    return lines[-n:] if n > 0 else []
+
+
+@dataclass
+class TeeSource:
+    """One rank's log file to copy to the console."""
+
+    path: str
+    prefix: str
+    echo: bool = True
+    _fd: int | None = field(default=None, repr=False)
+    _buf: bytes = field(default=b"", repr=False)
+
+
+class LogTee:
+    """Copies rank log files to ``dst`` line by line with a prefix, from one thread.
+
+    Complete lines only (a partial line waits for its newline, so two writes of one
+    ``print`` never come out as two prefixed pieces); at :meth:`stop` everything left is
+    drained, so no line is lost. Lines that match ``filters`` are also appended to
+    ``filter_file`` (torchrun's ``--duplicate-stdout-filters``).
+
+    Example::
+
+        tee = LogTee([TeeSource("/logs/attempt_0/rank0.log", "[trainer/0] ")])
+        tee.start()
+        ...
+        tee.stop()
+    """
+
+    def __init__(
+        self,
+        sources: list[TeeSource],
+        dst: TextIO | None = None,
+        *,
+        interval: float = 0.1,
+        filters: list[str] | None = None,
+        filter_file: str | None = None,
+    ) -> None:
+        self._sources = sources
+        self._dst = dst if dst is not None else sys.stdout
+        self._interval = interval
+        self._filters = filters or []
+        self._filter_file = filter_file if self._filters else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dst_ok = True
+
+    def start(self) -> LogTee:
+        self._thread = threading.Thread(target=self._run, name="torchstep-tee", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Drain every file to its end and stop (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self._interval):
+                self._pump(final=False)
+            self._pump(final=True)
+        finally:
+            for src in self._sources:
+                if src._fd is not None:
+                    os.close(src._fd)
+                    src._fd = None
+
+    def _pump(self, *, final: bool) -> None:
+        out: list[str] = []
+        filtered: list[str] = []
+        for src in self._sources:
+            if src._fd is None:
+                try:
+                    src._fd = os.open(src.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+            for _ in range(64):  # bounded per pass: one chatty rank cannot starve the others
+                chunk = os.read(src._fd, 1 << 16)
+                if not chunk:
+                    break
+                src._buf += chunk
+            lines = src._buf.split(b"\n")
+            src._buf = lines.pop()
+            if src._buf and (final or len(src._buf) > _MAX_PARTIAL):
+                lines.append(src._buf)
+                src._buf = b""
+            for raw in lines:
+                # progress bars rewrite a line with \r: show what a terminal would show
+                if b"\r" in raw:
+                    raw = next((seg for seg in reversed(raw.split(b"\r")) if seg), b"")
+                text = raw.decode("utf-8", "replace")
+                if src.echo:
+                    out.append(f"{src.prefix}{text}\n")
+                if self._filter_file and any(needle in text for needle in self._filters):
+                    filtered.append(f"{src.prefix}{text}\n")
+        if out and self._dst_ok:
+            try:
+                self._dst.write("".join(out))
+                self._dst.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self._dst_ok = False  # console gone: the files still hold everything
+        if filtered and self._filter_file:
+            with open(self._filter_file, "a") as f:
+                f.write("".join(filtered))

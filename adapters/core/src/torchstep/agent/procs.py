@@ -1,0 +1,240 @@
+"""Process plumbing of the agent: process groups, exact exit times, and the reaper that
+kills every worker group when the agent itself dies.
+
+No torch here. Linux semantics (``/proc``, ``waitid``, sessions); elsewhere the helpers
+degrade to ``kill(pid, 0)``.
+
+Example::
+
+    >>> import os
+    >>> from torchstep.agent.procs import pid_alive
+    >>> pid_alive(os.getpid())
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("torchstep.agent")
+
+_REAPER = str(Path(__file__).with_name("_reaper.py"))
+EXEC_WRAPPER = str(Path(__file__).with_name("_exec.py"))
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # the command name is in parentheses and may contain spaces: split after the last ')'
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def pid_alive(pid: int) -> bool:
+    """``True`` if ``pid`` exists and is not a zombie.
+
+    Example::
+
+        >>> pid_alive(2**22 + 1)
+        False
+    """
+    fields = _stat_fields(pid)
+    if fields is not None:
+        return fields[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not os.path.isdir("/proc")  # /proc exists but has no entry: gone
+
+
+def exited_now(pid: int) -> bool:
+    """``True`` if our child ``pid`` has exited (reaped or not); never reaps it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped by its owner
+        return True
+    except OSError:
+        return not pid_alive(pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``.
+
+    Example::
+
+        >>> os.getpid() in group_members(os.getpgid(0))
+        True
+    """
+    members: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in entries:
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields is not None and len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(name))
+    return members
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """``killpg`` that ignores a vanished group; never signals our own group."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def kill_groups(pgids: list[int], *, wait_s: float = 2.0) -> list[int]:
+    """SIGKILL whole process groups (a worker and e.g. its dataloader children) and wait
+    until they are gone; returns the pids still alive after ``wait_s`` (D-state)."""
+    for pgid in pgids:
+        signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    left: list[int] = []
+    while True:
+        left = [pid for pgid in pgids for pid in group_members(pgid)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+@dataclass
+class ExitInfo:
+    """When and how a child process ended (seen by ``waitid`` the moment it exits)."""
+
+    time: float
+    exit_code: int  # like Popen.returncode: -N when killed by signal N
+
+
+class ExitWatcher:
+    """Records the exact exit time of child processes without reaping them.
+
+    torch's process context polls every ``--monitor-interval``; a thread blocked in
+    ``waitid(WNOWAIT)`` learns the moment a worker dies, which orders failures correctly
+    (the root cause is the rank that died first, not the first one noticed).
+
+    Example::
+
+        >>> import subprocess
+        >>> w = ExitWatcher()
+        >>> p = subprocess.Popen(["sleep", "0.2"]); w.watch(p.pid)
+        >>> w.wait_for(p.pid, 5).exit_code, p.wait()
+        (0, 0)
+    """
+
+    def __init__(self) -> None:
+        self._exits: dict[int, ExitInfo] = {}
+        self._cond = threading.Condition()
+
+    def watch(self, pid: int) -> None:
+        threading.Thread(target=self._wait, args=(pid,), name=f"torchstep-exit-{pid}", daemon=True).start()
+
+    def _wait(self, pid: int) -> None:
+        code: int | None = None
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            if info is not None:
+                code = -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+        except ChildProcessError:  # already reaped by its owner: the time is still close
+            pass
+        except OSError:
+            return
+        with self._cond:
+            self._exits[pid] = ExitInfo(time.time(), code if code is not None else -1)
+            self._cond.notify_all()
+
+    def get(self, pid: int) -> ExitInfo | None:
+        with self._cond:
+            return self._exits.get(pid)
+
+    def wait_for(self, pid: int, timeout: float) -> ExitInfo | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits, timeout)
+            return self._exits.get(pid)
+
+
+class Reaper:
+    """Client side of ``_reaper.py``: a process in its own session that outlives the agent.
+
+    Example::
+
+        reaper = Reaper(results=["/tmp/result.json"], run_dir="/tmp/run")
+        reaper.start()
+        reaper.watch_group(worker_pid)     # workers are group leaders (own session)
+        ...
+        reaper.finish()                    # normal end: "done", then EOF
+    """
+
+    def __init__(self, *, results: list[str], run_dir: str | None) -> None:
+        self._results = results
+        self._run_dir = run_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        argv = [sys.executable, "-I", "-S", _REAPER]
+        for path in self._results:
+            argv += ["--result", path]
+        if self._run_dir:
+            argv += ["--run-dir", self._run_dir]
+        # own session: a kill of the agent's process group (or a terminal's ^C) spares it
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._proc.stdin is None or self._proc.stdin.closed:
+                return
+            try:
+                self._proc.stdin.write(line.encode() + b"\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                log.warning("the reaper is gone; workers will not be killed if the agent dies")
+
+    def watch_group(self, pgid: int) -> None:
+        self._send(f"g {pgid}")
+
+    def forget_group(self, pgid: int) -> None:
+        self._send(f"ug {pgid}")
+
+    def watch_pid(self, pid: int) -> None:
+        self._send(f"p {pid}")
+
+    def forget_pid(self, pid: int) -> None:
+        self._send(f"up {pid}")
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """Normal end: the reaper kills what is left (nothing, normally) and exits."""
+        self._send("done")
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

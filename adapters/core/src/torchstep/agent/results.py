@@ -1,0 +1,307 @@
+"""From what happened to the step result (``torchstep.result.StepResult``) and the exit code.
+
+Exit codes (docs/agent.md):
+
+====================  ================================================================
+0                     every worker succeeded
+N (1..255)            the root-cause worker exited with N (torchrun always exits 1)
+128 + S               the root-cause worker was killed by signal S (137: SIGKILL, e.g. a
+                      timer or heartbeat kill), or the agent was cancelled by S (143:
+                      SIGTERM) — the result's state tells which (FAILED vs CANCELLED)
+82                    non-retryable failure (``NON_RETRYABLE_EXIT_CODE``)
+83                    the agent failed itself: rendezvous timeout/closed, watchdog, error
+2                     bad command line or environment value
+====================  ================================================================
+
+Example::
+
+    >>> from torchstep.agent.results import exit_code_for
+    >>> exit_code_for(exit_code=-9), exit_code_for(exit_code=3)
+    (137, 3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE
+from torchstep.result import (
+    CANCELLED,
+    FAILED,
+    RUNNING,
+    SUCCEEDED,
+    TAIL_LINES,
+    UNKNOWN,
+    RankResult,
+    ReplicaResult,
+    StepResult,
+    earliest_failure,
+)
+
+if TYPE_CHECKING:
+    from torchstep.agent.elastic import Attempt, TorchstepAgent, WorkerRecord
+    from torchstep.agent.settings import AgentSettings
+
+USAGE_EXIT_CODE = 2
+
+
+@dataclass
+class Outcome:
+    """How the agent's run ended, before it is turned into a result.
+
+    ``kind``: ``workers`` (the group finished or failed), ``cancelled`` (signal),
+    ``rendezvous`` (timeout, closed, backend unreachable), ``watchdog``, ``agent_error``,
+    ``usage`` (bad command line).
+    """
+
+    kind: str
+    succeeded: bool = False
+    signal: int | None = None
+    message: str | None = None
+
+
+def exit_code_for(*, exit_code: int | None) -> int:
+    """A worker's exit code as the agent's: N stays N, killed by signal S gives 128+S."""
+    if exit_code is None:
+        return AGENT_ERROR_EXIT_CODE
+    if exit_code < 0:
+        return 128 + (-exit_code)
+    return exit_code
+
+
+def failure_is_non_retryable(exit_code: int | None, error_data: Any) -> bool:
+    """Exit code 82, or an error file that says ``NonRetryableError`` (``torchstep.record``
+    marks it; torch's ``@record`` leaves the type name in the message and traceback)."""
+    if exit_code == NON_RETRYABLE_EXIT_CODE:
+        return True
+    if not isinstance(error_data, dict):
+        return False
+    ours = error_data.get("torchstep")
+    if isinstance(ours, dict) and ours.get("retryable") is False:
+        return True
+    message = error_data.get("message")
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        stack = str((message.get("extraInfo") or {}).get("py_callstack", "")).rstrip().splitlines()
+        return text.startswith("NonRetryableError:") or bool(stack and "NonRetryableError:" in stack[-1])
+    return isinstance(message, str) and message.startswith("NonRetryableError:")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _error_details(data: Any) -> tuple[str | None, str | None]:
+    """(message, traceback) from an error file in torch's format."""
+    if not isinstance(data, dict):
+        return None, None
+    message = data.get("message")
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        return str(message.get("message")) if message.get("message") else None, extra.get("py_callstack")
+    if isinstance(message, str) and message != "<NONE>":
+        return message, None
+    return None, None
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"SIG{-code}"
+
+
+def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int) -> RankResult:
+    """One worker of ``attempt`` as a :class:`RankResult`."""
+    code = w.exit.exit_code if w.exit is not None else None
+    collateral = attempt.stop_started_at is not None and not w.dead_before_stop and w.reason is None
+    data = _read_json(w.paths.error) if code not in (None, 0) else None
+    message, trace = _error_details(data)
+    if attempt.state == CANCELLED and code != 0:
+        state = CANCELLED
+    elif code == 0:
+        state = SUCCEEDED
+    elif code is None:
+        state = UNKNOWN if attempt.state != RUNNING else RUNNING
+    else:
+        state = FAILED
+    reason = None
+    if state == CANCELLED:
+        reason = "cancelled"
+    elif state == FAILED:
+        if w.reason:
+            reason = w.reason
+        elif collateral:
+            reason = "stopped"
+        elif failure_is_non_retryable(code, data):
+            reason = "non_retryable"
+        elif code is not None and code < 0:
+            reason = "signal"
+        else:
+            reason = "worker_failed"
+    if message is None and state in (FAILED, CANCELLED):
+        if w.detail:
+            message = w.detail
+        elif reason == "stopped":
+            message = f"stopped by the agent after another rank failed ({_signal_name(code) or f'exit {code}'})"
+        elif code is not None and code < 0:
+            message = f"killed by {_signal_name(code)}"
+        else:
+            message = f"exited with code {code}"
+    timestamp = None
+    if state in (FAILED, CANCELLED) and w.exit is not None:
+        timestamp = w.exit.time
+        stop = attempt.stop_started_at
+        if stop is not None:
+            # ranks that died on their own come before those the agent stopped afterwards
+            timestamp = min(timestamp, stop) if not collateral else max(timestamp, stop + 1e-3)
+    failed = state in (FAILED, CANCELLED)
+    return RankResult(
+        role=role,
+        rank=w.global_rank,
+        local_rank=w.local_rank,
+        state=state,
+        exit_code=code,
+        signal=_signal_name(code),
+        message=message,
+        traceback=trace,
+        timestamp=timestamp,
+        reason=reason,
+        replica_id=replica_id,
+        log_file=w.paths.log,
+        tail=_tail(w) if failed else [],
+    )
+
+
+def _tail(w: WorkerRecord) -> list[str]:
+    from torchstep.agent.logs import tail_lines
+
+    return tail_lines(w.paths.log, TAIL_LINES)
+
+
+def _summary(rank: RankResult) -> str:
+    what = rank.reason or "failed"
+    return f"rank {rank.rank} {what} ({rank.signal or f'exit {rank.exit_code}'}): {rank.message}"
+
+
+def _outputs(attempts: list[Attempt]) -> dict[str, Any]:
+    for attempt in reversed(attempts):
+        for w in attempt.workers.values():
+            if w.global_rank == 0:
+                data = _read_json(w.paths.outputs)
+                return data if isinstance(data, dict) else {}
+    return {}
+
+
+def running_result(settings: AgentSettings, *, started_at: float) -> StepResult:
+    """The result written at start (state RUNNING): a launcher sees the agent is up, and
+    the reaper turns it into FAILED if the agent is killed before writing the final one."""
+    replica = ReplicaResult(
+        role=settings.role,
+        replica_id=settings.replica_id or 0,
+        state=RUNNING,
+        log_dir=settings.log_dir,
+        result_file=settings.result_files[0] if settings.result_files else None,
+    )
+    return StepResult(
+        app_id=settings.app_id, state=RUNNING, started_at=started_at, replicas=[replica], log_dir=settings.log_dir
+    )
+
+
+def build_result(
+    settings: AgentSettings | None,
+    agent: TorchstepAgent | None,
+    outcome: Outcome,
+    *,
+    started_at: float,
+    ended_at: float | None = None,
+    app_id: str = "unknown",
+) -> StepResult:
+    """The final step result of this agent (one replica: itself)."""
+    ended = ended_at if ended_at is not None else time.time()
+    role = settings.role if settings else "default"
+    attempts = agent.attempts if agent is not None else []
+    group_rank = agent.group_rank if agent is not None else None
+    replica_id = settings.replica_id if settings and settings.replica_id is not None else (group_rank or 0)
+    last = attempts[-1] if attempts else None
+    ranks = [rank_result(last, w, role=role, replica_id=replica_id) for w in last.workers.values()] if last else []
+    root = earliest_failure(ranks)
+    history = []
+    for attempt in attempts[:-1]:
+        if attempt.state == FAILED:
+            prev = [rank_result(attempt, w, role=role, replica_id=replica_id) for w in attempt.workers.values()]
+            first = earliest_failure(prev)
+            if first is not None:
+                history.append(f"attempt {attempt.index}: {_summary(first)}; restarted")
+    non_retryable = bool(last and last.non_retryable)
+    retryable = True
+    message: str | None
+    if outcome.kind == "cancelled":
+        state, code = CANCELLED, 128 + (outcome.signal or signal.SIGTERM)
+        message = outcome.message or f"cancelled by {signal.Signals(outcome.signal or 15).name}"
+    elif outcome.kind == "workers" and outcome.succeeded:
+        state, code, message = SUCCEEDED, 0, outcome.message
+        root = None
+    elif outcome.kind == "workers":
+        state = FAILED
+        if non_retryable:
+            code, retryable = NON_RETRYABLE_EXIT_CODE, False
+        else:
+            code = exit_code_for(exit_code=root.exit_code) if root is not None else AGENT_ERROR_EXIT_CODE
+        message = outcome.message or (_summary(root) if root is not None else "the worker group failed")
+    elif outcome.kind == "usage":
+        state, code, retryable, message = FAILED, USAGE_EXIT_CODE, False, outcome.message
+    else:
+        state, code, message = FAILED, AGENT_ERROR_EXIT_CODE, outcome.message
+    restarts = agent.failure_restarts if agent is not None else 0
+    if agent is not None and agent.membership_restarts:
+        history.append(f"{agent.membership_restarts} membership change(s) restarted the group (not counted)")
+    replica = ReplicaResult(
+        role=role,
+        replica_id=replica_id,
+        state=state,
+        exit_code=code,
+        restarts=restarts,
+        ranks=ranks,
+        log_dir=settings.log_dir if settings else None,
+        result_file=settings.result_files[0] if settings and settings.result_files else None,
+        message="; ".join([*history, *([message] if message else [])]) or None,
+    )
+    return StepResult(
+        app_id=settings.app_id if settings else app_id,
+        state=state,
+        exit_code=code,
+        retryable=retryable,
+        restarts=restarts,
+        duration_s=max(0.0, ended - started_at),
+        started_at=started_at,
+        ended_at=ended,
+        root_cause=root,
+        replicas=[replica],
+        outputs=_outputs(attempts),
+        message=message,
+        log_dir=settings.log_dir if settings else None,
+    )
+
+
+def write_all(result: StepResult, paths: list[str]) -> list[str]:
+    """Write ``result`` to every path (atomically); returns the paths that failed."""
+    failed = []
+    for path in paths:
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            result.write(path)
+        except OSError:
+            failed.append(path)
+    return failed

@@ -1,0 +1,210 @@
+"""One run of the agent: rendezvous handler, worker spec, :class:`TorchstepAgent`, the
+reaper, the watchdog and the result file — torch's ``launch_agent`` with every exit path
+turned into an :class:`~torchstep.agent.results.Outcome`.
+
+Example::
+
+    run = AgentRun(settings, started_at=time.time())
+    outcome = run.execute()          # never raises for worker / rendezvous failures
+    result = run.finish(outcome)     # writes the result everywhere, stops the helpers
+    sys.exit(result.exit_code)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+from torchstep.agent import signals
+from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, Reaper
+from torchstep.agent.results import Outcome, build_result, running_result, write_all
+from torchstep.agent.settings import AgentSettings
+from torchstep.agent.watchdog import ProgressWatchdog
+from torchstep.errors import AGENT_ERROR_EXIT_CODE
+from torchstep.result import StepResult
+
+log = logging.getLogger("torchstep.agent")
+
+
+class AgentRun:
+    """See the module docstring."""
+
+    def __init__(self, settings: AgentSettings, *, started_at: float) -> None:
+        self.settings = settings
+        self.started_at = started_at
+        self.result_paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
+        self.run_dir = tempfile.mkdtemp(prefix="torchstep-run-")  # FIFO, heartbeats: not logs
+        self.reaper = Reaper(results=self.result_paths, run_dir=self.run_dir)
+        self.exits = ExitWatcher()
+        self.watchdog = ProgressWatchdog(
+            settings.watchdog_timeout, on_fire=self._on_watchdog, any_alive=self._any_alive
+        )
+        self.agent: Any = None
+        self._write_lock = threading.Lock()
+        self._final = False
+
+    # -- result file -------------------------------------------------------------------------
+    def write(self, result: StepResult, *, final: bool) -> bool:
+        with self._write_lock:
+            if self._final:
+                return False
+            failed = write_all(result, self.result_paths)
+            for path in failed:
+                log.error("cannot write the result to %s", path)
+            self._final = final
+            return True
+
+    def _any_alive(self) -> bool:
+        return self.agent is not None and self.agent.any_worker_alive()
+
+    def _on_watchdog(self, reason: str) -> None:
+        # runs in the watchdog thread while the main thread is stuck somewhere in torch
+        if self.agent is not None:
+            self.agent.kill_all_workers()
+        outcome = Outcome("watchdog", message=f"watchdog: {reason}")
+        try:
+            result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+        except Exception:
+            log.exception("watchdog: building the full result failed; writing a minimal one")
+            result = build_result(self.settings, None, outcome, started_at=self.started_at)
+        self.write(result, final=True)
+        self.reaper.finish(timeout=2)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(AGENT_ERROR_EXIT_CODE)
+
+    # -- the run -----------------------------------------------------------------------------
+    def _entrypoint(self) -> tuple[Any, tuple[str, ...]]:
+        entry, args = self.settings.entrypoint, tuple(self.settings.entry_args)
+        if not isinstance(entry, str):
+            return entry, args  # --run-path: a function in spawned processes
+        # every binary worker starts through the exec wrapper: dies with the agent
+        # (PR_SET_PDEATHSIG) and writes stdout and stderr into one ordered log
+        wrapper = ("-I", "-S", EXEC_WRAPPER, "--agent-pid", str(os.getpid()), "--merge-stderr", "--", entry)
+        return sys.executable, (*wrapper, *args)
+
+    def execute(self) -> Outcome:
+        """Run the agent to its end; every exception becomes an :class:`Outcome`."""
+        import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+        from torch.distributed.elastic import events, metrics
+        from torch.distributed.elastic.agent.server.api import WorkerSpec
+        from torch.distributed.elastic.multiprocessing import SignalException
+        from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousParameters
+        from torch.distributed.launcher.api import _get_addr_and_port
+
+        from torchstep.agent.elastic import TorchstepAgent
+        from torchstep.agent.logs import TorchstepLogsSpecs
+
+        settings, config = self.settings, self.settings.config
+        self.write(running_result(settings, started_at=self.started_at), final=False)
+        self.reaper.start()
+        self.watchdog.start()
+        read_timeout = float(config.rdzv_configs.get("read_timeout", 60))
+        self.watchdog.phase("connecting to the rendezvous backend", max(read_timeout, settings.rendezvous_bound()))
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+        handler = None
+        shutdown_rdzv = True
+        try:
+            params = RendezvousParameters(
+                backend=config.rdzv_backend,
+                endpoint=config.rdzv_endpoint,
+                run_id=config.run_id,
+                min_nodes=config.min_nodes,
+                max_nodes=config.max_nodes,
+                local_addr=config.local_addr,
+                **config.rdzv_configs,
+            )
+            master_addr, master_port = _get_addr_and_port(params)
+            handler = rdzv_registry.get_rendezvous_handler(params)
+            entrypoint, args = self._entrypoint()
+            spec = WorkerSpec(
+                role=settings.role,
+                local_world_size=config.nproc_per_node,
+                entrypoint=entrypoint,
+                args=args,
+                rdzv_handler=handler,
+                max_restarts=config.max_restarts,
+                monitor_interval=config.monitor_interval,
+                master_addr=master_addr,
+                master_port=master_port,
+                local_addr=config.local_addr,
+                event_log_handler=config.event_log_handler,
+                numa_options=config.numa_options,
+                duplicate_stdout_filters=config.duplicate_stdout_filters,
+                duplicate_stderr_filters=config.duplicate_stderr_filters,
+                virtual_local_rank=config.virtual_local_rank,
+            )
+            specs = TorchstepLogsSpecs(settings.log_dir, merge_streams=isinstance(settings.entrypoint, str))
+            self.agent = TorchstepAgent(
+                spec,
+                specs,
+                settings,
+                run_dir=self.run_dir,
+                reaper=self.reaper,
+                exits=self.exits,
+                watchdog=self.watchdog,
+            )
+            metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+            result = self.agent.run()
+            events.record(self.agent.get_event_succeeded(), config.event_log_handler)
+            if self.agent.graceful_exit:
+                return Outcome("workers", succeeded=True, message=f"rendezvous closed: {self.agent.graceful_exit}")
+            return Outcome("workers", succeeded=not result.is_failed())
+        except SignalException as e:
+            # like torch: a signalled agent does not close the rendezvous (peers may go on)
+            shutdown_rdzv = False
+            self._record_failed_event(events, config)
+            return Outcome("cancelled", signal=int(e.sigval))
+        except signals.Cancelled as e:
+            shutdown_rdzv = False
+            return Outcome("cancelled", signal=e.signum)
+        except RendezvousError as e:
+            self._record_failed_event(events, config)
+            log.error("rendezvous failed: %s: %s", type(e).__name__, e)
+            return Outcome("rendezvous", message=f"rendezvous failed: {type(e).__name__}: {e}".rstrip(": "))
+        except Exception as e:
+            self._record_failed_event(events, config)
+            log.error("agent error:\n%s", traceback.format_exc())
+            return Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
+        finally:
+            signals.enter_late_mode()
+            if handler is not None and shutdown_rdzv:
+                self.watchdog.phase("closing the rendezvous", float(config.rdzv_configs.get("close_timeout", 30)) + 10)
+                try:
+                    handler.shutdown()
+                except Exception as e:
+                    log.warning("closing the rendezvous failed: %s: %s", type(e).__name__, e)
+
+    def _record_failed_event(self, events: Any, config: Any) -> None:
+        if self.agent is not None:
+            try:
+                events.record(self.agent.get_event_failed(), config.event_log_handler)
+            except Exception:
+                pass
+
+    def finish(self, outcome: Outcome) -> StepResult:
+        """Write the final result and stop the watchdog and the reaper."""
+        self.watchdog.stop()
+        result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+        self.write(result, final=True)
+        self.reaper.finish()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return result
+
+
+def cancelled_before_start(settings: AgentSettings | None, signum: int, *, started_at: float) -> StepResult:
+    """The result when a signal arrives before the run began (e.g. during ``import torch``)."""
+    return build_result(
+        settings, None, Outcome("cancelled", signal=signum), started_at=started_at, ended_at=time.time()
+    )
