@@ -1,0 +1,189 @@
+"""Helpers of the agent tests (imported by conftest.py and the test modules): start real
+agents (real torch, gloo, several processes), wait for conditions with deadlines, and
+never leave a process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+WORKER = str(SCRIPTS / "worker.py")
+TRAIN = str(SCRIPTS / "train.py")
+STORE = str(SCRIPTS / "store.py")
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment without anything that would steer the agent."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHSTEP_", "PET_", "TORCHELASTIC_")) and k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``cond`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def alive(pid: int) -> bool:
+    """``True`` if /proc says ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """One ``python -m torchstep.agent`` process started by a test."""
+
+    def __init__(self, out: Path, argv: list[str], env: dict[str, str]) -> None:
+        self.out = out
+        self.log_dir = out / "logs"
+        self.result_file = out / "result.json"
+        self.pids_dir = out / "pids"
+        self.pids_dir.mkdir(parents=True)
+        env = {**env, "PIDS_DIR": str(self.pids_dir)}
+        self._stdout = open(out / "stdout", "w")
+        self._stderr = open(out / "stderr", "w")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=self._stdout, stderr=self._stderr, env=env, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    @property
+    def stdout(self) -> str:
+        return (self.out / "stdout").read_text()
+
+    @property
+    def stderr(self) -> str:
+        return (self.out / "stderr").read_text()
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return json.loads(self.result_file.read_text())
+
+    def worker_pids(self, tag: str = "") -> list[int]:
+        return sorted(int(p.name.split(".")[1]) for p in self.pids_dir.iterdir() if p.name.startswith(tag))
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"agent did not finish within {timeout}s\n{self.diagnostics()}") from None
+        self._stdout.close()
+        self._stderr.close()
+        return code
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        # workers live in their own sessions; the reaper kills them, but be sure
+        for pid in self.worker_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def diagnostics(self) -> str:
+        text = f"--- stdout (tail)\n{self.stdout[-4000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}"
+        if self.result_file.exists():
+            text += f"\n--- result\n{self.result_file.read_text()[-4000:]}"
+        return text
+
+
+class Agents:
+    """Start agents in a test; everything is killed at the end of the test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[Agent] = []
+
+    def start(
+        self, args: list[str], *, env: dict[str, str] | None = None, name: str | None = None, files: bool = True
+    ) -> Agent:
+        out = self.tmp_path / (name or f"agent{len(self.started)}")
+        argv = [sys.executable, "-m", "torchstep.agent"]
+        if files:
+            argv += ["--log-dir", str(out / "logs"), "--result-file", str(out / "result.json")]
+        agent = Agent(out, [*argv, *args], clean_env(env))
+        self.started.append(agent)
+        return agent
+
+    def start_command(self, argv: list[str], *, env: dict[str, str] | None = None, name: str) -> Agent:
+        """Start any command (e.g. ``bash -c "torchrun ..."``); its agent writes its result and
+        logs where ``TORCHSTEP_RESULT_FILE`` / ``TORCHSTEP_LOG_DIR`` say (set here)."""
+        out = self.tmp_path / name
+        files = {"TORCHSTEP_RESULT_FILE": str(out / "result.json"), "TORCHSTEP_LOG_DIR": str(out / "logs")}
+        agent = Agent(out, argv, {**clean_env(env), **files})
+        self.started.append(agent)
+        return agent
+
+    def run(self, args: list[str], *, timeout: float = 120, **kw: Any) -> Agent:
+        agent = self.start(args, **kw)
+        agent.wait(timeout)
+        return agent
+
+    def cleanup(self) -> None:
+        for agent in self.started:
+            if agent.proc.poll() is None:
+                agent.kill()
+            for pid in agent.worker_pids():
+                if alive(pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+class StoreHost:
+    """A process that hosts the c10d rendezvous store, as the local launcher does."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        port_file = tmp_path / "store.port"
+        self.proc = subprocess.Popen([sys.executable, STORE, str(port_file)], env=clean_env(), start_new_session=True)
+        self.port = int(wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 60, "the store"))
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()

@@ -1,0 +1,123 @@
+"""The agent end to end on one node: success, failures, exit codes, logs, outputs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from agent_testlib import WORKER, Agents
+from torchstep import NON_RETRYABLE_EXIT_CODE
+
+
+def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
+    a = agents.run(["--nproc-per-node", "2", WORKER, "--mode", "env"])
+    assert a.returncode == 0, a.diagnostics()
+    r = a.result
+    assert r["schema"] == 1 and r["state"] == "SUCCEEDED" and r["exit_code"] == 0 and r["restarts"] == 0
+    assert r["outputs"] == {"rank_seen": 0, "metrics": {"acc": 0.5, "world": 2}}  # global rank 0's only
+    (rep,) = r["replicas"]
+    assert rep["role"] == "default" and rep["replica_id"] == 0
+    assert [(k["rank"], k["local_rank"], k["state"], k["exit_code"]) for k in rep["ranks"]] == [
+        (0, 0, "SUCCEEDED", 0),
+        (1, 1, "SUCCEEDED", 0),
+    ]
+    envs = {}
+    for k in rep["ranks"]:
+        log = open(k["log_file"]).read()  # stdout and stderr of the rank, kept
+        assert f"stderr line of rank {k['rank']}" in log
+        envs[k["rank"]] = json.loads(re.search(r"^ENV (.*)$", log, re.M).group(1))
+        assert k["log_file"] == str(a.log_dir / "attempt_0" / f"rank{k['rank']}.log")
+    for rank, env in envs.items():
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(rank),
+            str(rank),
+            "2",
+            "2",
+        )
+        assert env["MASTER_ADDR"] and int(env["MASTER_PORT"]) > 0
+        assert env["TORCHELASTIC_TIMER_FILE"] and env["TORCHSTEP_HEARTBEAT_FILE"]
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/rank{rank}.error.json")
+        # launcher settings are consumed by the agent, not inherited by workers
+        assert env["TORCHSTEP_RESULT_FILE"] is None and env["TORCHSTEP_LOG_DIR"] is None
+    assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    # every rank on the agent's stdout, line by line, prefixed
+    assert "[default/0] stderr line of rank 0" in a.stdout
+    assert "[default/1] stderr line of rank 1" in a.stdout
+    assert (a.log_dir / "result.json").exists() and (a.log_dir / "agent.log").exists()
+    assert "effective settings" in a.stderr and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in a.stderr
+
+
+def test_crash_always_fails_after_budget_with_rank1_root_cause(agents: Agents) -> None:
+    a = agents.run(["--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-always", "--code", "3"])
+    assert a.returncode == 3, a.diagnostics()  # torchrun would say 1
+    r = a.result
+    assert r["state"] == "FAILED" and r["exit_code"] == 3 and r["restarts"] == 1 and r["retryable"] is True
+    root = r["root_cause"]
+    assert (root["rank"], root["exit_code"], root["reason"]) == (1, 3, "worker_failed")
+    assert root["message"] == "ValueError: boom on rank 1"
+    assert "raise ValueError" in root["traceback"]
+    assert root["tail"][-1] == "ValueError: boom on rank 1"
+    assert root["log_file"].endswith("attempt_1/rank1.log")
+    assert "attempt 0: rank 1" in r["replicas"][0]["message"]
+    assert (a.log_dir / "attempt_0" / "rank1.log").exists()  # earlier attempts' logs are kept
+
+
+@pytest.mark.parametrize(("mode", "code", "expected"), [("exit", 7, 7), ("selfkill", 9, 137), ("selfkill", 11, 139)])
+def test_exit_code_keeps_the_worker_code_or_signal(agents: Agents, mode: str, code: int, expected: int) -> None:
+    a = agents.run(["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", mode, "--code", str(code)])
+    assert a.returncode == expected, a.diagnostics()
+    r = a.result
+    assert r["state"] == "FAILED" and r["exit_code"] == expected
+    root = r["root_cause"]
+    assert root["rank"] == 1
+    if mode == "selfkill":
+        assert root["signal"] == {9: "SIGKILL", 11: "SIGSEGV"}[code] and root["reason"] == "signal"
+    other = next(k for k in r["replicas"][0]["ranks"] if k["rank"] == 0)
+    assert other["reason"] == "stopped" and other["timestamp"] > root["timestamp"]
+
+
+@pytest.mark.parametrize("variant", ["torchstep", "torch", "code"])
+def test_non_retryable_stops_restarts_at_once(agents: Agents, variant: str) -> None:
+    a = agents.run(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "5",
+            "--stop-timeout",
+            "2",
+            WORKER,
+            "--mode",
+            f"nonretryable-{variant}",
+        ]
+    )
+    assert a.returncode == NON_RETRYABLE_EXIT_CODE, a.diagnostics()
+    r = a.result
+    assert r["state"] == "FAILED" and r["retryable"] is False and r["restarts"] == 0
+    assert not (a.log_dir / "attempt_1").exists()
+    root = r["root_cause"]
+    assert root["rank"] == 1 and root["reason"] == "non_retryable"
+    if variant != "code":
+        assert "NonRetryableError: dataset missing" in root["message"]
+        assert "NonRetryableError" in root["traceback"]
+
+
+def test_failed_rank_has_its_last_50_lines_and_whole_log(agents: Agents) -> None:
+    a = agents.run(["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "raise", "--lines", "200"])
+    assert a.returncode == 1, a.diagnostics()
+    root = a.result["root_cause"]
+    assert root["rank"] == 1 and root["message"] == "RuntimeError: bad thing on rank 1"
+    assert len(root["tail"]) == 50 and root["tail"][-1] == "RuntimeError: bad thing on rank 1"
+    log = open(root["log_file"]).read().splitlines()
+    assert [f"line {i} of rank 1" for i in range(200)] == [x for x in log if x.startswith("line ")]
+    printed = [x for x in a.stdout.splitlines() if x.startswith("[default/1] line ")]
+    assert len(printed) == 200  # every line reached the console, none lost or split
+
+
+def test_usage_error_exits_2_and_still_writes_a_result(agents: Agents, tmp_path) -> None:
+    result = tmp_path / "r.json"
+    a = agents.run(["--nnodes", "x:y", WORKER], env={"TORCHSTEP_RESULT_FILE": str(result)}, files=False)
+    assert a.returncode == 2
+    data = json.loads(result.read_text())
+    assert data["state"] == "FAILED" and data["exit_code"] == 2 and data["retryable"] is False

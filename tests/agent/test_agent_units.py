@@ -1,0 +1,205 @@
+"""The agent's pieces without running workers: import cost, worker API, settings
+precedence, exit-code mapping, log tee — fast, but real (no mocks of torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from io import StringIO
+
+import pytest
+from agent_testlib import clean_env
+from torchstep import NON_RETRYABLE_EXIT_CODE
+
+
+def _py(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=clean_env(env), capture_output=True, text=True, timeout=120)
+
+
+def test_importing_torchstep_worker_and_agent_does_not_import_torch() -> None:
+    out = _py(
+        "import sys, torchstep, torchstep.worker, torchstep.agent; "
+        "torchstep.record, torchstep.expires, torchstep.heartbeat, torchstep.output, torchstep.agent.shims_dir(); "
+        "print('torch' in sys.modules)"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_worker_api_is_a_noop_without_the_agent(tmp_path) -> None:
+    out = _py(
+        "import sys, torchstep\n"
+        "torchstep.heartbeat(); torchstep.output('x', [1, 2])\n"
+        "with torchstep.expires(after=0.01): pass\n"
+        "print('torch' in sys.modules)"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # no agent: the timer is not even set up
+
+
+def test_output_keeps_json_values_and_rejects_others(tmp_path, monkeypatch) -> None:
+    import torchstep.worker as w
+
+    path = tmp_path / "out.json"
+    monkeypatch.setenv(w.OUTPUT_FILE_ENV, str(path))
+    w.output("loss", 0.25)
+    w.output("ckpt", {"path": "s3://b/k", "step": 3})
+    w.output("loss", 0.125)
+    assert json.loads(path.read_text()) == {"loss": 0.125, "ckpt": {"path": "s3://b/k", "step": 3}}
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        w.output("bad", object())
+    with pytest.raises(ValueError, match="non-empty string"):
+        w.output("", 1)
+
+
+def test_heartbeat_touches_its_file(tmp_path, monkeypatch) -> None:
+    import torchstep.worker as w
+
+    path = tmp_path / "hb"
+    monkeypatch.setenv(w.HEARTBEAT_FILE_ENV, str(path))
+    monkeypatch.setattr(w, "_last_heartbeat", 0.0)
+    w.heartbeat()
+    first = path.stat().st_mtime_ns
+    time.sleep(0.06)
+    w.heartbeat()
+    assert path.stat().st_mtime_ns > first
+
+
+def test_record_writes_an_error_file_torch_can_read(tmp_path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    out = _py(
+        "import torchstep\n@torchstep.record\ndef main():\n    raise KeyError('missing')\nmain()",
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    assert out.returncode == 1 and "KeyError" in out.stderr
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
+    assert failure.message["message"] == "KeyError: 'missing'"
+    assert "line 4, in main" in failure.message["extraInfo"]["py_callstack"]
+    ours = json.loads(error_file.read_text())["torchstep"]
+    assert ours["retryable"] is True and ours["exception"] == "KeyError" and abs(ours["timestamp"] - time.time()) < 60
+
+
+def test_record_turns_non_retryable_error_into_exit_82(tmp_path) -> None:
+    error_file = tmp_path / "error.json"
+    out = _py(
+        "import torchstep\n@torchstep.record\ndef main():\n    raise torchstep.NonRetryableError('bad config')\nmain()",
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    assert out.returncode == NON_RETRYABLE_EXIT_CODE
+    assert "NonRetryableError: bad config" in out.stderr  # the traceback is still printed
+    data = json.loads(error_file.read_text())
+    assert data["torchstep"] == {
+        **data["torchstep"],
+        "retryable": False,
+        "exception": "torchstep.errors.NonRetryableError",
+    }
+
+
+def test_settings_precedence_flag_env_default(monkeypatch) -> None:
+    from torchstep.agent.settings import resolve
+
+    env = {"TORCHSTEP_GRACE_PERIOD": "7", "TORCHSTEP_HEARTBEAT_TIMEOUT": "5", "TORCHSTEP_LOG_DIR": "/tmp/ts-env-logs"}
+    s = resolve(["--grace-period", "3", "train.py", "--grace-period", "99"], environ=env)
+    assert (s.grace_period, s.heartbeat_timeout, s.stop_timeout) == (3.0, 5.0, 10.0)
+    assert (s.sources["grace_period"], s.sources["heartbeat_timeout"], s.sources["stop_timeout"]) == (
+        "flag",
+        "env TORCHSTEP_HEARTBEAT_TIMEOUT",
+        "default",
+    )
+    assert s.entry_args[-2:] == ["--grace-period", "99"]  # the script's own flags stay its own
+    assert s.log_dir == "/tmp/ts-env-logs"
+    s = resolve(
+        ["--log-dir", "/tmp/ts-flag-logs", "--shutdown-timeout", "12", "train.py"],
+        environ=env | {"TORCHSTEP_GRACE_PERIOD": ""},
+    )
+    assert s.log_dir == "/tmp/ts-flag-logs" and s.grace_period == 12.0
+
+
+def test_settings_pipeline_defaults_and_torchrun_compatibility() -> None:
+    from torchstep.agent.settings import resolve
+
+    single = resolve(["--nproc-per-node", "2", "train.py"], environ={})
+    assert (single.config.rdzv_backend, single.config.rdzv_endpoint) == ("c10d", "localhost:0")  # like torchrun
+    assert single.config.monitor_interval == 0.1 and "SIGUSR1" in single.config.signals_to_handle
+    assert single.process_env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    multi = resolve(["--nnodes", "1:4", "--master-addr", "10.1.2.3", "train.py"], environ={})
+    assert (multi.config.rdzv_backend, multi.config.rdzv_endpoint) == ("c10d", "10.1.2.3:29500")
+    conf = multi.config.rdzv_configs
+    assert (
+        conf["join_timeout"],
+        conf["read_timeout"],
+        conf["last_call_timeout"],
+        conf["keep_alive_interval"],
+        conf["keep_alive_max_attempt"],
+    ) == ("900", "900", "1", "1", "2")
+    # a classic static multi-node torchrun line stays static
+    static = resolve(
+        ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h", "--master-port", "1234", "t.py"], environ={}
+    )
+    assert static.config.rdzv_backend == "static" and static.config.rdzv_configs["rank"] == 1
+    mine = resolve(["--nnodes", "2", "--rdzv-conf", "last_call_timeout=30,read_timeout=60", "t.py"], environ={})
+    assert (mine.config.rdzv_configs["last_call_timeout"], mine.config.rdzv_configs["read_timeout"]) == ("30", "60")
+    kept = resolve(["t.py"], environ={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+    assert kept.process_env == {}  # the user's explicit choice wins
+
+
+def test_settings_result_files_and_bad_values() -> None:
+    from torchstep.agent.settings import UsageError, resolve
+
+    s = resolve(["--result-file", "/tmp/a.json", "t.py"], environ={"TORCHSTEP_RESULT_FILE": "/tmp/b.json"})
+    assert s.result_files == ["/tmp/a.json", "/tmp/b.json"]  # the launcher still finds its copy
+    with pytest.raises(UsageError, match="TORCHSTEP_HEARTBEAT_TIMEOUT"):
+        resolve(["t.py"], environ={"TORCHSTEP_HEARTBEAT_TIMEOUT": "soon"})
+    with pytest.raises(UsageError, match="TORCHSTEP_RDZV_CONF|rendezvous configuration"):
+        resolve(["t.py"], environ={"TORCHSTEP_RDZV_CONF": "novalue"})
+    with pytest.raises(UsageError, match="grace"):
+        resolve(["--grace-period", "-1", "t.py"], environ={})
+
+
+def test_exit_codes_and_non_retryable_detection() -> None:
+    from torchstep.agent.results import exit_code_for, failure_is_non_retryable
+
+    assert [exit_code_for(exit_code=c) for c in (1, 3, -9, -15)] == [1, 3, 137, 143]
+    torch_record = {
+        "message": {"message": "NonRetryableError: x", "extraInfo": {"py_callstack": "...", "timestamp": "1"}}
+    }
+    assert failure_is_non_retryable(1, torch_record)
+    assert failure_is_non_retryable(82, None)
+    assert not failure_is_non_retryable(1, {"message": {"message": "ValueError: x", "extraInfo": {}}})
+    assert not failure_is_non_retryable(-9, {"message": "<NONE>"})
+
+
+def test_log_tee_prefixes_whole_lines_and_drains_at_stop(tmp_path) -> None:
+    from torchstep.agent.logs import LogTee, TeeSource
+
+    log = tmp_path / "rank0.log"
+    dst = StringIO()
+    tee = LogTee(
+        [TeeSource(str(log), "[r/0] "), TeeSource(str(tmp_path / "never"), "[r/1] ")], dst, interval=0.01
+    ).start()
+    with open(log, "w", buffering=1) as f:
+        f.write("hello ")
+        time.sleep(0.1)  # a print split in two writes must still be one line
+        f.write("world\nprogress 10%\rprogress 100%\nno newline at the end")
+    tee.stop()
+    assert dst.getvalue() == "[r/0] hello world\n[r/0] progress 100%\n[r/0] no newline at the end\n"
+
+
+def test_torchrun_shim_runs_the_agent() -> None:
+    from torchstep.agent import shims_dir
+
+    shim = os.path.join(shims_dir(), "torchrun")
+    out = subprocess.run(
+        [shim, "--help"],
+        env=clean_env({"TORCHSTEP_PYTHON": sys.executable}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "torchstep-agent" in out.stdout and "--heartbeat-timeout" in out.stdout
