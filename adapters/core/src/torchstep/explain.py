@@ -43,8 +43,8 @@ def render_table(decisions: list[Decision], *, app_name: str, target: str, width
     rejected = [d for d in decisions if d.action == "rejected"]
     status = "OK" if not rejected else f"{len(rejected)} field(s) rejected"
     head = f"torchstep explain: app {_one_line(app_name)!r} on target {_one_line(str(target))!r} — {status}"
-    fw = min(max((len(d.field) for d in decisions), default=5), 44)
-    vw = 30
+    fw = min(max((len(d.field) for d in decisions), default=5), 36)  # longer paths wrap
+    vw = 24
     aw = 8
     bw = max(width - fw - vw - aw - 9, 30)
     lines = [head, "", f"{'field':<{fw}} | {'value':<{vw}} | {'honoured':<{aw}} | on {target}"]

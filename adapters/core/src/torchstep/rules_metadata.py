@@ -71,7 +71,7 @@ class MetadataRules(Recorder):
         if "timeout" in opts:
             self.ok(
                 f"{base}['timeout']",
-                opts["timeout"],
+                f"{opts['timeout']:g}",
                 f"role timeout {opts['timeout']:g} s: every replica of the role is stopped after it",
             )
         for key, flag, env in (
@@ -80,7 +80,7 @@ class MetadataRules(Recorder):
         ):
             if key in opts:
                 how = f"{env}={opts[key]:g} for the role's own torchrun" if own_torchrun else f"{flag} {opts[key]:g}"
-                self.ok(f"{base}[{key!r}]", opts[key], f"agent {how} ({ROLE_OPTIONS[key]})")
+                self.ok(f"{base}[{key!r}]", f"{opts[key]:g}", f"agent {how}")
 
     def secret_env(self, p: str, spec: Any, env: Mapping[str, str]) -> tuple[SecretRef, ...]:
         """``role.metadata["torchstep"]["secret_env"]``: ``{ENV: "secret-name/key"}``."""
