@@ -6,6 +6,7 @@ scheduler + dag-processor, LocalExecutor) for the slow end-to-end test.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -17,10 +18,18 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+# In-process Airflow (operators built by tests): a private home, set before anything imports it.
+if "AIRFLOW_HOME" not in os.environ:
+    _home = tempfile.mkdtemp(prefix="torchstep-airflow-inproc-")
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ["AIRFLOW_HOME"] = _home
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -256,8 +265,8 @@ class Deployment:
         f = self.home / f"{name}.log"
         return f.read_text(errors="replace") if f.exists() else ""
 
-    def trigger(self, dag_id: str, conf: dict | None = None, timeout: float = 180) -> dict:
-        """Trigger a run through the REST API and wait until it finishes; returns the run."""
+    def start_run(self, dag_id: str, conf: dict | None = None) -> dict:
+        """Trigger a run through the REST API (once the dag-processor has registered the DAG)."""
 
         def dag_known() -> bool:
             try:
@@ -266,8 +275,12 @@ class Deployment:
                 return False
 
         self.wait(dag_known, 120, f"the dag-processor to register {dag_id}")
-        run_ = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_['dag_run_id']}"
+        return self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+
+    def trigger(self, dag_id: str, conf: dict | None = None, timeout: float = 180) -> dict:
+        """Trigger a run through the REST API and wait until it finishes; returns the run."""
+        run_ = self.start_run(dag_id, conf)
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_['dag_run_id'], safe='')}"
 
         def finished() -> dict | None:
             r = self.call("GET", path)

@@ -44,5 +44,25 @@ def test_failing_step_is_tried_retries_plus_one_times_and_its_log_shows_the_root
         assert "root cause: faulty/0 rank 0" in log
 
 
+def test_marking_a_running_task_failed_stops_every_process_of_the_step(deployment, tmp_path):
+    run = deployment.start_run("torchstep_hang", {"state_dir": str(tmp_path)})
+    pid_files = deployment.wait(lambda: len(list(tmp_path.glob("pids.*"))) == 2, 120, "both workers to start")
+    assert pid_files
+    pids = [int(p) for f in tmp_path.glob("pids.*") for p in f.read_text().split()]
+    deployment.call("PATCH", f"{task_path(run, 'hang')}", {"new_state": "failed"})
+    deployment.wait(lambda: not [p for p in pids if alive(p)], 60, "the step's processes to stop")
+    ti = deployment.call("GET", task_path(run, "hang"))
+    assert ti["state"] == "failed"
+    assert "stopping the step (task killed)" in log_text(deployment, run, "hang", 1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in next((x for x in f if x.startswith("State:")), "").lower()
+    except OSError:
+        return False
+
+
 def test_stopping_airflow_leaves_no_process_behind(deployment):
     assert deployment.stop() == []

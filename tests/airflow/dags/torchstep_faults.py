@@ -49,3 +49,6 @@ with DAG("torchstep_faults", schedule=None, params={"state_dir": ""}, tags=["tor
 
 with DAG("torchstep_failing", schedule=None, params={"state_dir": ""}, tags=["torchstep-test"]) as failing:
     AppDefOperator(task_id="always_fails", app=faulty, app_args={"mode": "fail", "state_dir": STATE, "max_retries": 1})
+
+with DAG("torchstep_hang", schedule=None, params={"state_dir": ""}, tags=["torchstep-test"]) as hang:
+    AppDefOperator(task_id="hang", app=faulty, app_args={"mode": "hang", "state_dir": STATE, "nproc": 2})

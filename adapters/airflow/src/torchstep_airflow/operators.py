@@ -23,9 +23,9 @@ from torchstep.errors import SpecError
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
 
 try:  # Airflow >= 3.1 moved the task exceptions into the task SDK
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 except ImportError:  # pragma: no cover - Airflow 3.0
-    from airflow.exceptions import AirflowException, AirflowFailException  # type: ignore[no-redef]
+    from airflow.exceptions import AirflowException, AirflowFailException, TaskDeferred  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     from torchstep.plan import StepPlan
@@ -48,6 +48,11 @@ class AppDefOperator(BaseOperator):
         never templates (a literal ``{{`` reaches the process as is).
     :param target: ``"local"`` (the processes run in the Airflow worker) or ``"kubernetes"``.
     :param cfg: options of the target (``torchstep runopts local|kubernetes``). Templated.
+    :param kubernetes_kwargs: target ``kubernetes`` only: arguments of the
+        KubernetesPodOperator that runs a 1-replica app (``kubernetes_conn_id``,
+        ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
+        several replicas or roles runs as Jobs and takes the connection arguments,
+        ``on_finish_action`` and ``poll_interval``.
 
     Retries, retry timing and the step timeout come from the AppDef (see
     :mod:`torchstep_airflow.settings`); ``retries`` that contradicts it is a SpecError.
@@ -73,6 +78,7 @@ class AppDefOperator(BaseOperator):
         app_args: Sequence[Any] | Mapping[str, Any] | None = None,
         target: str = "local",
         cfg: Mapping[str, Any] | None = None,
+        kubernetes_kwargs: Mapping[str, Any] | None = None,
         retries: int | None = None,
         retry_delay: timedelta | float | None = None,
         retry_exponential_backoff: float | None = None,
@@ -85,6 +91,9 @@ class AppDefOperator(BaseOperator):
         self.app_args = app_args
         self.target = target
         self.cfg = dict(cfg or {})
+        if kubernetes_kwargs and target != "kubernetes":
+            raise SpecError("kubernetes_kwargs", target, "only the kubernetes target uses them", fix="remove them")
+        self.kubernetes_kwargs = dict(kubernetes_kwargs or {})
         self._user = UserSettings(retries, retry_delay, retry_exponential_backoff, max_retry_delay, execution_timeout)
         # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
         # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
@@ -138,18 +147,43 @@ class AppDefOperator(BaseOperator):
             raise AirflowFailException(f"torchstep: {e}") from e
         run_id = run_id_of(context)
         self.log.info("torchstep: running app %r (run id %s) on target %s", plan.app_name, run_id, self.target)
-        if self.target == "local":
-            from torchstep_airflow.local import LocalStep
+        self._runner = self._make_runner(app, plan, run_id)
+        return self._run(lambda: self._runner.run(context), context)
 
-            self._runner = LocalStep(app, run_id=run_id, cfg=self.cfg, log=self.log)
-        else:
+    def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume a deferred KubernetesPodOperator run (``deferrable=True`` in kubernetes_kwargs)."""
+        try:
+            app, plan = self.build_app()
+        except SpecError as e:
+            raise AirflowFailException(f"torchstep: {e}") from e
+        self._runner = self._make_runner(app, plan, run_id_of(context))
+        return self._run(lambda: self._runner.resume(context, event), context)
+
+    def _make_runner(self, app: Any, plan: StepPlan, run_id: str) -> Any:
+        try:
+            if self.target == "local":
+                from torchstep_airflow.local import LocalStep
+
+                return LocalStep(app, run_id=run_id, cfg=self.cfg, log=self.log)
             from torchstep_airflow.kubernetes import KubernetesStep
 
-            self._runner = KubernetesStep(self, app, plan, run_id=run_id, cfg=self.cfg)
+            return KubernetesStep(
+                self.task_id, plan, run_id=run_id, cfg=self.cfg, kwargs=self.kubernetes_kwargs, log=self.log
+            )
+        except SpecError as e:
+            raise AirflowFailException(f"torchstep: {e}") from e
+
+    def _run(self, call: Any, context: Any) -> dict[str, Any]:
         try:
-            result = self._runner.run(context)
-        except BaseException:  # timeout or kill: keep what the stopped run reported
-            stopped = getattr(self._runner, "result", None)
+            result = call()
+        except SpecError as e:
+            raise AirflowFailException(f"torchstep: {e}") from e
+        except TaskDeferred:  # a deferrable KubernetesPodOperator: trigger_reentry resumes
+            raise
+        except BaseException:  # timeout or kill: stop everything, keep what the run reported
+            runner = self._runner
+            runner.cancel()
+            stopped = getattr(runner, "result", None)
             if stopped is not None and self.do_xcom_push:
                 context["ti"].xcom_push(key="return_value", value=stopped.to_dict())
                 self.log.error("torchstep: stopped: %s", failure_summary(stopped))

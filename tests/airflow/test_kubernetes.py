@@ -1,0 +1,247 @@
+"""The kubernetes target without a cluster (none exists here): the KubernetesPodOperator
+builds exactly the pod torchstep renders; what the Job path submits passes the official
+schemas; and the Job path's watch / result / cleanup logic against an in-memory API."""
+
+import datetime
+import logging
+import types
+
+import kubernetes_validate
+import pytest
+import torchstep
+from kubernetes.client import ApiClient
+from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION
+from torchx import specs
+
+pytest.importorskip("airflow.providers.cncf.kubernetes")
+from torchstep_airflow.kubernetes import JobSet, KubernetesStep, StepPodOperator  # noqa: E402
+
+LOG = logging.getLogger("test")
+RUN_ID = "train.fit.manual__2026-11-21T10_00_00+00_00.try1"
+
+
+def app(replicas=1, roles=1, **role_kw):
+    def role(name):
+        return specs.Role(
+            name,
+            image="ghcr.io/acme/train:1.0",
+            entrypoint="python",
+            args=["-m", "train", "--out", "/ckpt/${app_id}", "--price", "$5 {{ not a template }}"],
+            env={"LOG_LEVEL": "debug"},
+            num_replicas=replicas,
+            resource=specs.Resource(cpu=2, gpu=1, memMB=4096),
+            mounts=[specs.BindMount("/mnt/data", "/data", read_only=True), specs.VolumeMount("ckpt", "/ckpt")],
+            metadata={"torchstep": {"secret_env": {"HF_TOKEN": "hf-token/token"}, "nproc_per_node": 2}},
+            **role_kw,
+        )
+
+    return specs.AppDef("train", roles=[role(f"r{i}") if roles > 1 else role("trainer") for i in range(roles)])
+
+
+def step(a, kwargs=None):
+    plan = torchstep.build_plan(a, "kubernetes")
+    return KubernetesStep("fit", plan, run_id=RUN_ID, cfg={"namespace": "ml"}, kwargs=kwargs or {}, log=LOG)
+
+
+class FakeHook:
+    """What KubernetesPodOperator 10.5 reads from its hook while building a pod."""
+
+    is_in_cluster = False
+
+    def get_namespace(self):
+        return None
+
+    def get_xcom_sidecar_container_image(self):
+        return "alpine"
+
+    def get_xcom_sidecar_container_resources(self):
+        return None
+
+
+def test_pod_operator_pod_is_the_rendered_pod():
+    s = step(app())
+    op = s._inner
+    assert isinstance(op, StepPodOperator)
+    op.__dict__["hook"] = FakeHook()  # 10.5.0 reads hook.is_in_cluster (no dry_run yet)
+    built = ApiClient().sanitize_for_serialization(op.build_pod_request_obj(None))
+    ours = s.rendered.roles[0].pod
+    assert built["metadata"]["name"] == ours["metadata"]["name"]  # no random suffix: unique per try already
+    assert built["metadata"]["namespace"] == "ml"
+    assert ours["metadata"]["labels"].items() <= built["metadata"]["labels"].items()
+    (main,) = [c for c in built["spec"]["containers"] if c["name"] == "main"]
+    (mine,) = ours["spec"]["containers"]
+    for key in ("image", "command", "args", "resources", "env", "terminationMessagePolicy"):
+        assert main[key] == mine[key], key
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in main["env"]
+    assert {"name": "TORCHSTEP_RESULT_FILE", "value": "/airflow/xcom/return.json"} in main["env"]
+    # the XCom sidecar's volume comes on top of ours, nothing of ours is lost
+    assert [m for m in main["volumeMounts"] if m["mountPath"] != "/airflow/xcom"] == mine["volumeMounts"]
+    assert [v for v in built["spec"]["volumes"] if v["name"] != "xcom"] == ours["spec"]["volumes"]
+    for key in ("restartPolicy", "enableServiceLinks"):
+        assert built["spec"][key] == ours["spec"][key]
+    assert "--price" in main["args"] and "$$5 {{ not a template }}" in main["args"]  # verbatim, $ escaped
+
+
+def test_pod_operator_arguments_torchstep_owns_are_refused():
+    with pytest.raises(torchstep.SpecError) as err:
+        step(app(), {"image": "other:1"})
+    assert err.value.field == "kubernetes_kwargs['image']"
+
+
+def test_job_path_refuses_pod_operator_only_arguments():
+    with pytest.raises(torchstep.SpecError) as err:
+        step(app(replicas=2), {"deferrable": True})
+    assert err.value.field == "kubernetes_kwargs['deferrable']"
+
+
+# -- the Job path against an in-memory API server ------------------------------------------------
+def ns(**kw):
+    return types.SimpleNamespace(**kw)
+
+
+class FakeCluster:
+    """Stores created objects, finishes Jobs after a few polls with the given exit codes."""
+
+    def __init__(self, exit_codes, polls=2):
+        self.objects, self.deleted, self.exit_codes, self.polls = [], [], exit_codes, polls
+        self.reads = 0
+
+    # batch/v1
+    def create_namespaced_job(self, namespace, body):
+        return self._create(body)
+
+    def read_namespaced_job_status(self, name, namespace):
+        self.reads += 1
+        done = self.reads > self.polls
+        ok = all(c == 0 for c in self.exit_codes)
+        cond = [ns(type="Complete" if ok else "Failed", status="True")] if done else []
+        return ns(status=ns(conditions=cond))
+
+    def delete_collection_namespaced_job(self, namespace, label_selector, propagation_policy):
+        self.deleted.append(("jobs", label_selector))
+
+    # core/v1
+    def create_namespaced_pod(self, namespace, body):
+        return self._create(body)
+
+    def create_namespaced_service(self, namespace, body):
+        return self._create(body)
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        job = next(o for o in self.objects if o["kind"] == "Job")
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        pods = []
+        for i, code in enumerate(self.exit_codes):
+            term = (
+                ns(exit_code=code, message=f"[torchstep-agent] replica {i} exit {code}")
+                if self.reads > self.polls
+                else None
+            )
+            pods.append(
+                ns(
+                    metadata=ns(
+                        name=f"{job['metadata']['name']}-{i}-x",
+                        labels=labels,
+                        annotations={"batch.kubernetes.io/job-completion-index": str(i)},
+                        creation_timestamp=i,
+                    ),
+                    status=ns(
+                        phase="Running",
+                        conditions=[],
+                        container_statuses=[ns(name="main", state=ns(terminated=term))],
+                    ),
+                )
+            )
+        return ns(items=pods)
+
+    def read_namespaced_pod_log(self, name, namespace, container, follow, _preload_content):
+        return ns(stream=lambda: iter([f"[trainer/0] hello from {name}\n".encode()]))
+
+    def delete_collection_namespaced_pod(self, namespace, label_selector):
+        self.deleted.append(("pods", label_selector))
+
+    def list_namespaced_service(self, namespace, label_selector):
+        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"])) for o in self.objects if o["kind"] == "Service"])
+
+    def delete_namespaced_service(self, name, namespace):
+        self.deleted.append(("service", name))
+
+    def _create(self, body):
+        obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
+        self.objects.append(obj)
+        return obj
+
+
+def job_set(exit_codes, **kwargs):
+    s = step(app(replicas=len(exit_codes)), {"poll_interval": 0.01, **kwargs})
+    js = s._inner
+    assert isinstance(js, JobSet)
+    fake = FakeCluster(exit_codes)
+    js.hook = ns(core_v1_client=fake, batch_v1_client=fake, api_client=ApiClient())
+    return s, fake
+
+
+def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job(capsys):
+    s, fake = job_set([0, 0])
+    result = s.run(context=None)
+    kinds = [o["kind"] for o in fake.objects]
+    assert kinds == ["Job", "Service"]
+    for obj in fake.objects:
+        clean = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
+        kubernetes_validate.validate(clean, MIN_KUBERNETES_VERSION, strict=True)
+    job, svc = fake.objects
+    assert svc["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": "uid-0"
+    }  # fmt: skip
+    assert job["spec"]["completions"] == 2 and job["spec"]["completionMode"] == "Indexed"
+    assert result.state == "SUCCEEDED" and [r.replica_id for r in result.replicas] == [0, 1]
+    assert ("jobs", f"{LABEL_APP_ID}={s.rendered.app_id}") in fake.deleted  # on_finish_action delete_pod
+    assert "[trainer/0] hello from" in capsys.readouterr().out  # pod logs streamed
+
+
+def test_job_path_non_retryable_exit_fails_without_retry_and_keeps_objects_when_asked():
+    s, fake = job_set([0, 82], on_finish_action="delete_succeeded_pod")
+    result = s.run(context=None)
+    assert result.state == "FAILED" and result.retryable is False and result.exit_code == 82
+    assert "exited 82 (non-retryable)" in result.message
+    assert fake.deleted == []  # failed: kept for inspection
+
+
+def test_job_path_cancel_deletes_everything():
+    s, fake = job_set([0, 0])
+    fake.polls = 10**6  # never finishes by itself
+    s.cancel()
+    result = s.run(context=None)
+    assert result.state == "CANCELLED" and result.retryable is False
+    assert {kind for kind, _ in fake.deleted} >= {"jobs", "pods", "service"}
+
+
+def test_kubernetes_target_operator_in_a_dag_imports_no_kubernetes_client_until_execute():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from airflow.sdk import DAG\n"
+        "from torchstep_airflow import AppDefOperator\n"
+        "with DAG('d', schedule=None):\n"
+        "    AppDefOperator(task_id='t', app='dist.ddp', app_args=['-j', '2x2', '--script', 't.py'],\n"
+        "                   target='kubernetes', kubernetes_kwargs={'on_finish_action': 'keep_pod'},\n"
+        "                   execution_timeout=__import__('datetime').timedelta(hours=1))\n"
+        "print(sorted(m for m in ('kubernetes', 'airflow.providers.cncf.kubernetes.operators.pod') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_step_timeout_becomes_the_pods_deadline_and_airflows_backstop():
+    a = app()
+    a.metadata["torchstep.timeout"] = "600"
+    s = step(a)
+    assert s.rendered.roles[0].pod["spec"]["activeDeadlineSeconds"] == 600
+    from airflow.sdk import DAG
+    from torchstep_airflow import AppDefOperator
+
+    with DAG("d", schedule=None):
+        op = AppDefOperator(task_id="t", app=a, target="kubernetes")
+    assert op.execution_timeout == datetime.timedelta(seconds=660)
