@@ -1,0 +1,176 @@
+"""``torchstep run``: run an AppDef on this machine, retrying the whole app itself.
+
+    torchstep run REF [options] [-- component args]
+    torchstep run --app FILE.json [options]
+
+REF is anything :func:`torchstep.materialize` takes (``components/train.py:trainer``,
+``dist.ddp``...). Options of the local target (``torchstep runopts local``) are given with
+``-c key=value[,key=value]``. Unlike :func:`torchstep.run_local` called by an
+orchestrator, ``torchstep run`` owns APPLICATION retries: ``retries`` defaults to the
+AppDef's ``max_retries`` under the APPLICATION policy.
+
+SIGTERM, SIGINT or SIGHUP stops every process within the grace period (a second signal
+kills at once) and the run ends CANCELLED. Exit code: 0 when SUCCEEDED, the failure's
+exit code (82: non-retryable) when FAILED, 128+signal when cancelled by a signal.
+
+Example::
+
+    torchstep run components/train.py:trainer -c grace_period=5 -- --replicas 2 --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from torchstep.errors import SpecError
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchstep run",
+        description="run an AppDef on this machine under torchstep-agent (see docs/local.md)",
+        epilog="component arguments go after --, e.g. torchstep run dist.ddp -- -j 2x2 --script train.py",
+    )
+    p.add_argument("ref", nargs="?", help="component: path/file.py:fn, package.module:fn or a TorchX builtin")
+    p.add_argument("--app", metavar="FILE.json", help="run the AppDef in this JSON file instead of a component")
+    p.add_argument(
+        "-c",
+        "--cfg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="run options (see `torchstep runopts local`); repeatable",
+    )
+    p.add_argument("--log-dir", help="where logs and results go (cfg log_dir)")
+    p.add_argument(
+        "--retries", type=int, help="retries of the whole app (default: the AppDef's APPLICATION max_retries)"
+    )
+    p.add_argument("--json", action="store_true", help="print the step result as JSON at the end")
+    p.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live status table (default: when stdout is a terminal)",
+    )
+    return p
+
+
+def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
+    """``["a=1,b=x", "c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (typed later by ``resolve``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        for pair in item.split(","):
+            if not pair.strip():
+                continue
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise SpecError("--cfg", "local", f"{pair!r} is not KEY=VALUE", fix="e.g. -c grace_period=5")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``torchstep run``; returns the exit code."""
+    from torchstep.cli import split_component_args
+
+    opts_argv, comp_args = split_component_args(list(sys.argv[1:] if argv is None else argv))
+    ns = parser().parse_args(opts_argv)
+    try:
+        return _run(ns, comp_args)
+    except SpecError as e:
+        print(f"torchstep run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
+    from torchstep.local import run_plan
+    from torchstep.local.options import resolve
+    from torchstep.local.status import make_display
+    from torchstep.plan import build_plan
+
+    if bool(ns.ref) == bool(ns.app):
+        raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
+    if ns.app:
+        from torchstep.local.appfile import load_app
+
+        if comp_args:
+            raise SpecError(
+                "--app", "local", "component arguments make no sense with --app", fix="drop what follows --"
+            )
+        app = load_app(ns.app)
+    else:
+        from torchstep.components import materialize
+
+        app = materialize(ns.ref, comp_args)
+    cfg = parse_cfg(ns.cfg)
+    if ns.retries is not None:
+        cfg["retries"] = ns.retries
+    plan = build_plan(app, "local")
+    opts = resolve(cfg, log_dir=ns.log_dir)
+    retries = opts.retries if opts.retries is not None else plan.orchestrator_retries
+
+    cancel = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt  # second signal: the launcher kills at once
+        cancel.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
+    display = make_display(show_output=opts.tee, live=ns.live)
+    try:
+        result = run_plan(plan, opts, retries=retries, cancel=cancel, display=display)
+    except KeyboardInterrupt:
+        return 128 + (received[0] if received else signal.SIGINT)
+    finally:
+        display.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if ns.json:
+        print(result.to_json())
+    else:
+        print(summary(result, retries=retries))
+    if result.succeeded:
+        return 0
+    if result.state == "CANCELLED":
+        return 128 + (received[0] if received else signal.SIGTERM)
+    code = result.exit_code
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+
+def summary(result: Any, *, retries: int = 0) -> str:
+    """What happened, where the logs are — printed at the end of ``torchstep run``."""
+    lines = [
+        f"torchstep: {result.app_id} {result.state} in {result.duration_s:.1f} s "
+        f"(attempt {result.attempts} of at most {retries + 1}, {result.restarts} restart(s), {len(result.ranks)} rank(s))"
+    ]
+    for rep in result.replicas:
+        ranks = ",".join(str(r.rank) for r in rep.ranks) or "-"
+        lines.append(
+            f"  {rep.role}/{rep.replica_id}: {rep.state} (exit {rep.exit_code}), ranks {ranks}, logs {rep.log_dir}"
+        )
+    rc = result.root_cause
+    if rc is not None and not result.succeeded:
+        where = f"{rc.role}/{rc.rank}" if rc.rank >= 0 else f"{rc.role} replica {rc.replica_id}"
+        lines.append(f"  root cause: {where} exit {rc.exit_code}" + (f" ({rc.signal})" if rc.signal else ""))
+        if rc.message:
+            lines.append(f"    {rc.message.strip().splitlines()[-1]}")
+        if rc.log_file:
+            lines.append(f"    log: {rc.log_file}")
+    elif result.message and not result.succeeded:
+        lines.append(f"  {result.message}")
+    if result.outputs:
+        lines.append(f"  outputs: {json.dumps(result.outputs, default=str)}")
+    lines.append(f"  result: {result.log_dir}/result.json")
+    return "\n".join(lines)

@@ -1,0 +1,443 @@
+"""The local launcher: every replica of every role is one ``torchstep-agent`` process on
+this machine, all started together, supervised until the run ends, and never left behind.
+
+What it owns (the agent owns the rest — worker restarts, per-rank logs, signal forwarding):
+
+* one rendezvous per role on 127.0.0.1: a multi-replica role joins a store hosted by the
+  launcher (:mod:`torchstep.local.store`); a single-replica agent hosts its own on a port
+  the kernel picks (``127.0.0.1:0``), so concurrent runs never collide;
+* lost replicas: an agent that dies of a signal it could not handle (SIGKILL, OOM) is a
+  lost node — its orphaned workers are killed and, while the role's REPLICA budget lasts,
+  a new agent takes its place and joins the rendezvous (it gets ``--max-restarts`` = what
+  is left of the budget, so the launcher and the agents spend one budget). An agent that
+  *exits* — budget spent, non-retryable failure — is final: the run fails;
+* stop: cancel / timeout / a failed replica → SIGTERM to every agent's process group, the
+  grace period, then SIGKILL of every process tagged with the run's token;
+* the aggregated :class:`~torchstep.StepResult`, written to ``<log_dir>/<app_id>/result.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from torchstep import launch
+from torchstep.errors import NON_RETRYABLE_EXIT_CODE
+from torchstep.local import procs
+from torchstep.local.options import LocalOptions
+from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
+from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
+from torchstep.names import short_id
+from torchstep.plan import RetryOwner, StepPlan
+from torchstep.result import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    RankResult,
+    ReplicaResult,
+    StepResult,
+    merge,
+)
+
+#: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
+#: the launcher: no dependence on PATH).
+AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
+
+
+def new_app_id(name: str) -> str:
+    """``<name>-<short id>``, unique per run; safe as a directory name."""
+    safe = "".join("-" if (c in "/\\" or c.isspace() or not c.isprintable()) else c for c in name).strip(".-")
+    return f"{safe[:60] or 'app'}-{short_id(6)}"
+
+
+@dataclass
+class _Replica:
+    spec: ReplicaSpec
+    incarnation: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    state: str = PENDING
+    exit_code: int | None = None
+    replaced: int = 0  # lost agents replaced so far
+    lost: RankResult | None = None  # set when a loss ended this replica (budget spent)
+    stopped: bool = False  # stopped by the launcher (cancel, timeout, failure elsewhere)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+class Launcher:
+    """One attempt of a local run. Use :func:`torchstep.run_local`; this is its engine."""
+
+    def __init__(
+        self,
+        plan: StepPlan,
+        opts: LocalOptions,
+        *,
+        app_id: str | None = None,
+        on_status: StatusCallback | None = None,
+        cancel: threading.Event | None = None,
+        display: PlainDisplay | None = None,
+        attempt: int = 1,
+    ) -> None:
+        self.plan = plan
+        self.opts = opts
+        self.app_id = app_id or new_app_id(plan.app_name)
+        self.on_status = on_status
+        self.cancel = cancel or threading.Event()
+        self.display = display or PlainDisplay(show_output=opts.tee)
+        self.attempt = attempt
+        self.dir = app_dir(opts, self.app_id)
+        self.token = f"{self.app_id}.{os.getpid()}.{short_id(8)}"
+        self.events: queue.Queue[tuple[tuple[str, int], int, int, float]] = queue.Queue()
+        self.replicas: dict[tuple[str, int], _Replica] = {}
+        self.rdzv: dict[str, tuple[str, str]] = {}  # role -> (endpoint, conf)
+        self.replaced: dict[str, int] = {}  # role -> replacements (spent from its budget)
+        self.role_restarts: dict[str, int] = {}  # role -> restarts of the whole role (ROLE policy)
+        self.failure: _Replica | None = None
+        self.reason: str | None = None  # "cancelled" | "timeout"
+        self._callback_failed = False
+
+    # -- public ---------------------------------------------------------------------------
+    def run(self) -> StepResult:
+        """Start every replica, supervise, stop, aggregate. Raises SpecError before
+        starting anything when this machine cannot serve the plan."""
+        prepared = prepare(self.plan, self.opts, app_id=self.app_id)
+        for note in prepared.notes:
+            self.display.note(note)
+        for spec in prepared.replicas:
+            self.replicas[spec.key] = _Replica(spec)
+            os.makedirs(spec.log_dir, exist_ok=True)
+        self.display.begin(self.app_id, self.dir)
+        started = time.time()
+        from torchstep.local.store import StoreHost
+
+        multi = [r for r in self.plan.roles if r.num_replicas > 1]
+        store = StoreHost(len(multi))
+        interrupted: BaseException | None = None
+        try:
+            for role, port in zip(multi, store.ports, strict=True):
+                self.rdzv[role.name] = (f"{LOCALHOST}:{port}", "is_host=false")
+            for role in self.plan.roles:  # one replica: its agent hosts the store on a free port
+                self.rdzv.setdefault(role.name, (f"{LOCALHOST}:0", ""))
+            if multi:
+                store.start({**os.environ, procs.ENV_TOKEN: f"{self.token}/store"})
+            for rep in self.replicas.values():
+                self._emit(rep, PENDING)
+            for rep in self.replicas.values():
+                self._spawn(rep)
+            self._supervise(started)
+        except KeyboardInterrupt as e:  # cancelling the Python call with Ctrl-C
+            interrupted = e
+            self.reason = self.reason or "cancelled"
+        finally:
+            try:
+                self._stop_all()
+            except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+                procs.kill_tagged(self.token + "/")
+            store.stop()
+            procs.kill_tagged(self.token + "/")
+            for rep in self.replicas.values():
+                for t in rep.threads:
+                    t.join(timeout=5)
+        result = self._result(started, time.time())
+        result.write(os.path.join(self.dir, "result.json"))
+        if interrupted is not None:
+            raise interrupted
+        return result
+
+    # -- processes ------------------------------------------------------------------------
+    def _spawn(self, rep: _Replica) -> None:
+        spec = rep.spec
+        role = spec.role
+        budget_left = role.retry.agent_restarts - self.replaced.get(role.name, 0)
+        if rep.incarnation:
+            role = with_restarts(role, budget_left)
+        endpoint, conf = self.rdzv[role.name]
+        # a restarted role re-forms its group under a new id (a closed rendezvous stays closed)
+        n = self.role_restarts.get(role.name, 0)
+        rdzv_id = f"{self.app_id}-{role.name}" + (f"-r{n}" if n else "")
+        env = dict(spec.env)
+        env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
+        if role.uses_torchrun:
+            env.update(
+                {
+                    launch.ENV_RDZV_ENDPOINT: endpoint,
+                    launch.ENV_RDZV_ID: rdzv_id,
+                    launch.ENV_RDZV_BACKEND: "c10d",
+                }
+            )
+            if conf:
+                env[launch.ENV_RDZV_CONF] = conf
+            if rep.incarnation and role.retry.owner is RetryOwner.AGENT:
+                env["PET_MAX_RESTARTS"] = str(max(0, budget_left))
+        extra = ["--rdzv-conf", conf] if conf else []
+        argv = launch.agent_argv(
+            role,
+            rdzv_endpoint=endpoint,
+            rdzv_id=rdzv_id,
+            agent=AGENT_COMMAND,
+            replica_args=launch.macro_values(self.app_id, spec.replica_id, img_root=spec.img_root),
+            extra=extra,
+        )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spec.result_file)  # a result left by a lost predecessor is not ours
+        proc = procs.spawn(argv, env=env, cwd=spec.cwd, cpus=spec.cpus)
+        rep.proc, rep.state, rep.exit_code = proc, RUNNING, None
+        inc = rep.incarnation
+        pump = threading.Thread(target=self._pump, args=(rep, proc), daemon=True, name=f"torchstep-out-{proc.pid}")
+        waiter = threading.Thread(
+            target=lambda: self.events.put((spec.key, inc, proc.wait(), time.time())),
+            daemon=True,
+            name=f"torchstep-wait-{proc.pid}",
+        )
+        rep.threads += [pump, waiter]
+        pump.start()
+        waiter.start()
+        self._emit(rep, RUNNING, pid=proc.pid)
+
+    def _pump(self, rep: _Replica, proc: subprocess.Popen[bytes]) -> None:
+        """Copy the agent's output to agent.log and (tee) to the display, line by line."""
+        assert proc.stdout is not None
+        with open(rep.spec.console_file, "ab") as log:
+            for raw in iter(proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                self.display.line(raw.decode("utf-8", "replace").rstrip("\r\n"))
+        proc.stdout.close()
+
+    def _supervise(self, started: float) -> None:
+        limits = [t for t in (self.opts.timeout, self.plan.timeout_s, *(r.timeout_s for r in self.plan.roles)) if t]
+        deadline = started + min(limits) if limits else None
+        self.timeout_s = min(limits) if limits else None
+        while True:
+            if self.cancel.is_set():
+                self.reason = "cancelled"
+                return
+            if deadline is not None and time.time() > deadline:
+                self.reason = "timeout"
+                return
+            try:
+                key, incarnation, rc, ts = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            rep = self.replicas[key]
+            if incarnation != rep.incarnation:
+                continue  # an agent already replaced
+            tag = f"{self.token}/r/{key[0]}/{key[1]}/{incarnation}"
+            procs.kill_tagged(tag)  # its workers die with it, even when it was SIGKILLed
+            if rc == 0:
+                rep.state, rep.exit_code = SUCCEEDED, 0
+                self._emit(rep, SUCCEEDED, exit_code=0)
+                if all(r.state == SUCCEEDED for r in self.replicas.values()):
+                    return
+            elif self._restart_role(rep, rc):
+                continue
+            elif rc < 0:
+                if not self._replace(rep, rc, ts):
+                    return
+            else:
+                rep.state, rep.exit_code = FAILED, rc
+                self.failure = rep
+                self._emit(rep, FAILED, exit_code=rc)
+                return
+
+    def _restart_role(self, rep: _Replica, rc: int) -> bool:
+        """ROLE policy (TorchX nightly): a failed or lost replica restarts every replica of
+        its role, while the role's budget lasts. False when the policy does not apply."""
+        name = rep.spec.role.name
+        budget = self.plan.role(name).retry.role_retries
+        used = self.role_restarts.get(name, 0)
+        if used >= budget or rc == NON_RETRYABLE_EXIT_CODE:
+            return False
+        self.role_restarts[name] = used + 1
+        code = rc if rc >= 0 else 128 - rc
+        self._emit(rep, FAILED, exit_code=code, message=f"restarting role {name!r} ({used + 1}/{budget} of the budget)")
+        peers = [r for r in self.replicas.values() if r.spec.role.name == name]
+        self._stop(peers, emit=False)
+        for peer in peers:
+            peer.stopped = False
+            peer.replaced += 1
+            peer.incarnation += 1
+            self._spawn(peer)
+        return True
+
+    def _replace(self, rep: _Replica, rc: int, ts: float) -> bool:
+        """A lost agent: replace it while the role's budget lasts. False when the run ends."""
+        role = rep.spec.role
+        used = self.replaced.get(role.name, 0)
+        budget = role.retry.agent_restarts
+        sig = procs.signal_name(rc)
+        code = 128 - rc  # what a shell reports for a death by signal -rc
+        what = f"agent of {role.name}/{rep.spec.replica_id} (pid {rep.proc.pid if rep.proc else '?'}) died of {sig}"
+        if used < budget:
+            self.replaced[role.name] = used + 1
+            self._emit(
+                rep, FAILED, exit_code=code, message=f"{what}: lost, replacing it ({used + 1}/{budget} of the budget)"
+            )
+            rep.replaced += 1
+            rep.incarnation += 1
+            self._spawn(rep)
+            return True
+        why = "the role's retry budget is spent" if budget else f"no REPLICA budget ({role.retry.policy} policy)"
+        rep.state, rep.exit_code = FAILED, code
+        rep.lost = RankResult(
+            role=role.name,
+            rank=-1,
+            local_rank=-1,
+            state=FAILED,
+            exit_code=code,
+            signal=sig,
+            message=f"{what}: replica lost and not replaced, {why}",
+            timestamp=ts,
+            reason="replica_lost",
+            replica_id=rep.spec.replica_id,
+            log_file=rep.spec.console_file,
+        )
+        self.failure = rep
+        self._emit(rep, FAILED, exit_code=code, message=rep.lost.message)
+        return False
+
+    def _stop_all(self) -> None:
+        self._stop(list(self.replicas.values()))
+
+    def _stop(self, reps: list[_Replica], *, emit: bool = True) -> None:
+        """SIGTERM the process group of each live agent of ``reps``, wait the grace period,
+        then SIGKILL every process they started."""
+        live = [r for r in reps if r.proc is not None and r.proc.poll() is None]
+        for rep in live:
+            rep.stopped = True
+            assert rep.proc is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rep.proc.pid, signal.SIGTERM)
+        tags = [f"{self.token}/r/{r.spec.role.name}/{r.spec.replica_id}/{r.incarnation}" for r in live]
+        # the agent needs the grace period for its workers, then a moment to write its result
+        deadline = time.monotonic() + self.opts.grace_period + 5
+        while live and time.monotonic() < deadline:
+            if all(r.proc is not None and r.proc.poll() is not None for r in live) and not procs.tagged_pids(*tags):
+                break
+            time.sleep(0.1)
+        for tag in tags:
+            procs.kill_tagged(tag)
+        for rep in live:
+            assert rep.proc is not None
+            try:
+                rc = rep.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                continue
+            if rep.state == RUNNING and emit:
+                state = CANCELLED if rc != 0 else SUCCEEDED
+                rep.state, rep.exit_code = state, rc
+                self._emit(rep, state, exit_code=rc)
+
+    # -- status ---------------------------------------------------------------------------
+    def _emit(
+        self,
+        rep: _Replica,
+        state: str,
+        *,
+        exit_code: int | None = None,
+        pid: int | None = None,
+        message: str | None = None,
+    ) -> None:
+        ev = ReplicaEvent(
+            app_id=self.app_id,
+            role=rep.spec.role.name,
+            replica_id=rep.spec.replica_id,
+            state=state,
+            exit_code=exit_code,
+            ts=time.time(),
+            pid=pid,
+            incarnation=rep.incarnation,
+            message=message,
+        )
+        self.display.event(ev)
+        if self.on_status is not None:
+            try:
+                self.on_status(ev)
+            except Exception as e:  # a broken callback must not orphan processes
+                if not self._callback_failed:
+                    self._callback_failed = True
+                    self.display.note(f"on_status callback raised {type(e).__name__}: {e} (ignored)")
+
+    # -- result ---------------------------------------------------------------------------
+    def _replica_result(self, rep: _Replica) -> StepResult:
+        spec = rep.spec
+        loaded: StepResult | None = None
+        if os.path.exists(spec.result_file):
+            try:
+                loaded = StepResult.load(spec.result_file)
+            except (OSError, ValueError, TypeError, KeyError):
+                loaded = None
+        state = rep.state if rep.state in (SUCCEEDED, FAILED, CANCELLED) else FAILED
+        if loaded is not None and loaded.replicas and (loaded.state not in (SUCCEEDED, FAILED, CANCELLED) or rep.lost):
+            # the agent died before its final word (its reaper may have marked it): the
+            # launcher knows better
+            loaded.state, loaded.exit_code = state, rep.exit_code
+            for r in loaded.replicas:
+                r.state, r.exit_code = state, rep.exit_code
+        if loaded is None or not loaded.replicas:
+            msg = None if rep.lost else f"no result file from the agent (exit code {rep.exit_code})"
+            loaded = StepResult(
+                app_id=self.app_id,
+                state=state,
+                exit_code=rep.exit_code,
+                root_cause=rep.lost,
+                message=msg if state != SUCCEEDED else None,
+                replicas=[ReplicaResult(role=spec.role.name, replica_id=spec.replica_id, state=state)],
+            )
+        for r in loaded.replicas:
+            r.role, r.replica_id = spec.role.name, spec.replica_id
+            r.log_dir = r.log_dir or spec.log_dir
+            r.result_file = spec.result_file
+            r.restarts += rep.replaced
+            if rep.replaced:
+                r.message = (r.message + "; " if r.message else "") + f"agent replaced {rep.replaced} time(s)"
+        if rep.lost is not None:
+            loaded.root_cause = rep.lost
+        loaded.restarts += rep.replaced
+        return loaded
+
+    def _result(self, started: float, ended: float) -> StepResult:
+        parts = {k: self._replica_result(r) for k, r in self.replicas.items()}
+        result = merge(
+            self.app_id,
+            list(parts.values()),
+            started_at=started,
+            ended_at=ended,
+            attempts=self.attempt,
+            log_dir=self.dir,
+        )
+        # the launcher knows why the run ended: replicas it stopped are not failures
+        failed = self.failure
+        own = [parts[k] for k, r in self.replicas.items() if not r.stopped]
+        non_retryable = any(
+            (not p.retryable) or p.exit_code == NON_RETRYABLE_EXIT_CODE for p in own if p.state != SUCCEEDED
+        )
+        if self.reason == "cancelled":  # workers killed by our SIGTERM are no root cause
+            result.state, result.retryable, result.root_cause = CANCELLED, False, None
+            result.message = "cancelled"
+        elif self.reason == "timeout":
+            result.state, result.retryable = FAILED, not non_retryable
+            result.message = f"timed out after {self.timeout_s:g} s; every process was stopped"
+            result.exit_code = result.exit_code or 1
+        elif failed is not None:
+            part = parts[failed.spec.key]
+            result.state, result.retryable = FAILED, not non_retryable
+            result.exit_code = part.exit_code if part.exit_code not in (None, 0) else failed.exit_code
+            # a lost replica that could not be replaced is the cause; else the earliest
+            # failure of any replica (merge's pick), else the replica that ended the run
+            result.root_cause = failed.lost or result.root_cause or part.root_cause
+            rc = result.root_cause
+            result.message = (rc.message if rc is not None else None) or part.message
+        elif all(r.state == SUCCEEDED for r in self.replicas.values()):
+            result.state, result.exit_code, result.retryable = SUCCEEDED, 0, True
+        if result.state == SUCCEEDED:
+            result.root_cause = None
+        return result

@@ -1,0 +1,93 @@
+"""The local target's mount policy: there is no container, so a mount is served by the
+host path itself.
+
+* ``BindMount(src, dst)`` / ``DeviceMount(src, dst)`` with ``src == dst``: used as is.
+* ``src != dst``: every occurrence of the path ``dst`` in the role's entrypoint, args
+  (inside ``bash -c`` strings too) and env values is rewritten to ``src``. A path is
+  matched whole: ``/data`` matches ``/data`` and ``/data/x`` but not ``/data2`` or ``/x/data``.
+* ``read_only`` cannot be enforced without a container: it is advisory.
+* Refused with a :class:`~torchstep.SpecError` naming the mount, before any process
+  starts: a ``VolumeMount`` (a PVC does not exist here), a source that does not exist on
+  this machine, a device mount whose source is not a device, a rewrite of ``/``.
+
+Example::
+
+    >>> from torchstep.local.mounts import rewrite
+    >>> rewrite("--data=/data/train --out /data2", [("/data", "/mnt/ds")])
+    '--data=/mnt/ds/train --out /data2'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import stat
+from collections.abc import Sequence
+
+from torchstep.errors import SpecError
+from torchstep.plan import RolePlan
+
+TARGET = "local"
+
+
+def rewrites_of(role: RolePlan, index: int) -> list[tuple[str, str]]:
+    """The ``(dst, src)`` rewrites of ``role`` (``index`` = its position in the AppDef),
+    after checking that this machine can serve every mount."""
+    out = []
+    for j, m in enumerate(role.mounts):
+        field = f"roles[{index}].mounts[{j}]"
+        if m.kind == "volume":
+            raise SpecError(
+                field,
+                TARGET,
+                f"volume {m.src!r} is a persistent volume claim, which does not exist on this machine",
+                fix="use a BindMount of a host directory for local runs, or target kubernetes",
+            )
+        try:
+            st = os.stat(m.src)
+        except OSError:
+            raise SpecError(
+                f"{field}.src_path",
+                TARGET,
+                f"{m.src} does not exist on this machine",
+                fix="create it, or point the mount at an existing host path",
+            ) from None
+        if m.kind == "device" and not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            raise SpecError(f"{field}.src_path", TARGET, f"{m.src} is not a device", fix="mount a /dev/... path")
+        dst = os.path.normpath(m.dst)
+        src = os.path.normpath(m.src)
+        if dst == src:
+            continue
+        if dst == "/":
+            raise SpecError(
+                f"{field}.dst_path",
+                TARGET,
+                f"mounting {m.src} onto / would rewrite every absolute path",
+                fix="mount onto a subdirectory such as /data",
+            )
+        out.append((dst, src))
+    return out
+
+
+def rewrite(text: str, rewrites: Sequence[tuple[str, str]]) -> str:
+    """Replace each whole path ``dst`` (and its sub-paths) in ``text`` by ``src``."""
+    if not rewrites or "/" not in text:
+        return text
+    by_dst = dict(rewrites)
+    alternatives = "|".join(re.escape(d) for d in sorted(by_dst, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.\-/])({alternatives})(?![\w.\-])")
+    return pattern.sub(lambda m: by_dst[m.group(1)], text)
+
+
+def apply(role: RolePlan, index: int) -> RolePlan:
+    """``role`` with its mount destinations rewritten to host paths (see module docstring)."""
+    rw = rewrites_of(role, index)
+    if not rw:
+        return role
+    return dataclasses.replace(
+        role,
+        entrypoint=rewrite(role.entrypoint, rw),
+        args=tuple(rewrite(a, rw) for a in role.args),
+        env={k: rewrite(v, rw) for k, v in role.env.items()},
+    )

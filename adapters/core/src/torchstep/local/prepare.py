@@ -1,0 +1,137 @@
+"""Everything about a local run that can be decided — and refused — before any process
+starts: mounts, GPU and CPU partitions, declared ports, per-replica environment, working
+directory and log paths.
+
+Example::
+
+    >>> import torchstep
+    >>> from torchstep.local.options import resolve
+    >>> from torchstep.local.prepare import prepare
+    >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", ["--msg", "hi"]), "local")
+    >>> [(r.role.name, r.replica_id) for r in prepare(plan, resolve({}), app_id="echo-1a2b").replicas]
+    [('echo', 0)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torchstep import launch
+from torchstep.local import mounts, resources
+from torchstep.local.options import LocalOptions
+from torchstep.plan import RolePlan, StepPlan
+
+#: The rank-0 host of every role on this machine.
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass
+class ReplicaSpec:
+    """One replica of one role, ready to start (the rendezvous is added at spawn time)."""
+
+    role: RolePlan  # mount destinations already rewritten to host paths
+    role_index: int
+    replica_id: int
+    env: dict[str, str]  # the complete environment of the agent
+    cwd: str | None
+    cpus: tuple[int, ...]
+    gpus: tuple[str, ...]
+    log_dir: str  # <log_dir>/<app_id>/<role>/<replica>
+    img_root: str
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.role.name, self.replica_id)
+
+    @property
+    def result_file(self) -> str:
+        return os.path.join(self.log_dir, "result.json")
+
+    @property
+    def console_file(self) -> str:
+        """Everything the agent printed (its log and the ranks' prefixed lines)."""
+        return os.path.join(self.log_dir, "console.log")
+
+
+@dataclass
+class Prepared:
+    replicas: list[ReplicaSpec]
+    notes: list[str]  # worth telling the user (oversubscribed CPUs, advisory settings)
+
+
+def app_dir(opts: LocalOptions, app_id: str) -> str:
+    return os.path.join(opts.log_dir, app_id)
+
+
+def prepare(
+    plan: StepPlan,
+    opts: LocalOptions,
+    *,
+    app_id: str,
+    parent_env: Mapping[str, str] | None = None,
+) -> Prepared:
+    """Validate what only this machine can tell (SpecError naming the field) and build
+    every replica's spec. Starts nothing."""
+    parent = dict(os.environ if parent_env is None else parent_env)
+    roles = [mounts.apply(r, i) for i, r in enumerate(plan.roles)]
+    gpus = resources.gpu_slices(roles, list(opts.gpus) if opts.gpus is not None else resources.detect_gpus(parent))
+    notes = []
+    cpus: dict[tuple[str, int], tuple[int, ...]] = {}
+    if opts.cpu_affinity:
+        cores = resources.usable_cores()
+        cpus, oversubscribed = resources.cpu_slices(roles, cores)
+        if oversubscribed:
+            notes.append(f"resource.cpu of all replicas exceeds the {len(cores)} core(s) here: replicas share cores")
+    for i, role in enumerate(roles):
+        for j, m in enumerate(role.mounts):
+            if m.read_only:
+                notes.append(f"roles[{i}].mounts[{j}]: read_only is not enforced without a container")
+    ports = resources.role_ports(roles)
+    out = []
+    for i, role in enumerate(roles):
+        img_root = role.workdir or os.getcwd()
+        for r in range(role.num_replicas):
+            key = (role.name, r)
+            log_dir = os.path.join(app_dir(opts, app_id), role.name, str(r))
+            env = dict(parent)
+            env.update(role.secret_values(parent))  # SpecError naming a missing secret variable
+            env.update(launch.replica_env(role, app_id=app_id, replica_id=r, rank0_host=LOCALHOST, img_root=img_root))
+            # the shim first (a role's own torchrun becomes our agent), then this interpreter's
+            # bin directory: `python` in an AppDef is the Python that launched the run
+            env["PATH"] = os.pathsep.join(
+                [launch.shim_dir(), os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
+            )
+            env["TORCHSTEP_PYTHON"] = sys.executable  # the torchrun shim runs the agent with it
+            env[launch.ENV_RESULT_FILE] = os.path.join(log_dir, "result.json")
+            env[launch.ENV_LOG_DIR] = log_dir
+            env.setdefault("PYTHONUNBUFFERED", "1")  # output reaches the logs as it happens
+            if key in gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[key])
+            if key in cpus and "OMP_NUM_THREADS" not in role.env:
+                env["OMP_NUM_THREADS"] = str(max(1, len(cpus[key]) // role.nproc_per_node))
+            env.update(ports.get(key, {}))
+            if role.grace_period_s is None:
+                env["TORCHSTEP_GRACE_PERIOD"] = f"{opts.grace_period:g}"  # the launcher waits that long
+            out.append(
+                ReplicaSpec(
+                    role=role,
+                    role_index=i,
+                    replica_id=r,
+                    env=env,
+                    cwd=role.workdir,
+                    cpus=cpus.get(key, ()),
+                    gpus=gpus.get(key, ()),
+                    log_dir=log_dir,
+                    img_root=img_root,
+                )
+            )
+    return Prepared(out, notes)
+
+
+def with_restarts(role: RolePlan, restarts: int) -> RolePlan:
+    """``role`` whose agents get ``--max-restarts restarts`` (what is left of the budget)."""
+    return dataclasses.replace(role, retry=dataclasses.replace(role.retry, count=max(0, restarts)))

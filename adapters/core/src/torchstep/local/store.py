@@ -1,0 +1,114 @@
+"""The rendezvous store host of a local run.
+
+Several agents on one host cannot safely host their own c10d store: the first to bind
+hosts it, and when that agent dies every other agent dies with it (FACTS.md). So the
+launcher hosts one ``TCPStore`` per multi-replica role in a small process of its own and
+every agent joins with ``--rdzv-conf is_host=false``: any agent may die and be replaced.
+
+There is no port race: the launcher binds and listens on ``127.0.0.1:0`` itself and hands
+the listening socket to the store process (``master_listen_fd``); agents that connect before
+the store is up wait in the socket's backlog. The store process exits when its stdin (a pipe
+from the launcher) closes, so it never outlives the launcher.
+
+Example::
+
+    >>> from torchstep.local.store import StoreHost
+    >>> host = StoreHost(2)
+    >>> len(host.ports)
+    2
+    >>> host.close()
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchstep.local import procs
+
+
+class StoreHost:
+    """Listening sockets for ``count`` stores, then (``start``) the process serving them."""
+
+    def __init__(self, count: int) -> None:
+        self._socks: list[socket.socket] = []
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            s.listen(1024)
+            self._socks.append(s)
+        self.ports = [s.getsockname()[1] for s in self._socks]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: Mapping[str, str]) -> None:
+        if not self._socks:
+            return
+        fds = [s.fileno() for s in self._socks]
+        argv = [sys.executable, "-m", "torchstep.local.store", *map(str, fds)]
+        self.proc = procs.spawn(argv, env=env, cwd=None, stdin=subprocess.PIPE, pass_fds=fds)
+        self._close_sockets()  # the store process holds them now
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._close_sockets()
+        p = self.proc
+        if p is None:
+            return
+        if p.stdin is not None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+    close = stop
+
+    def _close_sockets(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks = []
+
+
+def serve(fds: Sequence[int], timeout_s: float = 3600.0) -> list[Any]:
+    """Host one master ``TCPStore`` on each listening socket ``fd``."""
+    from torch.distributed import TCPStore
+
+    stores = []
+    for fd in fds:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            port = s.getsockname()[1]
+        stores.append(
+            TCPStore(
+                "127.0.0.1",
+                port,
+                None,
+                True,
+                datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=fd,
+                use_libuv=True,
+            )
+        )
+    return stores
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m torchstep.local.store FD...``: serve until stdin closes."""
+    fds = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    stores = serve(fds)
+    sys.stdin.buffer.read()  # EOF: the launcher closed the pipe or died
+    del stores
+
+
+if __name__ == "__main__":
+    main()
