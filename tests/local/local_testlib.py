@@ -1,0 +1,105 @@
+"""Helpers of the local-launcher tests: the leak check, polling, AppDef builders."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+WORKER = str(HERE / "scripts" / "worker.py")
+#: Set in the test's environment: every process a test starts inherits it.
+TOKEN_ENV = "TORCHSTEP_TEST_TOKEN"
+
+T = TypeVar("T")
+
+
+def pids_with(token: str) -> list[int]:
+    """Live processes (not zombies) started with ``TORCHSTEP_TEST_TOKEN=token``."""
+    want = f"{TOKEN_ENV}={token}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if want in env and state not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def describe(pids: list[int]) -> str:
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"{pid}: {cmd[:200]}")
+        except OSError:
+            pass
+    return "\n".join(lines)
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(pred: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll ``pred`` until it returns something truthy (generous deadlines: 2 shared cores)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def rank_log_has(log_dir: Path, role: str, replica: int, text: str, *, newer_than: float = 0.0) -> bool:
+    for path in glob.glob(str(log_dir / "*" / role / str(replica) / "attempt_*" / "rank*.log")):
+        try:
+            if os.path.getmtime(path) >= newer_than and text in Path(path).read_text(errors="replace"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def role(name: str, args: list[str], *, replicas: int = 1, nproc: int = 1, **kw: Any) -> Any:
+    """A Role running ``python worker.py ARGS`` under the agent."""
+    from torchx import specs
+
+    metadata = kw.pop("metadata", {})
+    if nproc != 1:
+        metadata.setdefault("torchstep", {})["nproc_per_node"] = nproc
+    return specs.Role(
+        name=name,
+        image=kw.pop("image", "unused"),
+        entrypoint="python",
+        args=[WORKER, *args],
+        num_replicas=replicas,
+        resource=kw.pop("resource", specs.Resource(cpu=-1, gpu=0, memMB=-1)),
+        metadata=metadata,
+        **kw,
+    )
+
+
+def cli(*args: str) -> list[str]:
+    """The argv of ``torchstep run ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "torchstep.cli", "run", *args]
