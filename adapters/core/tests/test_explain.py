@@ -162,6 +162,7 @@ SPEC_MODULES = [
     "torchstep.plan",
     "torchstep.rules",
     "torchstep.rules_base",
+    "torchstep.rules_launch",
     "torchstep.rules_metadata",
     "torchstep.rules_resources",
     "torchstep.rules_retry",

@@ -674,30 +674,27 @@ class NightlyRole(Role):
     added_next_year: Any = None
 
 
-def fields_without_row(a: AppDef, target: str) -> set[str]:
-    seen = {d.field for d in plan_decisions(a, target)}
-
-    def has(path: str) -> bool:
-        return any(f == path or f.startswith((path + ".", path + "[")) for f in seen)
-
-    missing = {f.name for f in dataclasses.fields(a) if not has(f.name)}
-    for i, r in enumerate(a.roles):
-        missing |= {f"roles[{i}].{f.name}" for f in dataclasses.fields(r) if not has(f"roles[{i}].{f.name}")}
-        missing |= {
-            f"roles[{i}].resource.{f.name}"
-            for f in dataclasses.fields(r.resource)
-            if not has(f"roles[{i}].resource.{f.name}")
-        }
-    return missing
-
-
 @pytest.mark.parametrize("target", TARGETS)
-def test_every_field_of_every_dataclass_has_a_row(target: str) -> None:
+def test_every_field_of_every_dataclass_has_a_row(target: str, missing_rows: Any) -> None:
     plain = app(role(), role(name="ps", resource=res(cpu=-1, gpu=-1, memMB=-1)))
     nightly = app(NightlyRole("t", image="img", entrypoint="python", resource=NightlyResource(cpu=1, gpu=0, memMB=1)))
     ddp = torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"])
-    for a in (plain, nightly, ddp):
-        assert fields_without_row(a, target) == set()
+    rich = app(
+        role(
+            env={"A": "1"},
+            resource=res(devices={"vpc.amazonaws.com/efa": 1}, capabilities={"kubernetes.io/arch": "amd64"}),
+            port_map={"c10d": 29500},
+            mounts=[VolumeMount("ckpt", "/ckpt")],
+            metadata={
+                "torchstep": {"timeout": 5, "grace_period": 3, "retry_delay": 1, "secret_env": {"T": "s/k"}},
+                "kubernetes": {},
+                "other": 1,
+            },
+        ),
+        metadata={"torchstep.timeout": "60", "owner": "me"},
+    )
+    for a in (plain, nightly, ddp, rich):
+        assert missing_rows(a, plan_decisions(a, target)) == set()
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -48,7 +48,10 @@ class MetadataRules(Recorder):
             if k not in ROLE_OPTIONS:
                 self.reject(path, v, f"unknown torchstep option {k!r}", f"use one of: {', '.join(ROLE_OPTIONS)}")
             elif k == "secret_env":
-                out[k] = v
+                if not isinstance(v, dict):
+                    self.reject(path, v, "must map ENV_NAME to 'secret-name/key'", "{'HF_TOKEN': 'hf-token/token'}")
+                else:
+                    out[k] = v
             elif k == "nproc_per_node":
                 if not is_int(v) or not 1 <= v <= MAX_NPROC:
                     self.reject(path, v, f"must be an integer in 1..{MAX_NPROC}", "e.g. 2")
