@@ -140,3 +140,9 @@ def test_own_torchrun_restarts_are_one_layer_only(target: str) -> None:
     with pytest.raises(torchstep.SpecError) as err:
         torchstep.build_plan(ddp("--max-restarts ${N}"), target)
     assert err.value.field == "roles[0].args" and "write the number" in (err.value.fix or "")
+
+
+def test_kfp_says_it_retries_one_roles_task() -> None:
+    plan = torchstep.build_plan(AppDef("a", [role(max_retries=1), role("ps")]), "kfp")
+    rows = [d.becomes for d in plan.decisions if d.field == "roles[0].retry_policy"]
+    assert any("retries this role's task alone" in b for b in rows)

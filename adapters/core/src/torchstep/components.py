@@ -21,9 +21,12 @@ import inspect
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import SpecError
+
+if TYPE_CHECKING:  # torchx is imported when a component is materialised, not with torchstep
+    from torchx.specs import AppDef
 
 ComponentRef = str | Callable[..., Any]
 
@@ -32,7 +35,7 @@ def materialize(
     component: Any,
     args: Sequence[str] | Mapping[str, Any] | None = None,
     **kwargs: Any,
-) -> Any:
+) -> AppDef:
     """Build the ``torchx.specs.AppDef`` of ``component``.
 
     ``component`` is an AppDef (returned as is), a callable, ``"path/file.py:fn"``,

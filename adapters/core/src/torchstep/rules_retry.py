@@ -162,6 +162,14 @@ class RetryRules(Recorder):
                 "use one retry policy for every role, or set max_retries=0 on one of them",
             )
             return
+        if self.target == "kfp" and len(roles) > 1:
+            for r in roles:
+                if r.retry.owner is RetryOwner.ORCHESTRATOR:
+                    self.ok(
+                        f"roles[{r.index}].retry_policy",
+                        r.retry.policy,
+                        "KFP retries this role's task alone: the tasks of the other roles are not restarted",
+                    )
         counts = {r.retry.count for r in roles if r.retry.owner is RetryOwner.ORCHESTRATOR}
         if len(counts) > 1:
             top = max(counts)
