@@ -420,7 +420,9 @@ class Planner(ResourceRules, RetryRules, LaunchRules):
             "replica_id": "replica_id = "
             + {"local": "0..N-1 per agent", "kubernetes": "JOB_COMPLETION_INDEX", "kfp": "the Job index"}[t],
             "rank0_env": f"rank0_env = {RANK0_ENV_VAR} (holds the host of replica 0)",
-            "img_root": "img_root = " + ("the image directory (or '')" if t == "local" else "'' (as TorchX)"),
-            "base_img_root": "base_img_root = " + ("the image directory (or '')" if t == "local" else "''"),
+            "img_root": "img_root = "
+            + ("the image directory (or the current directory)" if t == "local" else "'' (as TorchX)"),
+            "base_img_root": "base_img_root = "
+            + ("the image directory (or the current directory)" if t == "local" else "''"),
         }
         return "bound per replica at run time: " + ", ".join(where[m.value] for m in sorted(macros))
