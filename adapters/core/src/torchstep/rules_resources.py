@@ -364,7 +364,7 @@ class ResourceRules(Recorder):
             if not is_int(port) or not 1 <= port <= 65535:
                 self.reject(path, port, "must be an integer in 1..65535", "e.g. 6006")
                 continue
-            if port in numbers and t != "local":
+            if port in numbers:
                 self.reject(path, port, f"port {port} is also port_map[{numbers[port]!r}]", "use each port once")
                 continue
             numbers[port] = name
@@ -384,7 +384,12 @@ class ResourceRules(Recorder):
                     )
                     continue
                 suffixes[suffix] = name
-                self.ok(path, port, f"a free port chosen at launch, exported as TORCHSTEP_PORT_{suffix}")
+                self.ok(
+                    path,
+                    port,
+                    f"port {port} + replica id on this machine, checked free at launch, "
+                    f"exported as TORCHSTEP_PORT_{suffix}",
+                )
             elif not _PORT_NAME.match(name):
                 self.reject(
                     path,
