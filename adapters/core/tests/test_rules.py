@@ -295,6 +295,12 @@ CASES = [
         "roles[0].mounts[1].dst_path",
         {"kubernetes": (R, "each path once"), "kfp": (R, "each path once")},
     ),
+    Case(
+        "bind-onto-root",
+        lambda: app(role(mounts=[BindMount("/mnt/root", "/")])),
+        "roles[0].mounts[0].dst_path",
+        {"local": (R, "subdirectory")},
+    ),
     Case("mount-unknown", lambda: app(role(mounts=["type=bind"])), "roles[0].mounts[0]", same(R, "parse_mounts")),
     # ---- ports --------------------------------------------------------------------------------
     Case("ports-none", lambda: app(role()), "roles[0].port_map", same(H, "no ports")),

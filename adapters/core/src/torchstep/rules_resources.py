@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -337,6 +338,13 @@ class ResourceRules(Recorder):
                 "use a BindMount for local runs, or run with target kubernetes",
             )
         what = "device" if mount.kind == "device" else "host path"
+        if os.path.normpath(mount.dst) == "/" and os.path.normpath(mount.src) != "/":
+            raise self.fail(
+                f"{path}.dst_path",
+                mount.dst,
+                f"mounting {mount.src} onto / would rewrite every absolute path in argv and env",
+                "mount onto a subdirectory such as /data",
+            )
         if mount.src == mount.dst:
             where = f"the {what} is used in place (same path on this machine)"
         else:
