@@ -128,7 +128,7 @@ def test_cancel_from_another_thread_stops_everything(log_dir: Path) -> None:
 def test_timeout_fails_the_run(log_dir: Path) -> None:
     app = specs.AppDef("slow", roles=[role("worker", ["loop", "600", "0.1"])])
     result = run_local(app, log_dir=str(log_dir), cfg={"timeout": 5, "grace_period": 2, "tee": False})
-    assert result.state == "FAILED" and "timed out after 5 s" in (result.message or "")
+    assert (result.state, result.exit_code) == ("FAILED", 124) and "timed out after 5 s" in (result.message or "")
 
 
 def _port_in_use() -> tuple[object, int]:

@@ -51,6 +51,8 @@ from torchstep.result import (
 #: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
 #: the launcher: no dependence on PATH).
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
+#: Exit code of a run stopped by its timeout (as GNU ``timeout``).
+TIMEOUT_EXIT_CODE = 124
 
 
 def new_app_id(name: str) -> str:
@@ -102,6 +104,7 @@ class Launcher:
         self.role_restarts: dict[str, int] = {}  # role -> restarts of the whole role (ROLE policy)
         self.failure: _Replica | None = None
         self.reason: str | None = None  # "cancelled" | "timeout"
+        self.timeout_s: float | None = None
         self._callback_failed = False
 
     # -- public ---------------------------------------------------------------------------
@@ -214,8 +217,8 @@ class Launcher:
 
     def _supervise(self, started: float) -> None:
         limits = [t for t in (self.opts.timeout, self.plan.timeout_s, *(r.timeout_s for r in self.plan.roles)) if t]
-        deadline = started + min(limits) if limits else None
         self.timeout_s = min(limits) if limits else None
+        deadline = started + self.timeout_s if self.timeout_s else None
         while True:
             if self.cancel.is_set():
                 self.reason = "cancelled"
@@ -333,8 +336,9 @@ class Launcher:
                 continue
             if rep.state == RUNNING and emit:
                 state = CANCELLED if rc != 0 else SUCCEEDED
-                rep.state, rep.exit_code = state, rc
-                self._emit(rep, state, exit_code=rc)
+                code = rc if rc >= 0 else 128 - rc
+                rep.state, rep.exit_code = state, code
+                self._emit(rep, state, exit_code=code)
 
     # -- status ---------------------------------------------------------------------------
     def _emit(
@@ -426,7 +430,7 @@ class Launcher:
         elif self.reason == "timeout":
             result.state, result.retryable = FAILED, not non_retryable
             result.message = f"timed out after {self.timeout_s:g} s; every process was stopped"
-            result.exit_code = result.exit_code or 1
+            result.exit_code, result.root_cause = TIMEOUT_EXIT_CODE, None
         elif failed is not None:
             part = parts[failed.spec.key]
             result.state, result.retryable = FAILED, not non_retryable
