@@ -3,6 +3,9 @@ with a fake device count, the mount rewrite, run options."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import pytest
 import torchstep
 from torchstep.local.options import resolve
@@ -57,3 +60,12 @@ def test_run_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["runopts", "local"]) == 0  # `torchstep runopts local`: typed, with defaults and help
     assert "grace_period=GRACE_PERIOD (float, 10.0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name", ["options", "resources", "mounts", "prepare", "store", "status", "procs", "appfile", "launcher"]
+)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(f"torchstep.local.{name}")
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

@@ -56,7 +56,11 @@ TIMEOUT_EXIT_CODE = 124
 
 
 def new_app_id(name: str) -> str:
-    """``<name>-<short id>``, unique per run; safe as a directory name."""
+    """``<name>-<short id>``, unique per run; safe as a directory name.
+
+    >>> new_app_id("my app/v2")[:10], len(new_app_id("x"))
+    ('my-app-v2-', 8)
+    """
     safe = "".join("-" if (c in "/\\" or c.isspace() or not c.isprintable()) else c for c in name).strip(".-")
     return f"{safe[:60] or 'app'}-{short_id(6)}"
 

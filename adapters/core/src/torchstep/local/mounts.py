@@ -7,8 +7,8 @@ host path itself.
   matched whole: ``/data`` matches ``/data`` and ``/data/x`` but not ``/data2`` or ``/x/data``.
 * ``read_only`` cannot be enforced without a container: it is advisory.
 * Refused with a :class:`~torchstep.SpecError` naming the mount, before any process
-  starts: a ``VolumeMount`` (a PVC does not exist here), a source that does not exist on
-  this machine, a device mount whose source is not a device, a rewrite of ``/``.
+  starts: a source that does not exist on this machine, a device mount whose source is not
+  a device (``build_plan`` already refuses a ``VolumeMount`` and a mount onto ``/``).
 
 Example::
 
@@ -36,14 +36,9 @@ def rewrites_of(role: RolePlan, index: int) -> list[tuple[str, str]]:
     after checking that this machine can serve every mount."""
     out = []
     for j, m in enumerate(role.mounts):
+        # the planner already refused what no machine can serve (a PVC, a mount onto /);
+        # what this machine has is checked here
         field = f"roles[{index}].mounts[{j}]"
-        if m.kind == "volume":
-            raise SpecError(
-                field,
-                TARGET,
-                f"volume {m.src!r} is a persistent volume claim, which does not exist on this machine",
-                fix="use a BindMount of a host directory for local runs, or target kubernetes",
-            )
         try:
             st = os.stat(m.src)
         except OSError:
@@ -57,16 +52,8 @@ def rewrites_of(role: RolePlan, index: int) -> list[tuple[str, str]]:
             raise SpecError(f"{field}.src_path", TARGET, f"{m.src} is not a device", fix="mount a /dev/... path")
         dst = os.path.normpath(m.dst)
         src = os.path.normpath(m.src)
-        if dst == src:
-            continue
-        if dst == "/":
-            raise SpecError(
-                f"{field}.dst_path",
-                TARGET,
-                f"mounting {m.src} onto / would rewrite every absolute path",
-                fix="mount onto a subdirectory such as /data",
-            )
-        out.append((dst, src))
+        if dst != src:
+            out.append((dst, src))
     return out
 
 
