@@ -75,6 +75,7 @@ class _Replica:
     replaced: int = 0  # lost agents replaced so far
     lost: RankResult | None = None  # set when a loss ended this replica (budget spent)
     stopped: bool = False  # stopped by the launcher (cancel, timeout, failure elsewhere)
+    dropped: bool = False  # lost, not replaced, and its elastic role went on without it
     threads: list[threading.Thread] = field(default_factory=list)
 
 
@@ -242,7 +243,7 @@ class Launcher:
             if rc == 0:
                 rep.state, rep.exit_code = SUCCEEDED, 0
                 self._emit(rep, SUCCEEDED, exit_code=0)
-                if all(r.state == SUCCEEDED for r in self.replicas.values()):
+                if self._all_done():
                     return
             elif self._restart_role(rep, rc):
                 continue
@@ -307,9 +308,25 @@ class Launcher:
             replica_id=rep.spec.replica_id,
             log_file=rep.spec.console_file,
         )
+        survivors = [
+            r for r in self.replicas.values() if r.spec.role.name == role.name and r is not rep and not r.dropped
+        ]
+        if role.elastic and len(survivors) >= role.min_replicas:
+            # the elastic rendezvous re-forms the group without it (torchrun's semantics)
+            rep.dropped = True
+            rep.lost.message = (
+                f"{rep.lost.message}; the elastic role may go on with {len(survivors)} replica(s) "
+                f"(min {role.min_replicas}) while its agents have restarts left"
+            )
+            self._emit(rep, FAILED, exit_code=code, message=rep.lost.message)
+            return not self._all_done()
         self.failure = rep
         self._emit(rep, FAILED, exit_code=code, message=rep.lost.message)
         return False
+
+    def _all_done(self) -> bool:
+        """Every replica succeeded, except lost ones an elastic role went on without."""
+        return all(r.state == SUCCEEDED or r.dropped for r in self.replicas.values())
 
     def _stop_all(self) -> None:
         self._stop(list(self.replicas.values()))
@@ -444,8 +461,10 @@ class Launcher:
             result.root_cause = failed.lost or result.root_cause or part.root_cause
             rc = result.root_cause
             result.message = (rc.message if rc is not None else None) or part.message
-        elif all(r.state == SUCCEEDED for r in self.replicas.values()):
+        elif self._all_done():
             result.state, result.exit_code, result.retryable = SUCCEEDED, 0, True
+            dropped = [r.lost.message for r in self.replicas.values() if r.dropped and r.lost and r.lost.message]
+            result.message = "; ".join(dropped) or None
         if result.state == SUCCEEDED:
             result.root_cause = None
         return result
