@@ -24,7 +24,7 @@ def test_two_roles_each_form_their_own_world(tmp_path: Path, log_dir: Path, caps
     (data / "x.txt").write_text("mounted")
     image = tmp_path / "image"
     image.mkdir()
-    args = [str(out), "${app_id}", "${replica_id}", "${img_root}", "--data=/mnt/ds/x.txt"]
+    args = [str(out), "${app_id}", "${replica_id}", "${img_root}", "${rank0_env}", "--data=/mnt/ds/x.txt"]
     mount = specs.BindMount(src_path=str(data), dst_path="/mnt/ds")
     app = specs.AppDef(
         name="two-roles",
@@ -51,11 +51,11 @@ def test_two_roles_each_form_their_own_world(tmp_path: Path, log_dir: Path, caps
     assert len(reports) == 8
     for rep in reports:
         assert rep["world"] == 4 and rep["sum"] == 4.0, rep  # each role its own world of 4
-        app_id, replica_id, img_root = rep["args"][:3]
+        app_id, replica_id, img_root, rank0_env = rep["args"][:4]
         assert app_id == result.app_id and app_id.startswith("two-roles-")
         assert replica_id == rep["replica_env"]
         assert img_root == rep["cwd"] == str(image)  # a directory image is the working directory
-        assert rep["rank0_host"] == "127.0.0.1"
+        assert rank0_env == "TORCHX_RANK0_HOST" and rep["rank0_host"] == "127.0.0.1"
         assert rep["data"] == "mounted"  # /mnt/ds rewritten to the host path in argv...
         assert rep["data_env"] == (str(data) if rep["role"] == "alpha" else None)  # ...and in env
     for name in ("alpha", "beta"):
