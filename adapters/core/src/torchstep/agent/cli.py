@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from torchstep.agent import signals
 
@@ -74,7 +74,23 @@ def _usage_result(message: str, code: int, *, started_at: float) -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The console script: :func:`run`, then exit at once with its code.
+
+    The exit skips the interpreter's teardown (with torch loaded it takes 0.3-1 s of the
+    step's wall time); everything is flushed and written first. Use :func:`run` to embed.
+    """
+    code = run(argv)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
     """Run the agent; returns its exit code (see ``docs/agent.md``)."""
     started_at = time.time()
     _setup_logging()
@@ -153,4 +169,4 @@ def _run(settings: AgentSettings, started_at: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -117,6 +117,7 @@ class TorchstepAgent(LocalElasticAgent):
         self._exits = exits
         self._watchdog = watchdog
         self._tee: LogTee | None = None
+        self._timer_server: ReapingTimerServer | None = None
         self._heartbeats = HeartbeatWatch(settings.heartbeat_timeout) if settings.heartbeat_timeout > 0 else None
 
     # -- views used by the runner, the watchdog and the result --------------------------
@@ -160,9 +161,13 @@ class TorchstepAgent(LocalElasticAgent):
             log_dir=attempt_dir,
         )
         fifo = os.path.join(self._run_dir, "timer.fifo")
-        server = ReapingTimerServer(fifo, first.get("TORCHELASTIC_RUN_ID", ""), on_expired=self._on_timer_expired)
-        server.start()
-        self._worker_watchdog = server  # torch's _shutdown stops it
+        if self._timer_server is None:
+            # one server for the agent's life (torch starts one per group start and stops it
+            # in _shutdown: that costs every restart up to its poll interval)
+            self._timer_server = ReapingTimerServer(
+                fifo, first.get("TORCHELASTIC_RUN_ID", ""), on_expired=self._on_timer_expired
+            )
+            self._timer_server.start()
         for local_rank, env in envs.items():
             rank = int(env.get("RANK", local_rank))
             record = WorkerRecord(
@@ -276,11 +281,9 @@ class TorchstepAgent(LocalElasticAgent):
                 if w.pid == pid or (w.own_group and w.pid == pgid):
                     target = w
         if target is None:
-            if sig > 0:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+            # not a current worker or one of its children: a timer left by a previous
+            # attempt (its pid may already belong to someone else) — never kill it
+            log.info("ignoring the expired timer %r of pid %s (not a current worker)", scope, pid)
             return
         if target.reason is None:
             target.reason = "timer_expired"
@@ -367,10 +370,7 @@ class TorchstepAgent(LocalElasticAgent):
             self.failure_restarts += 1
         else:
             self.membership_restarts += 1
-            log.info(
-                "membership changed (%d node(s) waiting): restarting the group without using the budget",
-                worker_group.spec.rdzv_handler.num_nodes_waiting(),
-            )
+            log.info("membership changed: restarting the group at the new size (not counted against the budget)")
         super()._restart_workers(worker_group)
 
     def _exit_barrier(self) -> None:
@@ -408,6 +408,9 @@ class TorchstepAgent(LocalElasticAgent):
         finally:
             if not shutdown_called:
                 self._shutdown(timeout=self.settings.grace_period)  # type: ignore[arg-type]
+            if self._timer_server is not None:
+                self._timer_server.stop()
+                self._timer_server = None
             self._total_execution_time = int(time.monotonic() - start)
 
     def _escalate_on_next_signal(self) -> None:

@@ -100,10 +100,8 @@ class TorchstepLogsSpecs(LogsSpecs):
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         attempt_dir = self._pending or self.begin_attempt()
         self._pending = None
-        dest = LogsDest(
-            filtered_stdout=os.path.join(attempt_dir, "filtered_stdout.log"),
-            filtered_stderr=os.path.join(attempt_dir, "filtered_stderr.log"),
-        )
+        # --duplicate-*-filters are applied by LogTee (into filtered.log): torch's copies are unused
+        dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
         for local_rank in range(len(envs)):
             paths = rank_paths(attempt_dir, envs[local_rank].get("RANK", local_rank), merge_streams=self.merge_streams)
             dest.stdouts[local_rank] = paths.log

@@ -250,6 +250,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
             dest=flag.dest,
             type=flag.kind,
             default=_UNSET,
+            metavar="PATH" if flag.kind is str else "S" if flag.kind is float else "N",
             help=f"{flag.help} (env {flag.env}; default {shown})",
         )
     return parser
