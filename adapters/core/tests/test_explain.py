@@ -97,12 +97,12 @@ def test_explain_never_raises_and_escapes_control_characters() -> None:
 
 
 def test_explain_works_in_any_import_order() -> None:
-    # importing the module torchstep.explain first must not shadow the function
+    # importing the table module first must not shadow the function
     code = (
-        "import torchstep.explain, torchstep\n"
+        "import torchstep.translation, torchstep\n"
         "app = torchstep.materialize('utils.echo', [])\n"
         "print(torchstep.explain(app, 'kfp').splitlines()[0])\n"
-        "from torchstep.explain import explain\n"
+        "from torchstep.translation import explain\n"
         "print(explain(app, 'local').splitlines()[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -155,7 +155,7 @@ SPEC_MODULES = [
     "torchstep.cmdline",
     "torchstep.components",
     "torchstep.errors",
-    "torchstep.explain",
+    "torchstep.translation",
     "torchstep.launch",
     "torchstep.macros",
     "torchstep.names",

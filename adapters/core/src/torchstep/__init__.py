@@ -27,7 +27,7 @@ _LAZY = {
     "build_plan": "torchstep.plan",
     "StepPlan": "torchstep.plan",
     "RolePlan": "torchstep.plan",
-    "explain": "torchstep.explain",
+    "explain": "torchstep.translation",
     "run_local": "torchstep.local",
     "StepResult": "torchstep.result",
     "record": "torchstep.worker",
@@ -35,7 +35,19 @@ _LAZY = {
     "heartbeat": "torchstep.worker",
     "output": "torchstep.worker",
 }
-_SUBMODULES = {"kubernetes", "local", "plan", "result", "worker", "agent", "components", "names", "macros"}
+_SUBMODULES = {
+    "kubernetes",
+    "local",
+    "plan",
+    "result",
+    "worker",
+    "agent",
+    "components",
+    "names",
+    "macros",
+    "translation",
+    "launch",
+}
 
 __all__ = [
     "AGENT_ERROR_EXIT_CODE",
@@ -59,10 +71,10 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
     from torchstep.components import materialize
-    from torchstep.explain import explain
     from torchstep.local import run_local
     from torchstep.plan import RolePlan, StepPlan, build_plan
     from torchstep.result import StepResult
+    from torchstep.translation import explain
     from torchstep.worker import expires, heartbeat, output, record
 
 

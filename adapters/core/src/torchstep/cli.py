@@ -37,8 +37,8 @@ def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def explain_main(argv: Sequence[str]) -> int:
     from torchstep.components import materialize
-    from torchstep.explain import explain
-    from torchstep.plan import TARGETS
+    from torchstep.plan import TARGETS, plan_decisions
+    from torchstep.translation import render_table
 
     opts, comp_args = split_component_args(argv)
     p = argparse.ArgumentParser(prog="torchstep explain", description="print the translation table of an AppDef")
@@ -46,9 +46,9 @@ def explain_main(argv: Sequence[str]) -> int:
     p.add_argument("--target", "-t", required=True, choices=TARGETS)
     ns = p.parse_args(opts)
     app = materialize(ns.ref, comp_args)
-    text = explain(app, ns.target)
-    sys.stdout.write(text)
-    return 0 if "REJECTED" not in text else 2
+    decisions = plan_decisions(app, ns.target)
+    sys.stdout.write(render_table(decisions, app_name=getattr(app, "name", "?"), target=ns.target))
+    return 2 if any(d.action == "rejected" for d in decisions) else 0
 
 
 def runopts_main(argv: Sequence[str]) -> int:

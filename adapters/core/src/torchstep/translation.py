@@ -10,9 +10,7 @@ Example::
 
 from __future__ import annotations
 
-import sys
 import textwrap
-import types
 from typing import Any
 
 from torchstep.plan import Decision, plan_decisions
@@ -71,15 +69,3 @@ def _wrap(text: str, width: int) -> list[str]:
     # break_on_hyphens=False keeps paths and flags whole; control characters are escaped
     # so one field is one table cell whatever its value holds
     return textwrap.wrap(_one_line(text), width, break_on_hyphens=False, drop_whitespace=True) or [""]
-
-
-class _ExplainModule(types.ModuleType):
-    """``import torchstep.explain`` binds the *module* to ``torchstep.explain``, shadowing
-    the function of the same name that the package exports: calling the module calls
-    the function, so ``torchstep.explain(app, target)`` works in any import order."""
-
-    def __call__(self, app: Any, target: str, *, width: int = 120) -> str:
-        return explain(app, target, width=width)
-
-
-sys.modules[__name__].__class__ = _ExplainModule
