@@ -29,6 +29,7 @@ _LAZY = {
     "RolePlan": "torchstep.plan",
     "explain": "torchstep.translation",
     "run_local": "torchstep.local",
+    "ReplicaEvent": "torchstep.local",
     "StepResult": "torchstep.result",
     "record": "torchstep.worker",
     "expires": "torchstep.worker",
@@ -53,6 +54,7 @@ __all__ = [
     "AGENT_ERROR_EXIT_CODE",
     "NON_RETRYABLE_EXIT_CODE",
     "NonRetryableError",
+    "ReplicaEvent",
     "RolePlan",
     "SpecError",
     "StepPlan",
@@ -71,7 +73,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
     from torchstep.components import materialize
-    from torchstep.local import run_local
+    from torchstep.local import ReplicaEvent, run_local
     from torchstep.plan import RolePlan, StepPlan, build_plan
     from torchstep.result import StepResult
     from torchstep.translation import explain
