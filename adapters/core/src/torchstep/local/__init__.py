@@ -87,7 +87,10 @@ def run_plan(
     delay = _first_delay(plan, opts)
     attempt = 1
     while True:
-        launcher = Launcher(plan, opts, on_status=on_status, cancel=cancel, display=display, attempt=attempt)
+        app_id = _app_id(plan, opts, attempt)
+        launcher = Launcher(
+            plan, opts, app_id=app_id, on_status=on_status, cancel=cancel, display=display, attempt=attempt
+        )
         result = launcher.run()
         if result.succeeded or result.state == CANCELLED or not result.retryable or attempt > retries:
             if attempt > 1 or retries:
@@ -103,6 +106,15 @@ def run_plan(
             return result
         delay = _next_delay(plan, delay)
         attempt += 1
+
+
+def _app_id(plan: StepPlan, opts: LocalOptions, attempt: int) -> str | None:
+    """With ``cfg["run_id"]``: ``<app>-<hash>`` as on Kubernetes (``None``: a random id)."""
+    if opts.run_id is None:
+        return None
+    from torchstep.names import run_name
+
+    return run_name(plan.k8s_name, opts.run_id if attempt == 1 else f"{opts.run_id}/attempt-{attempt}")
 
 
 def _first_delay(plan: StepPlan, opts: LocalOptions) -> float:

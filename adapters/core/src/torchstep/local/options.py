@@ -38,6 +38,12 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
         None,
         "where logs and results go: <log_dir>/<app_id>/<role>/<replica>/ (default: <temp dir>/torchstep)",
     ),
+    "run_id": (
+        str,
+        None,
+        "the orchestrator's run id: the app id becomes <app>-<hash of it>, as on the kubernetes target "
+        "(the same id gives the same app id, so make it unique per attempt); default: <app>-<random id>",
+    ),
     "retries": (
         int,
         None,
@@ -80,6 +86,7 @@ class LocalOptions:
     """Resolved options of one local run (see :func:`runopts` for the meaning of each)."""
 
     log_dir: str
+    run_id: str | None = None
     retries: int | None = None
     retry_delay: float | None = None
     grace_period: float = 10.0
@@ -112,6 +119,10 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
     for key in ("grace_period", "timeout"):
         if key in out and not out[key] > 0:
             raise SpecError(f"cfg[{key!r}]", TARGET, f"must be a positive number, got {out[key]}", fix="e.g. 10")
+    if "run_id" in out and (not out["run_id"].strip() or not out["run_id"].isprintable()):
+        raise SpecError(
+            "cfg['run_id']", TARGET, "must be a printable, non-blank string", fix="e.g. the orchestrator's run id"
+        )
     for key in ("retries", "retry_delay"):
         if key in out and out[key] < 0:
             raise SpecError(f"cfg[{key!r}]", TARGET, f"must not be negative, got {out[key]}", fix="e.g. 2")
