@@ -5,6 +5,8 @@ import os
 import time
 
 import pytest
+from torchstep.names import run_name
+from torchstep_airflow import step_run_id
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,9 @@ def test_pipeline_passes_results_along_and_trains_on_2_replicas_x_2_processes(ex
     assert train["outputs"]["world_size"] == 4
     assert train["outputs"]["lr"] == 0.4  # templated app_args ({{ params.lr }}) were rendered
     assert os.path.dirname(train["outputs"]["model"]) != os.path.dirname(tasks["prepare"]["xcom"]["outputs"]["data"])
+    # the app id (${app_id}: the output directories) is derived from the Airflow run and try
+    run_id = step_run_id("torchstep_example", example_run["run_id"], "train", 1)
+    assert train["app_id"] == run_name("train", run_id)
     evaluate = tasks["evaluate"]["xcom"]  # @task.torchstep, fed by two upstream results
     assert evaluate["state"] == "SUCCEEDED" and evaluate["outputs"]["mse"] < 0.05
 

@@ -33,9 +33,14 @@ class LocalStep:
     """One try of an AppDef on the local target (see the module docstring)."""
 
     def __init__(self, app: Any, *, run_id: str, cfg: Mapping[str, Any], log: logging.Logger | Any) -> None:
+        from torchstep.errors import SpecError
+
+        if cfg.get("run_id") not in (None, run_id):
+            raise SpecError("cfg['run_id']", "local", "the run id is set by Airflow (per task try)", fix="remove it")
         self.app = app
         self.run_id = run_id
-        self.cfg = dict(cfg)
+        # the app id (${app_id}, the log directory) derives from the Airflow run and try
+        self.cfg = {**cfg, "run_id": run_id}
         self.log = log
         self._cancel = threading.Event()
         #: the step result once the run ended (also when the wait was interrupted)
@@ -46,22 +51,25 @@ class LocalStep:
         from torchstep.local import run_local
 
         box: dict[str, Any] = {}
+        done = threading.Event()
 
         def target() -> None:
             try:
                 self.result = run_local(self.app, cfg=self.cfg, cancel=self._cancel)
             except BaseException as e:  # handed to the waiting thread
                 box["error"] = e
+            finally:
+                done.set()
 
-        worker = threading.Thread(target=target, name=f"torchstep-local-{self.run_id}", daemon=True)
-        worker.start()
+        # Wait on an Event, not Thread.join: a signal handler raising inside join() makes
+        # Python 3.11 mark the still-running thread as stopped (bpo-45274's fix misfires).
+        threading.Thread(target=target, name=f"torchstep-local-{self.run_id}", daemon=True).start()
         try:
-            while worker.is_alive():
-                worker.join(POLL_S)
+            while not done.wait(POLL_S):
+                pass
         except BaseException:  # execution_timeout, SIGTERM, Ctrl-C: stop everything first
             self.cancel()
-            worker.join(float(self.cfg.get("grace_period") or 10.0) + CANCEL_MARGIN_S)
-            if worker.is_alive():
+            if not done.wait(float(self.cfg.get("grace_period") or 10.0) + CANCEL_MARGIN_S):
                 self.log.error("torchstep: the local run did not stop within the grace period")
             raise
         if "error" in box:
