@@ -11,7 +11,7 @@ from torchstep_airflow import step_run_id
 
 @pytest.fixture(scope="module")
 def example_run(dag_tester):
-    return dag_tester.run("torchstep_example", {"lr": 0.4, "epochs": 40})
+    return dag_tester.run("torchstep_example", {"base_lr": 0.05, "steps": 30})
 
 
 @pytest.fixture(scope="module")
@@ -29,25 +29,25 @@ def test_pipeline_passes_results_along_and_trains_on_2_replicas_x_2_processes(ex
         "train": "success",
         "evaluate": "success",
     }
+    prepare = tasks["prepare"]["xcom"]
+    assert prepare["outputs"] == {"lr": 0.2, "steps": 30}  # templated app_args ({{ params.* }}) were rendered
     train = tasks["train"]["xcom"]
     assert train["state"] == "SUCCEEDED" and train["schema"] == 1
+    assert tasks["train"]["max_tries"] == 1  # max_retries=1, APPLICATION policy -> Airflow retries=1
     assert sorted((r["role"], r["replica_id"]) for r in train["replicas"]) == [("trainer", 0), ("trainer", 1)]
     assert sorted(rk["rank"] for rep in train["replicas"] for rk in rep["ranks"]) == [0, 1, 2, 3]
-    assert train["outputs"]["world_size"] == 4
-    assert train["outputs"]["lr"] == 0.4  # templated app_args ({{ params.lr }}) were rendered
-    assert os.path.dirname(train["outputs"]["model"]) != os.path.dirname(tasks["prepare"]["xcom"]["outputs"]["data"])
-    # the app id (${app_id}: the output directories) is derived from the Airflow run and try
-    run_id = step_run_id("torchstep_example", example_run["run_id"], "train", 1)
-    assert train["app_id"] == run_name("train", run_id)
-    evaluate = tasks["evaluate"]["xcom"]  # @task.torchstep, fed by two upstream results
-    assert evaluate["state"] == "SUCCEEDED" and evaluate["outputs"]["mse"] < 0.05
+    assert train["outputs"]["world_size"] == 4 and train["outputs"]["steps"] == 30  # read from prepare's XCom
+    # the app id (${app_id}) is derived from the Airflow run and try
+    assert train["app_id"] == run_name("train", step_run_id("torchstep_example", example_run["run_id"], "train", 1))
+    evaluate = tasks["evaluate"]["xcom"]  # @task.torchstep, fed by train's outputs
+    assert evaluate["state"] == "SUCCEEDED" and evaluate["outputs"]["loss_ratio"] < 0.5
 
 
-def test_every_rank_output_reaches_the_task_log_prefixed(example_run):
-    out = example_run["output"]
-    for rank in range(4):
-        assert f"(rank {rank} of 4)" in out
-    assert "[trainer/0]" in out or "[trainer/" in out
+def test_every_rank_output_reaches_the_task_log_prefixed(example_run, faults):
+    assert "steps on 4 ranks" in example_run["output"]
+    assert "[trainer/0] trainer train-" in example_run["output"]
+    for rank in (0, 1):  # both workers of the hang task
+        assert f"[faulty/{rank}] faulty worker rank {rank} mode hang" in faults["output"]
 
 
 def test_a_worker_that_fails_once_is_retried_by_airflow_exactly_once(faults):

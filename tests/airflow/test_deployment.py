@@ -20,16 +20,15 @@ def log_text(deployment, run: dict, task_id: str, try_number: int) -> str:
 
 
 def test_example_pipeline_succeeds_with_results_in_xcom_and_rank_logs_in_the_task_log(deployment):
-    run = deployment.trigger("torchstep_example", {"lr": 0.4, "epochs": 40}, timeout=300)
+    run = deployment.trigger("torchstep_example", {"base_lr": 0.05, "steps": 30}, timeout=300)
     assert run["state"] == "success"
     xcom = deployment.call("GET", f"{task_path(run, 'train')}/xcomEntries/return_value?deserialize=true")
     result = xcom["value"]
     assert result["state"] == "SUCCEEDED" and result["outputs"]["world_size"] == 4
-    assert result["outputs"]["lr"] == 0.4
+    assert result["outputs"]["steps"] == 30
     log = log_text(deployment, run, "train", 1)
-    for rank in range(4):
-        assert f"(rank {rank} of 4)" in log  # every rank's output, prefixed, in Airflow's task log
-    assert "[trainer/3]" in log
+    assert "[trainer/0] trainer train-" in log and "steps on 4 ranks" in log  # rank output in Airflow's task log
+    assert "torchstep: trainer/1 SUCCEEDED" in log  # the launcher's replica events too
 
 
 def test_failing_step_is_tried_retries_plus_one_times_and_its_log_shows_the_root_cause(deployment, tmp_path):
@@ -53,7 +52,10 @@ def test_marking_a_running_task_failed_stops_every_process_of_the_step(deploymen
     deployment.wait(lambda: not [p for p in pids if alive(p)], 60, "the step's processes to stop")
     ti = deployment.call("GET", task_path(run, "hang"))
     assert ti["state"] == "failed"
-    assert "stopping the step (task killed)" in log_text(deployment, run, "hang", 1)
+    log = log_text(deployment, run, "hang", 1)
+    assert "stopping the step (task killed)" in log
+    for rank in (0, 1):  # every rank's output, prefixed, in Airflow's task log
+        assert f"[faulty/{rank}] faulty worker rank {rank} mode hang" in log
 
 
 def alive(pid: int) -> bool:

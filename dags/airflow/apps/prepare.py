@@ -1,12 +1,9 @@
-"""Make a small synthetic regression dataset (y = X @ w + noise) and publish its path.
+"""Prepare the training run: check the hyperparameters and apply the linear scaling rule
+(the learning rate grows with the number of workers), then publish them as outputs.
 
-Runs as one process under torchstep-agent; plain Python, no torch needed.
-"""
+Plain Python under torchstep-agent (no torch needed)."""
 
 import argparse
-import json
-import os
-import random
 
 import torchstep
 
@@ -14,24 +11,16 @@ import torchstep
 @torchstep.record
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out_dir", required=True)
-    p.add_argument("--rows", type=int, default=256)
-    p.add_argument("--features", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base_lr", type=float, required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
     a = p.parse_args()
-    rng = random.Random(a.seed)
-    w = [rng.uniform(-2, 2) for _ in range(a.features)]
-    rows = []
-    for _ in range(a.rows):
-        x = [rng.uniform(-1, 1) for _ in range(a.features)]
-        rows.append({"x": x, "y": sum(xi * wi for xi, wi in zip(x, w, strict=True)) + rng.gauss(0, 0.01)})
-    os.makedirs(a.out_dir, exist_ok=True)
-    path = os.path.join(a.out_dir, "data.json")
-    with open(path, "w") as f:
-        json.dump({"rows": rows, "true_w": w}, f)
-    print(f"wrote {len(rows)} rows to {path}", flush=True)
-    torchstep.output("data", path)
-    torchstep.output("rows", len(rows))
+    if not 0 < a.base_lr < 1:
+        raise torchstep.NonRetryableError(f"base_lr must be in (0, 1), got {a.base_lr}: retrying cannot help")
+    lr = round(min(a.base_lr * a.workers, 0.5), 6)
+    print(f"{a.workers} workers: lr {a.base_lr} -> {lr} (linear scaling, capped at 0.5), {a.steps} steps", flush=True)
+    torchstep.output("lr", lr)
+    torchstep.output("steps", a.steps)
 
 
 if __name__ == "__main__":
