@@ -150,3 +150,55 @@ def test_decorator_errors_name_the_parameter():
             return component(msg)
 
         train(nope=1)
+
+
+def trainer(data: str, lr: float = 0.1, max_retries: int = 2) -> specs.AppDef:
+    """A component with a required parameter.
+
+    Args:
+        data: input path
+        lr: learning rate
+        max_retries: APPLICATION retries
+    """
+    return app(max_retries, metadata={"retry_delay": 1}, args=(data, str(lr)))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"data": "{{ ti.xcom_pull('prep') }}", "lr": "{{ params.lr }}"},  # a required parameter is templated
+        ["--data", "{{ ds }}", "--lr", "{{ params.lr }}"],  # command-line strings
+    ],
+)
+def test_retry_budget_is_known_at_parse_time_even_with_templated_required_arguments(args):
+    with DAG("d", schedule=None):
+        op = AppDefOperator(task_id="t", app=trainer, app_args=args)
+    assert op.retries == 2 and op.retry_delay == datetime.timedelta(seconds=1)
+    op.render_template_fields({"params": {"lr": 0.5}, "ds": "2026-11-21", "ti": FakeTI()})
+    built, plan = op.build_app()
+    assert built.roles[0].args[1] == "0.5"
+    from torchstep_airflow.settings import check_run_settings
+
+    check_run_settings(plan, op._user, "local", op._parsed, op)  # the rendered AppDef agrees
+
+
+class FakeTI:
+    """Only what the template above reads (no metadata DB in these tests)."""
+
+    def xcom_pull(self, task_ids):
+        return "/data/from-prep"
+
+
+def test_task_torchstep_passes_positional_and_varargs_by_name():
+    with DAG("d", schedule=None):
+
+        @task.torchstep
+        def run(script: str, *script_args: str) -> specs.AppDef:
+            return specs.AppDef(
+                "run", roles=[specs.Role("r", image="", entrypoint="python", args=[script, *script_args])]
+            )
+
+        out = run("main.py", "--epochs", "{{ params.epochs }}")
+    op = out.operator
+    op.render_template_fields({"params": {"epochs": 3}})
+    assert op.build_app()[0].roles[0].args == ["main.py", "--epochs", "3"]

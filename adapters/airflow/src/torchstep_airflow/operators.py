@@ -131,12 +131,8 @@ class AppDefOperator(BaseOperator):
 
     def build_app(self) -> tuple[Any, StepPlan]:
         """The AppDef of this try (after template rendering) and its plan."""
-        from torchstep.components import materialize
-        from torchstep.plan import build_plan
-
         component, args = self._component()
-        app = materialize(component, None if _is_appdef(component) else args)
-        return app, build_plan(app, self.target)
+        return _build(component, args, self.target)
 
     # -- running ------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
@@ -259,12 +255,16 @@ def _stand_ins(args: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
     return []
 
 
-def _plan(component: Any, args: Any, target: str) -> StepPlan:
+def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
     from torchstep.components import materialize
     from torchstep.plan import build_plan
 
     app = materialize(component, None if _is_appdef(component) else args)
-    return build_plan(app, target)
+    return app, build_plan(app, target)
+
+
+def _plan(component: Any, args: Any, target: str) -> StepPlan:
+    return _build(component, args, target)[1]
 
 
 def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:
