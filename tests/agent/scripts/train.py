@@ -45,3 +45,4 @@ while True:
         break
     time.sleep(0.05)
 dist.destroy_process_group()
+os._exit(0)  # skip the interpreter's teardown (~0.5-1 s with torch loaded)

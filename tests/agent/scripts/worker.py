@@ -178,3 +178,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # skip the interpreter's teardown (~0.5-1 s with torch loaded): keeps the suite fast
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -132,7 +132,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _run(settings: AgentSettings, started_at: float) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
-    from torchstep.agent.results import Outcome
+    from torchstep.agent.results import Outcome, build_result, write_all
     from torchstep.agent.runner import AgentRun
 
     run = None
@@ -150,11 +150,18 @@ def _run(settings: AgentSettings, started_at: float) -> int:
         outcome = run.execute()
     except (signals.Cancelled, SignalException) as e:
         signals.enter_late_mode()
-        signum = e.signum if isinstance(e, signals.Cancelled) else int(e.sigval)
-        outcome = Outcome("cancelled", signal=signum)
-        if run is None:
-            raise signals.Cancelled(signum) from None
-    result = run.finish(outcome)
+        outcome = Outcome("cancelled", signal=e.signum if isinstance(e, signals.Cancelled) else int(e.sigval))
+    except Exception as e:  # our own machinery failed around the run: still a result, exit 83
+        signals.enter_late_mode()
+        log.exception("agent error")
+        outcome = Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
+    if run is not None:
+        result = run.finish(outcome)
+        paths = run.result_paths
+    else:
+        result = build_result(settings, None, outcome, started_at=started_at)
+        paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
+        write_all(result, paths)
     level = logging.INFO if result.state == "SUCCEEDED" else logging.ERROR
     log.log(
         level,
@@ -164,7 +171,7 @@ def _run(settings: AgentSettings, started_at: float) -> int:
         result.restarts,
         result.message or "all workers succeeded",
     )
-    log.info("result: %s; logs: %s", ", ".join(run.result_paths), settings.log_dir)
+    log.info("result: %s; logs: %s", ", ".join(paths), settings.log_dir)
     return result.exit_code if result.exit_code is not None else 1
 
 

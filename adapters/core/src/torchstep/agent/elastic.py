@@ -26,6 +26,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -118,6 +119,8 @@ class TorchstepAgent(LocalElasticAgent):
         self._watchdog = watchdog
         self._tee: LogTee | None = None
         self._timer_server: ReapingTimerServer | None = None
+        self._worker_store: Any = None
+        self._agent_hosts_store = False
         self._heartbeats = HeartbeatWatch(settings.heartbeat_timeout) if settings.heartbeat_timeout > 0 else None
 
     # -- views used by the runner, the watchdog and the result --------------------------
@@ -141,6 +144,46 @@ class TorchstepAgent(LocalElasticAgent):
         self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
         super()._rendezvous(worker_group)
         self._watchdog.phase("starting workers", 120)
+        self._agent_hosts_store = self._host_worker_store(worker_group)
+
+    def _host_worker_store(self, wg: WorkerGroup) -> bool:
+        """A fresh store for this group start, hosted by the node-rank-0 agent.
+
+        pytorch#135712: a store shared across restarts hands a restarted gloo group the
+        previous attempt's keys (extra restarts, hangs), so torch's fix
+        (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) lets worker rank 0 host a new store each
+        time — and every other rank then retries its connection until rank 0 has imported
+        torch (~0.3 s per start). Here the agent binds the new store at once on the address
+        the rendezvous published, so workers only connect as clients. If binding fails, the
+        workers fall back to torch's way.
+        """
+        self._worker_store = None  # the previous attempt's store: closed
+        if wg.spec.rdzv_handler.use_agent_store or self.settings.config.rdzv_backend not in ("c10d", "etcd-v2"):
+            return False
+        from torch.distributed import TCPStore
+
+        key = "torchstep/agent_hosts_worker_store"
+        if wg.group_rank == 0:
+            ok = False
+            try:
+                self._worker_store = TCPStore(
+                    host_name=wg.master_addr,
+                    port=wg.master_port,
+                    is_master=True,
+                    multi_tenant=True,
+                    wait_for_workers=False,
+                )
+                ok = True
+            except Exception as e:  # the free port was taken meanwhile
+                log.warning("cannot host the workers' store on port %s: %s", wg.master_port, e)
+            wg.store.set(key, "1" if ok else "0")
+            return ok
+        try:
+            wg.store.wait([key], timedelta(seconds=60))
+            return bool(wg.store.get(key) == b"1")
+        except Exception as e:
+            log.warning("node rank 0 did not say who hosts the workers' store (%s): workers host it", e)
+            return False
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
         # torch calls this from _start_workers with each worker's environment, just before
@@ -178,6 +221,8 @@ class TorchstepAgent(LocalElasticAgent):
             )
             attempt.workers[local_rank] = record
             env[TIMER_FILE_ENV] = fifo
+            if self._agent_hosts_store:
+                env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # connect as clients only
             env[HEARTBEAT_FILE_ENV] = record.heartbeat_file
             env[OUTPUT_FILE_ENV] = record.paths.outputs
         if self._heartbeats is not None:
@@ -411,6 +456,7 @@ class TorchstepAgent(LocalElasticAgent):
             if self._timer_server is not None:
                 self._timer_server.stop()
                 self._timer_server = None
+            self._worker_store = None
             self._total_execution_time = int(time.monotonic() - start)
 
     def _escalate_on_next_signal(self) -> None:

@@ -196,7 +196,11 @@ class AgentRun:
     def finish(self, outcome: Outcome) -> StepResult:
         """Write the final result and stop the watchdog and the reaper."""
         self.watchdog.stop()
-        result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+        try:
+            result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+        except Exception:  # a bug here must not cost the result: write what is certain
+            log.exception("building the full result failed; writing a minimal one")
+            result = build_result(self.settings, None, outcome, started_at=self.started_at)
         self.write(result, final=True)
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
