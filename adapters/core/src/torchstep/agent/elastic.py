@@ -163,24 +163,27 @@ class TorchstepAgent(LocalElasticAgent):
         from torch.distributed import TCPStore
 
         key = "torchstep/agent_hosts_worker_store"
+        store: Any = wg.store  # the rendezvous round's store (torch types it Optional)
+        addr: Any = wg.master_addr
+        port: Any = wg.master_port
         if wg.group_rank == 0:
             ok = False
             try:
                 self._worker_store = TCPStore(
-                    host_name=wg.master_addr,
-                    port=wg.master_port,
+                    host_name=addr,
+                    port=port,
                     is_master=True,
                     multi_tenant=True,
                     wait_for_workers=False,
                 )
                 ok = True
             except Exception as e:  # the free port was taken meanwhile
-                log.warning("cannot host the workers' store on port %s: %s", wg.master_port, e)
-            wg.store.set(key, "1" if ok else "0")
+                log.warning("cannot host the workers' store on port %s: %s", port, e)
+            store.set(key, "1" if ok else "0")
             return ok
         try:
-            wg.store.wait([key], timedelta(seconds=60))
-            return bool(wg.store.get(key) == b"1")
+            store.wait([key], timedelta(seconds=60))
+            return bool(store.get(key) == b"1")
         except Exception as e:
             log.warning("node rank 0 did not say who hosts the workers' store (%s): workers host it", e)
             return False
