@@ -174,9 +174,9 @@ class AppDefOperator(BaseOperator):
             result = call()
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
-        except TaskDeferred:  # a deferrable KubernetesPodOperator: trigger_reentry resumes
-            raise
-        except BaseException:  # timeout or kill: stop everything, keep what the run reported
+        except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the runner failed and
+            raise  # cleaned up as configured (on_finish_action)
+        except BaseException:  # execution timeout, termination, Ctrl-C: stop everything, keep the result
             runner = self._runner
             runner.cancel()
             stopped = getattr(runner, "result", None)
