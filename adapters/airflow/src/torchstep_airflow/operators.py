@@ -18,14 +18,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep.errors import SpecError
 
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
-
-try:  # Airflow >= 3.1 moved the task exceptions into the task SDK
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-except ImportError:  # pragma: no cover - Airflow 3.0
-    from airflow.exceptions import AirflowException, AirflowFailException, TaskDeferred  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     from torchstep.plan import StepPlan
