@@ -29,7 +29,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def shims_dir() -> str:
     """The directory with the ``torchrun`` shim: put it first on ``PATH`` and every
-    ``torchrun ...`` command line (e.g. TorchX ``dist.ddp``) runs under this agent."""
+    ``torchrun ...`` command line (e.g. TorchX ``dist.ddp``) runs under this agent.
+
+    Example::
+
+        env["PATH"] = f"{shims_dir()}:{env['PATH']}"
+        env["TORCHSTEP_PYTHON"] = sys.executable
+    """
     return str(Path(__file__).resolve().parent.parent / "shims")
 
 

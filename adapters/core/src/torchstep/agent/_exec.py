@@ -27,6 +27,10 @@ def _set_pdeathsig() -> None:
 
 
 def main(argv: list[str]) -> None:
+    """Parse the wrapper's options and ``exec`` the command (never returns).
+
+    Example: ``main(["--agent-pid", "123", "--merge-stderr", "--", "python", "-u", "train.py"])``
+    """
     agent_pid = 0
     merge = False
     i = 0

@@ -61,6 +61,10 @@ def _mark_killed(path: str, killed: int) -> None:
 
 
 def main(argv: list) -> None:
+    """Read commands until end of input, then kill what is watched.
+
+    Example: ``main(["--result", "/out/result.json", "--run-dir", "/tmp/torchstep-run-x"])``
+    """
     results = []
     run_dir = None
     i = 0

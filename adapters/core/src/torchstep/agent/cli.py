@@ -77,6 +77,8 @@ def _usage_result(message: str, code: int, *, started_at: float) -> None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The console script: :func:`run`, then exit at once with its code.
 
+    Example: ``torchstep-agent --nproc-per-node 2 train.py`` (``torchstep.agent.cli:main``).
+
     The exit skips the interpreter's teardown (with torch loaded it takes 0.3-1 s of the
     step's wall time); everything is flushed and written first. Use :func:`run` to embed.
     """
@@ -91,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the agent; returns its exit code (see ``docs/agent.md``)."""
+    """Run the agent; returns its exit code (see ``docs/agent.md``).
+
+    Example::
+
+        code = run(["--nproc-per-node", "2", "--result-file", "out/result.json", "train.py"])
+    """
     started_at = time.time()
     _setup_logging()
     from torchstep.agent.settings import DEFAULT_SIGNALS

@@ -50,7 +50,10 @@ RUNNING, SUCCEEDED, FAILED, CANCELLED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED
 
 @dataclass
 class WorkerRecord:
-    """One worker process of one attempt."""
+    """One worker process of one attempt.
+
+    Example: ``agent.attempts[-1].workers[0].exit.exit_code`` is local rank 0's exit code.
+    """
 
     local_rank: int
     global_rank: int
@@ -66,7 +69,10 @@ class WorkerRecord:
 
 @dataclass
 class Attempt:
-    """One start of the worker group (initial start, restart or membership change)."""
+    """One start of the worker group (initial start, restart or membership change).
+
+    Example: ``[a.state for a in agent.attempts]`` is ``["FAILED", "SUCCEEDED"]`` after one restart.
+    """
 
     index: int
     restart_count: int
@@ -85,7 +91,13 @@ class Attempt:
 
 
 class TorchstepAgent(LocalElasticAgent):
-    """See the module docstring. ``attempts`` and the counters are read by the result."""
+    """See the module docstring. ``attempts`` and the counters are read by the result.
+
+    Example::
+
+        agent = TorchstepAgent(spec, specs, settings, run_dir=d, reaper=r, exits=ExitWatcher(), watchdog=wd)
+        agent.run(); agent.failure_restarts   # 1
+    """
 
     def __init__(
         self,

@@ -46,7 +46,11 @@ _MAX_PARTIAL = 64 * 1024  # a "line" longer than this is emitted in pieces
 
 @dataclass(frozen=True)
 class RankPaths:
-    """Where one worker's files live in one attempt."""
+    """Where one worker's files live in one attempt.
+
+    Example: ``rank_paths("/logs/attempt_0", 3, merge_streams=True).error`` is
+    ``"/logs/attempt_0/rank3.error.json"``.
+    """
 
     log: str
     stderr: str | None  # only when stderr cannot be merged into ``log`` (function entrypoints)
@@ -55,7 +59,13 @@ class RankPaths:
 
 
 def rank_paths(attempt_dir: str, rank: int | str, *, merge_streams: bool) -> RankPaths:
-    """The files of global rank ``rank`` in ``attempt_dir``."""
+    """The files of global rank ``rank`` in ``attempt_dir``.
+
+    Example::
+
+        >>> rank_paths("/logs/attempt_1", 0, merge_streams=True).log
+        '/logs/attempt_1/rank0.log'
+    """
     base = os.path.join(attempt_dir, f"rank{rank}")
     return RankPaths(
         log=f"{base}.log",
@@ -72,6 +82,8 @@ class TorchstepLogsSpecs(LogsSpecs):
     attempt directory when a membership change starts the group again with the same
     count; here every group start gets a new ``attempt_<k>``. Console output is done by
     :class:`LogTee`, so no torch tee is configured.
+
+    Example: ``LocalElasticAgent(spec, TorchstepLogsSpecs("/logs", merge_streams=True))``.
     """
 
     def __init__(self, log_dir: str, *, merge_streams: bool) -> None:
@@ -154,7 +166,10 @@ def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
 
 @dataclass
 class TeeSource:
-    """One rank's log file to copy to the console."""
+    """One rank's log file to copy to the console.
+
+    Example: ``TeeSource("/logs/attempt_0/rank1.log", "[trainer/1] ", echo=True)``.
+    """
 
     path: str
     prefix: str

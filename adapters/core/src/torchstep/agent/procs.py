@@ -61,7 +61,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def exited_now(pid: int) -> bool:
-    """``True`` if our child ``pid`` has exited (reaped or not); never reaps it."""
+    """``True`` if our child ``pid`` has exited (reaped or not); never reaps it.
+
+    Example: ``exited_now(proc.pid)`` right after ``proc.kill(); time.sleep(0.1)`` is ``True``.
+    """
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # already reaped by its owner
@@ -93,7 +96,13 @@ def group_members(pgid: int) -> list[int]:
 
 
 def signal_group(pgid: int, sig: int) -> bool:
-    """``killpg`` that ignores a vanished group; never signals our own group."""
+    """``killpg`` that ignores a vanished group; never signals our own group.
+
+    Example::
+
+        >>> signal_group(os.getpgid(0), signal.SIGTERM)
+        False
+    """
     if pgid <= 1 or pgid == os.getpgid(0):
         return False
     try:
@@ -105,7 +114,10 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 def kill_groups(pgids: list[int], *, wait_s: float = 2.0) -> list[int]:
     """SIGKILL whole process groups (a worker and e.g. its dataloader children) and wait
-    until they are gone; returns the pids still alive after ``wait_s`` (D-state)."""
+    until they are gone; returns the pids still alive after ``wait_s`` (D-state).
+
+    Example: ``kill_groups([worker.pid])`` after the worker leader exited kills its children.
+    """
     for pgid in pgids:
         signal_group(pgid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
@@ -119,7 +131,10 @@ def kill_groups(pgids: list[int], *, wait_s: float = 2.0) -> list[int]:
 
 @dataclass
 class ExitInfo:
-    """When and how a child process ended (seen by ``waitid`` the moment it exits)."""
+    """When and how a child process ended (seen by ``waitid`` the moment it exits).
+
+    Example: ``ExitInfo(time=1795257685.39, exit_code=-9)`` — killed by SIGKILL.
+    """
 
     time: float
     exit_code: int  # like Popen.returncode: -N when killed by signal N

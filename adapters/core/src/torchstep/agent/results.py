@@ -57,6 +57,8 @@ class Outcome:
     ``kind``: ``workers`` (the group finished or failed), ``cancelled`` (signal),
     ``rendezvous`` (timeout, closed, backend unreachable), ``watchdog``, ``agent_error``,
     ``usage`` (bad command line).
+
+    Example: ``Outcome("cancelled", signal=15)`` becomes state CANCELLED, exit code 143.
     """
 
     kind: str
@@ -66,7 +68,13 @@ class Outcome:
 
 
 def exit_code_for(*, exit_code: int | None) -> int:
-    """A worker's exit code as the agent's: N stays N, killed by signal S gives 128+S."""
+    """A worker's exit code as the agent's: N stays N, killed by signal S gives 128+S.
+
+    Example::
+
+        >>> exit_code_for(exit_code=-15)
+        143
+    """
     if exit_code is None:
         return AGENT_ERROR_EXIT_CODE
     if exit_code < 0:
@@ -76,7 +84,13 @@ def exit_code_for(*, exit_code: int | None) -> int:
 
 def failure_is_non_retryable(exit_code: int | None, error_data: Any) -> bool:
     """Exit code 82, or an error file that says ``NonRetryableError`` (``torchstep.record``
-    marks it; torch's ``@record`` leaves the type name in the message and traceback)."""
+    marks it; torch's ``@record`` leaves the type name in the message and traceback).
+
+    Example::
+
+        >>> failure_is_non_retryable(82, None), failure_is_non_retryable(1, None)
+        (True, False)
+    """
     if exit_code == NON_RETRYABLE_EXIT_CODE:
         return True
     if not isinstance(error_data, dict):
@@ -123,7 +137,11 @@ def _signal_name(code: int | None) -> str | None:
 
 
 def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int) -> RankResult:
-    """One worker of ``attempt`` as a :class:`RankResult`."""
+    """One worker of ``attempt`` as a :class:`RankResult`.
+
+    Example: ``rank_result(agent.attempts[-1], worker, role="trainer", replica_id=0).reason``
+    is e.g. ``"timer_expired"``.
+    """
     code = w.exit.exit_code if w.exit is not None else None
     collateral = attempt.stop_started_at is not None and not w.dead_before_stop and w.reason is None
     data = _read_json(w.paths.error) if code not in (None, 0) else None
@@ -206,7 +224,10 @@ def _outputs(attempts: list[Attempt]) -> dict[str, Any]:
 
 def running_result(settings: AgentSettings, *, started_at: float) -> StepResult:
     """The result written at start (state RUNNING): a launcher sees the agent is up, and
-    the reaper turns it into FAILED if the agent is killed before writing the final one."""
+    the reaper turns it into FAILED if the agent is killed before writing the final one.
+
+    Example: ``running_result(settings, started_at=time.time()).state`` is ``"RUNNING"``.
+    """
     replica = ReplicaResult(
         role=settings.role,
         replica_id=settings.replica_id or 0,
@@ -228,7 +249,13 @@ def build_result(
     ended_at: float | None = None,
     app_id: str = "unknown",
 ) -> StepResult:
-    """The final step result of this agent (one replica: itself)."""
+    """The final step result of this agent (one replica: itself).
+
+    Example::
+
+        result = build_result(settings, agent, Outcome("workers", succeeded=True), started_at=t0)
+        result.exit_code   # 0
+    """
     ended = ended_at if ended_at is not None else time.time()
     role = settings.role if settings else "default"
     attempts = agent.attempts if agent is not None else []
@@ -296,7 +323,10 @@ def build_result(
 
 
 def write_all(result: StepResult, paths: list[str]) -> list[str]:
-    """Write ``result`` to every path (atomically); returns the paths that failed."""
+    """Write ``result`` to every path (atomically); returns the paths that failed.
+
+    Example: ``write_all(result, ["/out/result.json", "/logs/result.json"])`` is ``[]``.
+    """
     failed = []
     for path in paths:
         try:

@@ -34,7 +34,11 @@ log = logging.getLogger("torchstep.agent")
 
 
 class AgentRun:
-    """See the module docstring."""
+    """See the module docstring.
+
+    Example: ``AgentRun(settings, started_at=time.time()).result_paths`` lists
+    ``--result-file``, ``TORCHSTEP_RESULT_FILE`` and ``<log-dir>/result.json``.
+    """
 
     def __init__(self, settings: AgentSettings, *, started_at: float) -> None:
         self.settings = settings
@@ -208,7 +212,10 @@ class AgentRun:
 
 
 def cancelled_before_start(settings: AgentSettings | None, signum: int, *, started_at: float) -> StepResult:
-    """The result when a signal arrives before the run began (e.g. during ``import torch``)."""
+    """The result when a signal arrives before the run began (e.g. during ``import torch``).
+
+    Example: ``cancelled_before_start(None, 15, started_at=t0).exit_code`` is 143.
+    """
     return build_result(
         settings, None, Outcome("cancelled", signal=signum), started_at=started_at, ended_at=time.time()
     )

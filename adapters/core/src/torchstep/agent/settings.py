@@ -72,12 +72,18 @@ _TRACKED = {
 
 
 class UsageError(ValueError):
-    """A bad flag or environment value (the agent exits with 2, like argparse)."""
+    """A bad flag or environment value (the agent exits with 2, like argparse).
+
+    Example: ``resolve(["t.py"], environ={"TORCHSTEP_GRACE_PERIOD": "soon"})`` raises it.
+    """
 
 
 @dataclass(frozen=True)
 class Flag:
-    """A torchstep flag with its environment variable and default."""
+    """A torchstep flag with its environment variable and default.
+
+    Example: ``Flag("grace_period", ("--grace-period",), "TORCHSTEP_GRACE_PERIOD", float, 30.0, "...")``.
+    """
 
     dest: str
     flags: tuple[str, ...]
@@ -149,7 +155,10 @@ FLAGS: tuple[Flag, ...] = (
 
 @dataclass
 class AgentSettings:
-    """Everything the agent runs with (see ``docs/agent.md`` for each field)."""
+    """Everything the agent runs with (see ``docs/agent.md`` for each field).
+
+    Example: ``resolve(["--nproc-per-node", "2", "t.py"], environ={}).config.nproc_per_node`` is 2.
+    """
 
     config: Any  # torch.distributed.launcher.api.LaunchConfig
     entrypoint: str | Callable[..., Any]
@@ -229,7 +238,10 @@ class AgentSettings:
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
-    """torchrun's parser (``torch.distributed.run.get_args_parser``) plus torchstep's flags."""
+    """torchrun's parser (``torch.distributed.run.get_args_parser``) plus torchstep's flags.
+
+    Example: ``build_parser().parse_args(["--heartbeat-timeout", "60", "t.py"]).heartbeat_timeout`` is 60.0.
+    """
     from torch.distributed.run import get_args_parser
 
     env = os.environ if environ is None else environ
@@ -309,7 +321,11 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     """Parse ``argv`` (without the program name) under ``environ`` into settings.
 
     Raises ``SystemExit`` (argparse) for a bad command line and :class:`UsageError` for
-    a bad value. Nothing is changed in the process; see :attr:`AgentSettings.process_env`.
+    a bad value. The process is left alone (the agent applies
+    :attr:`AgentSettings.process_env` later), except for torchrun's own ``OMP_NUM_THREADS=1``
+    default when several workers run.
+
+    Example: ``resolve(["--nnodes", "2", "t.py"], environ={}).config.rdzv_backend`` is ``"c10d"``.
     """
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
     from torch.distributed.run import config_from_args, parse_min_max_nnodes

@@ -33,7 +33,10 @@ _previous: dict[signal.Signals, Any] = {}
 
 
 class Cancelled(BaseException):
-    """A handled signal arrived before the elastic agent was running."""
+    """A handled signal arrived before the elastic agent was running.
+
+    Example: ``Cancelled(15).signum`` is 15 (see the module example).
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"cancelled by {signal.Signals(signum).name}")
@@ -41,7 +44,13 @@ class Cancelled(BaseException):
 
 
 def parse(names: str) -> list[signal.Signals]:
-    """``"SIGTERM,SIGINT"`` -> signals (unknown names are skipped)."""
+    """``"SIGTERM,SIGINT"`` -> signals (unknown names are skipped).
+
+    Example::
+
+        >>> [s.name for s in parse("SIGTERM, SIGNOPE,SIGUSR1")]
+        ['SIGTERM', 'SIGUSR1']
+    """
     found = []
     for name in names.split(","):
         sig = getattr(signal, name.strip(), None)
@@ -64,13 +73,19 @@ def _raise_cancelled(signum: int, frame: FrameType | None) -> None:
 
 
 def install_early(names: str) -> None:
-    """Handle ``names`` from the first line of ``main``: raise :class:`Cancelled`."""
+    """Handle ``names`` from the first line of ``main``: raise :class:`Cancelled`.
+
+    Example: ``install_early("SIGTERM,SIGINT")`` (see the module example).
+    """
     _handled[:] = parse(names)
     _set(_raise_cancelled)
 
 
 def install_torch(names: str) -> None:
-    """Switch to torch's handler (raises ``SignalException``), as ``PContext.start`` does."""
+    """Switch to torch's handler (raises ``SignalException``), as ``PContext.start`` does.
+
+    Example: ``install_torch(settings.config.signals_to_handle)`` once torch is imported.
+    """
     from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
 
     _handled[:] = parse(names)
@@ -82,12 +97,18 @@ def _late(signum: int, frame: FrameType | None) -> None:
 
 
 def enter_late_mode() -> None:
-    """The run is over: note signals, do not raise."""
+    """The run is over: note signals, do not raise.
+
+    Example: ``enter_late_mode()`` before writing the final result.
+    """
     _set(_late)
 
 
 def restore() -> None:
-    """Put back the handlers that were there before (tests, embedding)."""
+    """Put back the handlers that were there before (tests, embedding).
+
+    Example: ``restore()`` at the end of an embedded :func:`torchstep.agent.cli.run`.
+    """
     for sig, previous in _previous.items():
         try:
             signal.signal(sig, previous)

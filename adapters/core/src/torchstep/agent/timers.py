@@ -35,6 +35,8 @@ class ReapingTimerServer(FileTimerServer):
 
     ``on_expired`` runs in the server's thread; it must kill the worker (the agent kills
     the whole process group, so e.g. dataloader children die too).
+
+    Example: see the module docstring.
     """
 
     def __init__(self, file_path: str, run_id: str, on_expired: Callable[[int, str, int], None]) -> None:
@@ -72,7 +74,10 @@ class ReapingTimerServer(FileTimerServer):
 
 @dataclass
 class StaleHeartbeat:
-    """A worker whose heartbeat is older than the timeout."""
+    """A worker whose heartbeat is older than the timeout.
+
+    Example: ``StaleHeartbeat(local_rank=1, age_s=12.3)``.
+    """
 
     local_rank: int
     age_s: float

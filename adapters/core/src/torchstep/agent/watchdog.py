@@ -33,7 +33,10 @@ log = logging.getLogger("torchstep.agent")
 
 
 class ProgressWatchdog:
-    """See the module docstring."""
+    """See the module docstring.
+
+    Example: ``ProgressWatchdog(60, on_fire=fail_fast, any_alive=agent.any_worker_alive).start()``.
+    """
 
     def __init__(
         self,
