@@ -16,10 +16,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import io
 import os
+import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -265,10 +267,38 @@ def _cache_parsers() -> None:
     builders._create_args_parser = cached
 
 
+def _with_evaluated_annotations(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """TorchX maps parameter annotations to argparse types and fails on string annotations
+    (a component module with ``from __future__ import annotations``): give it a wrapper
+    whose signature carries the evaluated types.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    if not any(isinstance(p.annotation, str) for p in sig.parameters.values()):
+        return fn
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable names: let TorchX report the parameter
+        return fn
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()]
+
+    @functools.wraps(fn)
+    def component(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    component.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=params, return_annotation=hints.get("return", sig.return_annotation)
+    )
+    return component
+
+
 def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> Any:
     from torchx.specs.builders import materialize_appdef
 
     _cache_parsers()
+    fn = _with_evaluated_annotations(fn)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
