@@ -1,0 +1,73 @@
+"""Agent startup: wall time of a 2-worker gloo hello-world under torchstep-agent vs
+torchrun, same script, runs alternated after one warm-up each; prints the median ratio.
+
+Usage: ``python bench/agent_startup.py [--runs N]``. Writes its section of
+bench/results/agent.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+
+HELLO = str(SCRIPTS / "agent_hello.py")
+
+
+def timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, check=False, timeout=300)
+    elapsed = time.perf_counter() - t0
+    if p.returncode != 0 or "hello from rank 1 of 2" not in p.stdout + p.stderr:
+        raise SystemExit(f"{argv[0]} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=7)
+    runs = ap.parse_args().runs
+    times: dict[str, list[float]] = {"torchrun": [], "torchstep-agent": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        commands = {
+            "torchrun": [TORCHRUN, "--nproc-per-node", "2", HELLO],
+            "torchstep-agent": [AGENT, "--nproc-per-node", "2", "--log-dir", f"{tmp}/logs", HELLO],
+        }
+        for argv in commands.values():
+            timed(argv)  # warm-up: page cache, bytecode
+        for i in range(runs):
+            order = list(commands) if i % 2 == 0 else list(reversed(commands))
+            for name in order:
+                times[name].append(timed(commands[name]))
+    ratio = median(times["torchstep-agent"]) / median(times["torchrun"])
+    rows = "\n".join(f"| {n} | {median(t):.2f} | {min(t):.2f} | {max(t):.2f} |" for n, t in times.items())
+    print(rows)
+    print(f"startup ratio torchstep-agent / torchrun: {ratio:.2f} (goal <= 1.0)")
+    update_section(
+        "agent_startup",
+        f"""
+## Startup
+
+`python bench/agent_startup.py --runs {runs}` — 2 workers, gloo hello-world
+(`bench/scripts/agent_hello.py`), wall time of the whole command.
+
+| command | median s | min s | max s |
+|---|---|---|---|
+{rows}
+
+- **startup ratio torchstep-agent / torchrun: {ratio:.2f}** (goal <= 1.0)
+
+{machine()}
+""",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
