@@ -1,12 +1,14 @@
 """Restarts within the budget: they must be reliable, not lucky.
 
 With torch's defaults a restarted gloo group can read the previous attempt's data from
-the shared rendezvous store and fail again or hang (pytorch#135712); the agent sets
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. Each scenario runs 10 times in a row: zero extra
-restarts, zero hangs.
+the shared rendezvous store and fail again or hang (pytorch#135712: 4 of 6 crash-once
+runs here); the agent gives every group start a fresh store. The crash-once scenario
+runs 10 times (node loss: test_agent_multinode.py): zero extra restarts, zero hangs.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from agent_testlib import WORKER, Agents
@@ -17,15 +19,23 @@ RUNS = 10
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_crash_once_recovers_with_exactly_one_restart_10_times(agents: Agents) -> None:
-    for i in range(RUNS):
+    def one(i: int) -> str | None:
         a = agents.run(
-            ["--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"], timeout=60, name=f"run{i}"
+            ["--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"], timeout=90, name=f"run{i}"
         )
-        assert a.returncode == 0, f"run {i}:\n{a.diagnostics()}"
-        r = a.result
-        assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1), f"run {i}"
-        assert sorted(p.name for p in a.log_dir.glob("attempt_*")) == ["attempt_0", "attempt_1"], f"run {i}"
-        assert "attempt 0: rank 1 worker_failed (exit 3)" in r["replicas"][0]["message"]
+        r = a.result if a.result_file.exists() else {}
+        attempts = sorted(p.name for p in a.log_dir.glob("attempt_*"))
+        if a.returncode != 0 or (r.get("state"), r.get("restarts")) != ("SUCCEEDED", 1) or len(attempts) != 2:
+            return f"run {i}: exit {a.returncode}, {attempts}\n{a.diagnostics()}"
+        if "attempt 0: rank 1 worker_failed (exit 3)" not in r["replicas"][0]["message"]:
+            return f"run {i}: {r['replicas'][0]['message']}"
+        return None
+
+    # two streams of five runs each: the same 10 restarts, half the wall time on 2 cores
+    # (the extra load makes a store race, if any, more likely, not less)
+    with ThreadPoolExecutor(2) as pool:
+        problems = [p for p in pool.map(one, range(RUNS)) if p]
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("api", ["torch", "torchstep"])
