@@ -86,7 +86,7 @@ def test_overlay_may_repeat_what_is_rendered(role, check):
         ({"labels": "team=ml"}, "cfg['labels']"),
         ({"annotations": {"torchstep/app-name": "x"}}, "cfg['annotations']['torchstep/app-name']"),
         ({"shm_size": "8 GB"}, "cfg['shm_size']"),
-        ({"pod": "yes"}, "cfg['pod']"),
+        ({"pod": "maybe"}, "cfg['pod']"),
         ({"ttl_seconds_after_finished": -1}, "cfg['ttl_seconds_after_finished']"),
         ({"active_deadline": 0}, "cfg['active_deadline']"),
         ({"rdzv_port": 70000}, "cfg['rdzv_port']"),

@@ -22,6 +22,7 @@ from typing import Any
 from torchstep.errors import SpecError
 from torchstep.kubernetes import syntax
 from torchstep.launch import DEFAULT_RDZV_PORT
+from torchstep.options import parse_options, to_runopts
 
 TARGET = "kubernetes"
 
@@ -84,15 +85,7 @@ def runopts() -> Any:
         usage:
             [namespace=NAMESPACE],...
     """
-    from typing import Dict, List  # noqa: UP035 - torchx's runopts wants typing generics
-
-    from torchx.specs import runopts as RunOpts
-
-    types = {list: List[str], dict: Dict[str, str]}  # noqa: UP006
-    opts = RunOpts()
-    for name, (typ, default, help_) in _OPTS.items():
-        opts.add(name, type_=types.get(typ, typ), default=default, help=help_)
-    return opts
+    return to_runopts(_OPTS)
 
 
 @dataclass(frozen=True)
@@ -128,13 +121,7 @@ def resolve(cfg: Mapping[str, Any] | None, *, namespace: str | None = None) -> K
     used unless ``cfg`` names another one. Bad keys or values raise a
     :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
     """
-    out: dict[str, Any] = {}
-    for key, value in dict(cfg or {}).items():
-        path = f"cfg[{key!r}]"
-        if key not in _OPTS:
-            raise SpecError(path, TARGET, "unknown option", fix=f"use one of: {', '.join(_OPTS)}")
-        if value is not None:
-            out[key] = _check(key, _convert(path, _OPTS[key][0], value))
+    out = {key: _check(key, value) for key, value in parse_options(cfg, _OPTS, target=TARGET).items()}
     if namespace is not None:
         ns = _check("namespace", namespace)
         if out.get("namespace", ns) != ns:
@@ -188,36 +175,3 @@ def _check(key: str, value: Any) -> Any:
     elif key == "result_file" and not value.startswith("/"):
         raise SpecError(path, TARGET, "must be an absolute path in the container", fix="e.g. /tmp/result.json")
     return value
-
-
-def _convert(path: str, typ: Any, value: Any) -> Any:
-    """A typed value, or the string form ``--cfg`` gives (lists ``a;b``, dicts ``k:v;k2:v2``)."""
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif typ is str:
-        if isinstance(value, str) and value and "\x00" not in value:
-            return value
-    elif typ is list:
-        if isinstance(value, str):
-            return [v.strip() for v in value.replace(",", ";").split(";") if v.strip()]
-        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            return list(value)
-    elif typ is dict:
-        if isinstance(value, str):
-            pairs = [p for p in value.replace(",", ";").split(";") if p.strip()]
-            if all(":" in p for p in pairs):
-                return {k.strip(): v.strip() for k, _, v in (p.partition(":") for p in pairs)}
-        elif isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            return dict(value)
-    kind = {list: "a list of strings", dict: "a mapping of strings (key:value;key2:value2)"}.get(
-        typ, f"a {typ.__name__}"
-    )
-    raise SpecError(path, TARGET, f"must be {kind}, got {value!r}", fix="see `torchstep runopts kubernetes`")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchstep.errors import SpecError
+from torchstep.options import convert, parse_options, to_runopts
 
 TARGET = "local"
 
@@ -71,14 +72,7 @@ def runopts() -> Any:
         usage:
             [log_dir=LOG_DIR],...
     """
-    from typing import List  # noqa: UP035 - torchx's runopts wants typing.List
-
-    from torchx.specs import runopts as RunOpts
-
-    opts = RunOpts()
-    for name, (typ, default, help_) in _OPTS.items():
-        opts.add(name, type_=List[str] if typ is list else typ, default=default, help=help_)  # noqa: UP006
-    return opts
+    return to_runopts(_OPTS)
 
 
 @dataclass(frozen=True)
@@ -101,18 +95,9 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
     ``run_local`` argument) wins over ``cfg["log_dir"]``. Bad keys or values raise a
     :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
     """
-    cfg = dict(cfg or {})
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        field = f"cfg[{key!r}]"
-        if key not in _OPTS:
-            raise SpecError(field, TARGET, "unknown option", fix=f"use one of: {', '.join(_OPTS)}")
-        typ, _, _ = _OPTS[key]
-        if value is None:
-            continue
-        out[key] = _convert(field, typ, value)
+    out = parse_options(cfg, _OPTS, target=TARGET)
     if log_dir is not None:
-        out["log_dir"] = _convert("log_dir", str, log_dir)
+        out["log_dir"] = convert("log_dir", str, log_dir, target=TARGET)
     out["log_dir"] = os.path.abspath(out.get("log_dir") or default_log_dir())
     if out.get("gpus") is not None:
         out["gpus"] = tuple(out["gpus"])
@@ -127,34 +112,3 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
         if key in out and out[key] < 0:
             raise SpecError(f"cfg[{key!r}]", TARGET, f"must not be negative, got {out[key]}", fix="e.g. 2")
     return LocalOptions(**out)
-
-
-def _convert(field: str, typ: Any, value: Any) -> Any:
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif typ is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, str) and value and "\x00" not in value:
-            return value
-    elif typ is list:
-        if isinstance(value, str):
-            return [v.strip() for v in value.replace(",", ";").split(";") if v.strip()]
-        if isinstance(value, list | tuple) and all(isinstance(v, str | int) for v in value):
-            return [str(v) for v in value]
-    name = "a list of strings" if typ is list else f"a {typ.__name__}"
-    raise SpecError(field, TARGET, f"must be {name}, got {value!r}", fix="see `torchstep runopts local`")
