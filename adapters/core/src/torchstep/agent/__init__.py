@@ -18,7 +18,6 @@ Command line::
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["main", "shims_dir"]
@@ -36,7 +35,9 @@ def shims_dir() -> str:
         env["PATH"] = f"{shims_dir()}:{env['PATH']}"
         env["TORCHSTEP_PYTHON"] = sys.executable
     """
-    return str(Path(__file__).resolve().parent.parent / "shims")
+    from torchstep.launch import shim_dir
+
+    return shim_dir()
 
 
 def __getattr__(name: str) -> Any:
