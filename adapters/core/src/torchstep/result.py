@@ -81,7 +81,8 @@ class StepResult:
 
     ``root_cause`` is the earliest failure (by timestamp) or ``None``; ``retryable`` is
     ``False`` when any failure was a :class:`torchstep.NonRetryableError` (or the reserved
-    exit code) or the step was cancelled on purpose.
+    exit code). A CANCELLED step stays retryable: an agent cannot tell a preemption (which an
+    orchestrator should retry) from a deliberate stop (which orchestrators do not retry anyway).
     """
 
     app_id: str
