@@ -4,6 +4,7 @@ schemas; and the Job path's watch / result / cleanup logic against an in-memory 
 
 import datetime
 import logging
+import os
 import types
 
 import kubernetes_validate
@@ -102,8 +103,9 @@ def ns(**kw):
 class FakeCluster:
     """Stores created objects, finishes Jobs after a few polls with the given exit codes."""
 
-    def __init__(self, exit_codes, polls=2):
+    def __init__(self, exit_codes, polls=2, messages=None):
         self.objects, self.deleted, self.exit_codes, self.polls = [], [], exit_codes, polls
+        self.messages = messages or {}  # replica index -> termination message
         self.reads = 0
 
     # batch/v1
@@ -133,7 +135,7 @@ class FakeCluster:
         pods = []
         for i, code in enumerate(self.exit_codes):
             term = (
-                ns(exit_code=code, message=f"[torchstep-agent] replica {i} exit {code}")
+                ns(exit_code=code, message=self.messages.get(i, f"[torchstep-agent] replica {i} exit {code}"))
                 if self.reads > self.polls
                 else None
             )
@@ -172,11 +174,11 @@ class FakeCluster:
         return obj
 
 
-def job_set(exit_codes, **kwargs):
+def job_set(exit_codes, messages=None, **kwargs):
     s = step(app(replicas=len(exit_codes)), {"poll_interval": 0.01, **kwargs})
     js = s._inner
     assert isinstance(js, JobSet)
-    fake = FakeCluster(exit_codes)
+    fake = FakeCluster(exit_codes, messages=messages)
     js.hook = ns(core_v1_client=fake, batch_v1_client=fake, api_client=ApiClient())
     return s, fake
 
@@ -245,3 +247,56 @@ def test_step_timeout_becomes_the_pods_deadline_and_airflows_backstop():
     with DAG("d", schedule=None):
         op = AppDefOperator(task_id="t", app=a, target="kubernetes")
     assert op.execution_timeout == datetime.timedelta(seconds=660)
+
+
+WORKER = """
+import sys, torchstep
+
+@torchstep.record
+def main():
+    import os
+    rank = int(os.environ["RANK"])
+    torchstep.output("loss", 0.25 if rank == 0 else 9.0)
+    torchstep.output("rank", rank)
+    if sys.argv[1] == "fail" and rank == 1:
+        raise RuntimeError("disk full on rank 1")
+
+main()
+"""
+
+
+def agent_summary(tmp_path, mode):
+    """Run the real agent with the termination log the rendered pods set; return what
+    Kubernetes would show as the container's termination message."""
+    import subprocess
+    import sys
+
+    script = tmp_path / f"worker_{mode}.py"
+    script.write_text(WORKER)
+    log = tmp_path / f"termination-{mode}.log"
+    env = {**os.environ, "TORCHSTEP_TERMINATION_LOG": str(log)}
+    argv = [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "2", "--log-dir", str(tmp_path / mode),
+            str(script), mode]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert log.exists(), done.stdout[-2000:] + done.stderr[-2000:]
+    return done.returncode, log.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_job_path_reads_rank0_outputs_and_root_cause_from_the_agents_termination_messages(tmp_path):
+    code_ok, ok = agent_summary(tmp_path, "ok")
+    code_bad, bad = agent_summary(tmp_path, "fail")
+    assert (code_ok, code_bad) == (0, 1)
+    assert len(ok.encode()) <= 4096 and len(bad.encode()) <= 4096  # Kubernetes keeps 4096 bytes
+
+    s, _ = job_set([0, 0], messages={0: ok, 1: ok})
+    result = s.run(context=None)
+    assert result.state == "SUCCEEDED"
+    assert result.outputs == {"loss": 0.25, "rank": 0}  # global rank 0's values, not rank 1's
+
+    s, _ = job_set([0, code_bad], messages={0: ok, 1: bad})
+    result = s.run(context=None)
+    assert result.state == "FAILED" and result.retryable is True
+    assert result.root_cause is not None and result.root_cause.rank == 1
+    assert "disk full on rank 1" in (result.root_cause.message or "")
+    assert "disk full on rank 1" in result.message

@@ -128,6 +128,8 @@ def test_env_secrets_by_reference(rendered):
         {"name": "TORCHSTEP_RDZV_ENDPOINT", "value": f"{FQDN}:29500"},
         {"name": "TORCHSTEP_RDZV_ID", "value": NAME},
         {"name": "TORCHSTEP_RDZV_CONF", "value": "join_timeout=900"},
+        # the agent's final result summary becomes the container's termination message
+        {"name": "TORCHSTEP_TERMINATION_LOG", "value": "/dev/termination-log"},
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
     ]
     single_env = rendered.roles[1].pod["spec"]["containers"][0]["env"]

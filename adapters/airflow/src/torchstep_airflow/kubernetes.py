@@ -41,7 +41,7 @@ from torchstep.kubernetes import (
     render_app,
 )
 from torchstep.plan import StepPlan
-from torchstep.result import CANCELLED, FAILED, SUCCEEDED, ReplicaResult, StepResult
+from torchstep.result import CANCELLED, FAILED, SUCCEEDED, RankResult, ReplicaResult, StepResult
 
 TARGET = "kubernetes"
 #: Where the agent writes the step result in a KubernetesPodOperator pod (its XCom file).
@@ -327,23 +327,39 @@ class JobSet:
             latest[(by_k8s.get(labels.get(LABEL_ROLE, ""), "?"), idx)] = pod
         replicas: list[ReplicaResult] = []
         retryable, failure = True, None
-        for (role, idx), pod in sorted(latest.items()):
+        roots: list[RankResult] = []
+        outputs: dict[str, Any] = {}
+        role_order = [r.role.name for r in self.rendered.roles]
+        for (role, idx), pod in sorted(latest.items(), key=lambda kv: (_order(role_order, kv[0][0]), kv[0][1])):
             code = _exit_code(pod)
             disrupted = any(c.type == "DisruptionTarget" and c.status == "True" for c in pod.status.conditions or [])
             kind = classify_exit(code, disrupted=disrupted)
             message = _termination_message(pod)
+            # the agent writes its final result summary as the termination message (outputs included)
+            summary = StepResult.from_summary(message)
             rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
-            replicas.append(ReplicaResult(role, idx, rep_state, code, message=message))
+            if summary is not None:
+                rep = ReplicaResult(role, idx, summary.state, summary.exit_code, restarts=summary.restarts,
+                                    message=summary.message)  # fmt: skip
+                retryable &= summary.retryable
+                if summary.root_cause is not None:
+                    roots.append(summary.root_cause)
+                if summary.outputs and not outputs:  # the first role's replica 0 holds global rank 0
+                    outputs = summary.outputs
+            else:
+                rep = ReplicaResult(role, idx, rep_state, code, message=message)
+            replicas.append(rep)
             retryable &= kind is not FailureKind.NON_RETRYABLE
-            if rep_state == FAILED and failure is None:
-                failure = f"{role}/{idx} exited {code} ({kind.value})" + (
-                    f": {message.strip().splitlines()[-1]}" if message else ""
-                )
+            if rep.state == FAILED and failure is None:
+                detail = rep.message.strip().splitlines()[-1] if rep.message and rep.message.strip() else ""
+                failure = f"{role}/{idx} exited {code} ({kind.value})" + (f": {detail}" if detail else "")
         ended = time.time()
         exit_code = 0 if state == SUCCEEDED else next((r.exit_code for r in replicas if r.exit_code), None)
+        root = min(roots, key=lambda r: (r.timestamp is None, r.timestamp or 0.0)) if roots else None
         return StepResult(
             app_id=self.rendered.app_id, state=state, exit_code=exit_code, retryable=retryable and state != CANCELLED,
-            duration_s=ended - started, started_at=started, ended_at=ended, replicas=replicas, message=failure,
+            restarts=sum(r.restarts for r in replicas), duration_s=ended - started, started_at=started,
+            ended_at=ended, replicas=replicas, message=failure, root_cause=root, outputs=outputs,
         )  # fmt: skip
 
     def delete(self) -> None:
@@ -358,6 +374,10 @@ class JobSet:
                 call()
             except Exception as e:  # keep deleting the rest
                 self.log.warning("torchstep: cleanup of %s: %s", sel, e)
+
+
+def _order(names: list[str], name: str) -> int:
+    return names.index(name) if name in names else len(names)
 
 
 def _termination_message(pod: Any) -> str | None:

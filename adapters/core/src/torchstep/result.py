@@ -40,6 +40,16 @@ UNKNOWN = "UNKNOWN"
 #: The number of trailing log lines of a failed rank kept in the result.
 TAIL_LINES = 50
 
+#: Where Kubernetes reads a container's termination message; the agent writes
+#: :meth:`StepResult.summary` there when ``TORCHSTEP_TERMINATION_LOG`` names it, so an
+#: adapter watching Jobs reads each replica's result (rank-0 outputs included) from the
+#: pod status, without access to the pod's files.
+TERMINATION_LOG = "/dev/termination-log"
+ENV_TERMINATION_LOG = "TORCHSTEP_TERMINATION_LOG"
+SUMMARY_KEY = "torchstep_result"
+SUMMARY_MAX_BYTES = 4096  # Kubernetes keeps at most 4096 bytes of a termination message
+TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
+
 
 @dataclass
 class RankResult:
@@ -162,6 +172,81 @@ class StepResult:
             **{k: v for k, v in d.items() if k in known},
             root_cause=_rank_from(rc) if rc else None,
             replicas=[_replica_from(r) for r in reps],
+        )
+
+    def summary(self, max_bytes: int = SUMMARY_MAX_BYTES) -> str:
+        """A compact JSON of this result that fits ``max_bytes`` (a termination message):
+        state, exit code, retryable, restarts, the root cause without its traceback, and the
+        outputs — dropped (``"outputs_truncated": true``) only when they do not fit.
+
+        >>> r = StepResult(app_id="a-1", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.1})
+        >>> StepResult.from_summary(r.summary()).outputs
+        {'loss': 0.1}
+        """
+
+        def text(data: dict[str, Any]) -> str:
+            return json.dumps(data, separators=(",", ":"), default=str)
+
+        def cut(msg: str | None, n: int) -> str | None:
+            return msg if msg is None or len(msg) <= n else msg[: n - 1] + "…"
+
+        rc = self.root_cause
+        data: dict[str, Any] = {
+            SUMMARY_KEY: SCHEMA_VERSION,
+            "app_id": self.app_id,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "retryable": self.retryable,
+            "restarts": self.restarts,
+            "duration_s": round(self.duration_s, 3),
+            "message": cut(self.message, 600),
+            "root_cause": None
+            if rc is None
+            else {
+                "role": rc.role,
+                "rank": rc.rank,
+                "local_rank": rc.local_rank,
+                "replica_id": rc.replica_id,
+                "state": rc.state,
+                "exit_code": rc.exit_code,
+                "signal": rc.signal,
+                "reason": rc.reason,
+                "timestamp": rc.timestamp,
+                "message": cut(rc.message, 600),
+            },
+            "outputs": self.outputs,
+        }
+        if len(text(data).encode()) > max_bytes:
+            data["outputs"], data["outputs_truncated"] = {}, True
+        for n in (200, 40):
+            if len(text(data).encode()) <= max_bytes:
+                break
+            data["message"] = cut(self.message, n)
+            if data["root_cause"] is not None:
+                data["root_cause"]["message"] = cut(rc.message if rc else None, n)
+        return text(data)
+
+    @classmethod
+    def from_summary(cls, text: str | None) -> StepResult | None:
+        """The result in a :meth:`summary` text, or ``None`` when ``text`` is not one
+        (e.g. a termination message that fell back to the container's last log lines)."""
+        try:
+            data = json.loads(text or "")
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get(SUMMARY_KEY) != SCHEMA_VERSION:
+            return None
+        rc = data.get("root_cause")
+        return cls(
+            app_id=str(data.get("app_id", "")),
+            state=str(data.get("state", UNKNOWN)),
+            exit_code=data.get("exit_code"),
+            retryable=bool(data.get("retryable", True)),
+            restarts=int(data.get("restarts") or 0),
+            duration_s=float(data.get("duration_s") or 0.0),
+            message=data.get("message"),
+            root_cause=_rank_from(rc) if isinstance(rc, dict) else None,
+            outputs=data.get("outputs") or {},
         )
 
     @classmethod

@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING, Any
 from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE
 from torchstep.result import (
     CANCELLED,
+    ENV_TERMINATION_LOG,
     FAILED,
     RUNNING,
     SUCCEEDED,
     TAIL_LINES,
+    TERMINAL_STATES,
     UNKNOWN,
     RankResult,
     ReplicaResult,
@@ -334,4 +336,13 @@ def write_all(result: StepResult, paths: list[str]) -> list[str]:
             result.write(path)
         except OSError:
             failed.append(path)
+    termination_log = os.environ.get(ENV_TERMINATION_LOG)
+    if termination_log and result.state in TERMINAL_STATES:
+        # Kubernetes shows this file as the container's termination message: Job watchers
+        # read each replica's final result (outputs included) from the pod status.
+        try:
+            with open(termination_log, "w") as f:
+                f.write(result.summary())
+        except OSError:
+            failed.append(termination_log)
     return failed

@@ -24,6 +24,7 @@ from torchstep.errors import SpecError
 from torchstep.kubernetes.options import KubernetesOptions
 from torchstep.launch import ENV_REPLICA_ID, ENV_RESULT_FILE, agent_argv, macro_values, replica_env
 from torchstep.plan import RolePlan
+from torchstep.result import ENV_TERMINATION_LOG, TERMINATION_LOG
 
 TARGET = "kubernetes"
 #: Name of the agent's container in every rendered pod (KubernetesPodOperator: pass it as
@@ -116,6 +117,8 @@ def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_pa
     env.pop(ENV_REPLICA_ID, None)
     if opts.result_file:
         env[ENV_RESULT_FILE] = opts.result_file
+    # the agent's final result summary becomes the container's termination message
+    env[ENV_TERMINATION_LOG] = TERMINATION_LOG
     first: dict[str, Any] = (
         {"name": ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}}
         if ep.indexed
