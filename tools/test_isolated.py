@@ -1,6 +1,10 @@
 """Install each adapter alone into its own fresh virtual environment with the newest
 versions its dependency ranges allow, import it, and run its own unit tests there.
 
+``core-nightly`` checks the core against torchx-nightly (a different distribution of the
+same ``torchx`` package, so never in one venv with torchx): pinned to one daily build,
+so a new nightly cannot turn CI red by itself; bump it on purpose.
+
 This proves the plugins are independent: their orchestrators cannot all be at their
 newest in one environment. Usage: ``python tools/test_isolated.py core airflow kfp prefect``.
 """
@@ -16,9 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 UV = Path(sys.executable).parent / "uv"
 TOOLS = ["pytest", "pytest-timeout", "hypothesis"]
+TORCHX_NIGHTLY = "torchx-nightly==2026.10.26"
 # what to report of each environment
 REPORT = {
     "core": ["torchx"],
+    "core-nightly": ["torchx-nightly"],
     "airflow": ["apache-airflow", "apache-airflow-task-sdk"],
     "kfp": ["kfp"],
     "prefect": ["prefect"],
@@ -38,14 +44,18 @@ def check(adapter: str) -> bool:
         print(out.stdout, out.stderr)
         return False
     py = str(venv / "bin" / "python")
-    pkgs = ["-e", str(ROOT / "adapters" / "core")]
-    if adapter != "core":
-        pkgs += ["-e", str(ROOT / "adapters" / adapter)]
-    out = run([str(UV), "pip", "install", "-q", "--python", py, "--resolution", "highest", *pkgs, *TOOLS])
-    if out.returncode:
-        print(f"[{adapter}] install failed:\n{out.stdout}{out.stderr}")
-        return False
-    module = "torchstep" if adapter == "core" else f"torchstep_{adapter}"
+    core = str(ROOT / "adapters" / "core")
+    if adapter == "core-nightly":  # core's own dependency names torchx (the release)
+        steps = [[TORCHX_NIGHTLY, "pyyaml", *TOOLS], ["--no-deps", "-e", core]]
+    else:
+        pkgs = ["-e", core] + ([] if adapter == "core" else ["-e", str(ROOT / "adapters" / adapter)])
+        steps = [[*pkgs, *TOOLS]]
+    for args in steps:
+        out = run([str(UV), "pip", "install", "-q", "--python", py, "--resolution", "highest", *args])
+        if out.returncode:
+            print(f"[{adapter}] install failed:\n{out.stdout}{out.stderr}")
+            return False
+    module = f"torchstep_{adapter}" if adapter in ("airflow", "kfp", "prefect") else "torchstep"
     probe = (
         "import sys, importlib; importlib.import_module(sys.argv[1]); "
         "assert 'torch' not in sys.modules, 'importing pulled in torch'"
@@ -56,7 +66,11 @@ def check(adapter: str) -> bool:
         return False
     versions = run([str(UV), "pip", "list", "--python", py, "--format", "freeze"]).stdout.splitlines()
     shown = [v for v in versions if v.split("==")[0].lower() in REPORT[adapter]]
-    tests = ROOT / "adapters" / adapter / "tests"
+    tests = (
+        ROOT / "adapters" / "core" / "tests" / "test_torchx_versions.py"
+        if adapter == "core-nightly"
+        else ROOT / "adapters" / adapter / "tests"
+    )
     out = run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)], cwd=ROOT)
     ok = out.returncode == 0
     tail = "\n".join(out.stdout.strip().splitlines()[-3:])
