@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from torchstep.errors import SpecError
 from torchstep.plan import RolePlan
 from torchstep.rules import RDZV_PORT_NAMES
+from torchstep.rules_resources import env_suffix
 
 TARGET = "local"
 
@@ -132,7 +133,7 @@ def usable_cores() -> list[int]:
 
 def port_env_name(name: str) -> str:
     """``TORCHSTEP_PORT_<NAME>``: where a replica finds the port assigned to ``port_map[name]``."""
-    return "TORCHSTEP_PORT_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name).upper()
+    return "TORCHSTEP_PORT_" + env_suffix(name)  # the planner checks these names for collisions
 
 
 def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str]]:
