@@ -11,7 +11,8 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from agent_testlib import WORKER, Agents, free_port, wait_for
+from agent_testlib import WORKER, Agents, wait_for
+from netlib import free_port
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 

@@ -9,7 +9,8 @@ import signal
 import time
 
 import pytest
-from agent_testlib import TRAIN, WORKER, Agents, StoreHost, alive, free_port, wait_for
+from agent_testlib import TRAIN, WORKER, Agents, StoreHost, alive, wait_for
+from netlib import free_port
 
 
 def test_two_agents_form_one_world_of_four(agents: Agents) -> None:

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from netlib import free_port
 
 # In-process Airflow (operators built by tests): a private home, set before anything imports it.
 if "AIRFLOW_HOME" not in os.environ:
@@ -37,12 +37,6 @@ BIN = Path(sys.executable).parent
 AIRFLOW = str(BIN / "airflow")
 DAG_FILES = [*sorted((HERE / "dags").glob("*.py")), *sorted((ROOT / "dags" / "airflow").glob("*.py"))]
 DRIVER = HERE / "dag_test_driver.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def airflow_env(home: Path, **extra: str) -> dict[str, str]:
