@@ -175,8 +175,10 @@ class KubernetesStep:
         assert isinstance(op, StepPodOperator)
         try:
             call()
-        except Exception:
-            if op.step_result is None:
+        except Exception as e:
+            if op.step_result is not None:  # KPO's "pod failed" (or a cleanup error): the result says more
+                self.log.warning("torchstep: the pod operator raised %s; reporting the agent's result", e)
+            else:
                 code = _exit_code(op.final_pod)
                 if code == NON_RETRYABLE_EXIT_CODE:
                     self.result = _status_result(self.rendered, FAILED, code, retryable=False,
