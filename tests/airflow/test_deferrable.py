@@ -11,6 +11,7 @@ import json
 import types
 
 import pytest
+from kpo_fakes import FakeHook
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
@@ -25,7 +26,7 @@ def ns(**kw):
     return types.SimpleNamespace(**kw)
 
 
-class FakeApi:
+class FakeApi(FakeHook):
     """The calls KubernetesPodOperator makes in deferrable mode, recorded; the pod it reads
     back has finished with ``exit_code`` and the agent's result in its XCom file."""
 
@@ -33,18 +34,8 @@ class FakeApi:
         self.exit_code, self.result = exit_code, result
         self.created: list = []
         self.deleted: list[str] = []
-        self.is_in_cluster = False
 
-    # hook
-    def get_namespace(self):
-        return None
-
-    def get_xcom_sidecar_container_image(self):
-        return "alpine"
-
-    def get_xcom_sidecar_container_resources(self):
-        return None
-
+    # hook (the rest from FakeHook)
     def get_pod(self, name, namespace):
         assert self.created and self.created[0].metadata.name == name, "resumed on a pod that was never created"
         return self.finished(self.created[0])

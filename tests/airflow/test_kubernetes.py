@@ -10,6 +10,7 @@ import types
 import kubernetes_validate
 import pytest
 import torchstep
+from kpo_fakes import FakeHook
 from kubernetes.client import ApiClient
 from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION
 from torchx import specs
@@ -42,21 +43,6 @@ def app(replicas=1, roles=1, **role_kw):
 def step(a, kwargs=None):
     plan = torchstep.build_plan(a, "kubernetes")
     return KubernetesStep("fit", plan, run_id=RUN_ID, cfg={"namespace": "ml"}, kwargs=kwargs or {}, log=LOG)
-
-
-class FakeHook:
-    """What KubernetesPodOperator 10.5 reads from its hook while building a pod."""
-
-    is_in_cluster = False
-
-    def get_namespace(self):
-        return None
-
-    def get_xcom_sidecar_container_image(self):
-        return "alpine"
-
-    def get_xcom_sidecar_container_resources(self):
-        return None
 
 
 def test_pod_operator_pod_is_the_rendered_pod():
