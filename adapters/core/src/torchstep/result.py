@@ -271,12 +271,17 @@ def _replica_from(d: dict[str, Any]) -> ReplicaResult:
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write JSON so a reader never sees a half-written file, even if we are killed."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync it, then rename it into place."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -37,7 +37,6 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -46,6 +45,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from torchstep.errors import NON_RETRYABLE_EXIT_CODE, NonRetryableError
+from torchstep.result import write_text_atomic
 
 __all__ = [
     "ERROR_FILE_ENV",
@@ -85,21 +85,6 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_error_file(exc: BaseException, *, retryable: bool = True, path: str | None = None) -> str | None:
     """Write ``exc`` to the worker's error file in torch's format (what ``@record`` writes).
 
@@ -133,7 +118,7 @@ def write_error_file(exc: BaseException, *, retryable: bool = True, path: str | 
         "torchstep": {"exception": qualname, "retryable": retryable, "timestamp": now},
     }
     try:
-        _atomic_write(target, json.dumps(data))
+        write_text_atomic(target, json.dumps(data))
     except OSError as err:  # never hide the worker's own exception behind ours
         print(f"torchstep: cannot write error file {target}: {err}", file=sys.stderr)
         return None
@@ -289,4 +274,4 @@ def output(name: str, value: Any) -> None:
         except (FileNotFoundError, ValueError):
             data = {}
         data[name] = json.loads(encoded)
-        _atomic_write(path, json.dumps(data))
+        write_text_atomic(path, json.dumps(data))

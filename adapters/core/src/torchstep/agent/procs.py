@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchstep.childproc import close_stdin_and_wait
+
 log = logging.getLogger("torchstep.agent")
 
 _REAPER = str(Path(__file__).with_name("_reaper.py"))
@@ -241,15 +243,5 @@ class Reaper:
         self._send("done")
         with self._lock:
             proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            close_stdin_and_wait(proc, timeout)

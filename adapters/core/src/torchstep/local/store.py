@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchstep.childproc import close_stdin_and_wait
 from torchstep.local import procs
 
 
@@ -58,16 +59,7 @@ class StoreHost:
         p = self.proc
         if p is None:
             return
-        if p.stdin is not None:
-            try:
-                p.stdin.close()
-            except OSError:
-                pass
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        close_stdin_and_wait(p, timeout)
         if p.stdout is not None:
             p.stdout.close()
 
