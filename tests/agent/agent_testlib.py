@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from proclib import wait_for
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 WORKER = str(SCRIPTS / "worker.py")
@@ -31,18 +32,6 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``cond`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def alive(pid: int) -> bool:

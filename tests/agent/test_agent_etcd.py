@@ -11,8 +11,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from agent_testlib import WORKER, Agents, wait_for
+from agent_testlib import WORKER, Agents
 from netlib import free_port
+from proclib import wait_for
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 

@@ -9,8 +9,9 @@ import signal
 import time
 
 import pytest
-from agent_testlib import TRAIN, WORKER, Agents, StoreHost, alive, wait_for
+from agent_testlib import TRAIN, WORKER, Agents, StoreHost, alive
 from netlib import free_port
+from proclib import wait_for
 
 
 def test_two_agents_form_one_world_of_four(agents: Agents) -> None:

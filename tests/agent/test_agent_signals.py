@@ -8,7 +8,8 @@ import signal
 import time
 
 import pytest
-from agent_testlib import WORKER, Agent, Agents, alive, wait_for
+from agent_testlib import WORKER, Agent, Agents, alive
+from proclib import wait_for
 
 
 def _start_lingering(agents: Agents, tmp_path, mode: str, grace: float) -> tuple[Agent, list[int]]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from netlib import free_port
+from proclib import kill_all, procs_with_env
 
 # In-process Airflow (operators built by tests): a private home, set before anything imports it.
 if "AIRFLOW_HOME" not in os.environ:
@@ -73,31 +74,6 @@ def run(argv: list[str], env: dict[str, str], timeout: float, **kw) -> subproces
     if out.returncode:
         raise AssertionError(f"{argv[:3]} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
     return out
-
-
-def procs_with_env(marker: str) -> list[int]:
-    """Live processes whose environment contains ``marker`` (e.g. ``AIRFLOW_HOME=<tmp>``),
-    whatever session or parent they ended up in."""
-    want = marker.encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            data = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        if want in data.split(b"\0"):
-            found.append(int(name))
-    return found
-
-
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # -- dag.test() ---------------------------------------------------------------------------------

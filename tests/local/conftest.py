@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_testlib import TOKEN_ENV, describe, kill_all, pids_with, wait_for  # noqa: E402
+from local_testlib import TOKEN_ENV, describe, pids_with  # noqa: E402
+from proclib import kill_all, wait_for  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from proclib import procs_with_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -17,26 +16,10 @@ WORKER = str(HERE / "scripts" / "worker.py")
 #: Set in the test's environment: every process a test starts inherits it.
 TOKEN_ENV = "TORCHSTEP_TEST_TOKEN"
 
-T = TypeVar("T")
-
 
 def pids_with(token: str) -> list[int]:
     """Live processes (not zombies) started with ``TORCHSTEP_TEST_TOKEN=token``."""
-    want = f"{TOKEN_ENV}={token}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if want in env and state not in (b"Z", b"X"):
-            out.append(int(name))
-    return out
+    return procs_with_env(f"{TOKEN_ENV}={token}")
 
 
 def describe(pids: list[int]) -> str:
@@ -49,26 +32,6 @@ def describe(pids: list[int]) -> str:
         except OSError:
             pass
     return "\n".join(lines)
-
-
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def wait_for(pred: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
-    """Poll ``pred`` until it returns something truthy (generous deadlines: 2 shared cores)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def rank_log_has(log_dir: Path, role: str, replica: int, text: str, *, newer_than: float = 0.0) -> bool:

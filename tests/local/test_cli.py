@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from local_testlib import WORKER, cli, rank_log_has, role, wait_for
+from local_testlib import WORKER, cli, rank_log_has, role
+from proclib import wait_for
 from torchstep.local.appfile import app_to_dict
 from torchx import specs
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torchstep
-from local_testlib import rank_log_has, role, wait_for
+from local_testlib import rank_log_has, role
+from proclib import wait_for
 from torchstep.local import ReplicaEvent, run_local
 from torchx import specs
 
