@@ -162,7 +162,8 @@ def test_settings_result_files_and_bad_values() -> None:
 
 
 def test_exit_codes_and_non_retryable_detection() -> None:
-    from torchstep.agent.results import exit_code_for, failure_is_non_retryable
+    from torchstep.agent.outcome import exit_code_for
+    from torchstep.contract import is_non_retryable as failure_is_non_retryable
 
     assert [exit_code_for(exit_code=c) for c in (1, 3, -9, -15)] == [1, 3, 137, 143]
     torch_record = {

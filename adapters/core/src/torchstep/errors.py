@@ -11,15 +11,9 @@ Example::
 
 from __future__ import annotations
 
-#: A worker that exits with this code (or raises :class:`NonRetryableError` under
-#: ``torchstep.record`` / torch's ``@record``) stops every retry layer at once: the agent
-#: does not restart it and exits with this same code; adapters tell their orchestrator
-#: not to retry.
-NON_RETRYABLE_EXIT_CODE = 82
+from torchstep.contract import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE
 
-#: The agent exits with this code when it fails on its own account: rendezvous timeout,
-#: the no-progress watchdog fired, or an internal error. The result file says which.
-AGENT_ERROR_EXIT_CODE = 83
+__all__ = ["AGENT_ERROR_EXIT_CODE", "NON_RETRYABLE_EXIT_CODE", "NonRetryableError", "SpecError"]
 
 
 class SpecError(ValueError):

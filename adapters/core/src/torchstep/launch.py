@@ -25,6 +25,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from torchstep.contract import (
+    ENV_APP_ID,
+    ENV_GRACE_PERIOD,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_RDZV_CONF,
+    ENV_RDZV_ENDPOINT,
+    ENV_RDZV_ID,
+    ENV_REPLICA_ID,
+    ENV_ROLE,
+)
 from torchstep.macros import RANK0_ENV_VAR
 from torchstep.plan import RolePlan
 
@@ -33,16 +43,6 @@ AGENT = "torchstep-agent"
 #: Default rendezvous port of the agent's c10d store (torchrun's default).
 DEFAULT_RDZV_PORT = 29500
 
-# Environment every replica gets (names the agent and the launchers share).
-ENV_APP_ID = "TORCHSTEP_APP_ID"
-ENV_ROLE = "TORCHSTEP_ROLE"
-ENV_REPLICA_ID = "TORCHSTEP_REPLICA_ID"
-ENV_RDZV_ENDPOINT = "TORCHSTEP_RDZV_ENDPOINT"
-ENV_RDZV_ID = "TORCHSTEP_RDZV_ID"
-ENV_RDZV_CONF = "TORCHSTEP_RDZV_CONF"
-ENV_RDZV_BACKEND = "TORCHSTEP_RDZV_BACKEND"
-ENV_RESULT_FILE = "TORCHSTEP_RESULT_FILE"
-ENV_LOG_DIR = "TORCHSTEP_LOG_DIR"
 
 
 def shim_dir() -> str:
@@ -143,9 +143,9 @@ def replica_env(
         if "PET_NPROC_PER_NODE" not in role.env:
             env["PET_NPROC_PER_NODE"] = str(role.nproc_per_node)
         if role.heartbeat_timeout_s is not None:
-            env["TORCHSTEP_HEARTBEAT_TIMEOUT"] = f"{role.heartbeat_timeout_s:g}"
+            env[ENV_HEARTBEAT_TIMEOUT] = f"{role.heartbeat_timeout_s:g}"
         if role.grace_period_s is not None:
-            env["TORCHSTEP_GRACE_PERIOD"] = f"{role.grace_period_s:g}"
+            env[ENV_GRACE_PERIOD] = f"{role.grace_period_s:g}"
     if rdzv_endpoint is not None:
         env[ENV_RDZV_ENDPOINT] = rdzv_endpoint
     if rdzv_id is not None:

@@ -45,7 +45,6 @@ TAIL_LINES = 50
 #: adapter watching Jobs reads each replica's result (rank-0 outputs included) from the
 #: pod status, without access to the pod's files.
 TERMINATION_LOG = "/dev/termination-log"
-ENV_TERMINATION_LOG = "TORCHSTEP_TERMINATION_LOG"
 SUMMARY_KEY = "torchstep_result"
 SUMMARY_MAX_BYTES = 4096  # Kubernetes keeps at most 4096 bytes of a termination message
 TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)

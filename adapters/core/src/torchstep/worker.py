@@ -44,7 +44,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from torchstep.errors import NON_RETRYABLE_EXIT_CODE, NonRetryableError
+from torchstep.contract import (
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT_FILE,
+    ENV_OUTPUT_FILE,
+    ENV_TIMER_FILE,
+    NON_RETRYABLE_EXIT_CODE,
+    error_record,
+)
+from torchstep.errors import NonRetryableError
 from torchstep.result import write_text_atomic
 
 __all__ = [
@@ -59,14 +67,11 @@ __all__ = [
     "write_error_file",
 ]
 
-#: Set by the agent (torch's name): where :func:`record` writes the worker's error.
-ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-#: Set by the agent (torch's name): the FIFO of the file-based timer server.
-TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
-#: Set by the agent: the file :func:`heartbeat` touches.
-HEARTBEAT_FILE_ENV = "TORCHSTEP_HEARTBEAT_FILE"
-#: Set by the agent: the JSON file :func:`output` writes.
-OUTPUT_FILE_ENV = "TORCHSTEP_OUTPUT_FILE"
+#: Set by the agent: the error file, the timer FIFO, the heartbeat file, the outputs file.
+ERROR_FILE_ENV = ENV_ERROR_FILE
+TIMER_FILE_ENV = ENV_TIMER_FILE
+HEARTBEAT_FILE_ENV = ENV_HEARTBEAT_FILE
+OUTPUT_FILE_ENV = ENV_OUTPUT_FILE
 
 # heartbeat() is meant to be called every step: skip the syscall when the last touch is
 # this recent (far below any sensible --heartbeat-timeout).
@@ -104,19 +109,7 @@ def write_error_file(exc: BaseException, *, retryable: bool = True, path: str | 
     target = path or _env(ERROR_FILE_ENV)
     if target is None:
         return None
-    now = time.time()
-    kind = type(exc)
-    qualname = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    data = {
-        "message": {
-            "message": f"{kind.__name__}: {exc}",
-            "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(exc)),
-                "timestamp": str(int(now)),
-            },
-        },
-        "torchstep": {"exception": qualname, "retryable": retryable, "timestamp": now},
-    }
+    data = error_record(exc, retryable=retryable)
     try:
         write_text_atomic(target, json.dumps(data))
     except OSError as err:  # never hide the worker's own exception behind ours

@@ -123,7 +123,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         signals.install_torch(settings.config.signals_to_handle)
         return _run(settings, started_at)
     except signals.Cancelled as e:
-        from torchstep.agent.results import write_all
+        from torchstep.agent.outcome import write_all
         from torchstep.agent.runner import cancelled_before_start
 
         signals.enter_late_mode()
@@ -139,7 +139,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _run(settings: AgentSettings, started_at: float) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
-    from torchstep.agent.results import Outcome, build_result, write_all
+    from torchstep.agent.outcome import Outcome, build_result, write_all
     from torchstep.agent.runner import AgentRun
 
     run = None

@@ -37,11 +37,13 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from torchstep.agent.logs import LogTee, RankPaths, TeeSource, TorchstepLogsSpecs, line_prefix, rank_paths
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
-from torchstep.agent.results import failure_is_non_retryable
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
-from torchstep.worker import HEARTBEAT_FILE_ENV, OUTPUT_FILE_ENV, TIMER_FILE_ENV
+from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
+from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
+from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
+from torchstep.contract import is_non_retryable
 
 log = logging.getLogger("torchstep.agent")
 
@@ -299,7 +301,7 @@ class TorchstepAgent(LocalElasticAgent):
             attempt.failures = dict(result.failures)
             attempt.ended_at = attempt.ended_at or time.time()
             bad = [
-                rank for rank, f in result.failures.items() if failure_is_non_retryable(f.exitcode, f.error_file_data)
+                rank for rank, f in result.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)
             ]
             if bad:
                 attempt.non_retryable = True

@@ -37,7 +37,7 @@ from typing import TextIO
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
-from torchstep.worker import ERROR_FILE_ENV
+from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
 
 #: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "

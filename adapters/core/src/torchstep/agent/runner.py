@@ -1,6 +1,6 @@
 """One run of the agent: rendezvous handler, worker spec, :class:`TorchstepAgent`, the
 reaper, the watchdog and the result file — torch's ``launch_agent`` with every exit path
-turned into an :class:`~torchstep.agent.results.Outcome`.
+turned into an :class:`~torchstep.agent.outcome.Outcome`.
 
 Example::
 
@@ -23,8 +23,8 @@ import traceback
 from typing import Any
 
 from torchstep.agent import signals
+from torchstep.agent.outcome import Outcome, build_result, running_result, write_all
 from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, Reaper
-from torchstep.agent.results import Outcome, build_result, running_result, write_all
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.errors import AGENT_ERROR_EXIT_CODE

@@ -31,15 +31,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-ENV_RESULT_FILE = "TORCHSTEP_RESULT_FILE"
-ENV_LOG_DIR = "TORCHSTEP_LOG_DIR"
-ENV_ROLE = "TORCHSTEP_ROLE"
-ENV_REPLICA_ID = "TORCHSTEP_REPLICA_ID"
-ENV_APP_ID = "TORCHSTEP_APP_ID"
-ENV_RDZV_BACKEND = "TORCHSTEP_RDZV_BACKEND"
-ENV_RDZV_ENDPOINT = "TORCHSTEP_RDZV_ENDPOINT"
-ENV_RDZV_ID = "TORCHSTEP_RDZV_ID"
-ENV_RDZV_CONF = "TORCHSTEP_RDZV_CONF"
+from torchstep.contract import (
+    ENV_APP_ID,
+    ENV_EXIT_BARRIER_TIMEOUT,
+    ENV_GRACE_PERIOD,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_LOG_DIR,
+    ENV_RDZV_BACKEND,
+    ENV_RDZV_CONF,
+    ENV_RDZV_ENDPOINT,
+    ENV_RDZV_ID,
+    ENV_REPLICA_ID,
+    ENV_RESULT_FILE,
+    ENV_ROLE,
+    ENV_STOP_TIMEOUT,
+    ENV_WATCHDOG_TIMEOUT,
+)
+
 #: pytorch#135712: a restarted gloo group must not read stale data from the shared store.
 ENV_NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
@@ -105,7 +113,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "heartbeat_timeout",
         ("--heartbeat-timeout", "--heartbeat_timeout"),
-        "TORCHSTEP_HEARTBEAT_TIMEOUT",
+        ENV_HEARTBEAT_TIMEOUT,
         float,
         0.0,
         "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)",
@@ -113,7 +121,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "grace_period",
         ("--grace-period", "--grace_period"),
-        "TORCHSTEP_GRACE_PERIOD",
+        ENV_GRACE_PERIOD,
         float,
         30.0,
         "seconds between forwarding a signal to the workers and SIGKILL of their process groups",
@@ -121,7 +129,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "stop_timeout",
         ("--stop-timeout", "--stop_timeout"),
-        "TORCHSTEP_STOP_TIMEOUT",
+        ENV_STOP_TIMEOUT,
         float,
         10.0,
         "seconds between SIGTERM and SIGKILL when the agent stops a group after a failure (torch: 30)",
@@ -129,7 +137,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "exit_barrier_timeout",
         ("--exit-barrier-timeout", "--exit_barrier_timeout"),
-        "TORCHSTEP_EXIT_BARRIER_TIMEOUT",
+        ENV_EXIT_BARRIER_TIMEOUT,
         float,
         60.0,
         "seconds a finished agent waits for the other agents to finish (torch: 300)",
@@ -137,7 +145,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "watchdog_timeout",
         ("--watchdog-timeout", "--watchdog_timeout"),
-        "TORCHSTEP_WATCHDOG_TIMEOUT",
+        ENV_WATCHDOG_TIMEOUT,
         float,
         60.0,
         "fail with exit 83 when the elastic loop makes no progress this long (0: off)",

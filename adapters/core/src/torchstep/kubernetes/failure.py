@@ -29,13 +29,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE
+from torchstep.contract import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, SIGKILLED_EXIT_CODE, SIGTERMED_EXIT_CODE
 from torchstep.plan import RetryOwner, RolePlan
 
-#: The agent's exit code when it was killed by SIGKILL (128 + 9).
-SIGKILLED_EXIT_CODE = 137
-#: The agent's exit code when it was stopped by SIGTERM (128 + 15).
-SIGTERMED_EXIT_CODE = 143
 #: Exit codes of an agent that did not give its own final answer: its pod is replaced
 #: (REPLICA), counted against the index's ``backoffLimitPerIndex``.
 REPLACED_EXIT_CODES = (AGENT_ERROR_EXIT_CODE, SIGKILLED_EXIT_CODE, SIGTERMED_EXIT_CODE)

@@ -20,11 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchstep.contract import ENV_REPLICA_ID, ENV_RESULT_FILE, ENV_TERMINATION_LOG
 from torchstep.errors import SpecError
 from torchstep.kubernetes.options import KubernetesOptions
-from torchstep.launch import ENV_REPLICA_ID, ENV_RESULT_FILE, agent_argv, macro_values, replica_env
+from torchstep.launch import agent_argv, macro_values, replica_env
 from torchstep.plan import RolePlan
-from torchstep.result import ENV_TERMINATION_LOG, TERMINATION_LOG
+from torchstep.result import TERMINATION_LOG
 
 TARGET = "kubernetes"
 #: Name of the agent's container in every rendered pod (KubernetesPodOperator: pass it as

@@ -28,8 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from torchstep import launch
-from torchstep.errors import NON_RETRYABLE_EXIT_CODE
+from torchstep import contract, launch
+from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
@@ -52,7 +52,6 @@ from torchstep.result import (
 #: the launcher: no dependence on PATH).
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
 #: Exit code of a run stopped by its timeout (as GNU ``timeout``).
-TIMEOUT_EXIT_CODE = 124
 
 
 def new_app_id(name: str) -> str:
@@ -176,13 +175,13 @@ class Launcher:
         if role.uses_torchrun:
             env.update(
                 {
-                    launch.ENV_RDZV_ENDPOINT: endpoint,
-                    launch.ENV_RDZV_ID: rdzv_id,
-                    launch.ENV_RDZV_BACKEND: "c10d",
+                    contract.ENV_RDZV_ENDPOINT: endpoint,
+                    contract.ENV_RDZV_ID: rdzv_id,
+                    contract.ENV_RDZV_BACKEND: "c10d",
                 }
             )
             if conf:
-                env[launch.ENV_RDZV_CONF] = conf
+                env[contract.ENV_RDZV_CONF] = conf
             if rep.incarnation and role.retry.owner is RetryOwner.AGENT:
                 env["PET_MAX_RESTARTS"] = str(max(0, budget_left))
         extra = ["--rdzv-conf", conf] if conf else []
@@ -281,7 +280,7 @@ class Launcher:
         role = rep.spec.role
         used = self.replaced.get(role.name, 0)
         budget = role.retry.agent_restarts
-        sig = procs.signal_name(rc)
+        sig = signal_name(rc)
         code = 128 - rc  # what a shell reports for a death by signal -rc
         what = f"agent of {role.name}/{rep.spec.replica_id} (pid {rep.proc.pid if rep.proc else '?'}) died of {sig}"
         if used < budget:

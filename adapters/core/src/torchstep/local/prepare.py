@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torchstep import launch
+from torchstep import contract, launch
 from torchstep.local import mounts, resources
 from torchstep.local.options import LocalOptions
 from torchstep.plan import RolePlan, StepPlan
@@ -105,9 +105,9 @@ def prepare(
             env["PATH"] = os.pathsep.join(
                 [launch.shim_dir(), os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
             )
-            env["TORCHSTEP_PYTHON"] = sys.executable  # the torchrun shim runs the agent with it
-            env[launch.ENV_RESULT_FILE] = os.path.join(log_dir, "result.json")
-            env[launch.ENV_LOG_DIR] = log_dir
+            env[contract.ENV_PYTHON] = sys.executable  # the torchrun shim runs the agent with it
+            env[contract.ENV_RESULT_FILE] = os.path.join(log_dir, "result.json")
+            env[contract.ENV_LOG_DIR] = log_dir
             env.setdefault("PYTHONUNBUFFERED", "1")  # output reaches the logs as it happens
             if key in gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[key])
@@ -115,7 +115,7 @@ def prepare(
                 env["OMP_NUM_THREADS"] = str(max(1, len(cpus[key]) // role.nproc_per_node))
             env.update(ports.get(key, {}))
             if role.grace_period_s is None:
-                env["TORCHSTEP_GRACE_PERIOD"] = f"{opts.grace_period:g}"  # the launcher waits that long
+                env[contract.ENV_GRACE_PERIOD] = f"{opts.grace_period:g}"  # the launcher waits that long
             out.append(
                 ReplicaSpec(
                     role=role,

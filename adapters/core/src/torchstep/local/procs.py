@@ -23,8 +23,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from torchstep.contract import ENV_LAUNCH_TOKEN
+
 #: Environment variable marking every process of a local run (see module docstring).
-ENV_TOKEN = "TORCHSTEP_LAUNCH_TOKEN"
+ENV_TOKEN = ENV_LAUNCH_TOKEN
 _TOKEN_PREFIX = (ENV_TOKEN + "=").encode()
 
 # Runs between fork and the agent: ties the agent's life to the launcher thread that started
@@ -109,11 +111,3 @@ def kill_tagged(prefix: str, *, rounds: int = 20) -> int:
     return killed
 
 
-def signal_name(returncode: int | None) -> str | None:
-    """``-9`` (Popen's way of saying "killed by signal 9") → ``"SIGKILL"``."""
-    if returncode is None or returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"

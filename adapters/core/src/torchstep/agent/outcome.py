@@ -29,10 +29,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE
+from torchstep.contract import (
+    AGENT_ERROR_EXIT_CODE,
+    ENV_TERMINATION_LOG,
+    NON_RETRYABLE_EXIT_CODE,
+    USAGE_EXIT_CODE,
+    error_details,
+    is_non_retryable,
+    signal_name,
+)
 from torchstep.result import (
     CANCELLED,
-    ENV_TERMINATION_LOG,
     FAILED,
     RUNNING,
     SUCCEEDED,
@@ -49,7 +56,6 @@ if TYPE_CHECKING:
     from torchstep.agent.elastic import Attempt, TorchstepAgent, WorkerRecord
     from torchstep.agent.settings import AgentSettings
 
-USAGE_EXIT_CODE = 2
 
 
 @dataclass
@@ -84,58 +90,12 @@ def exit_code_for(*, exit_code: int | None) -> int:
     return exit_code
 
 
-def failure_is_non_retryable(exit_code: int | None, error_data: Any) -> bool:
-    """Exit code 82, or an error file that says ``NonRetryableError`` (``torchstep.record``
-    marks it; torch's ``@record`` leaves the type name in the message and traceback).
-
-    Example::
-
-        >>> failure_is_non_retryable(82, None), failure_is_non_retryable(1, None)
-        (True, False)
-    """
-    if exit_code == NON_RETRYABLE_EXIT_CODE:
-        return True
-    if not isinstance(error_data, dict):
-        return False
-    ours = error_data.get("torchstep")
-    if isinstance(ours, dict) and ours.get("retryable") is False:
-        return True
-    message = error_data.get("message")
-    if isinstance(message, dict):
-        text = str(message.get("message", ""))
-        stack = str((message.get("extraInfo") or {}).get("py_callstack", "")).rstrip().splitlines()
-        return text.startswith("NonRetryableError:") or bool(stack and "NonRetryableError:" in stack[-1])
-    return isinstance(message, str) and message.startswith("NonRetryableError:")
-
-
 def _read_json(path: str) -> Any:
     try:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _error_details(data: Any) -> tuple[str | None, str | None]:
-    """(message, traceback) from an error file in torch's format."""
-    if not isinstance(data, dict):
-        return None, None
-    message = data.get("message")
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return str(message.get("message")) if message.get("message") else None, extra.get("py_callstack")
-    if isinstance(message, str) and message != "<NONE>":
-        return message, None
-    return None, None
-
-
-def _signal_name(code: int | None) -> str | None:
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"SIG{-code}"
 
 
 def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int) -> RankResult:
@@ -147,7 +107,7 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
     code = w.exit.exit_code if w.exit is not None else None
     collateral = attempt.stop_started_at is not None and not w.dead_before_stop and w.reason is None
     data = _read_json(w.paths.error) if code not in (None, 0) else None
-    message, trace = _error_details(data)
+    message, trace = error_details(data)
     if attempt.state == CANCELLED and code != 0:
         state = CANCELLED
     elif code == 0:
@@ -164,7 +124,7 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
             reason = w.reason
         elif collateral:
             reason = "stopped"
-        elif failure_is_non_retryable(code, data):
+        elif is_non_retryable(code, data):
             reason = "non_retryable"
         elif code is not None and code < 0:
             reason = "signal"
@@ -174,9 +134,9 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
         if w.detail:
             message = w.detail
         elif reason == "stopped":
-            message = f"stopped by the agent after another rank failed ({_signal_name(code) or f'exit {code}'})"
+            message = f"stopped by the agent after another rank failed ({signal_name(code) or f'exit {code}'})"
         elif code is not None and code < 0:
-            message = f"killed by {_signal_name(code)}"
+            message = f"killed by {signal_name(code)}"
         else:
             message = f"exited with code {code}"
     timestamp = None
@@ -193,7 +153,7 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
         local_rank=w.local_rank,
         state=state,
         exit_code=code,
-        signal=_signal_name(code),
+        signal=signal_name(code),
         message=message,
         traceback=trace,
         timestamp=timestamp,
