@@ -44,7 +44,6 @@ AGENT = "torchstep-agent"
 DEFAULT_RDZV_PORT = 29500
 
 
-
 def shim_dir() -> str:
     """The directory holding the ``torchrun`` shim (put it first on PATH)."""
     return str(Path(__file__).resolve().parent / "shims")

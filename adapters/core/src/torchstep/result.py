@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torchstep.files import private_dir, write_private
 
 SCHEMA_VERSION = 1
 
@@ -274,22 +275,13 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync it, then rename it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write ``text`` to a temp file beside ``path``, fsync it, then rename it into place.
+    The file is ``0600``; missing parent directories are created ``0700``; a symlink at
+    ``path`` is refused (:class:`torchstep.files.UnsafePathError`), never followed."""
+    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(parent):
+        private_dir(parent)
+    write_private(path, text)
 
 
 def earliest_failure(ranks: list[RankResult]) -> RankResult | None:

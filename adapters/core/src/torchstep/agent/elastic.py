@@ -300,9 +300,7 @@ class TorchstepAgent(LocalElasticAgent):
             attempt.state = FAILED
             attempt.failures = dict(result.failures)
             attempt.ended_at = attempt.ended_at or time.time()
-            bad = [
-                rank for rank, f in result.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)
-            ]
+            bad = [rank for rank, f in result.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)]
             if bad:
                 attempt.non_retryable = True
                 if self._remaining_restarts > 0:

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
 
 
-
 @dataclass
 class Outcome:
     """How the agent's run ended, before it is turned into a result.

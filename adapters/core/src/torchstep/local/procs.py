@@ -109,5 +109,3 @@ def kill_tagged(prefix: str, *, rounds: int = 20) -> int:
                 pass
         time.sleep(0.02)
     return killed
-
-
