@@ -99,10 +99,10 @@ def test_explain_never_raises_and_escapes_control_characters() -> None:
 def test_explain_works_in_any_import_order() -> None:
     # importing the table module first must not shadow the function
     code = (
-        "import torchstep.translation, torchstep\n"
+        "import torchstep.spec.explain, torchstep\n"
         "app = torchstep.materialize('utils.echo', [])\n"
         "print(torchstep.explain(app, 'kfp').splitlines()[0])\n"
-        "from torchstep.translation import explain\n"
+        "from torchstep.spec.explain import explain\n"
         "print(explain(app, 'local').splitlines()[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -117,7 +117,7 @@ def test_importing_torchstep_does_not_import_torch() -> None:
         "import sys, torchstep\n"
         "app = torchstep.materialize('dist.ddp', ['--script', 't.py'])\n"
         "torchstep.explain(app, 'kfp'); torchstep.build_plan(app, 'kubernetes')\n"
-        "import torchstep.launch, torchstep.names, torchstep.macros, torchstep.rules\n"
+        "import torchstep.launch, torchstep.spec.names, torchstep.spec.macros, torchstep.spec.rules.resources\n"
         "print(sorted(m for m in ('torch', 'airflow', 'kfp', 'prefect', 'kubernetes') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -152,20 +152,26 @@ def test_cli_builtins_lists_the_torchx_builtins() -> None:
 
 # ---- the examples in the docstrings of the spec layer -------------------------------------------
 SPEC_MODULES = [
-    "torchstep.cmdline",
-    "torchstep.components",
+    "torchstep.contract",
     "torchstep.errors",
-    "torchstep.translation",
+    "torchstep.files",
     "torchstep.launch",
-    "torchstep.macros",
-    "torchstep.names",
-    "torchstep.plan",
-    "torchstep.rules",
-    "torchstep.rules_base",
-    "torchstep.rules_launch",
-    "torchstep.rules_metadata",
-    "torchstep.rules_resources",
-    "torchstep.rules_retry",
+    "torchstep.spec",
+    "torchstep.spec.agent_command",
+    "torchstep.spec.cmdline",
+    "torchstep.spec.components",
+    "torchstep.spec.explain",
+    "torchstep.spec.limits",
+    "torchstep.spec.macros",
+    "torchstep.spec.model",
+    "torchstep.spec.names",
+    "torchstep.spec.planner",
+    "torchstep.spec.rules.command",
+    "torchstep.spec.rules.metadata",
+    "torchstep.spec.rules.record",
+    "torchstep.spec.rules.replicas",
+    "torchstep.spec.rules.resources",
+    "torchstep.spec.rules.retry",
 ]
 
 

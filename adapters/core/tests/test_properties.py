@@ -11,7 +11,9 @@ from typing import Any
 import torchstep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torchstep.plan import KNOWN_CAPABILITIES, ROLE_OPTIONS, StepPlan, plan_decisions
+from torchstep.spec.limits import KNOWN_CAPABILITIES
+from torchstep.spec.model import ROLE_OPTIONS, StepPlan
+from torchstep.spec.planner import plan_decisions
 from torchx.specs import AppDef, BindMount, DeviceMount, Resource, RetryPolicy, Role, VolumeMount
 
 TARGETS = ("local", "kubernetes", "kfp")

@@ -40,8 +40,8 @@ from torchstep.kubernetes import (
     owned_by,
     render_app,
 )
-from torchstep.plan import StepPlan
 from torchstep.result import CANCELLED, FAILED, SUCCEEDED, RankResult, ReplicaResult, StepResult
+from torchstep.spec.model import StepPlan
 
 TARGET = "kubernetes"
 #: Where the agent writes the step result in a KubernetesPodOperator pod (its XCom file).

@@ -24,8 +24,8 @@ from torchstep.errors import SpecError
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
 
 if TYPE_CHECKING:
-    from torchstep.plan import StepPlan
     from torchstep.result import StepResult
+    from torchstep.spec.model import StepPlan
 
 TARGETS = ("local", "kubernetes")
 #: Jinja markers of Airflow's default template environment.
@@ -252,8 +252,8 @@ def _stand_ins(args: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
 
 
 def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
-    from torchstep.components import materialize
-    from torchstep.plan import build_plan
+    from torchstep.spec.components import materialize
+    from torchstep.spec.planner import build_plan
 
     app = materialize(component, None if _is_appdef(component) else args)
     return app, build_plan(app, target)

@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.plan import RetryOwner, StepPlan
+from torchstep.spec.model import RetryOwner, StepPlan
 
 #: Seconds added to the plan's step timeout for Airflow's ``execution_timeout`` backstop:
 #: the runner stops the step first and reports it; Airflow fires only if the runner hangs.

@@ -19,15 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, NonRetryableError, SpecError
 
-__version__ = "0.1.0"
-
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
-    "materialize": "torchstep.components",
-    "build_plan": "torchstep.plan",
-    "StepPlan": "torchstep.plan",
-    "RolePlan": "torchstep.plan",
-    "explain": "torchstep.translation",
+    "materialize": "torchstep.spec.components",
+    "build_plan": "torchstep.spec.planner",
+    "StepPlan": "torchstep.spec.model",
+    "RolePlan": "torchstep.spec.model",
+    "explain": "torchstep.spec.explain",
     "run_local": "torchstep.local",
     "ReplicaEvent": "torchstep.local",
     "StepResult": "torchstep.result",
@@ -36,19 +34,7 @@ _LAZY = {
     "heartbeat": "torchstep.worker",
     "output": "torchstep.worker",
 }
-_SUBMODULES = {
-    "kubernetes",
-    "local",
-    "plan",
-    "result",
-    "worker",
-    "agent",
-    "components",
-    "names",
-    "macros",
-    "translation",
-    "launch",
-}
+_SUBMODULES = {"agent", "contract", "files", "kubernetes", "launch", "local", "result", "spec", "steps", "worker"}
 
 __all__ = [
     "AGENT_ERROR_EXIT_CODE",
@@ -72,15 +58,20 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
-    from torchstep.components import materialize
     from torchstep.local import ReplicaEvent, run_local
-    from torchstep.plan import RolePlan, StepPlan, build_plan
     from torchstep.result import StepResult
-    from torchstep.translation import explain
+    from torchstep.spec.components import materialize
+    from torchstep.spec.explain import explain
+    from torchstep.spec.model import RolePlan, StepPlan
+    from torchstep.spec.planner import build_plan
     from torchstep.worker import expires, heartbeat, output, record
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the distribution's own version, written once (pyproject.toml)
+        from importlib.metadata import version
+
+        return version("torchstep")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name in _SUBMODULES:

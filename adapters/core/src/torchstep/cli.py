@@ -36,9 +36,10 @@ def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def explain_main(argv: Sequence[str]) -> int:
-    from torchstep.components import materialize
-    from torchstep.plan import TARGETS, plan_decisions
-    from torchstep.translation import render_table
+    from torchstep.spec.components import materialize
+    from torchstep.spec.explain import render_table
+    from torchstep.spec.model import TARGETS
+    from torchstep.spec.planner import plan_decisions
 
     opts, comp_args = split_component_args(argv)
     p = argparse.ArgumentParser(prog="torchstep explain", description="print the translation table of an AppDef")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 # -- environment variables set by a launcher for the agent ---------------------------------
@@ -55,6 +56,13 @@ ENV_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 ENV_HEARTBEAT_FILE = "TORCHSTEP_HEARTBEAT_FILE"
 #: The JSON file ``torchstep.output()`` writes.
 ENV_OUTPUT_FILE = "TORCHSTEP_OUTPUT_FILE"
+
+
+def shim_dir() -> str:
+    """The directory holding the ``torchrun`` shim that execs ``torchstep-agent`` (put it
+    first on PATH and every ``torchrun ...`` command line runs under the agent)."""
+    return str(Path(__file__).resolve().parent / "shims")
+
 
 # -- exit codes ------------------------------------------------------------------------------
 #: A worker that exits with this code (or raises ``NonRetryableError`` under

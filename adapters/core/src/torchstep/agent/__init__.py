@@ -35,7 +35,7 @@ def shims_dir() -> str:
         env["PATH"] = f"{shims_dir()}:{env['PATH']}"
         env["TORCHSTEP_PYTHON"] = sys.executable
     """
-    from torchstep.launch import shim_dir
+    from torchstep.contract import shim_dir
 
     return shim_dir()
 

@@ -25,8 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
     from torchstep.cli import split_component_args
-    from torchstep.components import materialize
     from torchstep.kubernetes.render import render_app
+    from torchstep.spec.components import materialize
 
     opts, comp_args = split_component_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="torchstep render", description="print the Kubernetes objects of an AppDef")

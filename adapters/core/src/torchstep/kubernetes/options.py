@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.kubernetes import syntax
-from torchstep.launch import DEFAULT_RDZV_PORT
 from torchstep.options import parse_options, to_runopts
+from torchstep.spec import names
+from torchstep.spec.agent_command import DEFAULT_RDZV_PORT
 
 TARGET = "kubernetes"
 
@@ -138,23 +138,23 @@ def resolve(cfg: Mapping[str, Any] | None, *, namespace: str | None = None) -> K
 def _check(key: str, value: Any) -> Any:
     """Kubernetes syntax of one option value."""
     path = f"cfg[{key!r}]"
-    names = {
-        "namespace": (syntax.is_dns_label, "a DNS-1123 label", "e.g. 'ml-team'"),
-        "service_account": (syntax.is_dns_subdomain, "a valid ServiceAccount name", "e.g. 'trainer'"),
-        "priority_class": (syntax.is_dns_subdomain, "a valid PriorityClass name", "e.g. 'high-priority'"),
-        "queue": (syntax.is_label_value, "a valid label value", "e.g. 'team-a-queue'"),
-        "cluster_domain": (syntax.is_dns_subdomain, "a DNS domain", "e.g. 'cluster.local'"),
-        "shm_size": (syntax.is_quantity, "a Kubernetes quantity", "e.g. '8Gi'"),
+    checks = {
+        "namespace": (names.is_dns_label, "a DNS-1123 label", "e.g. 'ml-team'"),
+        "service_account": (names.is_dns_subdomain, "a valid ServiceAccount name", "e.g. 'trainer'"),
+        "priority_class": (names.is_dns_subdomain, "a valid PriorityClass name", "e.g. 'high-priority'"),
+        "queue": (names.is_label_value, "a valid label value", "e.g. 'team-a-queue'"),
+        "cluster_domain": (names.is_dns_subdomain, "a DNS domain", "e.g. 'cluster.local'"),
+        "shm_size": (names.is_quantity, "a Kubernetes quantity", "e.g. '8Gi'"),
     }
-    if key in names:
-        ok, what, fix = names[key]
+    if key in checks:
+        ok, what, fix = checks[key]
         if not ok(value):
             raise SpecError(path, TARGET, f"{value!r} is not {what}", fix=fix)
     elif key == "run_id" and (not value.strip() or not value.isprintable()):
         raise SpecError(path, TARGET, "must be a non-empty printable string", fix="pass the orchestrator's run id")
     elif key == "image_pull_secrets":
         for name in value:
-            if not syntax.is_dns_subdomain(name):
+            if not names.is_dns_subdomain(name):
                 raise SpecError(path, TARGET, f"{name!r} is not a valid Secret name", fix="e.g. 'regcred'")
     elif key == "image_pull_policy" and value not in PULL_POLICIES:
         raise SpecError(
@@ -162,9 +162,9 @@ def _check(key: str, value: Any) -> Any:
         )
     elif key in ("labels", "annotations"):
         for k, v in value.items():
-            if not syntax.is_qualified_name(k):
+            if not names.is_qualified_name(k):
                 raise SpecError(f"{path}[{k!r}]", TARGET, "not a valid label/annotation key", fix="e.g. 'team'")
-            if key == "labels" and not syntax.is_label_value(v):
+            if key == "labels" and not names.is_label_value(v):
                 raise SpecError(f"{path}[{k!r}]", TARGET, f"{v!r} is not a valid label value", fix="e.g. 'ml'")
     elif key in ("ttl_seconds_after_finished",) and value < 0:
         raise SpecError(path, TARGET, "must not be negative", fix="e.g. 3600")

@@ -28,9 +28,9 @@ from torchstep.kubernetes.failure import job_failure_fields, needs_job
 from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve
 from torchstep.kubernetes.overlay import apply_overlay
 from torchstep.kubernetes.pod import CONTAINER_NAME, Endpoint, pod_spec
-from torchstep.names import JOB_NAME_MAX, dns_label, run_name, short_id
-from torchstep.plan import RetryOwner, RolePlan, StepPlan, build_plan
-from torchstep.rules import RDZV_PORT_NAMES
+from torchstep.spec.model import RetryOwner, RolePlan, StepPlan
+from torchstep.spec.names import JOB_NAME_MAX, dns_label, run_name, short_id
+from torchstep.spec.planner import build_plan
 
 TARGET = "kubernetes"
 #: The oldest Kubernetes release the rendered objects are meant for (``backoffLimitPerIndex``,
@@ -355,7 +355,7 @@ def _rdzv_port(role: RolePlan, path: str, opts: KubernetesOptions) -> int:
     """A multi-replica role's rendezvous port: its rendezvous-named port_map entry, else the
     run option — which no other declared port may take."""
     for p in role.ports:
-        if p.name in RDZV_PORT_NAMES:
+        if p.rendezvous:
             return p.port
     for p in role.ports:
         if p.port == opts.rdzv_port:

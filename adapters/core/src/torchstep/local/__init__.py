@@ -27,8 +27,8 @@ from typing import Any
 
 from torchstep.local.options import LocalOptions, resolve, runopts
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
-from torchstep.plan import StepPlan
 from torchstep.result import CANCELLED, StepResult
+from torchstep.spec.model import StepPlan
 
 __all__ = ["LocalOptions", "ReplicaEvent", "run_local", "run_plan", "runopts"]
 
@@ -60,8 +60,8 @@ def run_local(
     >>> r.state, len(r.ranks)  # doctest: +SKIP
     ('SUCCEEDED', 1)
     """
-    from torchstep.components import materialize
-    from torchstep.plan import build_plan
+    from torchstep.spec.components import materialize
+    from torchstep.spec.planner import build_plan
 
     plan = build_plan(materialize(app), "local")
     opts = resolve(cfg, log_dir=log_dir)
@@ -112,7 +112,7 @@ def _app_id(plan: StepPlan, opts: LocalOptions, attempt: int) -> str | None:
     """With ``cfg["run_id"]``: ``<app>-<hash>`` as on Kubernetes (``None``: a random id)."""
     if opts.run_id is None:
         return None
-    from torchstep.names import run_name
+    from torchstep.spec.names import run_name
 
     return run_name(plan.k8s_name, opts.run_id if attempt == 1 else f"{opts.run_id}/attempt-{attempt}")
 

@@ -95,7 +95,7 @@ def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
     from torchstep.local import run_plan
     from torchstep.local.options import resolve
     from torchstep.local.status import make_display
-    from torchstep.plan import build_plan
+    from torchstep.spec.planner import build_plan
 
     if bool(ns.ref) == bool(ns.app):
         raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
@@ -108,7 +108,7 @@ def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
             )
         app = load_app(ns.app)
     else:
-        from torchstep.components import materialize
+        from torchstep.spec.components import materialize
 
         app = materialize(ns.ref, comp_args)
     cfg = parse_cfg(ns.cfg)

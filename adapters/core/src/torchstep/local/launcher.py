@@ -28,14 +28,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from torchstep import contract, launch
+from torchstep import contract
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
-from torchstep.names import short_id
-from torchstep.plan import RetryOwner, StepPlan
 from torchstep.result import (
     CANCELLED,
     FAILED,
@@ -47,6 +45,9 @@ from torchstep.result import (
     StepResult,
     merge,
 )
+from torchstep.spec import agent_command
+from torchstep.spec.model import RetryOwner, StepPlan
+from torchstep.spec.names import short_id
 
 #: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
 #: the launcher: no dependence on PATH).
@@ -185,12 +186,12 @@ class Launcher:
             if rep.incarnation and role.retry.owner is RetryOwner.AGENT:
                 env["PET_MAX_RESTARTS"] = str(max(0, budget_left))
         extra = ["--rdzv-conf", conf] if conf else []
-        argv = launch.agent_argv(
+        argv = agent_command.agent_argv(
             role,
             rdzv_endpoint=endpoint,
             rdzv_id=rdzv_id,
             agent=AGENT_COMMAND,
-            replica_args=launch.macro_values(self.app_id, spec.replica_id, img_root=spec.img_root),
+            replica_args=agent_command.macro_values(self.app_id, spec.replica_id, img_root=spec.img_root),
             extra=extra,
         )
         with contextlib.suppress(FileNotFoundError):

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Sequence
 
 from torchstep.errors import SpecError
-from torchstep.plan import RolePlan
+from torchstep.spec.model import RolePlan
 
 TARGET = "local"
 

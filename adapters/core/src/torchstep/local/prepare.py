@@ -20,10 +20,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torchstep import contract, launch
+from torchstep import contract
 from torchstep.local import mounts, resources
 from torchstep.local.options import LocalOptions
-from torchstep.plan import RolePlan, StepPlan
+from torchstep.spec import agent_command
+from torchstep.spec.model import RolePlan, StepPlan
 
 #: The rank-0 host of every role on this machine.
 LOCALHOST = "127.0.0.1"
@@ -99,11 +100,13 @@ def prepare(
             log_dir = os.path.join(app_dir(opts, app_id), role.name, str(r))
             env = dict(parent)
             env.update(role.secret_values(parent))  # SpecError naming a missing secret variable
-            env.update(launch.replica_env(role, app_id=app_id, replica_id=r, rank0_host=LOCALHOST, img_root=img_root))
+            env.update(
+                agent_command.replica_env(role, app_id=app_id, replica_id=r, rank0_host=LOCALHOST, img_root=img_root)
+            )
             # the shim first (a role's own torchrun becomes our agent), then this interpreter's
             # bin directory: `python` in an AppDef is the Python that launched the run
             env["PATH"] = os.pathsep.join(
-                [launch.shim_dir(), os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
+                [contract.shim_dir(), os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
             )
             env[contract.ENV_PYTHON] = sys.executable  # the torchrun shim runs the agent with it
             env[contract.ENV_RESULT_FILE] = os.path.join(log_dir, "result.json")

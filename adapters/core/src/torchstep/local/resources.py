@@ -18,9 +18,7 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from torchstep.errors import SpecError
-from torchstep.plan import RolePlan
-from torchstep.rules import RDZV_PORT_NAMES
-from torchstep.rules_resources import env_suffix
+from torchstep.spec.model import RolePlan
 
 TARGET = "local"
 
@@ -131,11 +129,6 @@ def usable_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def port_env_name(name: str) -> str:
-    """``TORCHSTEP_PORT_<NAME>``: where a replica finds the port assigned to ``port_map[name]``."""
-    return "TORCHSTEP_PORT_" + env_suffix(name)  # the planner checks these names for collisions
-
-
 def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str]]:
     """``(role, replica) -> {TORCHSTEP_PORT_<NAME>: port}``: replica ``r`` of a role gets
     ``port + r`` for each non-rendezvous ``port_map`` entry (replicas share one host). Every
@@ -146,7 +139,7 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
     claimed: dict[int, str] = {}
     for i, role in enumerate(roles):
         for port in role.ports:
-            if port.name in RDZV_PORT_NAMES:
+            if port.rendezvous or port.env is None:
                 continue
             field = f"roles[{i}].port_map[{port.name!r}]"
             for r in range(role.num_replicas):
@@ -175,7 +168,7 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
                         fix="stop what holds it, or choose another port in port_map",
                     )
                 claimed[p] = who
-                out.setdefault((role.name, r), {})[port_env_name(port.name)] = str(p)
+                out.setdefault((role.name, r), {})[port.env] = str(p)
     return out
 
 

@@ -12,14 +12,16 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
-from torchstep.plan import Decision
+from torchstep.spec.limits import MAX_SECONDS, SHOW_MAX
+from torchstep.spec.model import Decision
 
-#: Longest value shown in a decision (explain tables stay readable).
-SHOW_MAX = 200
-#: Upper bound of any duration option (ten years): catches milliseconds given as seconds.
-MAX_SECONDS = 10 * 365 * 86400
+#: What a field becomes on each target: ``{"local": ..., "kubernetes": ..., "kfp": ...}``,
+#: each text a ``str.format`` template. Every rule module keeps its wording in one
+#: ``BECOMES`` table of these, beside the rules that use it.
+Wording = Mapping[str, str]
 
 
 class Rejected(Exception):
@@ -27,12 +29,23 @@ class Rejected(Exception):
 
 
 class Recorder:
-    """Holds the target and the decisions recorded so far (base of every rule class)."""
+    """The target and the decisions recorded so far: the first argument of every rule
+    function (``resources(rec, "roles[0]", role)``)."""
 
     def __init__(self, app: Any, target: str) -> None:
         self.app = app
         self.target = target
         self.decisions: list[Decision] = []
+
+    def on_target(self, wording: Wording, **fields: Any) -> str:
+        """``wording``'s text for this target, formatted with ``fields``.
+
+        Example::
+
+            >>> Recorder(None, "kfp").on_target({"local": "x", "kubernetes": "y", "kfp": "set_retry({n})"}, n=2)
+            'set_retry(2)'
+        """
+        return wording[self.target].format(**fields)
 
     def ok(self, path: str, value: Any, becomes: str) -> None:
         """Record ``path`` as honoured: ``becomes`` says what it turns into on the target."""

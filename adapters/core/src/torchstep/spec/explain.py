@@ -13,7 +13,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from torchstep.plan import Decision, plan_decisions
+from torchstep.spec.model import Decision
+from torchstep.spec.planner import plan_decisions
 
 ACTIONS = {"honoured": "yes", "ignored": "ignored", "rejected": "REJECTED"}
 

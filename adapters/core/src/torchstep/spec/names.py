@@ -1,4 +1,9 @@
-"""Kubernetes-safe names derived deterministically from app and role names.
+"""Every name rule of torchstep in one place: Kubernetes-safe names derived
+deterministically from app and role names, and the syntax checks of names and values
+(the API server's own rules, checked while planning so a bad name is a SpecError naming
+the field, not a rejected ``kubectl apply``): DNS-1123 labels and subdomains, label
+values, qualified names, quantities, port names, extended resources, environment
+variable names.
 
 The run-unique suffix is *not* added here at build time: :func:`run_name` adds it at run
 time (a hash of the orchestrator's run id, or a fresh short id), so a plan, a rendered
@@ -12,6 +17,10 @@ Example::
     40
     >>> run_name("trainer", "manual__2026-11-21T10:00:00+00:00")
     'trainer-c6288252'
+    >>> is_label_value("p4d.24xlarge"), is_label_value("-x")
+    (True, False)
+    >>> is_qualified_name("kueue.x-k8s.io/queue-name"), is_quantity("8Gi"), is_quantity("8 GB")
+    (True, True, False)
 """
 
 from __future__ import annotations
@@ -30,6 +39,12 @@ _INVALID = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# resource.Quantity: a decimal number with an optional binary/decimal SI suffix or exponent
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+# IANA_SVC_NAME: at most 15 characters [a-z0-9-], at least one letter, no leading/trailing '-'
+_PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+_EXTENDED_RESOURCE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def _digest(text: str, n: int = 6) -> str:
@@ -106,3 +121,44 @@ def run_name(base: str, run_id: str | None = None, *, max_len: int = JOB_NAME_MA
 def is_env_name(name: str) -> bool:
     """True for a portable environment variable name (POSIX / Kubernetes C_IDENTIFIER)."""
     return bool(_ENV_NAME.match(name))
+
+
+def is_label_value(text: str) -> bool:
+    """A label value: empty, or at most 63 ``[A-Za-z0-9_.-]`` starting and ending alphanumeric."""
+    return text == "" or (len(text) <= 63 and bool(_NAME_PART.match(text)))
+
+
+def is_qualified_name(text: str) -> bool:
+    """A label or annotation key: ``[prefix/]name``, prefix a DNS subdomain, name at most 63."""
+    prefix, sep, name = text.rpartition("/")
+    if sep and not (prefix and is_dns_subdomain(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_NAME_PART.match(name))
+
+
+def is_quantity(text: str) -> bool:
+    """A ``resource.Quantity`` string such as ``8Gi``, ``500m`` or ``1e3``."""
+    return bool(_QUANTITY.match(text))
+
+
+def is_port_name(text: str) -> bool:
+    """A Kubernetes port name (IANA_SVC_NAME).
+
+    >>> is_port_name("c10d"), is_port_name("tensorboard-port")
+    (True, False)
+    """
+    return bool(_PORT_NAME.match(text))
+
+
+def is_extended_resource(text: str) -> bool:
+    """An extended resource name such as ``vpc.amazonaws.com/efa``."""
+    return bool(_EXTENDED_RESOURCE.match(text))
+
+
+def env_suffix(name: str) -> str:
+    """The ``<SUFFIX>`` of ``TORCHSTEP_PORT_<SUFFIX>``, a port's variable on the local target.
+
+    >>> env_suffix("tensor-board")
+    'TENSOR_BOARD'
+    """
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in name).upper()

@@ -1,9 +1,9 @@
-"""AppDef → StepPlan: the one place where AppDef semantics are decided.
+"""The plan's vocabulary: frozen dataclasses, data only (:func:`torchstep.build_plan`
+in :mod:`torchstep.spec.planner` fills them).
 
-``build_plan(app, target)`` validates and normalises every field of a TorchX AppDef for a
-target (``local``, ``kubernetes``, ``kfp``). Each field is honoured, ignored with a note, or
-rejected with a :class:`~torchstep.SpecError` naming the field path. Adapters only map the
-plan's fields to native calls.
+A :class:`StepPlan` is a TorchX AppDef validated and normalised for a target (``local``,
+``kubernetes``, ``kfp``). Adapters and targets only map its fields to native calls; they
+never look at the AppDef again.
 
 Example::
 
@@ -15,7 +15,7 @@ Example::
     (2, 2, 2, True)
     >>> r.retry.owner.value  # max_retries=0: nobody retries
     'none'
-    >>> build_plan(torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py", "--max_retries", "3"]),
+    >>> torchstep.build_plan(torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py", "--max_retries", "3"]),
     ...            target="kfp").orchestrator_retries
     3
 """
@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchstep.cmdline import detect_torchrun
 from torchstep.errors import SpecError
-from torchstep.macros import Macro, substitute, substitute_nested
+from torchstep.spec.limits import MAX_RETRIES
+from torchstep.spec.macros import Macro, substitute, substitute_nested
 
 __all__ = [
     "APP_OPTIONS",
+    "RDZV_PORT_NAMES",
     "RETRY_OWNERS",
     "ROLE_OPTIONS",
     "TARGETS",
@@ -45,10 +46,9 @@ __all__ = [
     "RolePlan",
     "SecretRef",
     "StepPlan",
-    "build_plan",
-    "detect_torchrun",
-    "plan_decisions",
+    "StepRetry",
     "retry_budget",
+    "step_retry_of",
 ]
 
 TARGETS = ("local", "kubernetes", "kfp")
@@ -66,31 +66,6 @@ ROLE_OPTIONS: dict[str, str] = {
 }
 #: Keys accepted in ``app.metadata`` with the ``torchstep.`` prefix.
 APP_OPTIONS: dict[str, str] = {"torchstep.timeout": "seconds before the whole step is stopped"}
-
-#: Capability keys with a known meaning: Kubernetes node labels (→ nodeSelector).
-KNOWN_CAPABILITIES = frozenset(
-    {
-        "node.kubernetes.io/instance-type",
-        "beta.kubernetes.io/instance-type",
-        "topology.kubernetes.io/zone",
-        "topology.kubernetes.io/region",
-        "kubernetes.io/arch",
-        "kubernetes.io/os",
-        "cloud.google.com/gke-accelerator",
-        "cloud.google.com/gke-nodepool",
-        "eks.amazonaws.com/nodegroup",
-        "karpenter.sh/capacity-type",
-        "nvidia.com/gpu.product",
-    }
-)
-
-# Sanity limits: far above any real node, low enough to catch unit mistakes (MB vs bytes).
-MAX_CPU = 4096
-MAX_GPU = 256
-MAX_MEM_MB = 64 * 1024 * 1024  # 64 TiB
-MAX_REPLICAS = 100_000
-MAX_RETRIES = 1000
-MAX_NPROC = 4096
 
 
 class RetryOwner(str, enum.Enum):
@@ -188,6 +163,8 @@ class StepRetry:
     ``max_retry_delay``; ``None`` = the orchestrator's default). Every adapter maps this
     one object (Airflow ``retries``/``retry_delay``, KFP ``set_retry``, Prefect ``retries``).
 
+    ``role_index`` is the role whose budget it is (for field paths in errors).
+
     >>> StepRetry(2, delay_s=10.0, backoff=2.0, max_delay_s=15.0).delays()
     [10.0, 15.0]
     """
@@ -196,9 +173,13 @@ class StepRetry:
     delay_s: float | None = None
     backoff: float | None = None
     max_delay_s: float | None = None
+    role_index: int | None = None
 
     def delays(self, default_delay_s: float = 0.0) -> list[float]:
-        """The wait before each retry (``delay * backoff**i``, capped at ``max_delay_s``)."""
+        """The wait before each retry (``delay * backoff**i``, capped at ``max_delay_s``):
+        the one rule every target follows (``torchstep run``, Airflow, KFP, Prefect).
+        ``default_delay_s`` stands in for an unset ``retry_delay`` (the orchestrator's own
+        default)."""
         base = self.delay_s if self.delay_s is not None else default_delay_s
         out = [base * (self.backoff or 1.0) ** i for i in range(self.count)]
         return [min(d, self.max_delay_s) for d in out] if self.max_delay_s is not None else out
@@ -237,9 +218,15 @@ class Mount:
     permissions: str | None = None  # devices only ("rwm")
 
 
+#: port_map names that mean "the rendezvous port" (TorchX's dist.ddp uses ``c10d``).
+RDZV_PORT_NAMES = frozenset({"c10d", "rdzv", "rendezvous", "master"})
+
+
 @dataclass(frozen=True)
 class Port:
-    """A named port of every replica (``Role.port_map``).
+    """A named port of every replica (``Role.port_map``). ``rendezvous``: the port names
+    the rendezvous (:data:`RDZV_PORT_NAMES`), which the launchers replace with their own;
+    ``env``: the variable that carries the port on the local target (``TORCHSTEP_PORT_TB``).
 
     >>> Port("tb", 6006).port
     6006
@@ -247,6 +234,8 @@ class Port:
 
     name: str
     port: int
+    rendezvous: bool = False
+    env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -375,7 +364,7 @@ class StepPlan:
     """The whole AppDef normalised for one target.
 
     ``k8s_name`` is the DNS-1123 prefix of every object name (the run-unique suffix is
-    added at run time, :func:`torchstep.names.run_name`); ``timeout_s`` the step timeout
+    added at run time, :func:`torchstep.spec.names.run_name`); ``timeout_s`` the step timeout
     (``app.metadata["torchstep.timeout"]``); ``decisions`` one row per field (what
     :func:`torchstep.explain` prints).
 
@@ -405,13 +394,8 @@ class StepPlan:
 
     @property
     def step_retry(self) -> StepRetry:
-        """The orchestrator's retries of this step and their timing: taken from the role that
-        owns the most orchestrator retries (the first one on a tie)."""
-        count = self.orchestrator_retries
-        owner = next((r for r in self.roles if count and r.retry.orchestrator_retries == count), None)
-        if owner is None:
-            return StepRetry(0)
-        return StepRetry(count, owner.retry_delay_s, owner.retry_backoff, owner.max_retry_delay_s)
+        """The orchestrator's retries of this step and their timing (:func:`step_retry_of`)."""
+        return step_retry_of(self.roles)
 
     @property
     def retry_owner(self) -> RetryOwner:
@@ -427,34 +411,15 @@ class StepPlan:
         raise KeyError(name)
 
 
-def build_plan(app: Any, target: str) -> StepPlan:
-    """Validate ``app`` (a ``torchx.specs.AppDef``) for ``target`` and normalise it.
+def step_retry_of(roles: tuple[RolePlan, ...] | list[RolePlan]) -> StepRetry:
+    """The retries of the whole step and their timing: those of the role that owns the
+    most orchestrator retries (the first one on a tie); its delays apply to the step.
 
-    Raises :class:`~torchstep.SpecError` for the first field that cannot be honoured
-    (:func:`torchstep.explain` lists all of them). Deterministic: it never reads the
-    environment, the clock or a random source, so the same AppDef gives an equal plan.
+    >>> step_retry_of([]).count
+    0
     """
-    from torchstep.rules import Planner
-
-    planner = Planner(app, target)
-    plan = planner.run()
-    for d in planner.decisions:
-        if d.action == "rejected":
-            raise SpecError(d.field, target if d.field != "target" else None, d.becomes, fix=d.fix)
-    if plan is None:  # pragma: no cover - the planner records a rejection whenever it gives up
-        raise SpecError("app", target, "cannot be planned", fix="run `torchstep explain` on it")
-    return plan
-
-
-def plan_decisions(app: Any, target: str) -> list[Decision]:
-    """Every decision for every field, rejected ones included (used by ``explain``).
-
-    >>> import torchstep
-    >>> [d.action for d in plan_decisions(torchstep.materialize("utils.echo", []), "kfp")][:2]
-    ['honoured', 'honoured']
-    """
-    from torchstep.rules import Planner
-
-    planner = Planner(app, target)
-    planner.run()
-    return planner.decisions
+    count = max((r.retry.orchestrator_retries for r in roles), default=0)
+    owner = next((r for r in roles if count and r.retry.orchestrator_retries == count), None)
+    if owner is None:
+        return StepRetry(0)
+    return StepRetry(count, owner.retry_delay_s, owner.retry_backoff, owner.max_retry_delay_s, owner.index)
