@@ -33,6 +33,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python tools/import_cycles.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy adapters

@@ -18,21 +18,13 @@ import sys
 from collections.abc import Sequence
 
 from torchstep.errors import SpecError
+from torchstep.spec.cmdline import split_component_args
 
 #: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
 SUBCOMMANDS = {
     "run": "torchstep.local.cli:main",
     "render": "torchstep.kubernetes.cli:main",
 }
-
-
-def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``[opts..., "--", component args...]`` → (opts, component args)."""
-    argv = list(argv)
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, []
 
 
 def explain_main(argv: Sequence[str]) -> int:

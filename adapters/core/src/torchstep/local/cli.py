@@ -80,7 +80,7 @@ def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``torchstep run``; returns the exit code."""
-    from torchstep.cli import split_component_args
+    from torchstep.spec.cmdline import split_component_args
 
     opts_argv, comp_args = split_component_args(list(sys.argv[1:] if argv is None else argv))
     ns = parser().parse_args(opts_argv)

@@ -149,3 +149,16 @@ def positive_int(text: str | None, limit: int = 4096) -> int | None:
         return None
     n = int(text)
     return n if 0 < n <= limit else None
+
+
+def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A CLI's ``[opts..., "--", component args...]`` → ``(opts, component args)``.
+
+    >>> split_component_args(["--target", "kfp", "--", "--lr", "0.1"])
+    (['--target', 'kfp'], ['--lr', '0.1'])
+    """
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
