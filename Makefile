@@ -19,7 +19,7 @@ $(STAMP): requirements/dev.lock $(PYPROJECTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements/dev.lock
-	# torch through pip: pip's own configuration may point at a local CPU build (FACTS.md).
+	# torch through pip: pip's own configuration may point at a local CPU build (see the README).
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(foreach a,$(ADAPTERS),-e adapters/$(a))
 	touch $@
