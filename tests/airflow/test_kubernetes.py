@@ -5,18 +5,18 @@ schemas; and the Job path's watch / result / cleanup logic against an in-memory 
 import datetime
 import logging
 import os
-import types
 
 import kubernetes_validate
 import pytest
 import torchstep
 from kpo_fakes import FakeHook
+from kubefake import FakeKube, Script
 from kubernetes.client import ApiClient
-from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION
+from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION, OfficialClient
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
-from torchstep_airflow.kubernetes import JobSet, KubernetesStep, StepPodOperator  # noqa: E402
+from torchstep_airflow.kubernetes import KubernetesStep, StepPodOperator  # noqa: E402
 
 LOG = logging.getLogger("test")
 RUN_ID = "train.fit.manual__2026-11-21T10_00_00+00_00.try1"
@@ -81,91 +81,16 @@ def test_job_path_refuses_pod_operator_only_arguments():
     assert err.value.field == "kubernetes_kwargs['deferrable']"
 
 
-# -- the Job path against an in-memory API server ------------------------------------------------
-def ns(**kw):
-    return types.SimpleNamespace(**kw)
-
-
-class FakeCluster:
-    """Stores created objects, finishes Jobs after a few polls with the given exit codes."""
-
-    def __init__(self, exit_codes, polls=2, messages=None):
-        self.objects, self.deleted, self.exit_codes, self.polls = [], [], exit_codes, polls
-        self.messages = messages or {}  # replica index -> termination message
-        self.reads = 0
-
-    # batch/v1
-    def create_namespaced_job(self, namespace, body):
-        return self._create(body)
-
-    def read_namespaced_job_status(self, name, namespace):
-        self.reads += 1
-        done = self.reads > self.polls
-        ok = all(c == 0 for c in self.exit_codes)
-        cond = [ns(type="Complete" if ok else "Failed", status="True")] if done else []
-        return ns(status=ns(conditions=cond))
-
-    def delete_collection_namespaced_job(self, namespace, label_selector, propagation_policy):
-        self.deleted.append(("jobs", label_selector))
-
-    # core/v1
-    def create_namespaced_pod(self, namespace, body):
-        return self._create(body)
-
-    def create_namespaced_service(self, namespace, body):
-        return self._create(body)
-
-    def list_namespaced_pod(self, namespace, label_selector):
-        job = next(o for o in self.objects if o["kind"] == "Job")
-        labels = job["spec"]["template"]["metadata"]["labels"]
-        pods = []
-        for i, code in enumerate(self.exit_codes):
-            term = (
-                ns(exit_code=code, message=self.messages.get(i, f"[torchstep-agent] replica {i} exit {code}"))
-                if self.reads > self.polls
-                else None
-            )
-            pods.append(
-                ns(
-                    metadata=ns(
-                        name=f"{job['metadata']['name']}-{i}-x",
-                        labels=labels,
-                        annotations={"batch.kubernetes.io/job-completion-index": str(i)},
-                        creation_timestamp=i,
-                    ),
-                    status=ns(
-                        phase="Running",
-                        conditions=[],
-                        container_statuses=[ns(name="main", state=ns(terminated=term))],
-                    ),
-                )
-            )
-        return ns(items=pods)
-
-    def read_namespaced_pod_log(self, name, namespace, container, follow, _preload_content):
-        return ns(stream=lambda: iter([f"[trainer/0] hello from {name}\n".encode()]))
-
-    def delete_collection_namespaced_pod(self, namespace, label_selector):
-        self.deleted.append(("pods", label_selector))
-
-    def list_namespaced_service(self, namespace, label_selector):
-        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"])) for o in self.objects if o["kind"] == "Service"])
-
-    def delete_namespaced_service(self, name, namespace):
-        self.deleted.append(("service", name))
-
-    def _create(self, body):
-        obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
-        self.objects.append(obj)
-        return obj
-
-
+# -- the Job path against the recorded in-memory API (tests/kubefake.py) ---------------------------
 def job_set(exit_codes, messages=None, **kwargs):
     s = step(app(replicas=len(exit_codes)), {"poll_interval": 0.01, **kwargs})
-    js = s._inner
-    assert isinstance(js, JobSet)
-    fake = FakeCluster(exit_codes, messages=messages)
-    js.hook = ns(core_v1_client=fake, batch_v1_client=fake, api_client=ApiClient())
+    assert s._inner is None  # several replicas: Jobs through core's JobSet, not a pod operator
+    scripts = {i: Script(codes=[code], messages=[(messages or {}).get(i)]) for i, code in enumerate(exit_codes)}
+    for i, script in scripts.items():
+        if script.messages == [None]:
+            script.messages = []
+    fake = FakeKube(scripts)
+    s.core.client = OfficialClient(core=fake, batch=fake, api_client=ApiClient())
     return s, fake
 
 
@@ -183,8 +108,10 @@ def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job
     }  # fmt: skip
     assert job["spec"]["completions"] == 2 and job["spec"]["completionMode"] == "Indexed"
     assert result.state == "SUCCEEDED" and [r.replica_id for r in result.replicas] == [0, 1]
-    assert ("jobs", f"{LABEL_APP_ID}={s.rendered.app_id}") in fake.deleted  # on_finish_action delete_pod
-    assert "[trainer/0] hello from" in capsys.readouterr().out  # pod logs streamed
+    selector = f"{LABEL_APP_ID}={s.rendered.app_id}"
+    assert ("jobs", selector, "Foreground") in fake.deleted  # on_finish_action delete_pod
+    out = capsys.readouterr().out
+    assert "[trainer/0] hello" in out and "[trainer/1] hello" in out  # every pod's log streamed
 
 
 def test_job_path_non_retryable_exit_fails_without_retry_and_keeps_objects_when_asked():
@@ -201,7 +128,7 @@ def test_job_path_cancel_deletes_everything():
     s.cancel()
     result = s.run(context=None)
     assert result.state == "CANCELLED" and result.retryable is False
-    assert {kind for kind, _ in fake.deleted} >= {"jobs", "pods", "service"}
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods", "service"}
 
 
 def test_kubernetes_target_operator_in_a_dag_imports_no_kubernetes_client_until_execute():

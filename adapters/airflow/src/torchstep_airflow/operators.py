@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep.errors import SpecError
+from torchstep.steps import failure_summary
 
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
 
@@ -139,8 +140,8 @@ class AppDefOperator(BaseOperator):
             raise AirflowFailException(f"torchstep: {e}") from e
         run_id = run_id_of(context)
         self.log.info("torchstep: running app %r (run id %s) on target %s", plan.app_name, run_id, self.target)
-        self._runner = self._make_runner(app, plan, run_id)
-        return self._run(lambda: self._runner.run(context), context)
+        self._runner = runner = self._make_runner(app, plan, run_id)
+        return self._run(lambda: runner.run() if self.target == "local" else runner.run(context), context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Resume a deferred KubernetesPodOperator run (``deferrable=True`` in kubernetes_kwargs)."""
@@ -154,9 +155,9 @@ class AppDefOperator(BaseOperator):
     def _make_runner(self, app: Any, plan: StepPlan, run_id: str) -> Any:
         try:
             if self.target == "local":
-                from torchstep_airflow.local import LocalStep
+                from torchstep.steps import LocalStep
 
-                return LocalStep(app, run_id=run_id, cfg=self.cfg, log=self.log)
+                return LocalStep(app, run_id=run_id, cfg=self.cfg)  # ranks' lines: printed into the task log
             from torchstep_airflow.kubernetes import KubernetesStep
 
             return KubernetesStep(
@@ -206,21 +207,6 @@ class AppDefOperator(BaseOperator):
         if runner is not None:
             self.log.warning("torchstep: stopping the step (task killed)")
             runner.cancel()
-
-
-def failure_summary(result: StepResult) -> str:
-    """One line: state, exit code and root cause of a failed step."""
-    text = f"{result.app_id} {result.state}"
-    if result.exit_code is not None:
-        text += f" (exit code {result.exit_code})"
-    rc = result.root_cause
-    if rc is not None:
-        where = f"{rc.role}/{rc.replica_id if rc.replica_id is not None else '?'} rank {rc.rank}"
-        how = rc.message or (f"signal {rc.signal}" if rc.signal else f"exit code {rc.exit_code}")
-        text += f"; root cause: {where}: {how}"
-    elif result.message:
-        text += f"; {result.message}"
-    return text
 
 
 # -- helpers ---------------------------------------------------------------------------------

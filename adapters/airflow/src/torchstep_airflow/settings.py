@@ -29,13 +29,14 @@ Example::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.spec.model import RetryOwner, StepPlan
+from torchstep.spec.model import StepPlan
+from torchstep.steps import check_user_retries
+from torchstep.steps import step_run_id as core_step_run_id
 
 #: Seconds added to the plan's step timeout for Airflow's ``execution_timeout`` backstop:
 #: the runner stops the step first and reports it; Airflow fires only if the runner hangs.
@@ -65,45 +66,25 @@ def task_settings(plan: StepPlan, user: UserSettings, target: str) -> dict[str, 
     Raises :class:`~torchstep.SpecError` when the task's own settings would add a second
     retry layer or contradict the AppDef.
     """
+    check_user_retries(
+        plan,
+        retries=user.retries,
+        timeout=_seconds(user.execution_timeout),
+        retry_delay=_seconds(user.retry_delay),
+        retry_backoff=user.retry_exponential_backoff,
+        max_retry_delay=_seconds(user.max_retry_delay),
+        orchestrator="Airflow",
+    )
     out: dict[str, Any] = {}
     step = plan.step_retry
     if step.count:
-        i = next(i for i, r in enumerate(plan.roles) if r.retry.orchestrator_retries == step.count)
-        if user.retries is not None and user.retries != step.count:
-            raise SpecError(
-                f"roles[{i}].max_retries",
-                target,
-                f"the AppDef gives Airflow {step.count} retries of the step (APPLICATION policy) but the task "
-                f"sets retries={user.retries}",
-                fix="set the count in one place: drop retries= (and default_args['retries']) or change max_retries",
-            )
         out["retries"] = step.count
-        timing = {
-            "retry_delay": (step.delay_s, user.retry_delay, "retry_delay"),
-            "retry_exponential_backoff": (step.backoff, user.retry_exponential_backoff, "retry_backoff"),
-            "max_retry_delay": (step.max_delay_s, user.max_retry_delay, "max_retry_delay"),
-        }
-        for kwarg, (planned, mine, key) in timing.items():
-            if planned is None:
-                continue
-            if mine is not None and _seconds(mine) != planned:
-                raise SpecError(
-                    f"roles[{i}].metadata['torchstep'][{key!r}]",
-                    target,
-                    f"the AppDef sets {key}={planned:g} but the task sets {kwarg}={mine}",
-                    fix="set it in one place",
-                )
-            out[kwarg] = planned if kwarg == "retry_exponential_backoff" else timedelta(seconds=planned)
-    elif plan.retry_owner in (RetryOwner.AGENT, RetryOwner.ROLE) and user.retries:
-        i, role = next((i, r) for i, r in enumerate(plan.roles) if r.retry.owner is plan.retry_owner)
-        raise SpecError(
-            f"roles[{i}].retry_policy",
-            target,
-            f"role {role.name!r} restarts itself ({role.retry.policy}, max_retries={role.retry.count}); Airflow "
-            f"retries={user.retries} on top would multiply the retry layers",
-            fix="set retries=0 on the task (and in default_args), or use RetryPolicy.APPLICATION to let "
-            "Airflow own the budget",
-        )
+        if step.delay_s is not None:
+            out["retry_delay"] = timedelta(seconds=step.delay_s)
+        if step.backoff is not None:
+            out["retry_exponential_backoff"] = step.backoff
+        if step.max_delay_s is not None:
+            out["max_retry_delay"] = timedelta(seconds=step.max_delay_s)
     if plan.timeout_s is not None and user.execution_timeout is None:
         out["execution_timeout"] = timedelta(seconds=plan.timeout_s + TIMEOUT_MARGIN_S)
     return out
@@ -144,20 +125,17 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:+-]+")
-
-
 def step_run_id(dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
-    """The run id of one try of one task: unique per try, stable within it (it names the
-    app id, the rendezvous and the Kubernetes objects of that try).
+    """The run id of one try of one task (:func:`torchstep.steps.step_run_id` of the DAG,
+    the task, its map index, the DAG run and the try): unique per try, stable within it
+    (it names the app id, the rendezvous and the Kubernetes objects of that try).
 
     >>> step_run_id("train", "manual__2026-11-21T10:00:00+00:00", "fit", 2)
-    'train.fit.manual__2026-11-21T10:00:00+00:00.try2'
+    'train.fit.manual-2026-11-21t10-00-00-00-00.try2-f5e55d'
     >>> step_run_id("train", "scheduled__x", "fit", 1, map_index=3)
-    'train.fit.3.scheduled__x.try1'
+    'train.fit.3.scheduled-x.try1-838bd3'
     """
-    parts = [dag_id, task_id, *([str(map_index)] if map_index >= 0 else []), run_id, f"try{try_number}"]
-    return ".".join(_UNSAFE.sub("_", p) for p in parts)
+    return core_step_run_id(dag_id, task_id, *([map_index] if map_index >= 0 else []), run_id, f"try{try_number}")
 
 
 def run_id_of(context: Any) -> str:

@@ -302,16 +302,28 @@ def merge(
     ended_at: float | None = None,
     attempts: int = 1,
     log_dir: str | None = None,
+    state: str | None = None,
 ) -> StepResult:
-    """Aggregate the per-agent results of one run into one step result.
+    """Aggregate the per-agent results of one run into one step result: the one merge
+    every target and adapter uses (the local launcher, ``JobSet``, the adapters).
 
-    State: CANCELLED if any replica was cancelled, else FAILED if any failed, else SUCCEEDED
-    when all succeeded. Outputs come from the replica that holds global rank 0 of the first
-    role. Restarts are summed.
+    State: ``state`` when the caller knows it better (a Job's own condition, a cancel),
+    else CANCELLED if any replica was cancelled, else FAILED if any failed, else SUCCEEDED
+    when all succeeded. Outputs come from the first replica that has any (the replica that
+    holds global rank 0 of the first role, in role / replica order). Restarts are summed;
+    the root cause is the earliest failure; the message is the first replica's message.
+
+    >>> a = StepResult("app-1", SUCCEEDED, 0, outputs={"loss": 0.1})
+    >>> b = StepResult("app-1", FAILED, 82, retryable=False, message="worker/1 exited 82")
+    >>> m = merge("app-1", [a, b])
+    >>> (m.state, m.exit_code, m.retryable, m.outputs, m.message)
+    ('FAILED', 82, False, {'loss': 0.1}, 'worker/1 exited 82')
     """
     reps = [rep for r in replicas for rep in r.replicas]
     states = [r.state for r in replicas]
-    if CANCELLED in states:
+    if state is not None:
+        pass
+    elif CANCELLED in states:
         state = CANCELLED
     elif FAILED in states or UNKNOWN in states:
         state = FAILED

@@ -2,7 +2,9 @@
 
 Per role: a bare Pod (1 replica; what KubernetesPodOperator runs) or an Indexed Job
 (several replicas, or retries that need the Job controller) plus a headless Service that
-gives replica 0 a stable DNS name for the rendezvous. Every container runs the embedded
+gives replica 0 a stable DNS name for the rendezvous. :class:`JobSet` runs the rendered
+objects on a cluster (create, follow logs, collect the result, delete) through an injected
+client. Every container runs the embedded
 agent (``torchstep-agent``), so the image must contain ``torchstep[agent]``. The mapping is
 documented in ``docs/kubernetes.md``.
 
@@ -21,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+from torchstep.kubernetes.client import KubernetesClient, OfficialClient
 from torchstep.kubernetes.failure import (
     REPLACED_EXIT_CODES,
     SIGKILLED_EXIT_CODE,
@@ -29,6 +32,7 @@ from torchstep.kubernetes.failure import (
     classify_exit,
     job_failure_fields,
 )
+from torchstep.kubernetes.jobs import ON_FINISH, JobSet
 from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve, runopts
 from torchstep.kubernetes.pod import CONTAINER_NAME, LAUNCH_COMMAND
 from torchstep.kubernetes.render import (
@@ -55,12 +59,16 @@ __all__ = [
     "LABEL_ROLE",
     "LAUNCH_COMMAND",
     "MIN_KUBERNETES_VERSION",
+    "ON_FINISH",
     "QUEUE_LABEL",
     "REPLACED_EXIT_CODES",
     "SIGKILLED_EXIT_CODE",
     "SIGTERMED_EXIT_CODE",
     "FailureKind",
+    "JobSet",
+    "KubernetesClient",
     "KubernetesOptions",
+    "OfficialClient",
     "RenderedApp",
     "RenderedRole",
     "classify_exit",

@@ -1,0 +1,206 @@
+"""One recorded fake of the Kubernetes API calls ``torchstep.kubernetes.JobSet`` makes (no
+cluster exists on these machines), shared by the core, Airflow, KFP and Prefect tests.
+
+Test code, not product code. Its responses have the shapes of the official client's
+objects (attribute access, snake_case fields) for the paths JobSet uses:
+
+- ``create_namespaced_job/pod/service`` store the body and answer it with a ``uid``;
+- each replica index gets a pod once its Job exists; a pod runs for ``polls`` status
+  reads, then terminates with its scripted exit code and termination message; an index
+  scripted with several codes is *replaced* (a new pod, later ``creation_timestamp``)
+  after each earlier code, as the Job controller does for ``backoffLimitPerIndex``;
+- ``read_namespaced_pod_log(follow=True, timestamps=True)`` streams the pod's scripted
+  lines with RFC 3339 timestamps; ``drop_after`` makes a stream end early once, as a
+  dropped connection does; ``since_seconds`` is honoured (with the overlap a real API
+  server gives), so a reattached reader sees some lines again and must skip them;
+- ``delete_*`` record what was deleted (and with which propagation policy).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+def ns(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
+
+
+@dataclass
+class Script:
+    """What replica ``index`` of a Job does: one exit code per incarnation (a replaced pod
+    gets the next), the lines it logs, and its termination message per incarnation."""
+
+    codes: list[int] = field(default_factory=lambda: [0])
+    lines: list[str] = field(default_factory=list)
+    messages: list[str | None] = field(default_factory=list)
+
+
+class FakeKube:
+    """In-memory API server for ``JobSet`` (see the module docstring)."""
+
+    def __init__(self, scripts: dict[int, Script] | None = None, *, polls: int = 2, drop_after: int | None = None):
+        self.scripts = scripts or {0: Script()}
+        self.polls = polls
+        self.drop_after = drop_after
+        self.objects: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, str, str | None]] = []  # (kind, selector or name, propagation)
+        self.log_calls: list[dict[str, Any]] = []
+        self.reads = 0
+        self.fail_status_reads = 0  # raise on the next N job status reads (an API error)
+        self._dropped: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- batch/v1 -------------------------------------------------------------------------------
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._create(body)
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
+        with self._lock:
+            if self.fail_status_reads:
+                self.fail_status_reads -= 1
+                raise RuntimeError("(500) Internal Server Error")
+            self.reads += 1
+        if self._job_deleted():
+            return ns(status=ns(conditions=[]))
+        if not self._all_done():
+            return ns(status=ns(conditions=[]))
+        ok = all(s.codes[-1] == 0 for s in self.scripts.values())
+        return ns(status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")]))
+
+    def delete_collection_namespaced_job(
+        self, namespace: str, label_selector: str, propagation_policy: str | None = None
+    ):
+        self.deleted.append(("jobs", label_selector, propagation_policy))
+
+    # -- core/v1 ----------------------------------------------------------------------------------
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._create(body)
+
+    def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._create(body)
+
+    def read_namespaced_pod_status(self, name: str, namespace: str) -> Any:
+        if any(o["kind"] == "Pod" and o["metadata"]["name"] == name for o in self.objects):
+            with self._lock:
+                self.reads += 1  # a bare Pod is its own workload: its status read is the poll
+        pod = next((p for p in self._pod_list() if p.metadata.name == name), None)
+        if pod is None:
+            raise RuntimeError(f"(404) pods {name!r} not found")
+        return pod
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+        return ns(items=self._pod_list())
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        self.log_calls.append({"name": name, **kwargs})
+        index, incarnation = self._parse(name)
+        lines = [f"{_ts(i)} {text}" for i, text in enumerate(self._lines(index, incarnation))]
+        if "since_seconds" in kwargs:  # second resolution, as the API server: an overlap the reader must skip
+            cutoff = int(time.time()) - int(kwargs["since_seconds"])
+            lines = [line for line in lines if _epoch(line) >= cutoff]
+        if self.drop_after is not None and name not in self._dropped and kwargs.get("follow"):
+            self._dropped.add(name)
+            lines = lines[: self.drop_after]
+        payload = [(line + "\n").encode() for line in lines]
+        # split lines across chunks: a reader must reassemble them
+        chunks = [b"".join(payload)[i : i + 7] for i in range(0, len(b"".join(payload)), 7)]
+        return ns(stream=lambda: iter(chunks))
+
+    def delete_collection_namespaced_pod(
+        self, namespace: str, label_selector: str, propagation_policy: str | None = None
+    ):
+        self.deleted.append(("pods", label_selector, propagation_policy))
+
+    def list_namespaced_service(self, namespace: str, label_selector: str) -> Any:
+        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"])) for o in self.objects if o["kind"] == "Service"])
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        self.deleted.append(("service", name, None))
+
+    def sanitize(self, obj: Any) -> dict[str, Any]:
+        return obj
+
+    # -- the scripted world ------------------------------------------------------------------------
+    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
+        self.objects.append(obj)
+        return obj
+
+    def _job(self) -> dict[str, Any] | None:
+        """The Job, or a bare Pod standing for a one-replica workload."""
+        return next((o for o in self.objects if o["kind"] in ("Job", "Pod")), None)
+
+    def _job_deleted(self) -> bool:
+        return any(kind == "jobs" for kind, _, _ in self.deleted)
+
+    def _all_done(self) -> bool:
+        return self.reads > self.polls * max(len(s.codes) for s in self.scripts.values())
+
+    def _pod_list(self) -> list[Any]:
+        job = self._job()
+        if job is None or self._job_deleted() or any(kind == "pods" for kind, _, _ in self.deleted):
+            return []
+        bare = job["kind"] == "Pod"
+        labels = job["metadata"]["labels"] if bare else job["spec"]["template"]["metadata"]["labels"]
+        pods = []
+        for index, script in sorted(self.scripts.items()):
+            # incarnation k exists after k * polls reads; it is terminated after (k + 1) * polls
+            for k, code in enumerate(script.codes):
+                if self.reads < k * self.polls:
+                    break
+                finished = self.reads > (k + 1) * self.polls
+                message = (
+                    script.messages[k] if k < len(script.messages) else f"[torchstep-agent] replica {index} exit {code}"
+                )
+                term = ns(exit_code=code, message=message) if finished else None
+                pods.append(
+                    ns(
+                        metadata=ns(
+                            name=job["metadata"]["name"]
+                            if bare
+                            else f"{job['metadata']['name']}-{index}-{'abcde'[k % 5]}",
+                            labels=labels,
+                            annotations={"batch.kubernetes.io/job-completion-index": str(index)},
+                            creation_timestamp=f"2026-11-24T00:00:{10 * k + index:02d}Z",
+                        ),
+                        status=ns(
+                            phase=("Succeeded" if code == 0 else "Failed") if finished else "Running",
+                            conditions=[],
+                            container_statuses=[ns(name="main", state=ns(terminated=term))],
+                        ),
+                    )
+                )
+        return pods
+
+    def _parse(self, name: str) -> tuple[int, int]:
+        if any(o["kind"] == "Pod" and o["metadata"]["name"] == name for o in self.objects):
+            return 0, 0
+        _, index, letter = name.rsplit("-", 2)
+        return int(index), "abcde".index(letter)
+
+    def _lines(self, index: int, incarnation: int) -> list[str]:
+        script = self.scripts[index]
+        return (
+            [f"{line} (pod {incarnation})" for line in script.lines] if script.lines else [f"[trainer/{index}] hello"]
+        )
+
+
+#: The fake pods log in the recent past: a reattached reader's since_seconds reaches back there.
+_T0 = int(time.time()) - 600
+
+
+def _ts(i: int) -> str:
+    """RFC 3339 timestamps, increasing; two lines share each one (the reader must count
+    them), and half are written without a fraction (as RFC3339Nano trims zeros)."""
+    t = _T0 + i // 2
+    stamp = datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.5Z" if (i // 2) % 2 else f"{stamp}Z"
+
+
+def _epoch(line: str) -> int:
+    return int(datetime.fromisoformat(line[:19] + "+00:00").timestamp())
