@@ -1,0 +1,161 @@
+"""torchstep.steps: the step runtime every adapter uses (real processes, real gloo groups)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torchstep
+from local_testlib import pids_with, role
+from proclib import wait_for
+from torchstep.steps import LocalStep, check_user_retries, failure_summary, step_run_id
+from torchx import specs
+
+
+def app_of(*roles: specs.Role) -> specs.AppDef:
+    return specs.AppDef("steps", roles=list(roles))
+
+
+@pytest.mark.timeout(300)
+def test_local_step_runs_two_processes_and_hands_every_rank_line_to_the_callback(tmp_path: Path, log_dir: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    lines: list[str] = []
+    step = LocalStep(
+        app_of(role("trainer", ["report", str(out)], replicas=1, nproc=2)),
+        run_id=step_run_id("dag", "train", "manual__2026", 1),
+        cfg={"log_dir": str(log_dir)},
+        on_line=lines.append,
+    )
+    result = step.run()
+    assert result.state == "SUCCEEDED", result.message
+    assert result.app_id.startswith("steps-")  # the app's name and a hash of the run id
+    text = "\n".join(lines)
+    assert "hello from trainer rank 0 of 2" in text and "hello from trainer rank 1 of 2" in text
+    assert step.result is result
+    assert (log_dir / result.app_id / "result.json").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_cancel_from_another_thread_stops_every_process(log_dir: Path, no_leftovers: str) -> None:
+    lines: list[str] = []
+    step = LocalStep(
+        app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)),
+        run_id=step_run_id("flow", "task-cancel"),
+        cfg={"log_dir": str(log_dir), "grace_period": 5},
+        on_line=lines.append,
+    )
+    box: dict[str, torchstep.StepResult] = {}
+    t = threading.Thread(target=lambda: box.update(r=step.run()))
+    t.start()
+    wait_for(lambda: any("step 3" in line for line in list(lines)), 120, "the ranks to make progress")
+    step.cancel()
+    t.join(60)
+    assert not t.is_alive()
+    assert box["r"].state == "CANCELLED" and box["r"].retryable is False
+    assert pids_with(no_leftovers) == []
+
+
+@pytest.mark.timeout(300)
+def test_an_exception_injected_into_the_waiting_thread_stops_the_step_then_propagates(
+    log_dir: Path, no_leftovers: str
+) -> None:
+    """What Airflow's timeout alarm and Prefect's injected TimedOut/Cancelled do."""
+    lines: list[str] = []
+    step = LocalStep(
+        app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)),
+        run_id="alarm-test",
+        cfg={"log_dir": str(log_dir), "grace_period": 5},
+        on_line=lines.append,
+    )
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(*_: object) -> None:
+        raise Alarm()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    timer = threading.Thread(
+        target=lambda: (
+            wait_for(lambda: any("step 3" in line for line in list(lines)), 120, "progress"),
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM),
+        )
+    )
+    timer.start()
+    try:
+        with pytest.raises(Alarm):
+            step.run()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        timer.join(10)
+    assert pids_with(no_leftovers) == []  # stopped before the exception reached the caller
+
+
+def test_local_step_refuses_a_second_retry_layer_and_a_foreign_run_id() -> None:
+    app = app_of(role("trainer", ["report", "/tmp"]))
+    with pytest.raises(torchstep.SpecError) as err:
+        LocalStep(app, run_id="a", cfg={"retries": 2})
+    assert err.value.field == "cfg['retries']"
+    with pytest.raises(torchstep.SpecError) as err:
+        LocalStep(app, run_id="a", cfg={"run_id": "b"})
+    assert err.value.field == "cfg['run_id']"
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("dag", "task", "manual__2026-11-21T10:00:00+00:00", 1),
+        ("$(touch pwned)", "{{ ti }}", "a;b", "x y"),
+        ("A" * 400,),
+        ("flow-run-1", "task-run-7"),
+    ],
+)
+def test_step_run_id_is_dns_safe_deterministic_and_distinct(parts: tuple[object, ...]) -> None:
+    rid = step_run_id(*parts)
+    assert rid == step_run_id(*parts)
+    assert len(rid) <= 200
+    assert all(word and word.replace("-", "").isalnum() and word.islower() or word.isdigit() for word in rid.split("."))
+    assert step_run_id(*parts, "try2") != rid
+
+
+def test_step_run_id_never_maps_two_identities_to_one_id() -> None:
+    assert step_run_id("Train", "fit") != step_run_id("train", "fit")
+    assert step_run_id("a.b", "c") != step_run_id("a", "b.c")
+    with pytest.raises(ValueError):
+        step_run_id(None, "")
+
+
+def test_check_user_retries_names_the_field_and_the_fix() -> None:
+    app_retry = specs.Role("w", image="", entrypoint="true", max_retries=2)
+    plan = torchstep.build_plan(specs.AppDef("a", roles=[app_retry]), "local")
+    check_user_retries(plan, retries=2)
+    check_user_retries(plan)
+    with pytest.raises(torchstep.SpecError, match="set the count in one place") as err:
+        check_user_retries(plan, retries=3, orchestrator="Prefect")
+    assert err.value.field == "roles[0].max_retries" and "Prefect" in str(err.value)
+
+    replica = specs.Role("w", image="", entrypoint="true", max_retries=2, retry_policy=specs.RetryPolicy.REPLICA)
+    plan = torchstep.build_plan(specs.AppDef("a", roles=[replica]), "local")
+    check_user_retries(plan, retries=0)
+    with pytest.raises(torchstep.SpecError, match="multiply the retry layers") as err:
+        check_user_retries(plan, retries=1)
+    assert err.value.field == "roles[0].retry_policy"
+
+    timed = specs.AppDef(
+        "a", roles=[specs.Role("w", image="", entrypoint="true")], metadata={"torchstep.timeout": "600"}
+    )
+    plan = torchstep.build_plan(timed, "local")
+    check_user_retries(plan, timeout=900)
+    for bad in (60, float("nan"), -1, True):
+        with pytest.raises(torchstep.SpecError):
+            check_user_retries(plan, timeout=bad)
+
+
+def test_failure_summary_names_state_exit_code_and_root_cause() -> None:
+    from torchstep.result import StepResult
+
+    text = failure_summary(StepResult("train-1", "FAILED", 3, message="trainer/1 exited 3"))
+    assert text == "train-1 FAILED (exit code 3); trainer/1 exited 3"
