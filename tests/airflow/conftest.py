@@ -41,7 +41,7 @@ DRIVER = HERE / "dag_test_driver.py"
 
 
 def airflow_env(home: Path, **extra: str) -> dict[str, str]:
-    """The environment every Airflow process of a test gets (FACTS.md, Airflow 3.3)."""
+    """The environment every Airflow process of a test gets (Airflow 3.3: its own home, SQLite or PostgreSQL, no examples)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update(
         {

@@ -156,6 +156,8 @@ SPEC_MODULES = [
     "torchstep.errors",
     "torchstep.files",
     "torchstep.launch",
+    "torchstep.local",
+    "torchstep.result",
     "torchstep.spec",
     "torchstep.spec.agent_command",
     "torchstep.spec.cmdline",
@@ -165,6 +167,7 @@ SPEC_MODULES = [
     "torchstep.spec.macros",
     "torchstep.spec.model",
     "torchstep.spec.names",
+    "torchstep.spec.options",
     "torchstep.spec.planner",
     "torchstep.spec.rules.command",
     "torchstep.spec.rules.metadata",
@@ -172,6 +175,7 @@ SPEC_MODULES = [
     "torchstep.spec.rules.replicas",
     "torchstep.spec.rules.resources",
     "torchstep.spec.rules.retry",
+    "torchstep.steps",
 ]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from torchstep.local.options import LocalOptions, resolve, runopts
@@ -84,7 +85,7 @@ def run_plan(
 
     cancel = cancel or threading.Event()
     display = display or PlainDisplay(show_output=opts.tee)
-    delay = _first_delay(plan, opts)
+    delays = retry_delays(plan, opts, retries)
     attempt = 1
     while True:
         app_id = _app_id(plan, opts, attempt)
@@ -98,13 +99,12 @@ def run_plan(
             return result
         display.note(
             f"attempt {attempt} of at most {retries + 1} {result.state} (exit code {result.exit_code}); "
-            f"retrying in {delay:g} s"
+            f"retrying in {delays[attempt - 1]:g} s"
         )
-        if cancel.wait(delay):
+        if cancel.wait(delays[attempt - 1]):
             result.state, result.retryable, result.message = CANCELLED, False, "cancelled while waiting to retry"
             result.write(f"{launcher.dir}/result.json")
             return result
-        delay = _next_delay(plan, delay)
         attempt += 1
 
 
@@ -117,14 +117,19 @@ def _app_id(plan: StepPlan, opts: LocalOptions, attempt: int) -> str | None:
     return run_name(plan.k8s_name, opts.run_id if attempt == 1 else f"{opts.run_id}/attempt-{attempt}")
 
 
-def _first_delay(plan: StepPlan, opts: LocalOptions) -> float:
-    if opts.retry_delay is not None:
-        return opts.retry_delay
-    delays = [r.retry_delay_s for r in plan.roles if r.retry_delay_s is not None]
-    return max(delays) if delays else 1.0
+def retry_delays(plan: StepPlan, opts: LocalOptions, retries: int) -> list[float]:
+    """The wait before each of ``retries`` retries: the plan's one rule
+    (:meth:`~torchstep.spec.model.StepRetry.delays`) with ``cfg["retry_delay"]`` for the
+    first wait when given, else the AppDef's, else 1 s.
 
-
-def _next_delay(plan: StepPlan, delay: float) -> float:
-    factor = max((r.retry_backoff or 1.0 for r in plan.roles), default=1.0)
-    caps = [r.max_retry_delay_s for r in plan.roles if r.max_retry_delay_s is not None]
-    return min(delay * factor, min(caps)) if caps else delay * factor
+    >>> import torchstep
+    >>> from torchx import specs
+    >>> role = specs.Role("w", image="", entrypoint="true", max_retries=3,
+    ...                   metadata={"torchstep": {"retry_delay": 2, "retry_backoff": 3, "max_retry_delay": 10}})
+    >>> plan = torchstep.build_plan(specs.AppDef("a", roles=[role]), "local")
+    >>> retry_delays(plan, resolve({}), 3)
+    [2.0, 6.0, 10.0]
+    """
+    step = plan.step_retry
+    first = opts.retry_delay if opts.retry_delay is not None else step.delay_s
+    return replace(step, count=retries, delay_s=first).delays(1.0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.options import convert, parse_options, to_runopts
+from torchstep.spec.options import convert, parse_options, to_runopts
 
 TARGET = "local"
 

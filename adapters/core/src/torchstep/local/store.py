@@ -1,9 +1,9 @@
 """The rendezvous store host of a local run.
 
 Several agents on one host cannot safely host their own c10d store: the first to bind
-hosts it, and when that agent dies every other agent dies with it (FACTS.md). So the
-launcher hosts one ``TCPStore`` per multi-replica role in a small process of its own and
-every agent joins with ``--rdzv-conf is_host=false``: any agent may die and be replaced.
+hosts it, and when that agent dies every other agent dies with it (the store goes down with
+its host). So the launcher hosts one ``TCPStore`` per multi-replica role in a small process
+of its own and every agent joins with ``--rdzv-conf is_host=false``: any agent may die and be replaced.
 
 There is no port race: the launcher binds and listens on ``127.0.0.1:0`` itself and hands
 the listening socket to the store process (``master_listen_fd``); agents that connect before
