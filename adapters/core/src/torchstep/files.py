@@ -36,6 +36,7 @@ __all__ = [
     "check_private_dir",
     "open_private",
     "private_dir",
+    "private_root",
     "state_root",
     "write_private",
 ]
@@ -152,6 +153,25 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = DIR_MODE) -> Path:
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(target, mode)
     return target
+
+
+def private_root(path: str | os.PathLike[str]) -> Path:
+    """A directory the user named (a log root): created like :func:`private_dir` when
+    missing; when it exists it must be a real directory owned by the caller, and its mode
+    is left as the user set it (what torchstep creates inside is ``0700``)."""
+    p = Path(os.path.abspath(os.fspath(path)))
+    try:
+        os.lstat(p)
+    except FileNotFoundError:
+        return private_dir(p)
+    except NotADirectoryError:
+        raise UnsafePathError(p, "a parent is not a directory", "choose another directory") from None
+    except PermissionError:
+        raise UnsafePathError(p, "permission denied", "choose a directory you can write") from None
+    check_private_dir(p)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UnsafePathError(p, "is not writable", "choose a directory you can write")
+    return p
 
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:

@@ -110,6 +110,9 @@ class StepResult:
     log_dir: str | None = None
     attempts: int = 1
     schema: int = SCHEMA_VERSION
+    #: What went wrong beside the outcome and did not change it (a log that could not be
+    #: written: ``"log truncated: <path>: No space left on device"``).
+    warnings: list[str] = field(default_factory=list)
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -356,4 +359,5 @@ def merge(
         message=next((r.message for r in replicas if r.message), None),
         log_dir=log_dir,
         attempts=attempts,
+        warnings=[w for r in replicas for w in r.warnings],
     )

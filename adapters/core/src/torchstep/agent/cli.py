@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from torchstep.agent import signals
+from torchstep.contract import AGENT_ERROR_EXIT_CODE
+from torchstep.files import open_private
 
 if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
@@ -40,9 +42,34 @@ def _setup_logging() -> None:
     log.propagate = False
 
 
+def _check_paths(settings: AgentSettings) -> None:
+    """Before anything starts: the log dir is a private directory of ours (created 0700
+    when missing; a symlink or another user's directory is refused) and every result file
+    can be written — a result that could not be written later would be lost silently."""
+    from torchstep.agent.settings import UsageError
+    from torchstep.files import UnsafePathError, private_dir, private_root
+
+    try:
+        private_root(settings.log_dir)
+    except UnsafePathError as e:
+        raise UsageError(f"--log-dir {e}") from None
+    for path in settings.result_files:
+        parent = os.path.dirname(path) or "."
+        try:
+            if not os.path.isdir(parent):
+                private_dir(parent)
+            if os.path.isdir(path) or os.path.islink(path):
+                raise UnsafePathError(path, "is a directory or a symlink", "name a file path")
+            if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+                raise UnsafePathError(path, "is not writable", "choose a path you can write")
+        except UnsafePathError as e:
+            raise UsageError(f"--result-file {e}") from None
+
+
 def _log_to_file(log_dir: str) -> None:
     try:
-        handler = logging.FileHandler(os.path.join(log_dir, "agent.log"))
+        fd = open_private(os.path.join(log_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8"))
     except OSError as e:
         log.warning("cannot write %s/agent.log: %s", log_dir, e)
         return
@@ -111,6 +138,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         try:
             settings = resolve(sys.argv[1:] if argv is None else argv)
+            _check_paths(settings)
         except UsageError as e:
             log.error("%s", e)
             _usage_result(f"usage error: {e}", 2, started_at=started_at)
@@ -179,7 +207,12 @@ def _run(settings: AgentSettings, started_at: float) -> int:
         result.message or "all workers succeeded",
     )
     log.info("result: %s; logs: %s", ", ".join(paths), settings.log_dir)
-    return result.exit_code if result.exit_code is not None else 1
+    code = result.exit_code if result.exit_code is not None else 1
+    lost = [p for p in (run.unwritten if run is not None else []) if p in settings.result_files]
+    if lost and code == 0:  # a caller that reads the result file must not see success without it
+        log.error("the result could not be written to %s: exiting %d", ", ".join(lost), AGENT_ERROR_EXIT_CODE)
+        return AGENT_ERROR_EXIT_CODE
+    return code
 
 
 if __name__ == "__main__":

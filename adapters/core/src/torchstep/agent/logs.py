@@ -38,6 +38,7 @@ from typing import TextIO
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
 from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
+from torchstep.files import DIR_MODE, open_private, private_root
 
 #: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "
@@ -87,7 +88,7 @@ class TorchstepLogsSpecs(LogsSpecs):
     """
 
     def __init__(self, log_dir: str, *, merge_streams: bool) -> None:
-        os.makedirs(log_dir, exist_ok=True)
+        private_root(log_dir)  # created 0700 when missing; a symlink or another user's dir is refused
         super().__init__(log_dir=log_dir)
         self.merge_streams = merge_streams
         self._next = 0
@@ -103,7 +104,7 @@ class TorchstepLogsSpecs(LogsSpecs):
             path = os.path.join(self.root_log_dir, f"attempt_{self._next}")
             self._next += 1
             try:
-                os.mkdir(path)
+                os.mkdir(path, DIR_MODE)
             except FileExistsError:
                 continue
             self._pending = path
@@ -120,6 +121,9 @@ class TorchstepLogsSpecs(LogsSpecs):
             # "" = inherit the agent's stderr: the exec wrapper then points it at the log
             dest.stderrs[local_rank] = paths.stderr or ""
             dest.error_files[local_rank] = paths.error
+            for path in (paths.log, paths.stderr):
+                if path:  # created 0600 first: torch then opens it "w" and keeps the mode
+                    os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
             envs[local_rank][ERROR_FILE_ENV] = paths.error
         return dest
 

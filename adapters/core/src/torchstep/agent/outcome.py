@@ -38,6 +38,7 @@ from torchstep.contract import (
     is_non_retryable,
     signal_name,
 )
+from torchstep.files import private_dir
 from torchstep.result import (
     CANCELLED,
     FAILED,
@@ -291,7 +292,9 @@ def write_all(result: StepResult, paths: list[str]) -> list[str]:
     failed = []
     for path in paths:
         try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            parent = os.path.dirname(path) or "."
+            if not os.path.isdir(parent):
+                private_dir(parent)
             result.write(path)
         except OSError:
             failed.append(path)

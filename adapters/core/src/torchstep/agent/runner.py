@@ -53,6 +53,7 @@ class AgentRun:
         self.agent: Any = None
         self._write_lock = threading.Lock()
         self._final = False
+        self.unwritten: list[str] = []  # result paths the last write could not write
 
     # -- result file -------------------------------------------------------------------------
     def write(self, result: StepResult, *, final: bool) -> bool:
@@ -62,6 +63,7 @@ class AgentRun:
             failed = write_all(result, self.result_paths)
             for path in failed:
                 log.error("cannot write the result to %s", path)
+            self.unwritten = failed
             self._final = final
             return True
 

@@ -27,9 +27,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchstep import contract
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
+from torchstep.errors import SpecError
+from torchstep.files import UnsafePathError, open_private, private_dir, private_root
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
@@ -111,17 +114,19 @@ class Launcher:
         self.reason: str | None = None  # "cancelled" | "timeout"
         self.timeout_s: float | None = None
         self._callback_failed = False
+        self.warnings: list[str] = []
+        self._warn_lock = threading.Lock()
 
     # -- public ---------------------------------------------------------------------------
     def run(self) -> StepResult:
         """Start every replica, supervise, stop, aggregate. Raises SpecError before
         starting anything when this machine cannot serve the plan."""
         prepared = prepare(self.plan, self.opts, app_id=self.app_id)
+        self._make_dirs([spec.log_dir for spec in prepared.replicas])
         for note in prepared.notes:
             self.display.note(note)
         for spec in prepared.replicas:
             self.replicas[spec.key] = _Replica(spec)
-            os.makedirs(spec.log_dir, exist_ok=True)
         self.display.begin(self.app_id, self.dir)
         started = time.time()
         from torchstep.local.store import StoreHost
@@ -159,6 +164,18 @@ class Launcher:
         if interrupted is not None:
             raise interrupted
         return result
+
+    def _make_dirs(self, replica_dirs: list[str]) -> None:
+        """The log root (the user's: checked, created 0700 when missing), the run directory
+        and each replica's (0700, never through a symlink) — or one SpecError naming
+        ``log_dir`` before anything starts."""
+        try:
+            private_root(self.opts.log_dir)
+            private_dir(self.dir)
+            for d in replica_dirs:
+                private_dir(d)
+        except UnsafePathError as e:
+            raise SpecError("log_dir", "local", f"{e.path}: {e.problem}", fix=e.fix) from None
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, rep: _Replica) -> None:
@@ -213,12 +230,38 @@ class Launcher:
     def _pump(self, rep: _Replica, proc: subprocess.Popen[bytes]) -> None:
         """Copy the agent's output to agent.log and (tee) to the display, line by line."""
         assert proc.stdout is not None
-        with open(rep.spec.console_file, "ab") as log:
+        log: Any = None
+        try:
+            log = os.fdopen(open_private(rep.spec.console_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
+        except OSError as e:
+            self._log_lost(rep, e)
+        try:
+            # read to EOF whatever happens to the log: the agent never blocks on a full pipe
             for raw in iter(proc.stdout.readline, b""):
-                log.write(raw)
-                log.flush()
+                if log is not None:
+                    try:
+                        log.write(raw)
+                        log.flush()
+                    except OSError as e:  # disk full, file too large, I/O error
+                        self._log_lost(rep, e)
+                        with contextlib.suppress(OSError):
+                            log.close()
+                        log = None
                 self.display.line(raw.decode("utf-8", "replace").rstrip("\r\n"))
-        proc.stdout.close()
+        finally:
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.close()
+            proc.stdout.close()
+
+    def _log_lost(self, rep: _Replica, err: OSError) -> None:
+        """A log that cannot be written is truncated, not fatal: the console keeps every
+        line and the result says so."""
+        text = f"log truncated: {rep.spec.console_file}: {err.strerror or err}"
+        with self._warn_lock:
+            if text not in self.warnings:
+                self.warnings.append(text)
+        self.display.note(text)
 
     def _supervise(self, started: float) -> None:
         limits = [t for t in (self.opts.timeout, self.plan.timeout_s, *(r.timeout_s for r in self.plan.roles)) if t]
@@ -467,4 +510,5 @@ class Launcher:
             result.message = "; ".join(dropped) or None
         if result.state == SUCCEEDED:
             result.root_cause = None
+        result.warnings = [*result.warnings, *(w for w in self.warnings if w not in result.warnings)]
         return result

@@ -5,6 +5,10 @@ host path itself.
 * ``src != dst``: every occurrence of the path ``dst`` in the role's entrypoint, args
   (inside ``bash -c`` strings too) and env values is rewritten to ``src``. A path is
   matched whole: ``/data`` matches ``/data`` and ``/data/x`` but not ``/data2`` or ``/x/data``.
+  Arguments stay an argv list: a path reaches the worker verbatim, whatever it holds. Only
+  code that an interpreter evaluates (``bash -c SCRIPT``, ``python -c CODE``) could read
+  a path as code, so a ``src`` with characters outside ``[A-Za-z0-9_@%+=:,./-]`` is refused
+  there (a SpecError naming the mount) rather than pasted into the code.
 * ``read_only`` cannot be enforced without a container: it is advisory.
 * Refused with a :class:`~torchstep.SpecError` naming the mount, before any process
   starts: a source that does not exist on this machine, a device mount whose source is not
@@ -26,6 +30,7 @@ import stat
 from collections.abc import Sequence
 
 from torchstep.errors import SpecError
+from torchstep.spec.cmdline import script_index
 from torchstep.spec.model import RolePlan
 
 TARGET = "local"
@@ -67,11 +72,29 @@ def rewrite(text: str, rewrites: Sequence[tuple[str, str]]) -> str:
     return pattern.sub(lambda m: by_dst[m.group(1)], text)
 
 
+#: What a shell (or Python) reads as one plain word: the characters ``shlex.quote`` leaves alone.
+_PLAIN_PATH = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+
+
 def apply(role: RolePlan, index: int) -> RolePlan:
     """``role`` with its mount destinations rewritten to host paths (see module docstring)."""
     rw = rewrites_of(role, index)
     if not rw:
         return role
+    script = script_index(role.entrypoint, role.args)
+    if script is not None:
+        code = role.args[script]
+        for j, m in enumerate(role.mounts):
+            src, dst = os.path.normpath(m.src), os.path.normpath(m.dst)
+            if src != dst and not _PLAIN_PATH.fullmatch(src) and rewrite(code, [(dst, "\0")]) != code:
+                raise SpecError(
+                    f"roles[{index}].mounts[{j}].src_path",
+                    TARGET,
+                    f"{src!r} would be pasted into the code of `{os.path.basename(role.entrypoint)} -c`, "
+                    "where its shell characters would run as code",
+                    fix="use a host path of letters, digits and _@%+=:,./- only, or mount it at the same path "
+                    "(src_path == dst_path) so nothing is rewritten",
+                )
     return dataclasses.replace(
         role,
         entrypoint=rewrite(role.entrypoint, rw),

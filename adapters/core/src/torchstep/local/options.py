@@ -16,20 +16,23 @@ Example::
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torchstep.errors import SpecError
+from torchstep.files import state_root
 from torchstep.spec.options import convert, parse_options, to_runopts
 
 TARGET = "local"
 
 
 def default_log_dir() -> str:
-    """``<temp dir>/torchstep`` (as TorchX's local scheduler, logs go to the temp dir)."""
-    return os.path.join(tempfile.gettempdir(), "torchstep")
+    """The per-user state directory (:func:`torchstep.files.state_root`):
+    ``$XDG_STATE_HOME/torchstep``, else ``~/.local/state/torchstep``, else
+    ``$TMPDIR/torchstep-<uid>``. Never a shared, predictable directory: logs hold
+    tracebacks and values derived from the environment."""
+    return str(state_root())
 
 
 # name -> (type, default, help). The single source for runopts() and LocalOptions.
@@ -37,7 +40,8 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
     "log_dir": (
         str,
         None,
-        "where logs and results go: <log_dir>/<app_id>/<role>/<replica>/ (default: <temp dir>/torchstep)",
+        "where logs and results go: <log_dir>/<app_id>/<role>/<replica>/ (default: $XDG_STATE_HOME/torchstep, "
+        "else ~/.local/state/torchstep; run directories 0700, files 0600)",
     ),
     "run_id": (
         str,

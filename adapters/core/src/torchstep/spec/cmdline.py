@@ -91,6 +91,32 @@ def _invocation(words: Sequence[str]) -> list[str] | None:
     return None
 
 
+def script_index(entrypoint: str, args: Sequence[str]) -> int | None:
+    """The index in ``args`` of the code a shell or Python interpreter evaluates
+    (``bash -c SCRIPT``, ``sh -ec SCRIPT``, ``python -c CODE``), or ``None``.
+
+    >>> script_index("bash", ["-ec", "echo hi"]), script_index("/usr/bin/python3", ["-c", "print(1)"])
+    (1, 1)
+    >>> script_index("python", ["train.py", "-c", "x"]) is None
+    True
+    """
+    exe = os.path.basename(entrypoint)
+    if exe in _SHELLS:
+        for j, a in enumerate(args[:-1]):
+            if a == "-c" or (a.startswith("-") and not a.startswith("--") and a.endswith("c")):
+                return j + 1
+            if not a.startswith("-"):
+                return None
+        return None
+    if exe.startswith("python"):
+        for j, a in enumerate(args[:-1]):
+            if a == "-c":
+                return j + 1
+            if not a.startswith("-") or a == "-m":
+                return None
+    return None
+
+
 def torchrun_words(entrypoint: str, args: Sequence[str]) -> list[str] | None:
     """The arguments of the role's own torchrun, or ``None`` when it runs none."""
     exe = os.path.basename(entrypoint)

@@ -1,0 +1,188 @@
+"""The local target as an attacker and a fault injector would drive it (issue: hardening).
+
+Shell metacharacters in every string field never execute; files and directories torchstep
+creates are private; user mistakes are one clear SpecError, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torchstep
+from local_testlib import role
+from torchx import specs
+
+#: Host directory names an attacker would choose (each must reach the worker verbatim).
+NASTY = [
+    "x;touch PWNED;x",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "q'uo\"te",
+    "new\nline",
+    "sp ace",
+    "-rf",
+    "{{ ti.xcom_pull() }}",
+]
+
+
+def pwned(*dirs: Path) -> list[Path]:
+    return [d / "PWNED" for d in dirs if (d / "PWNED").exists()]
+
+
+@pytest.mark.parametrize("name", NASTY)
+def test_a_mount_source_reaches_an_argv_worker_verbatim_and_never_runs(
+    tmp_path: Path, log_dir: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / name
+    src.mkdir()
+    (src / "f.txt").write_text("payload")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = role(
+        "trainer",
+        ["report", str(out), "--data=/data/f.txt", name],
+        mounts=[specs.BindMount(src_path=str(src), dst_path="/data")],
+        env={"EVIL": name, "DATA_DIR": "/data"},
+    )
+    result = torchstep.run_local(specs.AppDef("nasty", roles=[r]), log_dir=str(log_dir))
+    assert result.state == "SUCCEEDED", result.message
+    info = json.loads((out / "trainer-0.json").read_text())
+    assert info["data"] == "payload"  # the rewritten path, verbatim
+    assert info["data_env"] == str(src)  # env values are rewritten verbatim too
+    assert info["args"][-1] == name  # an argument is never re-parsed
+    assert pwned(tmp_path, src, Path.cwd()) == []
+
+
+@pytest.mark.parametrize("name", [n for n in NASTY if n not in ("-rf",)])
+@pytest.mark.parametrize("entrypoint", ["bash", "sh", "/bin/bash", "python3"])
+def test_a_mount_source_with_shell_characters_is_refused_inside_interpreted_code(
+    tmp_path: Path, log_dir: Path, name: str, entrypoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / name
+    src.mkdir()
+    code = "cat /data/f.txt" if "python" not in entrypoint else "print(open('/data/f.txt').read())"
+    r = specs.Role(
+        "trainer", image="x", entrypoint=entrypoint, args=["-c", code],
+        mounts=[specs.BindMount(src_path=str(src), dst_path="/data")],
+    )  # fmt: skip
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.run_local(specs.AppDef("nasty", roles=[r]), log_dir=str(log_dir))
+    assert err.value.field == "roles[0].mounts[0].src_path"
+    assert "src_path == dst_path" in str(err.value)
+    assert pwned(tmp_path, src) == []
+    assert not log_dir.exists() or not any(log_dir.iterdir())  # nothing started
+
+
+def test_a_plain_mount_source_is_still_rewritten_inside_a_shell_script(tmp_path: Path, log_dir: Path) -> None:
+    src = tmp_path / "plain-dir_1.0"
+    src.mkdir()
+    (src / "f.txt").write_text("ok")
+    marker = tmp_path / "copied.txt"
+    r = specs.Role(
+        "trainer", image="x", entrypoint="bash", args=["-c", f"cp /data/f.txt {marker}"],
+        mounts=[specs.BindMount(src_path=str(src), dst_path="/data")],
+    )  # fmt: skip
+    result = torchstep.run_local(specs.AppDef("plain", roles=[r]), log_dir=str(log_dir))
+    assert result.state == "SUCCEEDED", result.message
+    assert marker.read_text() == "ok"
+
+
+@pytest.mark.parametrize("value", ["$(touch PWNED)", "a;touch PWNED", "`touch PWNED`", "{{ ds }}", "-rf"])
+def test_env_values_and_args_with_shell_characters_reach_the_worker_verbatim(
+    tmp_path: Path, log_dir: Path, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = role("trainer", ["report", str(out), value], env={"DATA_DIR": value})
+    result = torchstep.run_local(specs.AppDef("meta", roles=[r]), log_dir=str(log_dir))
+    assert result.state == "SUCCEEDED", result.message
+    info = json.loads((out / "trainer-0.json").read_text())
+    assert info["args"][-1] == value and info["data_env"] == value
+    assert pwned(tmp_path, Path.cwd()) == []
+
+
+@pytest.mark.parametrize("name", ["-rf", "a;b", "$(x)", "a b", "a`b`"])
+def test_role_names_that_break_a_command_line_are_refused(name: str) -> None:
+    r = specs.Role(name, image="x", entrypoint="true")
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.build_plan(specs.AppDef("app", roles=[r]), "local")
+    assert err.value.field == "roles[0].name"
+
+
+def test_run_directories_and_logs_are_private(tmp_path: Path, log_dir: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = torchstep.run_local(
+        specs.AppDef("priv", roles=[role("trainer", ["report", str(out)], nproc=2)]), log_dir=str(log_dir)
+    )
+    assert result.state == "SUCCEEDED", result.message
+    run_dir = log_dir / result.app_id
+    for path in [run_dir, *run_dir.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            assert mode == 0o700, f"{path} is {oct(mode)}"
+        else:
+            assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+
+
+def test_a_log_dir_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "logs"
+    link.symlink_to(target)
+    r = specs.Role("trainer", image="x", entrypoint="true")
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.run_local(specs.AppDef("app", roles=[r]), log_dir=str(link))
+    assert "symlink" in str(err.value)
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory owned by someone else")
+def test_a_log_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o777)
+    os.chown(foreign, 65534, 65534)
+    r = specs.Role("trainer", image="x", entrypoint="true")
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.run_local(specs.AppDef("app", roles=[r]), log_dir=str(foreign))
+    assert "owned by" in str(err.value)
+
+
+@pytest.mark.parametrize("make", ["file", "unwritable"])
+def test_an_unusable_log_dir_is_a_spec_error_not_a_traceback(tmp_path: Path, make: str) -> None:
+    bad = tmp_path / "bad"
+    if make == "file":
+        bad.write_text("not a directory")
+        log_dir = str(bad / "logs")
+    else:
+        bad.mkdir(mode=0o500)
+        log_dir = str(bad / "logs")
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+    r = specs.Role("trainer", image="x", entrypoint="true")
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.run_local(specs.AppDef("app", roles=[r]), log_dir=log_dir)
+    assert err.value.field == "log_dir"
+
+
+def test_the_default_log_root_is_per_user_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchstep.local.options import default_log_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = Path(default_log_dir())
+    assert root == tmp_path / "state" / "torchstep"
+    r = specs.Role("trainer", image="x", entrypoint="true")
+    result = torchstep.run_local(specs.AppDef("app", roles=[r]))
+    assert result.state == "SUCCEEDED"
+    assert Path(result.log_dir or "").parent == root
+    for d in (root, root / result.app_id):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
