@@ -186,3 +186,152 @@ def test_the_default_log_root_is_per_user_and_private(tmp_path: Path, monkeypatc
     assert Path(result.log_dir or "").parent == root
     for d in (root, root / result.app_id):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e12", float("inf")])
+def test_absurd_timeouts_are_spec_errors(value: object) -> None:
+    from torchstep.local.options import resolve
+
+    with pytest.raises(torchstep.SpecError) as err:
+        resolve({"timeout": value})
+    assert err.value.field == "cfg['timeout']"
+
+
+BAD_APPS = {
+    "roles[0].mounts[0]": {"mounts": ["type=bind,src=/x"]},
+    "roles[0].mounts[0].type": {"mounts": [{"type": "nfs", "src_path": "/x", "dst_path": "/y"}]},
+    "roles[0].mounts": {"mounts": "type=bind,src=/x,dst=/y"},
+    "roles[0].retry_policy": {"retry_policy": "SOMETIMES"},
+    "roles[0].args": {"args": "ls -l"},
+    "roles[0].resource.cpu": {"resource": {"cpu": "lots"}},
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_APPS))
+def test_a_bad_app_json_is_one_line_naming_the_field(tmp_path: Path, field: str) -> None:
+    import subprocess
+    import sys
+
+    role_data = {"name": "r", "image": "x", "entrypoint": "true", **BAD_APPS[field]}
+    path = tmp_path / "app.json"
+    path.write_text(json.dumps({"name": "a", "roles": [role_data]}))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchstep.cli", "run", "--app", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "fix:" in lines[0], done.stderr
+
+
+def test_ctrl_c_while_a_component_function_runs_is_interrupted_exit_130(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from proclib import wait_for
+
+    marker = tmp_path / "entered"
+    comp = tmp_path / "slowcomp.py"
+    comp.write_text(
+        "import pathlib, time\n"
+        "from torchx import specs\n"
+        "def slow() -> specs.AppDef:\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "    time.sleep(60)\n"
+        "    return specs.AppDef('never', roles=[])\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchstep.cli", "run", f"{comp}:slow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for(marker.exists, 60, "the component function to start")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_with_the_same_run_id_is_refused_while_the_first_runs(log_dir: Path) -> None:
+    import threading
+
+    from proclib import wait_for
+
+    app = specs.AppDef("same", roles=[role("trainer", ["loop", "100000", "0.05"])])
+    cancel = threading.Event()
+    box: dict[str, torchstep.StepResult] = {}
+    first = threading.Thread(
+        target=lambda: box.update(
+            r=torchstep.run_local(app, log_dir=str(log_dir), cfg={"run_id": "r1", "grace_period": 5}, cancel=cancel)
+        )
+    )
+    first.start()
+    try:
+        wait_for(lambda: list(log_dir.glob("*/trainer/0/attempt_*/rank0.log")), 120, "the first run to start")
+        with pytest.raises(torchstep.SpecError) as err:
+            torchstep.run_local(app, log_dir=str(log_dir), cfg={"run_id": "r1"})
+        assert err.value.field == "cfg['run_id']"
+    finally:
+        cancel.set()
+        first.join(60)
+    assert box["r"].state == "CANCELLED"
+    again = torchstep.run_local(
+        specs.AppDef("same", roles=[specs.Role("trainer", image="x", entrypoint="true")]),
+        log_dir=str(log_dir),
+        cfg={"run_id": "r1"},
+    )
+    assert again.state == "SUCCEEDED"  # the lock is released when a run ends
+
+
+@pytest.mark.parametrize("where", ["result", "log"])
+def test_the_agent_refuses_an_unwritable_result_file_or_log_dir_before_starting(tmp_path: Path, where: str) -> None:
+    import subprocess
+    import sys
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    flag = ["--result-file", str(a_file / "result.json")] if where == "result" else ["--log-dir", str(a_file)]
+    started = tmp_path / "started"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchstep.agent", *flag, "--nproc-per-node", "1", "--no-python",
+         "touch", str(started)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert ("--result-file" if where == "result" else "--log-dir") in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not started.exists()  # refused before any worker ran
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_writes_20_mib_and_dies_loses_no_line(log_dir: Path) -> None:
+    import re
+
+    from torchstep.steps import LocalStep
+
+    n = 300_000  # 72-byte lines: 21.6 MB, written as fast as Python can
+    code = (
+        "import sys\n"
+        f"for i in range({n}):\n"
+        "    sys.stdout.write(f'line {i:07d} ' + 'x' * 56 + '\\n')\n"
+        "raise ValueError('MARKER-boom at the end')\n"
+    )
+    r = specs.Role("w", image="x", entrypoint="python", args=["-u", "-c", code])
+    lines: list[str] = []
+    result = LocalStep(
+        specs.AppDef("big", roles=[r]), run_id="big", cfg={"log_dir": str(log_dir)}, on_line=lines.append
+    ).run()
+    assert result.state == "FAILED" and result.exit_code == 1
+    numbered = re.compile(r"line (\d{7}) x{56}$")
+    seen = [int(m.group(1)) for line in lines if (m := numbered.search(line))]
+    assert seen == list(range(n))  # every line, in order, none twice
+    tail = "\n".join(lines[-40:])
+    assert "Traceback (most recent call last)" in tail and "ValueError: MARKER-boom at the end" in tail
+    (rank_log,) = list((log_dir / result.app_id).glob("w/0/attempt_*/rank0.log"))
+    text = rank_log.read_text()
+    assert sum(1 for line in text.splitlines() if numbered.fullmatch(line)) == n
+    assert "ValueError: MARKER-boom at the end" in text

@@ -157,6 +157,7 @@ SPEC_MODULES = [
     "torchstep.files",
     "torchstep.launch",
     "torchstep.local",
+    "torchstep.local.rundir",
     "torchstep.result",
     "torchstep.spec",
     "torchstep.spec.agent_command",

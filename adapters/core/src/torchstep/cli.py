@@ -17,6 +17,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from torchstep.contract import INTERRUPTED_EXIT_CODE
 from torchstep.errors import SpecError
 from torchstep.spec.cmdline import split_component_args
 
@@ -76,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"torchstep {cmd}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the run started (a component function, an import)
+        print(f"torchstep {cmd}: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
 
 
 if __name__ == "__main__":

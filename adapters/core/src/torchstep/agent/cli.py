@@ -43,16 +43,11 @@ def _setup_logging() -> None:
 
 
 def _check_paths(settings: AgentSettings) -> None:
-    """Before anything starts: the log dir is a private directory of ours (created 0700
-    when missing; a symlink or another user's directory is refused) and every result file
-    can be written — a result that could not be written later would be lost silently."""
+    """Before anything starts, every result file can be written (the log dir was checked
+    by ``resolve``): a result that could not be written later would be lost silently."""
     from torchstep.agent.settings import UsageError
-    from torchstep.files import UnsafePathError, private_dir, private_root
+    from torchstep.files import UnsafePathError, private_dir
 
-    try:
-        private_root(settings.log_dir)
-    except UnsafePathError as e:
-        raise UsageError(f"--log-dir {e}") from None
     for path in settings.result_files:
         parent = os.path.dirname(path) or "."
         try:

@@ -182,6 +182,10 @@ class TeeSource:
     _buf: bytes = field(default=b"", repr=False)
 
 
+#: Writes of at most this many bytes to a pipe are atomic (POSIX PIPE_BUF on Linux).
+_PIPE_BUF = 4096
+
+
 class LogTee:
     """Copies rank log files to ``dst`` line by line with a prefix, from one thread.
 
@@ -232,6 +236,8 @@ class LogTee:
         try:
             while not self._stop.wait(self._interval):
                 self._pump(final=False)
+            while self._pump(final=False):  # drain to EOF: a rank may have written MiBs just before it died
+                pass
             self._pump(final=True)
         finally:
             for src in self._sources:
@@ -239,7 +245,32 @@ class LogTee:
                     os.close(src._fd)
                     src._fd = None
 
-    def _pump(self, *, final: bool) -> None:
+    def _write(self, lines: list[str]) -> None:
+        """Write whole lines in pieces of at most ``PIPE_BUF`` bytes straight to the fd:
+        such a write to a pipe is atomic, so a log record another thread writes to stderr
+        (often the same pipe) lands between two lines, never inside one."""
+        try:
+            fd = self._dst.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: an in-memory stream
+            self._dst.write("".join(lines))
+            self._dst.flush()
+            return
+        self._dst.flush()  # what others wrote through the stream goes first
+        piece: list[bytes] = []
+        size = 0
+        for line in lines:
+            data = line.encode("utf-8", "replace")
+            if piece and size + len(data) > _PIPE_BUF:
+                _write_all(fd, b"".join(piece))
+                piece, size = [], 0
+            piece.append(data)
+            size += len(data)
+        if piece:
+            _write_all(fd, b"".join(piece))
+
+    def _pump(self, *, final: bool) -> bool:
+        """Copy what the files hold now (a bounded amount per file); whether any was read."""
+        got = False
         out: list[str] = []
         filtered: list[str] = []
         for src in self._sources:
@@ -252,6 +283,7 @@ class LogTee:
                 chunk = os.read(src._fd, 1 << 16)
                 if not chunk:
                     break
+                got = True
                 src._buf += chunk
             lines = src._buf.split(b"\n")
             src._buf = lines.pop()
@@ -269,10 +301,16 @@ class LogTee:
                     filtered.append(f"{src.prefix}{text}\n")
         if out and self._dst_ok:
             try:
-                self._dst.write("".join(out))
-                self._dst.flush()
+                self._write(out)
             except (BrokenPipeError, ValueError, OSError):
                 self._dst_ok = False  # console gone: the files still hold everything
         if filtered and self._filter_file:
             with open(self._filter_file, "a") as f:
                 f.write("".join(filtered))
+        return got
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -47,6 +47,7 @@ from torchstep.contract import (
     ENV_STOP_TIMEOUT,
     ENV_WATCHDOG_TIMEOUT,
 )
+from torchstep.files import UnsafePathError, private_root
 
 #: pytorch#135712: a restarted gloo group must not read stale data from the shared store.
 ENV_NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -396,6 +397,10 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         log_dir = tempfile.mkdtemp(prefix="torchstep-agent-")
         sources["log_dir"] = "default: new directory"
     args.log_dir = os.path.abspath(log_dir)
+    try:  # a private directory of ours: created 0700 when missing, a symlink or foreign dir refused
+        private_root(args.log_dir)
+    except UnsafePathError as e:
+        raise UsageError(f"--log-dir {e}") from None
 
     grace = ours["grace_period"]
     if sources["grace_period"] == "default":

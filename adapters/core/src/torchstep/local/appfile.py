@@ -58,10 +58,12 @@ def app_from_dict(data: Any) -> Any:
 
     if not isinstance(data, dict) or not isinstance(data.get("roles"), list):
         raise SpecError("app", None, "an AppDef JSON object needs 'name' and a list 'roles'", fix="see docs/local.md")
-    roles = [_role(i, r) for i, r in enumerate(data["roles"])]
     extra = set(data) - {"name", "roles", "metadata"}
     if extra:
         raise SpecError(f"app.{sorted(extra)[0]}", None, "not an AppDef field", fix="use name, roles, metadata")
+    if not isinstance(data.get("name", ""), str) or not isinstance(data.get("metadata") or {}, dict):
+        raise SpecError("app", None, "'name' must be a string and 'metadata' an object", fix="see docs/local.md")
+    roles = [_role(i, r) for i, r in enumerate(data["roles"])]
     return specs.AppDef(name=data.get("name", ""), roles=roles, metadata=data.get("metadata") or {})
 
 
@@ -89,21 +91,44 @@ def _role(i: int, data: Any) -> Any:
         )
     if "retry_policy" in kw:
         name = kw["retry_policy"]
-        kw["retry_policy"] = specs.RetryPolicy[name] if name in specs.RetryPolicy.__members__ else name
+        if not isinstance(name, str) or name not in specs.RetryPolicy.__members__:
+            raise SpecError(f"{path}.retry_policy", None, f"unknown retry policy {name!r}",
+                            fix=f"one of {', '.join(specs.RetryPolicy.__members__)}")  # fmt: skip
+        kw["retry_policy"] = specs.RetryPolicy[name]
     if "mounts" in kw:
+        if not isinstance(kw["mounts"], list | type(None)):
+            raise SpecError(
+                f"{path}.mounts", None, "must be a list", fix='[{"src_path": "/data", "dst_path": "/data"}]'
+            )
         kw["mounts"] = [_mount(f"{path}.mounts[{j}]", m) for j, m in enumerate(kw["mounts"] or [])]
-    return specs.Role(**kw)
+    for key, kind in (("name", str), ("image", str), ("entrypoint", str), ("args", list), ("env", dict)):
+        if key in kw and not isinstance(kw[key], kind):
+            raise SpecError(f"{path}.{key}", None, f"must be a JSON {'string' if kind is str else kind.__name__}",
+                            fix="see docs/local.md")  # fmt: skip
+    try:
+        return specs.Role(**kw)
+    except (TypeError, ValueError) as e:
+        raise SpecError(
+            path, None, f"not a Role: {e}", fix="a role needs at least name, image and entrypoint"
+        ) from None
 
 
 def _mount(path: str, m: Any) -> Any:
     from torchx import specs
 
     if isinstance(m, str):
-        return specs.parse_mounts(m.split(","))[0]
+        try:
+            return specs.parse_mounts(m.split(","))[0]
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            raise SpecError(path, None, f"not a TorchX mount string: {m!r} ({e})",
+                            fix="type=bind,src=/host,dst=/container[,readonly]") from None  # fmt: skip
     if not isinstance(m, dict):
         raise SpecError(path, None, "a mount is an object or a TorchX mount string", fix="type=bind,src=...,dst=...")
     m = dict(m)
-    kind = m.pop("type", None) or ("volume" if "src" in m else "device" if "permissions" in m else "bind")
+    kind = m.pop("type", None)
+    if kind not in (None, "bind", "volume", "device"):
+        raise SpecError(f"{path}.type", None, f"unknown mount type {kind!r}", fix="bind, volume or device")
+    kind = kind or ("volume" if "src" in m else "device" if "permissions" in m else "bind")
     try:
         cls = {"bind": specs.BindMount, "volume": specs.VolumeMount, "device": specs.DeviceMount}[kind]
         return cls(**m)

@@ -31,11 +31,11 @@ from typing import Any
 
 from torchstep import contract
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
-from torchstep.errors import SpecError
-from torchstep.files import UnsafePathError, open_private, private_dir, private_root
+from torchstep.files import open_private
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
+from torchstep.local.rundir import claim_run_dir
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
 from torchstep.result import (
     CANCELLED,
@@ -122,7 +122,13 @@ class Launcher:
         """Start every replica, supervise, stop, aggregate. Raises SpecError before
         starting anything when this machine cannot serve the plan."""
         prepared = prepare(self.plan, self.opts, app_id=self.app_id)
-        self._make_dirs([spec.log_dir for spec in prepared.replicas])
+        lock = claim_run_dir(self.opts.log_dir, self.dir, [spec.log_dir for spec in prepared.replicas], self.app_id)
+        try:
+            return self._run(prepared)
+        finally:
+            os.close(lock)  # releases the run directory's lock
+
+    def _run(self, prepared: Any) -> StepResult:
         for note in prepared.notes:
             self.display.note(note)
         for spec in prepared.replicas:
@@ -164,18 +170,6 @@ class Launcher:
         if interrupted is not None:
             raise interrupted
         return result
-
-    def _make_dirs(self, replica_dirs: list[str]) -> None:
-        """The log root (the user's: checked, created 0700 when missing), the run directory
-        and each replica's (0700, never through a symlink) — or one SpecError naming
-        ``log_dir`` before anything starts."""
-        try:
-            private_root(self.opts.log_dir)
-            private_dir(self.dir)
-            for d in replica_dirs:
-                private_dir(d)
-        except UnsafePathError as e:
-            raise SpecError("log_dir", "local", f"{e.path}: {e.problem}", fix=e.fix) from None
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, rep: _Replica) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.files import state_root
+from torchstep.spec.limits import MAX_RETRIES, MAX_SECONDS
 from torchstep.spec.options import convert, parse_options, to_runopts
 
 TARGET = "local"
@@ -105,14 +106,20 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
     out["log_dir"] = os.path.abspath(out.get("log_dir") or default_log_dir())
     if out.get("gpus") is not None:
         out["gpus"] = tuple(out["gpus"])
-    for key in ("grace_period", "timeout"):
-        if key in out and not out[key] > 0:
-            raise SpecError(f"cfg[{key!r}]", TARGET, f"must be a positive number, got {out[key]}", fix="e.g. 10")
+    for key in ("grace_period", "timeout", "retry_delay"):
+        if key not in out:
+            continue
+        low_ok = out[key] >= 0 if key == "retry_delay" else out[key] > 0
+        if not (low_ok and out[key] <= MAX_SECONDS):  # also refuses nan and inf
+            kind = "non-negative" if key == "retry_delay" else "positive"
+            raise SpecError(
+                f"cfg[{key!r}]", TARGET,
+                f"must be a {kind} finite number of seconds (at most {MAX_SECONDS}), got {out[key]}", fix="e.g. 10",
+            )  # fmt: skip
     if "run_id" in out and (not out["run_id"].strip() or not out["run_id"].isprintable()):
         raise SpecError(
             "cfg['run_id']", TARGET, "must be a printable, non-blank string", fix="e.g. the orchestrator's run id"
         )
-    for key in ("retries", "retry_delay"):
-        if key in out and out[key] < 0:
-            raise SpecError(f"cfg[{key!r}]", TARGET, f"must not be negative, got {out[key]}", fix="e.g. 2")
+    if "retries" in out and not 0 <= out["retries"] <= MAX_RETRIES:
+        raise SpecError("cfg['retries']", TARGET, f"must be 0..{MAX_RETRIES}, got {out['retries']}", fix="e.g. 2")
     return LocalOptions(**out)
