@@ -335,3 +335,23 @@ def test_a_rank_that_writes_20_mib_and_dies_loses_no_line(log_dir: Path) -> None
     text = rank_log.read_text()
     assert sum(1 for line in text.splitlines() if numbered.fullmatch(line)) == n
     assert "ValueError: MARKER-boom at the end" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory(log_dir: Path) -> None:
+    import glob
+    import tempfile
+
+    def ours() -> set[str]:
+        tmp = tempfile.gettempdir()
+        return set(glob.glob(f"{tmp}/torchstep-run-*")) | set(glob.glob(f"{tmp}/torchstep-launch-*"))
+
+    before = ours()
+    code = "import os, signal, time\ntime.sleep(1)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(60)\n"
+    r = specs.Role("w", image="x", entrypoint="python", args=["-c", code])
+    result = torchstep.run_local(specs.AppDef("killed", roles=[r]), log_dir=str(log_dir))
+    assert result.state == "FAILED"
+    (replica_file,) = list((log_dir / result.app_id).glob("w/0/result.json"))
+    saved = json.loads(replica_file.read_text())
+    assert saved["state"] == "FAILED" and saved["replicas"][0]["state"] == "FAILED"
+    assert ours() - before == set()

@@ -44,6 +44,9 @@ ENV_WATCHDOG_TIMEOUT = "TORCHSTEP_WATCHDOG_TIMEOUT"
 ENV_PYTHON = "TORCHSTEP_PYTHON"
 #: A token in the environment of every process a local run starts (the leak sweep finds them).
 ENV_LAUNCH_TOKEN = "TORCHSTEP_LAUNCH_TOKEN"
+#: Where the agent creates its private run state (FIFOs, heartbeats): a launcher that
+#: removes this directory at its end leaves nothing behind even when agents were killed.
+ENV_RUN_DIR = "TORCHSTEP_RUN_DIR"
 #: ``TORCHSTEP_PORT_<NAME>``: a role's declared port on the local target.
 ENV_PORT_PREFIX = "TORCHSTEP_PORT_"
 

@@ -44,7 +44,12 @@ class AgentRun:
         self.settings = settings
         self.started_at = started_at
         self.result_paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
-        self.run_dir = tempfile.mkdtemp(prefix="torchstep-run-")  # FIFO, heartbeats: not logs
+        # FIFO, heartbeats: not logs. Under the launcher's directory when it gives one (it
+        # removes it at its end, whatever killed us); mkdtemp makes it 0700
+        parent = settings.run_dir_parent
+        self.run_dir = tempfile.mkdtemp(
+            prefix="torchstep-run-", dir=parent if parent and os.path.isdir(parent) else None
+        )
         self.reaper = Reaper(results=self.result_paths, run_dir=self.run_dir)
         self.exits = ExitWatcher()
         self.watchdog = ProgressWatchdog(

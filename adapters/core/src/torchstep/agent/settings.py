@@ -44,6 +44,7 @@ from torchstep.contract import (
     ENV_REPLICA_ID,
     ENV_RESULT_FILE,
     ENV_ROLE,
+    ENV_RUN_DIR,
     ENV_STOP_TIMEOUT,
     ENV_WATCHDOG_TIMEOUT,
 )
@@ -187,6 +188,8 @@ class AgentSettings:
     process_env: dict[str, str] = field(default_factory=dict)
     consumed_env: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    #: Where the agent's private run state goes (``TORCHSTEP_RUN_DIR``; None: the temp dir).
+    run_dir_parent: str | None = None
 
     def rendezvous_bound(self) -> float:
         """Longest time one rendezvous may take by its own settings (for the watchdog)."""
@@ -455,6 +458,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         if path and os.path.abspath(path) not in result_files:
             result_files.append(os.path.abspath(path))
     consumed = [
+        ENV_RUN_DIR,
         ENV_RESULT_FILE,
         ENV_LOG_DIR,
         ENV_RDZV_BACKEND,
@@ -482,4 +486,5 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         process_env=process_env,
         consumed_env=sorted(set(consumed)),
         sources=sources,
+        run_dir_parent=_env(env, ENV_RUN_DIR) or None,
     )

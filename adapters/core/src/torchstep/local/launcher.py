@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -140,6 +142,7 @@ class Launcher:
         multi = [r for r in self.plan.roles if r.num_replicas > 1]
         store = StoreHost(len(multi))
         interrupted: BaseException | None = None
+        self.tmp = tempfile.mkdtemp(prefix="torchstep-launch-")  # 0700; the agents' run state
         try:
             for role, port in zip(multi, store.ports, strict=True):
                 self.rdzv[role.name] = (f"{LOCALHOST}:{port}", "is_host=false")
@@ -165,6 +168,7 @@ class Launcher:
             for rep in self.replicas.values():
                 for t in rep.threads:
                     t.join(timeout=5)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         result = self._result(started, time.time())
         result.write(os.path.join(self.dir, "result.json"))
         if interrupted is not None:
@@ -183,6 +187,7 @@ class Launcher:
         n = self.role_restarts.get(role.name, 0)
         rdzv_id = f"{self.app_id}-{role.name}" + (f"-r{n}" if n else "")
         env = dict(spec.env)
+        env[contract.ENV_RUN_DIR] = self.tmp
         env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
         if role.uses_torchrun:
             env.update(
@@ -438,7 +443,8 @@ class Launcher:
             except (OSError, ValueError, TypeError, KeyError):
                 loaded = None
         state = rep.state if rep.state in (SUCCEEDED, FAILED, CANCELLED) else FAILED
-        if loaded is not None and loaded.replicas and (loaded.state not in (SUCCEEDED, FAILED, CANCELLED) or rep.lost):
+        final = loaded is not None and loaded.replicas and loaded.state in (SUCCEEDED, FAILED, CANCELLED)
+        if loaded is not None and loaded.replicas and (not final or rep.lost):
             # the agent died before its final word (its reaper may have marked it): the
             # launcher knows better
             loaded.state, loaded.exit_code = state, rep.exit_code
@@ -464,6 +470,11 @@ class Launcher:
         if rep.lost is not None:
             loaded.root_cause = rep.lost
         loaded.restarts += rep.replaced
+        if not final:  # the replica's own result file says what happened, whatever killed its agent
+            if rep.exit_code is not None and rep.exit_code < 0 and not loaded.message:
+                loaded.message = f"the agent was killed by {signal_name(rep.exit_code)}"
+            with contextlib.suppress(OSError):
+                loaded.write(spec.result_file)
         return loaded
 
     def _result(self, started: float, ended: float) -> StepResult:
