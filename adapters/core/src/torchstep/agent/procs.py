@@ -160,9 +160,17 @@ class ExitWatcher:
 
     def __init__(self) -> None:
         self._exits: dict[int, ExitInfo] = {}
+        self._watched: set[int] = set()
         self._cond = threading.Condition()
 
+    def watched(self, pid: int) -> bool:
+        """Whether ``pid`` is one of ours (a worker), as opposed to an adopted orphan."""
+        with self._cond:
+            return pid in self._watched
+
     def watch(self, pid: int) -> None:
+        with self._cond:
+            self._watched.add(pid)
         threading.Thread(target=self._wait, args=(pid,), name=f"torchstep-exit-{pid}", daemon=True).start()
 
     def _wait(self, pid: int) -> None:
@@ -187,6 +195,121 @@ class ExitWatcher:
         with self._cond:
             self._cond.wait_for(lambda: pid in self._exits, timeout)
             return self._exits.get(pid)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (``PR_SET_CHILD_SUBREAPER``):
+    a worker's double-forked daemon is re-parented here, not to init, so it can be found
+    and killed. False where unsupported."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """The live and zombie children of ``pid`` (from ``/proc``)."""
+    out: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields is not None and len(fields) > 1 and fields[1] == str(pid):
+                out.append(int(name))
+    return out
+
+
+class OrphanSweeper:
+    """Finds the descendants the agent adopted (a worker's ``setsid``/double-forked daemon,
+    re-parented here because the agent is a subreaper), registers each with the reaper
+    as it appears (so even a SIGKILLed agent takes them along) and kills them at the end.
+
+    An adopted process stays our child until we reap it, so its pid is never reused while
+    it is registered.
+
+    Example::
+
+        sweeper = OrphanSweeper(reaper, exits)   # exits: the ExitWatcher of the workers
+        sweeper.start()
+        ...
+        sweeper.kill_all()
+    """
+
+    def __init__(self, reaper: Reaper, exits: ExitWatcher, *, interval: float = 0.5) -> None:
+        self._reaper = reaper
+        self._exits = exits
+        self._interval = interval
+        self._seen: dict[int, bool] = {}  # pid -> killed as a group (it leads its own)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchstep-orphans", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sweep()
+
+    def sweep(self) -> list[int]:
+        """Register the adopted children not seen before; returns them."""
+        new = []
+        me = os.getpid()
+        with self._lock:
+            for pid in children_of(me):
+                if pid in self._seen or pid == self._reaper.pid or self._exits.watched(pid):
+                    continue
+                fields = _stat_fields(pid)
+                if fields is None or fields[0] in ("Z", "X"):
+                    continue
+                own_group = fields[2] == str(pid)
+                self._seen[pid] = own_group
+                if own_group:
+                    self._reaper.watch_group(pid)
+                else:
+                    self._reaper.watch_pid(pid)
+                new.append(pid)
+        if new:
+            log.warning("adopted %d orphaned process(es) of the workers %s; they are killed when the run ends",
+                        len(new), new)  # fmt: skip
+        return new
+
+    def kill_all(self) -> int:
+        """Stop sweeping, kill every adopted process (and its group) and reap it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self.sweep()
+        with self._lock:
+            seen = dict(self._seen)
+        for pid, own_group in seen.items():
+            try:
+                if own_group:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for pid in seen:
+            while True:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if done or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        return len(seen)
 
 
 class Reaper:
@@ -215,6 +338,11 @@ class Reaper:
             argv += ["--run-dir", self._run_dir]
         # own session: a kill of the agent's process group (or a terminal's ^C) spares it
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None else None
 
     def _send(self, line: str) -> None:
         with self._lock:

@@ -24,7 +24,7 @@ from typing import Any
 
 from torchstep.agent import signals
 from torchstep.agent.outcome import Outcome, build_result, running_result, write_all
-from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, Reaper
+from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, OrphanSweeper, Reaper, become_subreaper
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.errors import AGENT_ERROR_EXIT_CODE
@@ -52,6 +52,7 @@ class AgentRun:
         )
         self.reaper = Reaper(results=self.result_paths, run_dir=self.run_dir)
         self.exits = ExitWatcher()
+        self.orphans = OrphanSweeper(self.reaper, self.exits)
         self.watchdog = ProgressWatchdog(
             settings.watchdog_timeout, on_fire=self._on_watchdog, any_alive=self._any_alive
         )
@@ -86,6 +87,7 @@ class AgentRun:
             log.exception("watchdog: building the full result failed; writing a minimal one")
             result = build_result(self.settings, None, outcome, started_at=self.started_at)
         self.write(result, final=True)
+        self.orphans.kill_all()
         self.reaper.finish(timeout=2)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         for stream in (sys.stdout, sys.stderr):
@@ -120,6 +122,8 @@ class AgentRun:
         settings, config = self.settings, self.settings.config
         self.write(running_result(settings, started_at=self.started_at), final=False)
         self.reaper.start()
+        if become_subreaper():  # a worker's daemon comes back to us, not to init
+            self.orphans.start()
         self.watchdog.start()
         read_timeout = float(config.rdzv_configs.get("read_timeout", 60))
         self.watchdog.phase("connecting to the rendezvous backend", max(read_timeout, settings.rendezvous_bound()))
@@ -213,6 +217,7 @@ class AgentRun:
             log.exception("building the full result failed; writing a minimal one")
             result = build_result(self.settings, None, outcome, started_at=self.started_at)
         self.write(result, final=True)
+        self.orphans.kill_all()
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return result
