@@ -173,6 +173,8 @@ class AgentRun:
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
             result = self.agent.run()
             events.record(self.agent.get_event_succeeded(), config.event_log_handler)
+            if result.is_failed() and not self.agent.graceful_exit:
+                report_child_failure(self.settings, result.failures)
             if self.agent.graceful_exit:
                 return Outcome("workers", succeeded=True, message=f"rendezvous closed: {self.agent.graceful_exit}")
             return Outcome("workers", succeeded=not result.is_failed())
@@ -221,6 +223,26 @@ class AgentRun:
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return result
+
+
+def report_child_failure(settings: AgentSettings, failures: dict[int, Any]) -> None:
+    """torchrun's root-cause report on stderr (``ChildFailedError``: first observed
+    failure with time, host, rank, exit code, error file, traceback), so what a torchrun
+    user greps for is there; the result file says the same in JSON."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import _get_entrypoint_name
+
+        name = _get_entrypoint_name(settings.entrypoint, list(settings.entry_args))
+        report = ChildFailedError(name=name, failures=failures).format_msg()
+    except Exception as e:  # a report must never cost the result
+        log.warning("could not format the failure report: %s: %s", type(e).__name__, e)
+        return
+    try:
+        sys.stderr.write(f"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n{report}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def cancelled_before_start(settings: AgentSettings | None, signum: int, *, started_at: float) -> StepResult:

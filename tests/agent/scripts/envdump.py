@@ -1,0 +1,31 @@
+"""Writes this worker's launcher-set environment to OUTDIR/rank<RANK>.json, then exits
+with CODE for the ranks listed in FAIL_RANKS (a comma list, may be empty).
+
+envdump.py OUTDIR [FAIL_RANKS [CODE]]      (also runnable as ``-m envdump``)
+"""
+
+import json
+import os
+import sys
+
+KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+        "TORCHELASTIC_ERROR_FILE")  # fmt: skip
+
+
+def main(argv: list) -> None:
+    outdir = argv[0]
+    fail = {r for r in (argv[1] if len(argv) > 1 else "").split(",") if r}
+    code = int(argv[2]) if len(argv) > 2 else 3
+    env = {k: os.environ.get(k) for k in KEYS}
+    with open(os.path.join(outdir, f"rank{env['RANK']}.json"), "w") as f:
+        json.dump(env, f)
+    print(f"out rank {env['RANK']}", flush=True)
+    print(f"err rank {env['RANK']}", file=sys.stderr, flush=True)
+    if env["RANK"] in fail:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
