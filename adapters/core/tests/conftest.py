@@ -30,9 +30,9 @@ def rows_missing(app: Any, decisions: Iterable[Decision]) -> set[str]:
         wanted += [f"{p}.mounts[{j}]" for j in range(len(role.mounts))]
         wanted += [f"{p}.port_map[{k!r}]" for k in role.port_map]
         wanted += [f"{p}.metadata[{k!r}]" for k in role.metadata if k != "torchstep"]
-        options = role.metadata.get("torchstep", {})
+        options = role.metadata.get("torchstep") or {}
         wanted += [f"{p}.metadata['torchstep'][{k!r}]" for k in options]
-        wanted += [f"{p}.metadata['torchstep']['secret_env'][{k!r}]" for k in options.get("secret_env", {})]
+        wanted += [f"{p}.metadata['torchstep']['secret_env'][{k!r}]" for k in options.get("secret_env") or {}]
     return {w for w in wanted if not has(w)}
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from torchstep.agent import signals
 from torchstep.agent.outcome import Outcome, build_result, running_result, write_all
 from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, OrphanSweeper, Reaper, become_subreaper
-from torchstep.agent.settings import AgentSettings
+from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.errors import AGENT_ERROR_EXIT_CODE
 from torchstep.result import StepResult
@@ -142,6 +142,8 @@ class AgentRun:
             )
             master_addr, master_port = _get_addr_and_port(params)
             handler = rdzv_registry.get_rendezvous_handler(params)
+            if settings.sources.get("rdzv_conf.keep_alive_interval") == "default":
+                fast_keep_alive(handler, KEEP_ALIVE_PERIOD_S)
             entrypoint, args = self._entrypoint()
             spec = WorkerSpec(
                 role=settings.role,
@@ -223,6 +225,24 @@ class AgentRun:
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return result
+
+
+def fast_keep_alive(handler: Any, period_s: float) -> bool:
+    """Give a dynamic rendezvous handler a sub-second keep-alive tick (torch parses
+    ``keep_alive_interval`` as whole seconds). Every holder of the handler's settings gets
+    the same new object, so the heartbeat period and the dead-node expiry agree. False
+    (and nothing changed) for handlers without these settings (static, etcd)."""
+    import dataclasses
+    from datetime import timedelta
+
+    settings = getattr(handler, "_settings", None)
+    if settings is None or not hasattr(settings, "keep_alive_interval"):
+        return False
+    new = dataclasses.replace(settings, keep_alive_interval=timedelta(seconds=period_s))
+    for owner in (handler, getattr(handler, "_state_holder", None), getattr(handler, "_op_executor", None)):
+        if owner is not None and getattr(owner, "_settings", None) is settings:
+            owner._settings = new
+    return True
 
 
 def report_child_failure(settings: AgentSettings, failures: dict[int, Any]) -> None:
