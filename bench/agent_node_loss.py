@@ -156,7 +156,7 @@ def main() -> int:
 `python bench/agent_node_loss.py --runs {runs}` — two agents `--nnodes 1:2`, one worker
 each (`bench/scripts/agent_train.py`), c10d store in a separate process; one agent is
 SIGKILLed with its worker; time until the survivor's first all-reduce at world size 1.
-Defaults of each tool (torchstep: keep-alive 1 s x 2, last call 1 s; torch: 5 s x 3, 30 s).
+Defaults of each tool (torchstep: keep-alive tick 0.5 s, dead after 2 s, last call 1 s; torch: 5 s x 3, 30 s).
 
 | command | median s | min s | max s | failed |
 |---|---|---|---|---|

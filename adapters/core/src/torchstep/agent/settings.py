@@ -63,13 +63,13 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 #: a timer tick at least one interval after the last one, i.e. every *two* intervals, so
 #: the product must exceed two intervals with room for a busy host: with the interval left
 #: at its default the agent ticks every 0.5 s (KEEP_ALIVE_PERIOD_S; torch's flag takes whole
-#: seconds only), heartbeats land every <= 1 s, and a node is dead after 2.5 s of silence.
+#: seconds only), heartbeats land every <= 1 s, and a node is dead after 2 s of silence.
 DYNAMIC_RDZV_DEFAULTS: dict[str, str] = {
     "join_timeout": "900",
     "last_call_timeout": "1",
     "close_timeout": "10",
     "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "5",
+    "keep_alive_max_attempt": "4",
 }
 #: The keep-alive tick the agent uses when ``keep_alive_interval`` is not given.
 KEEP_ALIVE_PERIOD_S = 0.5
