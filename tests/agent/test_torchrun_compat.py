@@ -80,3 +80,14 @@ def test_worker_streams_reach_the_same_console_streams(tmp_path: Path) -> None:
     # ordered log and console (docs/agent.md, intended differences)
     assert "err rank 0" in runs["torchrun"][0].stderr
     assert "err rank 0" in runs["agent"][0].stdout + runs["agent"][0].stderr
+
+
+def test_logs_specs_is_refused_not_ignored(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "torchstep.agent", "--logs-specs", "mine", "--nproc-per-node", "1", ENVDUMP,
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--logs-specs" in done.stderr and "fix:" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("rank*.json"))  # nothing ran

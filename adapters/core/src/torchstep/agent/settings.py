@@ -351,6 +351,13 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 
     env = os.environ if environ is None else environ
     args = build_parser(env).parse_args(None if argv is None else list(argv))
+    if getattr(args, "logs_specs", None):
+        # never silently ignored: the agent's own LogsSpecs (rank logs, attempts, tee) is
+        # what its results and the launchers read
+        raise UsageError(
+            f"--logs-specs {args.logs_specs!r} is not supported: the agent writes its own log layout "
+            "(docs/agent.md, 'Log layout'); fix: drop --logs-specs, or run torchrun for a custom LogsSpecs"
+        )
     sources: dict[str, str] = {}
     backend_set = _tracked(args, "rdzv_backend", env, sources)
     _tracked(args, "rdzv_endpoint", env, sources)
