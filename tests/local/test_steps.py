@@ -159,3 +159,34 @@ def test_failure_summary_names_state_exit_code_and_root_cause() -> None:
 
     text = failure_summary(StepResult("train-1", "FAILED", 3, message="trainer/1 exited 3"))
     assert text == "train-1 FAILED (exit code 3); trainer/1 exited 3"
+
+
+@pytest.mark.timeout(300)
+def test_the_local_target_waits_the_planned_delays_between_retries(
+    tmp_path: Path, log_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rule for retry waits (StepRetry.delays): two roles with different delays; the
+    role with the largest budget owns the timing, as in explain and the Airflow task."""
+
+    counter = tmp_path / "attempts"
+
+    def r(name: str, **opts: float) -> specs.Role:
+        return specs.Role(
+            name, image="x", entrypoint="python",
+            args=["-c", f"import time; open({str(counter)!r}, 'a').write(f'{{time.time()}}\\n'); raise SystemExit(3)"],
+            max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": opts},
+        )  # fmt: skip
+
+    app = specs.AppDef(
+        "waits", roles=[r("a", retry_delay=1, retry_backoff=3, max_retry_delay=2), r("b", retry_delay=9)]
+    )
+    plan = torchstep.build_plan(app, "local")
+    assert plan.step_retry.delays() == [1.0, 2.0]
+    result = torchstep.run_local(app, log_dir=str(log_dir), cfg={"retries": 2})
+    assert result.state == "FAILED" and result.attempts == 3
+    out = capsys.readouterr().out
+    assert "retrying in 1 s" in out and "retrying in 2 s" in out
+    stamps = sorted(float(t) for t in counter.read_text().split())
+    starts = [stamps[i] for i in range(0, len(stamps), 2)]  # two roles per attempt
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert gaps[0] >= 1.0 and gaps[1] >= 2.0
