@@ -7,11 +7,9 @@ Kubernetes client; loaded only when such a task executes).
   ``/airflow/xcom/return.json`` and the operator's XCom sidecar reads it back;
   ``on_finish_action``, ``deferrable`` and every other KPO argument work as usual
   (``kubernetes_kwargs``).
-- Anything else (several replicas or roles) → core's :class:`torchstep.kubernetes.JobSet`
-  through the provider's ``KubernetesHook`` client: the rendered Indexed Jobs, headless
-  Services (owned by their Job) and Pods are created, every pod's log is streamed into the
-  task log, the result is built from the agents' termination messages, and the objects are
-  deleted according to ``on_finish_action``. Not deferrable.
+- Anything else (several replicas or roles) → core's :class:`torchstep.steps.KubernetesStep`
+  (``JobSet``) with the ``KubernetesHook``'s client; every pod's log goes to the task log,
+  ``on_finish_action`` maps to ``on_finish``. Not deferrable.
 
 Example::
 
@@ -126,7 +124,7 @@ class KubernetesStep:
         self.result: StepResult | None = None
         # the agent writes its result where KubernetesPodOperator's XCom sidecar reads it
         self.core = CoreKubernetesStep(
-            plan, run_id=run_id, cfg=cfg, result_file=XCOM_RESULT_FILE, on_line=_print_line,
+            plan, run_id=run_id, cfg=cfg, result_file=XCOM_RESULT_FILE,
             poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=_on_finish(self.kwargs),
         )  # fmt: skip
         self.rendered: RenderedApp = self.core.rendered
@@ -199,10 +197,6 @@ def _on_finish(kwargs: Mapping[str, Any]) -> str:
             "kubernetes_kwargs['on_finish_action']", TARGET, f"unknown {action!r}", fix=f"one of {tuple(ON_FINISH)}"
         )
     return ON_FINISH[action]
-
-
-def _print_line(text: str) -> None:
-    print(text, flush=True)  # the task log; the agent already prefixes [role/rank]
 
 
 def _exit_code(pod: Any) -> int | None:

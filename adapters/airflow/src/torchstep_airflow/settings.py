@@ -2,19 +2,10 @@
 the run id that names one try of a task. Pure functions (no Airflow import), so the rules
 are testable without a scheduler.
 
-One retry layer, never two (ARCHITECTURE.md, "Retries: one budget, one owner"):
-
-- APPLICATION policy, ``max_retries=N`` → the task's ``retries=N``; the agent restarts 0.
-  A different ``retries`` on the task (argument or ``default_args``) is a SpecError.
-- REPLICA / HOT_SPARE / ROLE policy with ``max_retries>0`` → the agent (or the role's
-  launcher) owns the budget; ``retries>0`` on the task is a SpecError (layers would multiply).
-- ``max_retries=0`` → the AppDef asks for no retries and Airflow's ``retries`` is the
-  DAG author's to set.
-- ``role.metadata["torchstep"]`` ``retry_delay`` / ``retry_backoff`` / ``max_retry_delay``
-  → ``retry_delay`` / ``retry_exponential_backoff`` / ``max_retry_delay``; a different
-  value on the task is a SpecError. Unset → Airflow's defaults (``retry_delay`` 300 s!).
-- ``app.metadata["torchstep.timeout"]`` (the step timeout, enforced by the runner) →
-  ``execution_timeout`` = timeout + 60 s as a backstop, unless the task sets its own.
+One retry layer, never two: the task's own retries and timeouts are checked against the
+plan by core's :func:`torchstep.steps.check_user_retries` (docs/steps.md); the plan's
+``step_retry`` becomes ``retries`` / ``retry_delay`` / ``retry_exponential_backoff`` /
+``max_retry_delay``, and its step timeout an ``execution_timeout`` backstop 60 s later.
 
 Example::
 
