@@ -45,7 +45,11 @@ def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
     assert "[default/0] stderr line of rank 0" in a.stdout
     assert "[default/1] stderr line of rank 1" in a.stdout
     assert (a.log_dir / "result.json").exists() and (a.log_dir / "agent.log").exists()
-    assert "effective settings" in a.stderr and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in a.stderr
+    # like torchrun: one line of settings on the console, every setting and its source in agent.log
+    settings_lines = [line for line in a.stderr.splitlines() if "effective settings" in line]
+    assert len(settings_lines) == 1 and "nproc_per_node 2" in settings_lines[0]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in a.stderr
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in (a.log_dir / "agent.log").read_text()
 
 
 def test_crash_always_fails_after_budget_with_rank1_root_cause(agents: Agents) -> None:

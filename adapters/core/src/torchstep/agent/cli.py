@@ -61,15 +61,16 @@ def _check_paths(settings: AgentSettings) -> None:
             raise UsageError(f"--result-file {e}") from None
 
 
-def _log_to_file(log_dir: str) -> None:
+def _log_to_file(log_dir: str) -> logging.Handler | None:
     try:
         fd = open_private(os.path.join(log_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8"))
     except OSError as e:
         log.warning("cannot write %s/agent.log: %s", log_dir, e)
-        return
+        return None
     handler.setFormatter(logging.Formatter(_FORMAT))
     log.addHandler(handler)
+    return handler
 
 
 def _usage_result(message: str, code: int, *, started_at: float) -> None:
@@ -174,8 +175,14 @@ def _run(settings: AgentSettings, started_at: float) -> int:
             sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except (AttributeError, ValueError):
             pass
-        _log_to_file(settings.log_dir)
-        log.info("%s", settings.describe())
+        to_file = _log_to_file(settings.log_dir)
+        if os.environ.get("LOGLEVEL", "").upper() in ("INFO", "DEBUG"):
+            log.info("%s", settings.describe())
+        else:  # like torchrun: one line on the console; the full list in agent.log
+            log.info("%s (every setting and its source: LOGLEVEL=INFO or %s/agent.log)", settings.summary(),
+                     settings.log_dir)  # fmt: skip
+            if to_file is not None:
+                to_file.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (settings.describe(),), None))
         run = AgentRun(settings, started_at=started_at)
         outcome = run.execute()
     except (signals.Cancelled, SignalException) as e:

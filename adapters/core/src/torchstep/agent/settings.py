@@ -215,6 +215,15 @@ class AgentSettings:
             return num("timeout", 900) + num("last_call_timeout", 30)
         return num("timeout", 900)
 
+    def summary(self) -> str:
+        """The settings that tell runs apart, on one line."""
+        c = self.config
+        rdzv = f"{c.rdzv_backend}@{c.rdzv_endpoint}" if c.rdzv_endpoint else c.rdzv_backend
+        return (
+            f"torchstep-agent effective settings: nnodes {c.min_nodes}:{c.max_nodes}, nproc_per_node {c.nproc_per_node}, "
+            f"rdzv {rdzv} id {c.run_id}, max_restarts {c.max_restarts}, logs {self.log_dir}"
+        )
+
     def describe(self) -> str:
         """The effective settings, one per line, with where each came from."""
         c = self.config
