@@ -355,3 +355,39 @@ def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory
     saved = json.loads(replica_file.read_text())
     assert saved["state"] == "FAILED" and saved["replicas"][0]["state"] == "FAILED"
     assert ours() - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_under_the_console_log_truncates_it_and_the_run_still_ends_right(
+    log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on every write of the launcher's console.log (the file is /dev/full): the
+    console keeps every line, the run ends with its real outcome, the result says so."""
+    import torchstep.local.launcher as launcher
+    from torchstep.steps import LocalStep
+
+    real_open = launcher.open_private
+
+    def full_disk(path: str, flags: int = os.O_WRONLY) -> int:
+        if str(path).endswith("console.log"):
+            return os.open("/dev/full", os.O_WRONLY)
+        return real_open(path, flags)
+
+    monkeypatch.setattr(launcher, "open_private", full_disk)
+    out = tmp_path / "out"
+    out.mkdir()
+    cases = {
+        "SUCCEEDED": role("trainer", ["report", str(out)]),
+        "FAILED": role("trainer", ["attempts", str(tmp_path / "counter"), "9", "3"]),
+    }
+    for state, r in cases.items():
+        lines: list[str] = []
+        app = specs.AppDef("full", roles=[r])
+        result = LocalStep(app, run_id=f"full-{state}", cfg={"log_dir": str(log_dir)}, on_line=lines.append).run()
+        assert result.state == state
+        assert any("log truncated" in w and "No space left on device" in w for w in result.warnings), result.warnings
+        assert any("log truncated" in line for line in lines)
+        saved = json.loads((log_dir / result.app_id / "result.json").read_text())
+        assert saved["warnings"] == result.warnings
+        if state == "SUCCEEDED":
+            assert any("hello from trainer rank 0 of 1" in line for line in lines)  # the console kept the lines
