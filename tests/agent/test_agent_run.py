@@ -24,8 +24,9 @@ def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
     ]
     envs = {}
     for k in rep["ranks"]:
-        log = open(k["log_file"]).read()  # stdout and stderr of the rank, kept
-        assert f"stderr line of rank {k['rank']}" in log
+        log = open(k["log_file"]).read()  # stdout of the rank, kept; stderr beside it (torchrun console)
+        stderr_log = k["log_file"].replace(".log", ".stderr.log")
+        assert f"stderr line of rank {k['rank']}" in open(stderr_log).read()
         envs[k["rank"]] = json.loads(re.search(r"^ENV (.*)$", log, re.M).group(1))
         assert k["log_file"] == str(a.log_dir / "attempt_0" / f"rank{k['rank']}.log")
     for rank, env in envs.items():
@@ -41,9 +42,9 @@ def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
         # launcher settings are consumed by the agent, not inherited by workers
         assert env["TORCHSTEP_RESULT_FILE"] is None and env["TORCHSTEP_LOG_DIR"] is None
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
-    # every rank on the agent's stdout, line by line, prefixed
-    assert "[default/0] stderr line of rank 0" in a.stdout
-    assert "[default/1] stderr line of rank 1" in a.stdout
+    # torchrun's console: a worker's stderr on the agent's stderr, no prefix
+    assert "stderr line of rank 0" in a.stderr and "stderr line of rank 1" in a.stderr
+    assert "[default/" not in a.stdout + a.stderr
     assert (a.log_dir / "result.json").exists() and (a.log_dir / "agent.log").exists()
     # like torchrun: one line of settings on the console, every setting and its source in agent.log
     settings_lines = [line for line in a.stderr.splitlines() if "effective settings" in line]
@@ -108,7 +109,10 @@ def test_non_retryable_stops_restarts_at_once(agents: Agents, variant: str) -> N
 
 
 def test_failed_rank_has_its_last_50_lines_and_whole_log(agents: Agents) -> None:
-    a = agents.run(["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "raise", "--lines", "200"])
+    """Pipeline console (--log-prefix, as launchers run it): one ordered, prefixed log."""
+    a = agents.run(
+        ["--log-prefix", "--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "raise", "--lines", "200"]
+    )
     assert a.returncode == 1, a.diagnostics()
     root = a.result["root_cause"]
     assert root["rank"] == 1 and root["message"] == "RuntimeError: bad thing on rank 1"
@@ -117,6 +121,17 @@ def test_failed_rank_has_its_last_50_lines_and_whole_log(agents: Agents) -> None
     assert [f"line {i} of rank 1" for i in range(200)] == [x for x in log if x.startswith("line ")]
     printed = [x for x in a.stdout.splitlines() if x.startswith("[default/1] line ")]
     assert len(printed) == 200  # every line reached the console, none lost or split
+
+
+def test_torchrun_console_keeps_streams_apart_and_the_tail_is_the_traceback(agents: Agents) -> None:
+    a = agents.run(["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "raise", "--lines", "200"])
+    assert a.returncode == 1, a.diagnostics()
+    root = a.result["root_cause"]
+    assert root["tail"][-1] == "RuntimeError: bad thing on rank 1" and "Traceback" in "\n".join(root["tail"])
+    assert [x for x in a.stdout.splitlines() if x.startswith("line ") and x.endswith("of rank 1")] == [
+        f"line {i} of rank 1" for i in range(200)
+    ]  # unprefixed, as torchrun prints them
+    assert "RuntimeError: bad thing on rank 1" in a.stderr
 
 
 def test_usage_error_exits_2_and_still_writes_a_result(agents: Agents, tmp_path) -> None:

@@ -71,15 +71,22 @@ def test_same_exit_status_and_worker_environment(tmp_path: Path, case: str) -> N
             assert "rank      : 1 (local_rank: 1)" in done.stderr
 
 
+def worker_lines(text: str) -> list[str]:
+    """The lines the workers printed (not the launchers' own log records)."""
+    return sorted(x for x in text.splitlines() if ("out rank" in x or "err rank" in x))
+
+
 @pytest.mark.timeout(600)
-def test_worker_streams_reach_the_same_console_streams(tmp_path: Path) -> None:
-    runs = both(tmp_path, ["--nproc-per-node", "1"], lambda out: [ENVDUMP, str(out)])
-    for launcher, (done, _) in runs.items():
-        assert "out rank 0" in done.stdout, launcher
-    # torchrun keeps stderr on stderr; the agent merges a binary worker's streams into one
-    # ordered log and console (docs/agent.md, intended differences)
-    assert "err rank 0" in runs["torchrun"][0].stderr
-    assert "err rank 0" in runs["agent"][0].stdout + runs["agent"][0].stderr
+@pytest.mark.parametrize(
+    "flags", [[], ["--tee", "3"], ["--tee", "1"], ["--local-ranks-filter", "1"], ["--redirects", "3"]]
+)
+def test_the_console_looks_like_torchruns(tmp_path: Path, flags: list[str]) -> None:
+    runs = both(tmp_path, ["--nproc-per-node", "2", *flags], lambda out: [ENVDUMP, str(out)])
+    (t_done, _), (a_done, _) = runs["torchrun"], runs["agent"]
+    assert worker_lines(a_done.stdout) == worker_lines(t_done.stdout)  # same lines, same prefixes, same stream
+    assert worker_lines(a_done.stderr) == worker_lines(t_done.stderr)
+    settings = [x for x in a_done.stderr.splitlines() if "torchstep-agent" in x and "effective settings" in x]
+    assert len(settings) == 1  # one line of our own settings, like torchrun's quiet start
 
 
 def test_logs_specs_is_refused_not_ignored(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ ENV_LAUNCH_TOKEN = "TORCHSTEP_LAUNCH_TOKEN"
 #: Where the agent creates its private run state (FIFOs, heartbeats): a launcher that
 #: removes this directory at its end leaves nothing behind even when agents were killed.
 ENV_RUN_DIR = "TORCHSTEP_RUN_DIR"
+#: ``1``: the agent prefixes console lines ``[role/rank]`` and merges a binary worker's
+#: stderr into its log (``--log-prefix``); launchers get it by setting ``TORCHSTEP_APP_ID``.
+ENV_LOG_PREFIX = "TORCHSTEP_LOG_PREFIX"
 #: ``TORCHSTEP_PORT_<NAME>``: a role's declared port on the local target.
 ENV_PORT_PREFIX = "TORCHSTEP_PORT_"
 

@@ -279,10 +279,12 @@ class TorchstepAgent(LocalElasticAgent):
             prefix = line_prefix(
                 self.settings.prefix_template, role=worker_group.spec.role, rank=w.global_rank, local_rank=local_rank
             )
+            out_prefixed, err_prefixed = self.settings.prefixed(local_rank)
             echo = self.settings.echo_ranks(local_rank)
-            sources.append(TeeSource(w.paths.log, prefix, echo))
+            # merged streams are prefixed as stdout; split ones go to the console's own stream
+            sources.append(TeeSource(w.paths.log, prefix if out_prefixed else "", echo))
             if w.paths.stderr:
-                sources.append(TeeSource(w.paths.stderr, prefix, echo))
+                sources.append(TeeSource(w.paths.stderr, prefix if err_prefixed else "", echo, to_stderr=True))
         filters = list(worker_group.spec.duplicate_stdout_filters or []) + list(
             worker_group.spec.duplicate_stderr_filters or []
         )

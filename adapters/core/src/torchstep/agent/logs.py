@@ -178,6 +178,7 @@ class TeeSource:
     path: str
     prefix: str
     echo: bool = True
+    to_stderr: bool = False  # copied to the console's stderr (a worker's own stderr)
     _fd: int | None = field(default=None, repr=False)
     _buf: bytes = field(default=b"", repr=False)
 
@@ -207,12 +208,15 @@ class LogTee:
         sources: list[TeeSource],
         dst: TextIO | None = None,
         *,
+        err_dst: TextIO | None = None,
         interval: float = 0.1,
         filters: list[str] | None = None,
         filter_file: str | None = None,
     ) -> None:
         self._sources = sources
         self._dst = dst if dst is not None else sys.stdout
+        self._err_dst = err_dst if err_dst is not None else (dst if dst is not None else sys.stderr)
+        self._err_ok = True
         self._interval = interval
         self._filters = filters or []
         self._filter_file = filter_file if self._filters else None
@@ -245,17 +249,17 @@ class LogTee:
                     os.close(src._fd)
                     src._fd = None
 
-    def _write(self, lines: list[str]) -> None:
+    def _write(self, dst: TextIO, lines: list[str]) -> None:
         """Write whole lines in pieces of at most ``PIPE_BUF`` bytes straight to the fd:
         such a write to a pipe is atomic, so a log record another thread writes to stderr
         (often the same pipe) lands between two lines, never inside one."""
         try:
-            fd = self._dst.fileno()
+            fd = dst.fileno()
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: an in-memory stream
-            self._dst.write("".join(lines))
-            self._dst.flush()
+            dst.write("".join(lines))
+            dst.flush()
             return
-        self._dst.flush()  # what others wrote through the stream goes first
+        dst.flush()  # what others wrote through the stream goes first
         piece: list[bytes] = []
         size = 0
         for line in lines:
@@ -272,6 +276,7 @@ class LogTee:
         """Copy what the files hold now (a bounded amount per file); whether any was read."""
         got = False
         out: list[str] = []
+        err: list[str] = []
         filtered: list[str] = []
         for src in self._sources:
             if src._fd is None:
@@ -296,14 +301,19 @@ class LogTee:
                     raw = next((seg for seg in reversed(raw.split(b"\r")) if seg), b"")
                 text = raw.decode("utf-8", "replace")
                 if src.echo:
-                    out.append(f"{src.prefix}{text}\n")
+                    (err if src.to_stderr else out).append(f"{src.prefix}{text}\n")
                 if self._filter_file and any(needle in text for needle in self._filters):
                     filtered.append(f"{src.prefix}{text}\n")
         if out and self._dst_ok:
             try:
-                self._write(out)
+                self._write(self._dst, out)
             except (BrokenPipeError, ValueError, OSError):
                 self._dst_ok = False  # console gone: the files still hold everything
+        if err and self._err_ok:
+            try:
+                self._write(self._err_dst, err)
+            except (BrokenPipeError, ValueError, OSError):
+                self._err_ok = False
         if filtered and self._filter_file:
             with open(self._filter_file, "a") as f:
                 f.write("".join(filtered))

@@ -167,6 +167,10 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
 def _tail(w: WorkerRecord) -> list[str]:
     from torchstep.agent.logs import tail_lines
 
+    if w.paths.stderr:  # split streams: the traceback is in the stderr log
+        lines = tail_lines(w.paths.stderr, TAIL_LINES)
+        if lines:
+            return lines
     return tail_lines(w.paths.log, TAIL_LINES)
 
 

@@ -104,7 +104,8 @@ class AgentRun:
             return entry, args  # --run-path: a function in spawned processes
         # every binary worker starts through the exec wrapper: dies with the agent
         # (PR_SET_PDEATHSIG) and writes stdout and stderr into one ordered log
-        wrapper = ("-I", "-S", EXEC_WRAPPER, "--agent-pid", str(os.getpid()), "--merge-stderr", "--", entry)
+        merge = ("--merge-stderr",) if self.settings.merge_streams else ()
+        wrapper = ("-I", "-S", EXEC_WRAPPER, "--agent-pid", str(os.getpid()), *merge, "--", entry)
         return sys.executable, (*wrapper, *args)
 
     def execute(self) -> Outcome:
@@ -162,7 +163,8 @@ class AgentRun:
                 duplicate_stderr_filters=config.duplicate_stderr_filters,
                 virtual_local_rank=config.virtual_local_rank,
             )
-            specs = TorchstepLogsSpecs(settings.log_dir, merge_streams=isinstance(settings.entrypoint, str))
+            merge = settings.merge_streams and isinstance(settings.entrypoint, str)
+            specs = TorchstepLogsSpecs(settings.log_dir, merge_streams=merge)
             self.agent = TorchstepAgent(
                 spec,
                 specs,

@@ -37,6 +37,7 @@ from torchstep.contract import (
     ENV_GRACE_PERIOD,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_LOG_DIR,
+    ENV_LOG_PREFIX,
     ENV_RDZV_BACKEND,
     ENV_RDZV_CONF,
     ENV_RDZV_ENDPOINT,
@@ -197,6 +198,11 @@ class AgentSettings:
     sources: dict[str, str] = field(default_factory=dict)
     #: Where the agent's private run state goes (``TORCHSTEP_RUN_DIR``; None: the temp dir).
     run_dir_parent: str | None = None
+    #: Whether a local rank's stdout and stderr console lines are prefixed (``[role/rank] ``
+    #: in pipelines, torchrun's ``[role0]:`` where ``--tee`` copies a stream).
+    prefixed: Callable[[int], tuple[bool, bool]] = lambda _: (True, True)
+    #: A binary worker's stderr merged into its stdout log (one ordered log per rank).
+    merge_streams: bool = False
 
     def rendezvous_bound(self) -> float:
         """Longest time one rendezvous may take by its own settings (for the watchdog)."""
@@ -283,6 +289,15 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
         if action.dest in _TRACKED and f"PET_{action.dest.upper()}" not in env:
             action.default = _UNSET
     group = parser.add_argument_group("torchstep")
+    group.add_argument(
+        "--log-prefix",
+        "--log_prefix",
+        dest="log_prefix",
+        action="store_true",
+        help="prefix each console line with [role/rank] and merge a binary worker's stderr into its stdout "
+        f"(one ordered log per rank; env {ENV_LOG_PREFIX}=1; on by default under a torchstep launcher, "
+        "or with --tee / --local-ranks-filter)",
+    )
     for flag in FLAGS:
         shown = "off" if flag.default in (None, 0.0) else f"{flag.default:g}" if flag.kind is float else flag.default
         group.add_argument(
@@ -343,6 +358,40 @@ def _echo_filter(args: Any, nproc: int) -> Callable[[int], bool]:
         return not (redirects.get(local_rank, Std.NONE) != Std.NONE and tee.get(local_rank, Std.NONE) == Std.NONE)
 
     return echo
+
+
+#: torch's console prefix for ``--tee`` (``[default0]:line``), used when torchrun's own
+#: flags turn prefixes on; torchstep's pipelines use ``[role/rank] `` (agent/logs.py).
+TORCHRUN_PREFIX_TEMPLATE = "[${role_name}${local_rank}]:"
+
+
+def _console_mode(
+    args: Any, env: Mapping[str, str], nproc: int, sources: dict[str, str]
+) -> tuple[bool, str | None, Callable[[int], tuple[bool, bool]]]:
+    """``(merge, template, prefixed)`` of the console; ``prefixed(local_rank)`` says whether
+    that rank's stdout and stderr lines get a prefix. Pipelines (``--log-prefix``,
+    ``TORCHSTEP_LOG_PREFIX=1``, or run by a torchstep launcher: ``TORCHSTEP_APP_ID``) prefix
+    every line ``[role/rank]`` and merge a binary worker's stderr into its one ordered log.
+    Otherwise torchrun's console: stdout on stdout, stderr on stderr, a stream prefixed
+    ``[role<local_rank>]:`` only where ``--tee`` copies it."""
+    from torch.distributed.elastic.multiprocessing import Std, to_map
+
+    template = _env(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    for on, why in (
+        (args.log_prefix, "flag"),
+        ((_env(env, ENV_LOG_PREFIX) or "").lower() in ("1", "true", "yes"), f"env {ENV_LOG_PREFIX}"),
+        (_env(env, ENV_APP_ID) is not None, f"default: env {ENV_APP_ID} (a torchstep launcher)"),
+    ):
+        if on:
+            sources["log_prefix"] = why
+            return True, template, lambda _: (True, True)
+    tee = to_map(Std.from_str(args.tee), nproc)
+
+    def prefixed(local_rank: int) -> tuple[bool, bool]:
+        std = tee.get(local_rank, Std.NONE)
+        return std in (Std.OUT, Std.ALL), std in (Std.ERR, Std.ALL)
+
+    return False, template or TORCHRUN_PREFIX_TEMPLATE, prefixed
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -480,7 +529,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         # flag and launcher variable both given: write both, so the launcher finds its copy
         if path and os.path.abspath(path) not in result_files:
             result_files.append(os.path.abspath(path))
+    merge, template, prefixed = _console_mode(args, env, config.nproc_per_node, sources)
     consumed = [
+        ENV_LOG_PREFIX,
         ENV_RUN_DIR,
         ENV_RESULT_FILE,
         ENV_LOG_DIR,
@@ -505,9 +556,11 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         exit_barrier_timeout=ours["exit_barrier_timeout"],
         watchdog_timeout=ours["watchdog_timeout"],
         echo_ranks=echo,
-        prefix_template=_env(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        prefix_template=template,
         process_env=process_env,
         consumed_env=sorted(set(consumed)),
         sources=sources,
         run_dir_parent=_env(env, ENV_RUN_DIR) or None,
+        prefixed=prefixed,
+        merge_streams=merge,
     )
