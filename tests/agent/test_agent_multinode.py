@@ -150,7 +150,8 @@ def test_launcher_env_overrides_the_command_line(agents: Agents, store: StoreHos
     r = a.result
     assert r["app_id"] == "app-1" and r["replicas"][0]["role"] == "worker" and r["replicas"][0]["replica_id"] == 7
     assert "[worker/1]" in a.stdout
-    assert "rdzv_endpoint            " + store.endpoint in a.stderr and "env TORCHSTEP_RDZV_ENDPOINT" in a.stderr
+    settings = (a.log_dir / "agent.log").read_text()  # every setting and its source
+    assert "rdzv_endpoint            " + store.endpoint in settings and "env TORCHSTEP_RDZV_ENDPOINT" in settings
 
 
 def test_rendezvous_timeout_is_an_agent_error(agents: Agents) -> None:

@@ -33,7 +33,8 @@ def _check(agent, role) -> None:
     assert [k["rank"] for k in ranks] == [0, 1]
     env = json.loads(next(x for x in open(ranks[1]["log_file"]) if x.startswith("ENV "))[4:])
     assert env["WORLD_SIZE"] == "2" and env["RANK"] == "1"
-    assert f"[{role.name}/1] stderr line of rank 1" in agent.stdout
+    # run directly (no torchstep launcher): torchrun's console for dist.ddp's --tee 3
+    assert f"[{role.name}1]:stderr line of rank 1" in agent.stderr
 
 
 def test_ddp_command_line_through_the_torchrun_shim(agents: Agents) -> None:

@@ -1,7 +1,8 @@
 """Writes this worker's launcher-set environment to OUTDIR/rank<RANK>.json, then exits
 with CODE for the ranks listed in FAIL_RANKS (a comma list, may be empty).
 
-envdump.py OUTDIR [FAIL_RANKS [CODE]]      (also runnable as ``-m envdump``)
+envdump.py OUTDIR [FAIL_RANKS [CODE [--sleep]]]   (also runnable as ``-m envdump``); --sleep:
+then sleep until killed
 """
 
 import json
@@ -25,6 +26,10 @@ def main(argv: list) -> None:
     print(f"err rank {env['RANK']}", file=sys.stderr, flush=True)
     if env["RANK"] in fail:
         raise SystemExit(code)
+    if "--sleep" in argv:
+        import time
+
+        time.sleep(600)
 
 
 if __name__ == "__main__":
