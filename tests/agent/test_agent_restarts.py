@@ -25,7 +25,7 @@ def test_crash_once_recovers_with_exactly_one_restart_10_times(agents: Agents) -
             ["--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"], timeout=90, name=f"run{i}"
         )
         r = a.result if a.result_file.exists() else {}
-        attempts = sorted(p.name for p in a.log_dir.glob("attempt_*"))
+        attempts = sorted(p.name for p in a.log_dir.glob("*_*/attempt_*"))
         if a.returncode != 0 or (r.get("state"), r.get("restarts")) != ("SUCCEEDED", 1) or len(attempts) != 2:
             return f"run {i}: exit {a.returncode}, {attempts}\n{a.diagnostics()}"
         if "attempt 0: rank 1 worker_failed (exit 3)" not in r["replicas"][0]["message"]:
@@ -61,7 +61,8 @@ def test_expired_timer_kills_only_the_stuck_worker_and_the_group_restarts_10_tim
         expected = "attempt 0: rank 1 timer_expired (SIGKILL): timer 'stuck-step' expired"
         if expected not in r["replicas"][0]["message"]:
             return f"run {i} ({api}): {r['replicas'][0]['message']}"
-        if "start rank=1 restart=0" not in (a.log_dir / "attempt_0" / "rank1.log").read_text():
+        first = list(a.log_dir.glob("*_*/attempt_0/1/stdout.log"))
+        if not first or "start rank=1 restart=0" not in first[0].read_text():
             return f"run {i} ({api}): rank 1's first attempt log is missing its start line"
         return None
 

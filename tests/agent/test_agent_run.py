@@ -25,10 +25,12 @@ def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
     envs = {}
     for k in rep["ranks"]:
         log = open(k["log_file"]).read()  # stdout of the rank, kept; stderr beside it (torchrun console)
-        stderr_log = k["log_file"].replace(".log", ".stderr.log")
+        stderr_log = k["log_file"].replace("stdout.log", "stderr.log")
         assert f"stderr line of rank {k['rank']}" in open(stderr_log).read()
         envs[k["rank"]] = json.loads(re.search(r"^ENV (.*)$", log, re.M).group(1))
-        assert k["log_file"] == str(a.log_dir / "attempt_0" / f"rank{k['rank']}.log")
+        # torchrun's layout: <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log
+        (run_dir,) = a.log_dir.glob("*_*/attempt_0")
+        assert k["log_file"] == str(run_dir / str(k["local_rank"]) / "stdout.log")
     for rank, env in envs.items():
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
             str(rank),
@@ -38,7 +40,7 @@ def test_two_workers_succeed_with_env_logs_and_outputs(agents: Agents) -> None:
         )
         assert env["MASTER_ADDR"] and int(env["MASTER_PORT"]) > 0
         assert env["TORCHELASTIC_TIMER_FILE"] and env["TORCHSTEP_HEARTBEAT_FILE"]
-        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/rank{rank}.error.json")
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
         # launcher settings are consumed by the agent, not inherited by workers
         assert env["TORCHSTEP_RESULT_FILE"] is None and env["TORCHSTEP_LOG_DIR"] is None
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
@@ -63,9 +65,9 @@ def test_crash_always_fails_after_budget_with_rank1_root_cause(agents: Agents) -
     assert root["message"] == "ValueError: boom on rank 1"
     assert "raise ValueError" in root["traceback"]
     assert root["tail"][-1] == "ValueError: boom on rank 1"
-    assert root["log_file"].endswith("attempt_1/rank1.log")
+    assert root["log_file"].endswith("attempt_1/1/stdout.log")
     assert "attempt 0: rank 1" in r["replicas"][0]["message"]
-    assert (a.log_dir / "attempt_0" / "rank1.log").exists()  # earlier attempts' logs are kept
+    assert list(a.log_dir.glob("*_*/attempt_0/1/stdout.log"))  # earlier attempts' logs are kept
 
 
 @pytest.mark.parametrize(("mode", "code", "expected"), [("exit", 7, 7), ("selfkill", 9, 137), ("selfkill", 11, 139)])
@@ -100,7 +102,7 @@ def test_non_retryable_stops_restarts_at_once(agents: Agents, variant: str) -> N
     assert a.returncode == NON_RETRYABLE_EXIT_CODE, a.diagnostics()
     r = a.result
     assert r["state"] == "FAILED" and r["retryable"] is False and r["restarts"] == 0
-    assert not (a.log_dir / "attempt_1").exists()
+    assert not list(a.log_dir.glob("*_*/attempt_1"))
     root = r["root_cause"]
     assert root["rank"] == 1 and root["reason"] == "non_retryable"
     if variant != "code":

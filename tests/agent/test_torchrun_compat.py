@@ -148,3 +148,24 @@ def test_sigterm_stops_both_alike(tmp_path: Path) -> None:
             proc.wait()
     assert codes["torchrun"] != 0 and codes["agent"] != 0
     assert codes["agent"] == 143  # ours names the signal (a superset of torchrun's "non-zero")
+
+
+@pytest.mark.timeout(600)
+def test_log_dir_has_torchruns_layout(tmp_path: Path) -> None:
+    """``--log-dir`` (with ``--redirects 3``, where torchrun writes files):
+    ``<log_dir>/<run_id>_<random>/attempt_0/<local_rank>/{stdout,stderr}.log`` on both; the
+    agent adds only its own ``agent.log`` and ``result.json`` at the top."""
+    layouts = {}
+    for launcher in ("torchrun", "agent"):
+        logs = tmp_path / f"{launcher}-logs"
+        out = tmp_path / launcher
+        done, _ = launch(launcher, ["--nproc-per-node", "2", "--redirects", "3", "--log-dir", str(logs)],
+                         [ENVDUMP, str(out)], out)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
+        layouts[launcher] = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.log"))
+        assert "err rank 1" in (run_dir / "attempt_0" / "1" / "stderr.log").read_text()
+    assert layouts["agent"] == layouts["torchrun"] == [
+        "attempt_0/0/stderr.log", "attempt_0/0/stdout.log", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"
+    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "agent-logs").iterdir() if p.is_file()) == ["agent.log", "result.json"]

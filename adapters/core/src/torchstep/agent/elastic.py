@@ -35,7 +35,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from torchstep.agent.logs import LogTee, RankPaths, TeeSource, TorchstepLogsSpecs, line_prefix, rank_paths
+from torchstep.agent.logs import LogTee, RankPaths, TeeSource, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
@@ -233,7 +233,7 @@ class TorchstepAgent(LocalElasticAgent):
             record = WorkerRecord(
                 local_rank=local_rank,
                 global_rank=rank,
-                paths=rank_paths(attempt_dir, rank, merge_streams=self._specs.merge_streams),
+                paths=self._specs.paths(attempt_dir, rank, local_rank),
                 heartbeat_file=os.path.join(control, f"heartbeat.{local_rank}"),
             )
             attempt.workers[local_rank] = record

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from string import Template
@@ -38,7 +39,7 @@ from typing import TextIO
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
 from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
-from torchstep.files import DIR_MODE, open_private, private_root
+from torchstep.files import DIR_MODE, open_private, private_dir, private_root
 
 #: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "
@@ -59,14 +60,27 @@ class RankPaths:
     outputs: str
 
 
-def rank_paths(attempt_dir: str, rank: int | str, *, merge_streams: bool) -> RankPaths:
-    """The files of global rank ``rank`` in ``attempt_dir``.
+def rank_paths(
+    attempt_dir: str, rank: int | str, *, merge_streams: bool, local_rank: int | None = None, layout: str = "torchstep"
+) -> RankPaths:
+    """The files of global rank ``rank`` (local rank ``local_rank``) in ``attempt_dir``:
+    ``rank<N>.log`` etc. (pipelines), or torchrun's ``<local_rank>/stdout.log`` etc.
 
     Example::
 
         >>> rank_paths("/logs/attempt_1", 0, merge_streams=True).log
         '/logs/attempt_1/rank0.log'
+        >>> rank_paths("/logs/r_x/attempt_0", 3, merge_streams=False, local_rank=1, layout="torchrun").stderr
+        '/logs/r_x/attempt_0/1/stderr.log'
     """
+    if layout == "torchrun":
+        d = os.path.join(attempt_dir, str(local_rank if local_rank is not None else rank))
+        return RankPaths(
+            log=os.path.join(d, "stdout.log"),
+            stderr=None if merge_streams else os.path.join(d, "stderr.log"),
+            error=os.path.join(d, "error.json"),
+            outputs=os.path.join(d, "outputs.json"),
+        )
     base = os.path.join(attempt_dir, f"rank{rank}")
     return RankPaths(
         log=f"{base}.log",
@@ -87,10 +101,15 @@ class TorchstepLogsSpecs(LogsSpecs):
     Example: ``LocalElasticAgent(spec, TorchstepLogsSpecs("/logs", merge_streams=True))``.
     """
 
-    def __init__(self, log_dir: str, *, merge_streams: bool) -> None:
+    def __init__(
+        self, log_dir: str, *, merge_streams: bool, layout: str = "torchstep", run_id: str | None = None
+    ) -> None:
         private_root(log_dir)  # created 0700 when missing; a symlink or another user's dir is refused
+        if layout == "torchrun":  # torchrun's <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/
+            log_dir = tempfile.mkdtemp(prefix=f"{run_id or 'none'}_", dir=log_dir)
         super().__init__(log_dir=log_dir)
         self.merge_streams = merge_streams
+        self.layout = layout
         self._next = 0
         self._pending: str | None = None
 
@@ -116,7 +135,8 @@ class TorchstepLogsSpecs(LogsSpecs):
         # --duplicate-*-filters are applied by LogTee (into filtered.log): torch's copies are unused
         dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
         for local_rank in range(len(envs)):
-            paths = rank_paths(attempt_dir, envs[local_rank].get("RANK", local_rank), merge_streams=self.merge_streams)
+            paths = self.paths(attempt_dir, envs[local_rank].get("RANK", local_rank), local_rank)
+            private_dir(os.path.dirname(paths.log))
             dest.stdouts[local_rank] = paths.log
             # "" = inherit the agent's stderr: the exec wrapper then points it at the log
             dest.stderrs[local_rank] = paths.stderr or ""
@@ -126,6 +146,12 @@ class TorchstepLogsSpecs(LogsSpecs):
                     os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
             envs[local_rank][ERROR_FILE_ENV] = paths.error
         return dest
+
+    def paths(self, attempt_dir: str, rank: int | str, local_rank: int) -> RankPaths:
+        """:func:`rank_paths` in this spec's layout."""
+        return rank_paths(
+            attempt_dir, rank, merge_streams=self.merge_streams, local_rank=local_rank, layout=self.layout
+        )
 
     def __repr__(self) -> str:
         return f"TorchstepLogsSpecs(root_log_dir={self.root_log_dir!r}, merge_streams={self.merge_streams})"

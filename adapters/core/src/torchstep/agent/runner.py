@@ -164,7 +164,11 @@ class AgentRun:
                 virtual_local_rank=config.virtual_local_rank,
             )
             merge = settings.merge_streams and isinstance(settings.entrypoint, str)
-            specs = TorchstepLogsSpecs(settings.log_dir, merge_streams=merge)
+            # pipelines keep torchstep's layout (rank<N>.log); run by hand, torchrun's
+            specs = TorchstepLogsSpecs(
+                settings.log_dir, merge_streams=merge, run_id=config.run_id,
+                layout="torchstep" if settings.merge_streams else "torchrun",
+            )  # fmt: skip
             self.agent = TorchstepAgent(
                 spec,
                 specs,
