@@ -109,15 +109,39 @@ def test_the_console_looks_like_torchruns(tmp_path: Path, flags: list[str]) -> N
     assert len(settings) == 1  # one line of our own settings, like torchrun's quiet start
 
 
-def test_logs_specs_is_refused_not_ignored(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "torchstep.agent", "--logs-specs", "mine", "--nproc-per-node", "1", ENVDUMP,
-         str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "--logs-specs" in done.stderr and "fix:" in done.stderr and "Traceback" not in done.stderr
-    assert not list(tmp_path.glob("rank*.json"))  # nothing ran
+@pytest.mark.timeout(600)
+def test_logs_specs_loads_a_torchrun_entry_point_as_torchrun_does(tmp_path: Path) -> None:
+    """``--logs-specs NAME`` loads ``torchrun.logs_specs[NAME]`` and lets it place the files."""
+    import os
+
+    site = tmp_path / "site"
+    (site / "mylogs-1.0.dist-info").mkdir(parents=True)
+    (site / "mylogs-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mylogs\nVersion: 1.0\n")
+    (site / "mylogs-1.0.dist-info" / "entry_points.txt").write_text("[torchrun.logs_specs]\nmine = mylogs:Mine\n")
+    (site / "mylogs.py").write_text(
+        "import os\n"
+        "from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs\n"
+        "class Mine(DefaultLogsSpecs):\n"
+        "    def reify(self, envs):\n"
+        "        dest = super().reify(envs)\n"
+        "        for lr in list(dest.stdouts):\n"
+        "            if dest.stdouts[lr]:\n"
+        "                dest.stdouts[lr] = dest.stdouts[lr].replace('stdout.log', 'mine-out.log')\n"
+        "        return dest\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(SCRIPTS)])}
+    found = {}
+    for launcher in ("torchrun", "agent"):
+        logs, out = tmp_path / f"{launcher}-logs", tmp_path / launcher
+        done, ranks = launch(launcher, ["--logs-specs", "mine", "--redirects", "3", "--nproc-per-node", "2",
+                                        "--log-dir", str(logs)], [ENVDUMP, str(out)], out, env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        found[launcher] = sorted(p.name for p in logs.rglob("mine-out.log"))
+        assert len(ranks) == 2
+    assert found["agent"] == found["torchrun"] == ["mine-out.log", "mine-out.log"]
+
+    done, _ = launch("agent", ["--logs-specs", "nope", "--nproc-per-node", "1"], [ENVDUMP, str(tmp_path)], tmp_path)
+    assert done.returncode == 2 and "nope" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.timeout(600)

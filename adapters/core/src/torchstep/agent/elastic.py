@@ -282,6 +282,9 @@ class TorchstepAgent(LocalElasticAgent):
             out_prefixed, err_prefixed = self.settings.prefixed(local_rank)
             echo = self.settings.echo_ranks(local_rank)
             # merged streams are prefixed as stdout; split ones go to the console's own stream
+            if self._specs.inner is not None:  # a --logs-specs of the user's decided where the streams go
+                w.paths = self._specs.dests.get(local_rank, w.paths)
+                continue  # ... and tees them itself (torch's TailLog), as under torchrun
             sources.append(TeeSource(w.paths.log, prefix if out_prefixed else "", echo))
             if w.paths.stderr:
                 sources.append(TeeSource(w.paths.stderr, prefix if err_prefixed else "", echo, to_stderr=True))

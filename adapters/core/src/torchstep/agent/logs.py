@@ -102,7 +102,13 @@ class TorchstepLogsSpecs(LogsSpecs):
     """
 
     def __init__(
-        self, log_dir: str, *, merge_streams: bool, layout: str = "torchstep", run_id: str | None = None
+        self,
+        log_dir: str,
+        *,
+        merge_streams: bool,
+        layout: str = "torchstep",
+        run_id: str | None = None,
+        inner: LogsSpecs | None = None,
     ) -> None:
         private_root(log_dir)  # created 0700 when missing; a symlink or another user's dir is refused
         if layout == "torchrun":  # torchrun's <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/
@@ -110,6 +116,10 @@ class TorchstepLogsSpecs(LogsSpecs):
         super().__init__(log_dir=log_dir)
         self.merge_streams = merge_streams
         self.layout = layout
+        #: A ``--logs-specs`` class of the user's: it decides where each rank's streams go
+        #: (and tees them itself, as under torchrun); the agent reads what it returns.
+        self.inner = inner
+        self.dests: dict[int, RankPaths] = {}
         self._next = 0
         self._pending: str | None = None
 
@@ -132,6 +142,8 @@ class TorchstepLogsSpecs(LogsSpecs):
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         attempt_dir = self._pending or self.begin_attempt()
         self._pending = None
+        if self.inner is not None:
+            return self._reify_inner(attempt_dir, envs)
         # --duplicate-*-filters are applied by LogTee (into filtered.log): torch's copies are unused
         dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
         for local_rank in range(len(envs)):
@@ -145,6 +157,21 @@ class TorchstepLogsSpecs(LogsSpecs):
                 if path:  # created 0600 first: torch then opens it "w" and keeps the mode
                     os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
             envs[local_rank][ERROR_FILE_ENV] = paths.error
+        return dest
+
+    def _reify_inner(self, attempt_dir: str, envs: dict[int, dict[str, str]]) -> LogsDest:
+        assert self.inner is not None
+        dest = self.inner.reify(envs)
+        self.dests = {}
+        for local_rank in range(len(envs)):
+            ours = self.paths(attempt_dir, envs[local_rank].get("RANK", local_rank), local_rank)
+            private_dir(os.path.dirname(ours.outputs))  # torchstep.output() still lands here
+            self.dests[local_rank] = RankPaths(
+                log=dest.stdouts.get(local_rank) or "",
+                stderr=dest.stderrs.get(local_rank) or None,
+                error=dest.error_files.get(local_rank) or ours.error,
+                outputs=ours.outputs,
+            )
         return dest
 
     def paths(self, attempt_dir: str, rank: int | str, local_rank: int) -> RankPaths:

@@ -168,6 +168,7 @@ class AgentRun:
             specs = TorchstepLogsSpecs(
                 settings.log_dir, merge_streams=merge, run_id=config.run_id,
                 layout="torchstep" if settings.merge_streams else "torchrun",
+                inner=config.logs_specs if settings.custom_logs_specs else None,
             )  # fmt: skip
             self.agent = TorchstepAgent(
                 spec,

@@ -203,6 +203,9 @@ class AgentSettings:
     prefixed: Callable[[int], tuple[bool, bool]] = lambda _: (True, True)
     #: A binary worker's stderr merged into its stdout log (one ordered log per rank).
     merge_streams: bool = False
+    #: ``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point decides where
+    #: the streams go (``config.logs_specs``), as under torchrun.
+    custom_logs_specs: bool = False
 
     def rendezvous_bound(self) -> float:
         """Longest time one rendezvous may take by its own settings (for the watchdog)."""
@@ -409,13 +412,6 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 
     env = os.environ if environ is None else environ
     args = build_parser(env).parse_args(None if argv is None else list(argv))
-    if getattr(args, "logs_specs", None):
-        # never silently ignored: the agent's own LogsSpecs (rank logs, attempts, tee) is
-        # what its results and the launchers read
-        raise UsageError(
-            f"--logs-specs {args.logs_specs!r} is not supported: the agent writes its own log layout "
-            "(docs/agent.md, 'Log layout'); fix: drop --logs-specs, or run torchrun for a custom LogsSpecs"
-        )
     sources: dict[str, str] = {}
     backend_set = _tracked(args, "rdzv_backend", env, sources)
     _tracked(args, "rdzv_endpoint", env, sources)
@@ -563,4 +559,5 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         run_dir_parent=_env(env, ENV_RUN_DIR) or None,
         prefixed=prefixed,
         merge_streams=merge,
+        custom_logs_specs=bool(getattr(args, "logs_specs", None)),
     )
