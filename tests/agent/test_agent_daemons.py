@@ -59,25 +59,11 @@ def test_a_daemon_does_not_outlive_a_finished_run(tmp_path: Path, mode: str) -> 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_daemon_does_not_outlive_a_signalled_agent(tmp_path: Path, sig: signal.Signals) -> None:
     pidfile = tmp_path / "daemon.pid"
-    proc = subprocess.Popen(
+    signal_top_process(
         [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
          SCRIPT, str(pidfile), "hang"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        pidfile, tmp_path / "logs", sig,
     )  # fmt: skip
-    try:
-        pid = daemon_pid(pidfile)
-        wait_for(lambda: _registered(tmp_path), 10, "the sweeper to adopt the daemon")
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-        assert_gone(pid)
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def _registered(tmp_path: Path) -> bool:
-    log = tmp_path / "logs" / "agent.log"
-    return log.exists() and "adopted" in log.read_text()
 
 
 @pytest.mark.timeout(300)
@@ -89,14 +75,20 @@ def test_a_daemon_does_not_outlive_torchstep_run(tmp_path: Path, sig: signal.Sig
         "roles": [{"name": "w", "image": "x", "entrypoint": "python", "args": [SCRIPT, str(pidfile), "hang"]}],
     }
     (tmp_path / "app.json").write_text(json.dumps(app))
-    proc = subprocess.Popen(
+    signal_top_process(
         [sys.executable, "-m", "torchstep.cli", "run", "--app", str(tmp_path / "app.json"),
          "--log-dir", str(tmp_path / "logs")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        pidfile, tmp_path / "logs", sig,
     )  # fmt: skip
+
+
+def signal_top_process(argv: list[str], pidfile: Path, logs: Path, sig: signal.Signals) -> None:
+    """Start ``argv``, wait until its worker's daemon runs and the agent adopted it, send
+    ``sig`` to the top process: the daemon must be gone within seconds."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         pid = daemon_pid(pidfile)
-        wait_for(lambda: any("adopted" in p.read_text() for p in (tmp_path / "logs").rglob("agent.log")), 10,
+        wait_for(lambda: any("adopted" in p.read_text() for p in logs.rglob("agent.log")), 10,
                  "the sweeper to adopt the daemon")  # fmt: skip
         proc.send_signal(sig)
         proc.wait(timeout=60)
