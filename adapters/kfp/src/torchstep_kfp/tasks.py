@@ -1,0 +1,124 @@
+"""Apply a step plan to a KFP ``PipelineTask`` — the field map of the KFP adapter.
+
+:func:`apply_plan` sets on a task the user built (any container component called inside a
+``@dsl.pipeline``) every setting the AppDef implies, natively: cpu and memory requests and
+limits, accelerator type and limit, ``set_retry`` from the plan's retry budget, env vars,
+Secrets by reference (kfp-kubernetes ``use_secret_as_env``), PVC mounts, node selectors,
+the step timeout, the pod name as an env var, the display name, and caching OFF unless
+asked (training has side effects). What KFP cannot express (hostPath, devices, ports,
+read-only claims) is refused by ``torchstep.build_plan(app, "kfp")`` with a SpecError
+naming the field and the alternative, before anything is set.
+
+Example::
+
+    from kfp import dsl
+    from torchstep_kfp import apply_plan
+
+    @dsl.container_component
+    def train():
+        return dsl.ContainerSpec(image="ghcr.io/acme/train:1", command=["python", "-m", "train"])
+
+    @dsl.pipeline
+    def pipeline():
+        apply_plan(train(), app)          # app: an AppDef, a component reference or a StepPlan
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchstep.errors import SpecError
+from torchstep.spec.model import RolePlan, StepPlan
+
+TARGET = "kfp"
+#: The env var that carries the pod's name (``metadata.name``) into the step.
+POD_NAME_ENV = "TORCHSTEP_POD_NAME"
+#: The accelerator a GPU count asks for when the role names none.
+DEFAULT_ACCELERATOR = "nvidia.com/gpu"
+
+
+def plan_of(app: Any) -> StepPlan:
+    """``app`` as a KFP plan: a :class:`~torchstep.StepPlan` for target ``kfp`` as it is,
+    else ``torchstep.build_plan(torchstep.materialize(app), "kfp")``."""
+    if isinstance(app, StepPlan):
+        if app.target != TARGET:
+            raise SpecError("plan", app.target, f"a plan for target {app.target!r}", fix='build_plan(app, "kfp")')
+        return app
+    from torchstep.spec.components import materialize
+    from torchstep.spec.planner import build_plan
+
+    return build_plan(materialize(app), TARGET)
+
+
+def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = False) -> Any:
+    """Set every setting of ``role`` (its index or name) of ``app`` on ``task`` (a
+    ``kfp.dsl.PipelineTask``); returns ``task``. See the module docstring for the map."""
+    plan = plan_of(app)
+    r = _role(plan, role)
+    res = r.resources
+    if res.cpu is not None:
+        task.set_cpu_request(f"{res.cpu:g}")
+        task.set_cpu_limit(f"{res.cpu:g}")
+    if res.mem_mb is not None:
+        task.set_memory_request(f"{res.mem_mb}Mi")
+        task.set_memory_limit(f"{res.mem_mb}Mi")
+    if res.gpu:
+        task.set_accelerator_type(DEFAULT_ACCELERATOR)
+        task.set_accelerator_limit(res.gpu)
+    step = plan.step_retry
+    if step.count:
+        retry: dict[str, Any] = {"num_retries": step.count}
+        if step.delay_s is not None:
+            retry["backoff_duration"] = f"{round(step.delay_s)}s"
+        if step.backoff is not None:
+            retry["backoff_factor"] = float(step.backoff)
+        if step.max_delay_s is not None:
+            retry["backoff_max_duration"] = f"{round(step.max_delay_s)}s"
+        task.set_retry(**retry)
+    for key, value in sorted(r.env.items()):
+        task.set_env_variable(key, value)
+    task.set_display_name(r.name if len(plan.roles) > 1 else plan.app_name)
+    task.set_caching_options(caching)
+    _kubernetes(task, plan, r)
+    return task
+
+
+def _role(plan: StepPlan, role: int | str) -> RolePlan:
+    for i, r in enumerate(plan.roles):
+        if role in (i, r.name):
+            return r
+    raise SpecError("role", TARGET, f"no role {role!r} in app {plan.app_name!r}",
+                    fix=f"one of {[r.name for r in plan.roles]} or an index")  # fmt: skip
+
+
+def _kubernetes(task: Any, plan: StepPlan, r: RolePlan) -> None:
+    """The kfp-kubernetes settings (a second document of the compiled pipeline)."""
+    needed = []  # the fields that need kfp-kubernetes
+    if r.secret_env:
+        needed.append(f"roles[{r.index}].metadata['torchstep']['secret_env']")
+    if any(m.kind == "volume" for m in r.mounts):
+        needed.append(f"roles[{r.index}].mounts")
+    if r.resources.capabilities:
+        needed.append(f"roles[{r.index}].resource.capabilities")
+    if plan.timeout_s is not None:
+        needed.append("metadata['torchstep.timeout']")
+    try:
+        from kfp import kubernetes
+    except ImportError:
+        if needed:
+            raise SpecError(needed[0], TARGET, "needs kfp-kubernetes, which is not installed",
+                            fix='pip install "torchstep-kfp[kubernetes]"') from None  # fmt: skip
+        return  # nothing to set but the pod name env, which needs kfp-kubernetes (docs/kfp.md)
+    by_secret: dict[str, dict[str, str]] = {}
+    for ref in r.secret_env:
+        by_secret.setdefault(ref.secret, {})[ref.key] = ref.env
+    for secret, keys in sorted(by_secret.items()):
+        kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=keys)
+    for m in r.mounts:
+        if m.kind == "volume":  # build_plan refused every other kind for kfp
+            kubernetes.mount_pvc(task, pvc_name=m.src, mount_path=m.dst)
+    for key, value in sorted(r.resources.capabilities.items()):
+        kubernetes.add_node_selector(task, label_key=key, label_value=str(value))
+    if plan.timeout_s is not None:
+        kubernetes.set_timeout(task, int(plan.timeout_s))
+    kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
