@@ -170,23 +170,28 @@ def test_the_local_target_waits_the_planned_delays_between_retries(
 
     counter = tmp_path / "attempts"
 
-    def r(name: str, **opts: float) -> specs.Role:
+    def r(name: str, code: str, **opts: float) -> specs.Role:
         return specs.Role(
-            name, image="x", entrypoint="python",
-            args=["-c", f"import time; open({str(counter)!r}, 'a').write(f'{{time.time()}}\\n'); raise SystemExit(3)"],
+            name, image="x", entrypoint="python", args=["-c", code],
             max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": opts},
         )  # fmt: skip
 
+    # role a stamps each attempt's start and fails; role b just runs (it is stopped when a fails)
+    stamp = f"import time; open({str(counter)!r}, 'a').write(f'{{time.time()}}\\n'); raise SystemExit(3)"
     app = specs.AppDef(
-        "waits", roles=[r("a", retry_delay=1, retry_backoff=3, max_retry_delay=2), r("b", retry_delay=9)]
+        "waits",
+        roles=[
+            r("a", stamp, retry_delay=1, retry_backoff=3, max_retry_delay=2),
+            r("b", "import time; time.sleep(60)", retry_delay=9),
+        ],
     )
     plan = torchstep.build_plan(app, "local")
     assert plan.step_retry.delays() == [1.0, 2.0]
-    result = torchstep.run_local(app, log_dir=str(log_dir), cfg={"retries": 2})
+    result = torchstep.run_local(app, log_dir=str(log_dir), cfg={"retries": 2, "grace_period": 2})
     assert result.state == "FAILED" and result.attempts == 3
     out = capsys.readouterr().out
     assert "retrying in 1 s" in out and "retrying in 2 s" in out
-    stamps = sorted(float(t) for t in counter.read_text().split())
-    starts = [stamps[i] for i in range(0, len(stamps), 2)]  # two roles per attempt
+    starts = sorted(float(t) for t in counter.read_text().split())
+    assert len(starts) == 3
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert gaps[0] >= 1.0 and gaps[1] >= 2.0
