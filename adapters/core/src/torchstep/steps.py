@@ -251,11 +251,7 @@ class LocalStep(_Runner):
         on_line: LineCallback | None = None,
         on_status: Callable[[ReplicaEvent], None] | None = None,
     ) -> None:
-        cfg = dict(cfg or {})
-        if cfg.get("run_id") not in (None, run_id):
-            raise SpecError(
-                "cfg['run_id']", "local", "the run id is set by the orchestrator (per try)", fix="remove it"
-            )
+        cfg = _with_run_id(cfg, run_id, "local")
         if cfg.get("retries"):
             raise SpecError("cfg['retries']", "local", "the orchestrator owns the step's retries", fix="remove it")
         from torchstep.local import resolve
@@ -263,7 +259,7 @@ class LocalStep(_Runner):
         from torchstep.spec.planner import build_plan
 
         self.plan = build_plan(materialize(app), "local")
-        self.options = resolve({**cfg, "run_id": run_id})
+        self.options = resolve(cfg)
         self.run_id = run_id
         self.on_line = on_line
         self.on_status = on_status
@@ -312,12 +308,7 @@ class KubernetesStep(_Runner):
     ) -> None:
         from torchstep.kubernetes import render_app
 
-        cfg = dict(cfg or {})
-        if cfg.get("run_id") not in (None, run_id):
-            raise SpecError(
-                "cfg['run_id']", "kubernetes", "the run id is set by the orchestrator (per try)", fix="remove it"
-            )
-        cfg["run_id"] = run_id
+        cfg = _with_run_id(cfg, run_id, "kubernetes")
         if result_file is not None:
             cfg.setdefault("result_file", result_file)
         self.rendered = render_app(plan, cfg=cfg)
@@ -353,6 +344,15 @@ class KubernetesStep(_Runner):
         self._cancel.set()
         if self.jobs is not None:
             self.jobs.cancel()
+
+
+def _with_run_id(cfg: Mapping[str, Any] | None, run_id: str, target: str) -> dict[str, Any]:
+    """A copy of ``cfg`` holding the orchestrator's ``run_id``; one of the user's is refused."""
+    out = dict(cfg or {})
+    if out.get("run_id") not in (None, run_id):
+        raise SpecError("cfg['run_id']", target, "the run id is set by the orchestrator (per try)", fix="remove it")
+    out["run_id"] = run_id
+    return out
 
 
 class _CallbackDisplay(PlainDisplay):

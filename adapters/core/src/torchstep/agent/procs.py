@@ -42,6 +42,16 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2 :].split()
 
 
+def _proc_stats() -> list[tuple[int, list[str]]]:
+    """``(pid, stat fields after the command name)`` of every process in ``/proc``."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    stats = ((int(name), _stat_fields(int(name))) for name in names if name.isdigit())
+    return [(pid, fields) for pid, fields in stats if fields is not None]
+
+
 def pid_alive(pid: int) -> bool:
     """``True`` if ``pid`` exists and is not a zombie.
 
@@ -83,18 +93,11 @@ def group_members(pgid: int) -> list[int]:
         >>> os.getpid() in group_members(os.getpgid(0))
         True
     """
-    members: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for name in entries:
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        if fields is not None and len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(name))
-    return members
+    return [
+        pid
+        for pid, fields in _proc_stats()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X")
+    ]
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -214,17 +217,7 @@ def become_subreaper() -> bool:
 
 def children_of(pid: int) -> list[int]:
     """The live and zombie children of ``pid`` (from ``/proc``)."""
-    out: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if name.isdigit():
-            fields = _stat_fields(int(name))
-            if fields is not None and len(fields) > 1 and fields[1] == str(pid):
-                out.append(int(name))
-    return out
+    return [child for child, fields in _proc_stats() if len(fields) > 1 and fields[1] == str(pid)]
 
 
 class OrphanSweeper:
