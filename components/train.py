@@ -30,6 +30,7 @@ def trainer(
     image: str = DEFAULT_IMAGE,
     script: str = "components/apps/train.py",
     env: Optional[Dict[str, str]] = None,  # noqa: UP006, UP045
+    model_dir: Optional[str] = None,  # noqa: UP045
 ) -> specs.AppDef:
     """Data-parallel training of a small regression model on synthetic data (CPU, gloo).
 
@@ -46,6 +47,7 @@ def trainer(
         image: container image, or a directory (the working directory on the local target)
         script: the training script, relative to the image's working directory
         env: extra environment variables
+        model_dir: where rank 0 saves the trained model (published as output ``model``)
     """
     return specs.AppDef(
         name="train",
@@ -64,6 +66,7 @@ def trainer(
                     str(step_time),
                     "--run-id",
                     specs.macros.app_id,
+                    *(["--model-dir", model_dir] if model_dir else []),
                 ],
                 env=env or {},
                 num_replicas=replicas,

@@ -32,6 +32,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (a slower job)")
     p.add_argument("--run-id", default="", help="shown in the log (the component passes ${app_id})")
+    p.add_argument(
+        "--model-dir", default="", help="rank 0 saves the model here and publishes the path as output 'model'"
+    )
     return p.parse_args(argv)
 
 
@@ -69,6 +72,11 @@ def main(argv: list[str] | None = None) -> None:
         torchstep.output("first_loss", round(float(mean[0]), 6))
         torchstep.output("world_size", world)
         torchstep.output("steps", args.steps)
+        if args.model_dir:
+            os.makedirs(args.model_dir, exist_ok=True)
+            path = os.path.join(args.model_dir, "model.pt")
+            torch.save(model.module.state_dict(), path)
+            torchstep.output("model", path)
     dist.destroy_process_group()
 
 

@@ -1,10 +1,13 @@
 """torchstep for Kubeflow Pipelines v2.
 
+- :func:`component_from_fn` / :func:`component_from_app`: KFP container components whose
+  inputs are a component function's parameters (or a fixed AppDef), run by
+  ``python3 -m torchstep_kfp.entry`` in the image; calling one in a ``@dsl.pipeline`` gives
+  a ``PipelineTask`` with the plan applied; multi-pod AppDefs run through a launcher step.
 - :func:`apply_plan`: set every setting of an AppDef's plan on a ``PipelineTask`` the user
   built (resources, accelerator, ``set_retry``, env, Secrets, PVCs, node selectors, timeout,
   display name, caching off).
 
-The component builders (``component_from_app``, ``component_from_fn``) are still to come.
 Importing this package imports neither torch nor kfp (kfp loads when a function runs).
 """
 
@@ -12,14 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "plan_of"]
+__all__ = ["StepComponent", "apply_plan", "component_from_app", "component_from_fn", "plan_of"]
+_FROM = {"apply_plan": "tasks", "plan_of": "tasks", "component_from_app": "components",
+         "component_from_fn": "components", "StepComponent": "components"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("apply_plan", "plan_of"):
-        from torchstep_kfp import tasks
+    if name in _FROM:
+        import importlib
 
-        return getattr(tasks, name)
+        return getattr(importlib.import_module(f"torchstep_kfp.{_FROM[name]}"), name)
     if name == "__version__":  # written once, in pyproject.toml
         from importlib.metadata import version
 

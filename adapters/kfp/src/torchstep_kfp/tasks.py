@@ -33,6 +33,13 @@ from torchstep.spec.model import RolePlan, StepPlan
 TARGET = "kfp"
 #: The env var that carries the pod's name (``metadata.name``) into the step.
 POD_NAME_ENV = "TORCHSTEP_POD_NAME"
+#: The env var that carries the pod's namespace into a launcher step.
+NAMESPACE_ENV = "TORCHSTEP_NAMESPACE"
+#: The launcher step's own resources (it only submits and watches Jobs).
+LAUNCHER_CPU = "100m"
+LAUNCHER_MEMORY = "512Mi"
+#: The memory volume at /dev/shm (PyTorch DataLoader workers share tensors through it).
+SHM_VOLUME = "dshm"
 #: The accelerator a GPU count asks for when the role names none.
 DEFAULT_ACCELERATOR = "nvidia.com/gpu"
 
@@ -50,11 +57,18 @@ def plan_of(app: Any) -> StepPlan:
     return build_plan(materialize(app), TARGET)
 
 
-def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = False) -> Any:
+def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = False, launcher: bool = False) -> Any:
     """Set every setting of ``role`` (its index or name) of ``app`` on ``task`` (a
-    ``kfp.dsl.PipelineTask``); returns ``task``. See the module docstring for the map."""
+    ``kfp.dsl.PipelineTask``); returns ``task``. See the module docstring for the map.
+
+    ``launcher=True``: ``task`` is the launcher step of a multi-pod AppDef (it submits the
+    pods as Jobs): it gets the retries, timeout, display name and caching, the pod's name and
+    namespace as env vars, and small fixed resources — the roles' settings go to their pods.
+    """
     plan = plan_of(app)
     r = _role(plan, role)
+    if launcher:
+        return _launcher(task, plan, caching)
     res = r.resources
     if res.cpu is not None:
         task.set_cpu_request(f"{res.cpu:g}")
@@ -65,6 +79,35 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     if res.gpu:
         task.set_accelerator_type(DEFAULT_ACCELERATOR)
         task.set_accelerator_limit(res.gpu)
+    _retry(task, plan)
+    for key, value in sorted(r.env.items()):
+        task.set_env_variable(key, value)
+    task.set_display_name(r.name if len(plan.roles) > 1 else plan.app_name)
+    task.set_caching_options(caching)
+    _kubernetes(task, plan, r)
+    return task
+
+
+def _launcher(task: Any, plan: StepPlan, caching: bool) -> Any:
+    task.set_cpu_request(LAUNCHER_CPU)
+    task.set_memory_request(LAUNCHER_MEMORY)
+    task.set_memory_limit(LAUNCHER_MEMORY)
+    _retry(task, plan)
+    task.set_display_name(plan.app_name)
+    task.set_caching_options(caching)
+    try:
+        from kfp import kubernetes
+    except ImportError:
+        raise SpecError("roles", TARGET, "a multi-pod step needs kfp-kubernetes (the launcher reads its namespace)",
+                        fix='pip install "torchstep-kfp[kubernetes]"') from None  # fmt: skip
+    if plan.timeout_s is not None:
+        kubernetes.set_timeout(task, int(plan.timeout_s))
+    kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
+    kubernetes.use_field_path_as_env(task, env_name=NAMESPACE_ENV, field_path="metadata.namespace")
+    return task
+
+
+def _retry(task: Any, plan: StepPlan) -> None:
     step = plan.step_retry
     if step.count:
         retry: dict[str, Any] = {"num_retries": step.count}
@@ -75,12 +118,6 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
         if step.max_delay_s is not None:
             retry["backoff_max_duration"] = f"{round(step.max_delay_s)}s"
         task.set_retry(**retry)
-    for key, value in sorted(r.env.items()):
-        task.set_env_variable(key, value)
-    task.set_display_name(r.name if len(plan.roles) > 1 else plan.app_name)
-    task.set_caching_options(caching)
-    _kubernetes(task, plan, r)
-    return task
 
 
 def _role(plan: StepPlan, role: int | str) -> RolePlan:
@@ -102,6 +139,12 @@ def _kubernetes(task: Any, plan: StepPlan, r: RolePlan) -> None:
         needed.append(f"roles[{r.index}].resource.capabilities")
     if plan.timeout_s is not None:
         needed.append("metadata['torchstep.timeout']")
+    from torchstep_kfp.overlay import overlay_calls
+
+    overlay = r.metadata.get("kubernetes")
+    calls = overlay_calls(overlay, f"roles[{r.index}]") if overlay is not None else []
+    if calls:
+        needed.append(f"roles[{r.index}].metadata['kubernetes']")
     try:
         from kfp import kubernetes
     except ImportError:
@@ -121,4 +164,10 @@ def _kubernetes(task: Any, plan: StepPlan, r: RolePlan) -> None:
         kubernetes.add_node_selector(task, label_key=key, label_value=str(value))
     if plan.timeout_s is not None:
         kubernetes.set_timeout(task, int(plan.timeout_s))
+    for name, kwargs in calls:
+        getattr(kubernetes, name)(task, **kwargs)
+    if not any(m.dst == "/dev/shm" for m in r.mounts) and not any(
+        name == "empty_dir_mount" and kw["mount_path"] == "/dev/shm" for name, kw in calls
+    ):  # as on the kubernetes target: PyTorch workers share tensors through /dev/shm
+        kubernetes.empty_dir_mount(task, volume_name=SHM_VOLUME, mount_path="/dev/shm", medium="Memory")
     kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")

@@ -15,15 +15,18 @@ Example::
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import importlib
 import inspect
 import io
 import os
+import types
 import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import SpecError
@@ -334,3 +337,87 @@ def _check_app(app: Any, label: str) -> Any:
             fix="return torchx.specs.AppDef(...) from the component",
         )
     return app
+
+
+#: The parameter types an orchestrator can type natively (KFP inputs, Prefect parameters).
+PARAMETER_TYPES = (str, int, float, bool, list, dict)
+
+
+@dataclass(frozen=True)
+class ComponentParameter:
+    """One parameter of a component function, typed for an orchestrator.
+
+    ``type`` is one of :data:`PARAMETER_TYPES` (``Optional[X]`` → ``X`` with
+    ``optional=True``; ``List[...]`` → ``list``; ``Dict[...]`` → ``dict``), ``default`` the
+    function's default (:data:`inspect.Parameter.empty` when required), ``description`` from
+    the docstring's ``Args:`` section, ``variadic`` for ``*args`` (a ``list`` parameter).
+
+    >>> [p.name for p in parameters_of("utils.echo")]
+    ['msg', 'image', 'num_replicas']
+    """
+
+    name: str
+    type: type
+    default: Any
+    optional: bool
+    description: str
+    variadic: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty and not self.optional and not self.variadic
+
+
+def component_of(component: Any) -> tuple[Callable[..., Any], str]:
+    """The component function of ``component`` (a callable or a reference string, as
+    :func:`materialize` takes) and its label; a :class:`~torchstep.SpecError` when it
+    cannot be found."""
+    return _resolve(component)
+
+
+def parameters_of(component: Any) -> list[ComponentParameter]:
+    """The typed parameters of a component function (see :class:`ComponentParameter`), in
+    order. A parameter whose annotation is not a plain type an orchestrator can carry is a
+    :class:`~torchstep.SpecError` naming it.
+    """
+    from torchx.specs.file_linter import get_fn_docstring
+
+    fn, label = _resolve(component)
+    fn_eval = _with_evaluated_annotations(fn)
+    _, descriptions = get_fn_docstring(fn)
+    out = []
+    for p in _parameters(fn_eval, label).values():
+        if p.kind == p.VAR_KEYWORD:
+            raise SpecError(f"component.{p.name}", None, f"{label}: **{p.name} cannot be typed",
+                            fix="give each parameter its own name")  # fmt: skip
+        variadic = p.kind == p.VAR_POSITIONAL
+        kind, optional = _plain_type(p.annotation, f"component.{p.name}", label)
+        if variadic:
+            kind = list
+        default = p.default
+        if default is None:
+            optional = True
+        out.append(ComponentParameter(p.name, kind, default, optional, descriptions.get(p.name, ""), variadic))
+    return out
+
+
+def _plain_type(annotation: Any, field_path: str, label: str) -> tuple[type, bool]:
+    if annotation is inspect.Parameter.empty:
+        return str, False
+    optional = False
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise SpecError(field_path, None, f"{label}: a union {annotation!r} cannot be typed",
+                            fix="use one type, or Optional[one type]")  # fmt: skip
+        optional, annotation = True, args[0]
+        origin = typing.get_origin(annotation)
+    base = origin or annotation
+    for kind in PARAMETER_TYPES:
+        if base is kind:
+            return kind, optional
+    if base in (collections.abc.Sequence, collections.abc.Mapping):
+        return (list if base is collections.abc.Sequence else dict), optional
+    raise SpecError(field_path, None, f"{label}: parameter type {annotation!r} cannot be passed by an orchestrator",
+                    fix="use str, int, float, bool, List[...] or Dict[...] (or Optional of one)")  # fmt: skip

@@ -1,0 +1,410 @@
+"""KFP container components from AppDefs and TorchX component functions.
+
+``component_from_fn(component)`` gives a component whose KFP inputs are the component
+function's parameters (types, defaults, docstring descriptions); the container runs
+``python3 -m torchstep_kfp.entry``, which materialises the AppDef from the actual input
+values at run time and runs it. ``component_from_app(app)`` does the same for a fixed AppDef.
+Calling either inside a ``@dsl.pipeline`` gives a ``PipelineTask`` with the plan applied
+(:func:`torchstep_kfp.apply_plan`); the static fields KFP needs (image, resources, retries,
+env, volumes) come from the AppDef materialised with the defaults.
+
+Example::
+
+    from kfp import dsl
+    from torchstep_kfp import component_from_fn
+
+    train_op = component_from_fn("components/train.py:trainer", outputs={"loss": float}, metrics=True)
+
+    @dsl.pipeline
+    def pipeline(lr: float = 0.1):
+        train = train_op(lr=lr)          # a PipelineTask: resources, set_retry, env... applied
+        evaluate_op(result=train.outputs["result"], metrics=train.outputs["metrics"])
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import keyword
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchstep.errors import SpecError
+from torchstep.spec.model import StepPlan
+
+from torchstep_kfp.tasks import TARGET, apply_plan, plan_of
+
+#: The module the container runs (``python3 -m torchstep_kfp.entry``).
+ENTRY_MODULE = "torchstep_kfp.entry"
+#: The output parameter holding the step result (a JSON object, ``"schema": 1``).
+RESULT_OUTPUT = "result"
+METRICS_OUTPUT = "metrics"
+MODEL_OUTPUT = "model"
+#: Inputs every step component has, set by the component from KFP's placeholders so each
+#: run and task gets its own app id.
+JOB_ID_INPUT = "torchstep_job_id"
+TASK_ID_INPUT = "torchstep_task_id"
+#: Marks a string argument that :func:`literal` escaped.
+LITERAL_PREFIX = "torchstep-literal:"
+_RESERVED = (RESULT_OUTPUT, METRICS_OUTPUT, MODEL_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT)
+_OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
+#: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
+#: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
+_LIGHTWEIGHT_SCRIPT = (
+    "\nprogram_path=$(mktemp -d)\n\n"
+    'printf "%s" "$0" > "$program_path/ephemeral_component.py"\n'
+    '_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main --component_module_path "$program_path/ephemeral_component.py" "$@"\n'
+)
+_LIGHTWEIGHT_SOURCE = "from torchstep_kfp.entry import kfp_local_step as torchstep_step\n"
+
+
+def component_from_app(app: Any, **options: Any) -> StepComponent:
+    """A KFP container component that runs the fixed AppDef ``app`` (an AppDef, or a
+    component reference materialised with its defaults). See :func:`component_from_fn` for
+    the ``options``.
+
+    >>> from torchx import specs
+    >>> app = specs.AppDef("echo", roles=[specs.Role("echo", image="python:3.11", entrypoint="echo", args=["hi"])])
+    >>> component_from_app(app).name
+    'echo'
+    """
+    from torchstep.spec.appjson import app_to_dict
+    from torchstep.spec.components import materialize
+
+    _check_options(options, set())
+    appdef = materialize(app)
+    plan = plan_of(appdef)
+    spec = {"app": app_to_dict(appdef)}
+    return _build(plan, spec, [], options, default_name=appdef.name, description=f"torchstep step {appdef.name}")
+
+
+def component_from_fn(component: Any, **options: Any) -> StepComponent:
+    """A KFP container component whose inputs are the parameters of ``component`` (a TorchX
+    component function or its reference, ``"path/file.py:fn"`` / ``"pkg.module:fn"`` /
+    ``"dist.ddp"``) with their types (str, int, float, bool, list, dict, Optional),
+    defaults and docstring descriptions. At run time the container materialises the AppDef
+    from the actual input values; image, resources and retries are fixed at compile time
+    from the AppDef materialised with the defaults.
+
+    Options (keyword-only):
+
+    - ``defaults={param: value}`` (or ``param=value`` directly): new defaults for inputs;
+      a required parameter needs one so the static fields can be computed.
+    - ``name``: the component name (default: the function's name).
+    - ``outputs``: rank-0 ``torchstep.output(name, value)`` values to publish as output
+      parameters: ``{"loss": float}`` (typed) or ``["loss"]`` (strings; JSON for non-strings).
+    - ``metrics=True``: an ``Output[Metrics]`` named ``metrics`` from the rank-0 output
+      ``"metrics"`` (a dict of numbers), else its numeric outputs.
+    - ``model=True``: an ``Output[Model]`` named ``model`` from the rank-0 output ``"model"``
+      (a path in the container: copied; a URI: referenced).
+    - ``caching`` (default ``False``), ``role`` (the role a one-container step runs; default 0),
+      ``cfg`` (run options of the step, ``torchstep runopts local`` / ``kubernetes``),
+      ``launcher_image`` (the image of the launcher step of a multi-node AppDef).
+
+    Every component has the output parameter ``result`` (the step result) and the inputs
+    ``torchstep_job_id``/``torchstep_task_id``, which the component sets from KFP's
+    placeholders when called.
+    """
+    from torchstep.spec.components import component_of, materialize, parameters_of
+
+    fn, label = component_of(component)
+    params = parameters_of(component)
+    names = {p.name for p in params}
+    _check_options(options, names)
+    defaults = dict(options.pop("defaults", None) or {})
+    for key in list(options):
+        if key in names and key not in _OPTIONS:
+            defaults[key] = options.pop(key)
+    for key in defaults:
+        if key not in names:
+            raise SpecError(f"defaults.{key}", TARGET, f"{label} has no parameter {key!r}",
+                            fix=f"use one of: {', '.join(sorted(names))}")  # fmt: skip
+    inputs = []
+    static: dict[str, Any] = {}
+    for p in params:
+        default = defaults.get(p.name, p.default)
+        if p.name in _RESERVED:
+            raise SpecError(f"component.{p.name}", TARGET, f"{p.name!r} is a name the step component uses itself",
+                            fix="rename the parameter")  # fmt: skip
+        if default is inspect.Parameter.empty:
+            if p.variadic:
+                default = []
+            elif p.optional:
+                default = None
+            else:
+                raise SpecError(f"component.{p.name}", TARGET,
+                                "has no default, and KFP fixes image, resources and retries at compile time "
+                                "from the AppDef materialised with the defaults",
+                                fix=f"component_from_fn(..., defaults={{{p.name!r}: ...}})")  # fmt: skip
+        _check_value(p, default, f"defaults.{p.name}")
+        inputs.append((p, default))
+        if default is not None:
+            static[p.name] = default
+    appdef = materialize(component, _as_args(params, static))
+    plan = plan_of(appdef)
+    spec = {"component": _reference(component, fn)}
+    return _build(plan, spec, inputs, options, default_name=getattr(fn, "__name__", "step"),
+                  description=inspect.getdoc(fn) or label)  # fmt: skip
+
+
+class StepComponent:
+    """A torchstep step as a KFP component: call it inside a ``@dsl.pipeline`` like any
+    component (keyword arguments = its inputs) to get a ``PipelineTask`` with the plan
+    applied; ``component`` is the KFP ``ContainerComponent`` (compile it, save its YAML).
+    Under ``kfp.local`` with the SubprocessRunner, the call builds the same argv as a
+    lightweight Python component (the runner refuses container components)."""
+
+    def __init__(self, component: Any, plan: StepPlan, role: int | str, caching: bool) -> None:
+        self.component = component
+        self.plan = plan
+        self.role = role
+        self.caching = caching
+        self._local: Any = None
+
+    @property
+    def name(self) -> str:
+        return str(self.component.name)
+
+    @property
+    def component_spec(self) -> Any:
+        return self.component.component_spec
+
+    @property
+    def pipeline_spec(self) -> Any:
+        return self.component.pipeline_spec
+
+    def __call__(self, **kwargs: Any) -> Any:
+        from kfp import dsl
+        from kfp.dsl import pipeline_context
+
+        kwargs = {k: literal(v) for k, v in kwargs.items()}
+        kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
+        target = self.local_component() if _kfp_local_subprocess() else self.component
+        task = target(**kwargs)
+        if pipeline_context.Pipeline.get_default_pipeline() is not None:
+            apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=_is_launcher(self.plan))
+        return task
+
+    def local_component(self) -> Any:
+        """The same step as a lightweight Python component (kfp.local's SubprocessRunner)."""
+        if self._local is None:
+            from kfp.dsl import container_component_class
+
+            spec = copy.deepcopy(self.component.component_spec)
+            container = spec.implementation.container
+            container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step",
+                              *(container.args or [])]  # fmt: skip
+            container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
+            self._local = container_component_class.ContainerComponent(spec, self.component.pipeline_func)
+        return self._local
+
+
+def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
+           *, default_name: str, description: str) -> StepComponent:  # fmt: skip
+    from kfp import dsl
+
+    name = _identifier(options.get("name") or default_name)
+    outputs = _outputs(options.get("outputs"))
+    metrics = bool(options.get("metrics", False))
+    model = bool(options.get("model", False))
+    role = options.get("role", 0)
+    launcher = _is_launcher(plan)
+    r = plan.roles[role] if isinstance(role, int) and 0 <= role < len(plan.roles) else None
+    if r is None:
+        r = next((x for x in plan.roles if x.name == role), None)
+    if r is None:
+        raise SpecError("role", TARGET, f"no role {role!r} in app {plan.app_name!r}",
+                        fix=f"one of {[x.name for x in plan.roles]} or an index")  # fmt: skip
+    image = options.get("launcher_image") or r.image if launcher else r.image
+    spec.update({
+        "version": 1, "name": name, "role": r.index, "launcher": launcher, "image": image,
+        "inputs": {p.name: p.type.__name__ for p, _ in inputs},
+        "variadic": [p.name for p, _ in inputs if p.variadic],
+        "outputs": outputs, "metrics": metrics, "model": model, "cfg": dict(options.get("cfg") or {}),
+    })  # fmt: skip
+    try:
+        json.dumps(spec)
+    except (TypeError, ValueError) as e:
+        raise SpecError("cfg", TARGET, f"options must be JSON data: {e}", fix="use plain values") from e
+
+    for out in outputs:
+        if any(p.name == out for p, _ in inputs):
+            raise SpecError(f"outputs.{out}", TARGET, f"{out!r} is also an input of the component (KFP names "
+                            "inputs and outputs in one namespace)",
+                            fix="publish the value under another name with torchstep.output")  # fmt: skip
+    params = [
+        inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_kfp_type(p))
+        for p, default in inputs
+    ]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str)
+               for n in (JOB_ID_INPUT, TASK_ID_INPUT)]  # fmt: skip
+    params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
+    for out, kind in outputs.items():
+        params.append(inspect.Parameter(out, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(_TYPES[kind])))
+    if metrics:
+        params.append(
+            inspect.Parameter(METRICS_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Metrics])
+        )
+    if model:
+        params.append(inspect.Parameter(MODEL_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Model]))
+    optional = {p.name for p, default in inputs if default is None}
+    encoded = encode_spec(spec)
+
+    def body(*placeholders: Any) -> Any:
+        values = dict(zip([p.name for p in params], placeholders, strict=True))
+        args: list[Any] = ["--spec", encoded, "--executor_input", dsl.PIPELINE_TASK_EXECUTOR_INPUT_PLACEHOLDER,
+                           "--job-id", values[JOB_ID_INPUT], "--task-id", values[TASK_ID_INPUT]]  # fmt: skip
+        for p, _ in inputs:
+            pair = ["--in", p.name, values[p.name]]
+            args += [dsl.IfPresentPlaceholder(input_name=p.name, then=pair)] if p.name in optional else pair
+        return dsl.ContainerSpec(image=image, command=["python3", "-m", ENTRY_MODULE], args=args)
+
+    body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    body.__annotations__ = {p.name: p.annotation for p in params}
+    body.__name__ = body.__qualname__ = name
+    body.__doc__ = _docstring(description, inputs, outputs, metrics, model)
+    component = dsl.container_component(body)
+    return StepComponent(component, plan, r.index, bool(options.get("caching", False)))
+
+
+_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
+
+
+def _kfp_type(p: Any) -> Any:
+    from typing import Optional
+
+    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (KFP reads typing.Optional)
+
+
+def _outputs(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, str) or not isinstance(value, Mapping | Sequence):
+        raise SpecError("outputs", TARGET, f"must be a mapping name→type or a list of names, got {value!r}",
+                        fix='outputs={"loss": float} or outputs=["checkpoint"]')  # fmt: skip
+    items = value.items() if isinstance(value, Mapping) else [(n, str) for n in value]
+    out = {}
+    for name, kind in items:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in _RESERVED:
+            raise SpecError(f"outputs.{name}", TARGET, "must be a Python identifier and not "
+                            f"one of {list(_RESERVED)}", fix="rename the output")  # fmt: skip
+        if kind not in _TYPES.values():
+            raise SpecError(f"outputs.{name}", TARGET, f"type {kind!r} is not a KFP parameter type",
+                            fix="use str, int, float, bool, list or dict")  # fmt: skip
+        out[name] = kind.__name__
+    return out
+
+
+def _check_options(options: Mapping[str, Any], params: set[str]) -> None:
+    for key in options:
+        if key not in _OPTIONS and key not in params:
+            raise SpecError(key, TARGET, "is not an option of the step component",
+                            fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""))  # fmt: skip
+
+
+def _check_value(p: Any, value: Any, field_path: str) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))
+    if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if p.type is list and isinstance(value, tuple):
+        ok = True
+    if not ok:
+        raise SpecError(field_path, TARGET, f"{value!r} is not a {p.type.__name__}",
+                        fix=f"give a {p.type.__name__}")  # fmt: skip
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(field_path, TARGET, f"is not JSON data: {e}", fix="use plain values") from e
+
+
+def _as_args(params: Sequence[Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Input values → :func:`torchstep.materialize`'s mapping (``torchx run`` encodings)."""
+    return {p.name: values[p.name] for p in params if values.get(p.name) is not None}
+
+
+def _reference(component: Any, fn: Any) -> str:
+    """The reference the container resolves: the user's string as is; for a callable its
+    ``module:qualname`` when importable by that name, else ``file.py:name``."""
+    if isinstance(component, str):
+        return component.strip()
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname and "." not in qualname:
+        return f"{module}:{qualname}"
+    source = inspect.getsourcefile(fn)
+    if source is None or "<" in qualname or "." in qualname:
+        raise SpecError("component", TARGET, f"{qualname or fn!r} cannot be found again inside the container",
+                        fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
+    rel = os.path.relpath(source)
+    return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
+
+
+def _is_launcher(plan: StepPlan) -> bool:
+    """A step of several pods: a launcher submits them as Jobs (torchstep.kubernetes)."""
+    return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
+
+
+def _identifier(name: str) -> str:
+    out = re.sub(r"\W", "_", str(name)).strip("_").lower() or "step"
+    return f"step_{out}" if out[0].isdigit() else out
+
+
+def _docstring(description: str, inputs: list[tuple[Any, Any]], outputs: Mapping[str, str], metrics: bool,
+               model: bool) -> str:  # fmt: skip
+    lines = [description.split("\n\nArgs:")[0].strip() or "torchstep step", "", "Args:"]
+    for p, _ in inputs:
+        lines.append(f"    {p.name}: {' '.join(p.description.split()) or p.name}")
+    lines.append(f"    {JOB_ID_INPUT}: the KFP run id (set by torchstep from the pipeline job placeholder)")
+    lines.append(f"    {TASK_ID_INPUT}: the KFP task id (set by torchstep from the task placeholder)")
+    lines.append(f"    {RESULT_OUTPUT}: the step result (torchstep result JSON, schema 1)")
+    for name in outputs:
+        lines.append(f"    {name}: rank-0 output {name!r}")
+    if metrics:
+        lines.append(f"    {METRICS_OUTPUT}: rank-0 metrics")
+    if model:
+        lines.append(f"    {MODEL_OUTPUT}: the model rank 0 saved")
+    return "\n".join(lines) + "\n"
+
+
+def literal(value: Any) -> Any:
+    """A string argument that contains ``{{`` as text KFP never resolves as a placeholder
+    (KFP resolves ``{{$.inputs…}}`` inside string constants): marked and JSON-escaped; the
+    step decodes it back to the exact text. Anything else is returned as is.
+
+    >>> text = literal("{{$.inputs.parameters['x']}}")
+    >>> text.startswith(LITERAL_PREFIX), "{{" in text
+    (True, False)
+    >>> literal("plain")
+    'plain'
+    """
+    if isinstance(value, str) and ("{{" in value or value.startswith(LITERAL_PREFIX)):
+        return LITERAL_PREFIX + json.dumps(value).replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
+    return value
+
+
+def encode_spec(spec: Mapping[str, Any]) -> str:
+    """``spec`` as JSON text that no placeholder engine rewrites: ``{{`` (KFP and Argo
+    placeholders) and ``python3`` (which kfp.local rewrites in every argument) are written
+    as JSON escapes, so literal ``{{$.inputs…}}`` text reaches the step verbatim.
+
+    >>> encode_spec({"a": "{{$.inputs.parameters['x']}} python3"})
+    '{"a": "{\\\\u007b$.inputs.parameters[\\'x\\']}} \\\\u0070ython3"}'
+    >>> json.loads(encode_spec({"a": "{{x}} python3"}))["a"]
+    '{{x}} python3'
+    """
+    return json.dumps(spec, sort_keys=True).replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
+
+
+def _kfp_local_subprocess() -> bool:
+    """Whether kfp.local runs tasks with the SubprocessRunner in this process."""
+    local = sys.modules.get("kfp.local.config")
+    if local is None:
+        return False
+    instance = getattr(local.LocalExecutionConfig, "instance", None)
+    return instance is not None and isinstance(instance.runner, local.SubprocessRunner)

@@ -1,0 +1,318 @@
+"""What a torchstep KFP step runs inside its container: ``python3 -m torchstep_kfp.entry``.
+
+It materialises the AppDef from the actual input values (a component reference) or the
+AppDef the component carries, runs it — in this container (``torchstep.steps.LocalStep``,
+one agent per replica) or, for a multi-pod AppDef, as Kubernetes Jobs through
+``torchstep.steps.KubernetesStep`` (every pod's log streamed here, the Jobs deleted on every
+exit, SIGTERM of the pipeline's cancel included) — and writes the outputs KFP reads: the
+step result, rank-0 output parameters, the Metrics and Model artifacts (through the
+executor output file, as KFP's own executor does). Imports neither kfp nor torch.
+
+Under kfp.local (``kfp_local_step``) KFP ignores ``set_retry``, so the AppDef's APPLICATION
+retry budget is spent here, with the plan's delays: a pipeline that passes locally passes
+remotely for the same reason.
+
+Exit status: 0 when the step succeeded, else the step's exit code (never 0), 2 for a bad
+invocation (the message names the argument).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
+
+POD_NAME_ENV = "TORCHSTEP_POD_NAME"
+#: Seconds between two looks at the Jobs of a launcher step.
+POLL_INTERVAL_S = 2.0
+NAMESPACE_ENV = "TORCHSTEP_NAMESPACE"
+_MOUNT_PREFIXES = (("gs://", "/gcs/"), ("minio://", "/minio/"), ("s3://", "/s3/"))
+LITERAL_PREFIX = "torchstep-literal:"  # components.literal: a string argument KFP must not resolve
+_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGINT reached the step (the pipeline run was cancelled or the pod is evicted)."""
+
+
+def main(argv: list[str] | None = None, *, local: bool = False, client: Any = None) -> int:
+    """Run the step of ``argv`` (see the module docstring); returns the exit status.
+    ``client``: the Kubernetes client of a launcher step (default: in-cluster config)."""
+    args = _parser().parse_args(argv)
+    try:
+        spec = json.loads(args.spec)
+        executor_input = json.loads(_unmangle(args.executor_input, local)) if args.executor_input else {}
+        values = _inputs(spec, args.inputs or [], local)
+    except (ValueError, KeyError) as e:
+        print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
+        return 2
+    from torchstep.errors import SpecError
+
+    try:
+        app = _appdef(spec, values)
+        result = _run(spec, app, args, local=local, client=client)
+    except SpecError as e:
+        print(f"torchstep: {e}", file=sys.stderr)
+        return 2
+    except Terminated:
+        print("torchstep: the step was stopped (SIGTERM); every process of it has ended", file=sys.stderr)
+        return 143
+    return _publish(spec, result, executor_input)
+
+
+def kfp_local_step() -> None:
+    """The function kfp.local's SubprocessRunner calls (through ``kfp.dsl.executor_main``):
+    runs :func:`main` on this process's arguments and exits with its status, before KFP's
+    executor would overwrite the executor output file this step wrote."""
+    argv = sys.argv[1:]
+    for flag in ("--component_module_path", "--function_to_execute"):
+        while flag in argv:  # kfp's own launch arguments
+            i = argv.index(flag)
+            del argv[i : i + 2]
+    raise SystemExit(main(argv, local=True))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torchstep_kfp.entry", description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", required=True, help="the step spec (JSON, written by component_from_*)")
+    p.add_argument("--executor_input", default="", help="KFP's executor input ({{$}})")
+    p.add_argument("--job-id", default="", help="the KFP pipeline job id")
+    p.add_argument("--task-id", default="", help="the KFP task id")
+    p.add_argument("--in", dest="inputs", nargs=2, action="append", metavar=("NAME", "VALUE"), help="an input value")
+    return p
+
+
+def _unmangle(text: str, local: bool) -> str:
+    # kfp.local rewrites "python3" to its interpreter's path in every argument; undo it
+    return text.replace(sys.executable, "python3") if local and sys.executable else text
+
+
+def _inputs(spec: Mapping[str, Any], pairs: list[list[str]], local: bool) -> dict[str, Any]:
+    types = spec.get("inputs", {})
+    out: dict[str, Any] = {}
+    for name, raw in pairs:
+        if name not in types:
+            raise KeyError(f"--in {name}: the step has no input {name!r}")
+        raw = _unmangle(raw, local)
+        kind = types[name]
+        if kind == "str":
+            out[name] = json.loads(raw[len(LITERAL_PREFIX) :]) if raw.startswith(LITERAL_PREFIX) else raw
+        elif kind == "bool":
+            out[name] = json.loads(raw.lower())
+        else:
+            value = json.loads(raw)
+            out[name] = float(value) if kind == "float" else value
+    return out
+
+
+def _appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+    from torchstep.spec.components import materialize
+
+    if spec.get("app") is not None:
+        from torchstep.spec.appjson import app_from_dict
+
+        return app_from_dict(spec["app"])
+    mapping = {k: v for k, v in values.items() if v is not None}
+    for name in spec.get("variadic", []):
+        if name in mapping and not mapping[name]:
+            del mapping[name]
+    return materialize(spec["component"], mapping)
+
+
+def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: bool, client: Any) -> Any:
+    from torchstep.errors import SpecError
+    from torchstep.spec.planner import build_plan
+    from torchstep.steps import step_run_id
+
+    launcher = bool(spec.get("launcher"))
+    plan = build_plan(app, "kubernetes" if launcher else "local")
+    multi = len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
+    if multi != launcher:
+        shape = "several pods" if multi else "one container"
+        raise SpecError("inputs", "kfp", f"with these input values the AppDef needs {shape}, but the pipeline was "
+                        "compiled for the other shape (KFP fixes a step's shape at compile time)",
+                        fix="set the replica/role inputs in component_from_fn(..., defaults=...) instead")  # fmt: skip
+    cfg = dict(spec.get("cfg") or {})
+    notes = []
+    image = plan.roles[int(spec.get("role", 0))].image
+    if not launcher and spec.get("image") and image != spec["image"] and not os.path.isdir(image):
+        notes.append(f"image {image!r} of the AppDef is not this container's: KFP fixed the step's image at "
+                     f"compile time to {spec['image']!r} (set it in component_from_fn(..., defaults=...))")  # fmt: skip
+        print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
+    pod = os.environ.get(POD_NAME_ENV, "")
+    retries = plan.step_retry.count if local and not launcher else 0
+    delays = plan.step_retry.delays(1.0) if retries else []
+    restore = _on_signals()
+    try:
+        for attempt in range(retries + 1):
+            run_id = step_run_id("kfp", args.job_id or "run", args.task_id or spec.get("name", "step"), pod or attempt)
+            if launcher:
+                result = _kubernetes(plan, run_id, cfg, client)
+            else:
+                result = _local(app, run_id, cfg, spec.get("role", 0))
+            if result.succeeded or not result.retryable or attempt == retries:
+                result.warnings.extend(notes)
+                return result
+            print(f"torchstep: attempt {attempt + 1} of {retries + 1} failed ({result.state}); "
+                  f"retrying in {delays[attempt]:g} s (the AppDef's APPLICATION budget, kept in the step "
+                  "because kfp.local ignores set_retry)", flush=True)  # fmt: skip
+            time.sleep(delays[attempt])
+        raise AssertionError("unreachable")
+    finally:
+        restore()
+
+
+def _local(app: Any, run_id: str, cfg: dict[str, Any], role: int) -> Any:
+    import dataclasses
+
+    from torchstep.steps import LocalStep
+
+    # The pod mounted the volumes at their paths already; nothing to do for them here.
+    roles = [dataclasses.replace(r, mounts=[m for m in r.mounts if type(m).__name__ != "VolumeMount"])
+             for r in app.roles]  # fmt: skip
+    app = dataclasses.replace(app, roles=roles)
+    cfg.setdefault("cpu_affinity", False)  # the pod's cgroup limits the cpus
+    return LocalStep(app, run_id=run_id, cfg=cfg, on_line=_print).run()
+
+
+def _kubernetes(plan: Any, run_id: str, cfg: dict[str, Any], client: Any) -> Any:
+    from torchstep.steps import KubernetesStep
+
+    namespace = cfg.get("namespace") or os.environ.get(NAMESPACE_ENV)
+    if namespace:
+        cfg["namespace"] = namespace
+    step = KubernetesStep(plan, run_id=run_id, cfg=cfg, client=client, on_line=_print, poll_interval=POLL_INTERVAL_S)
+    return step.run()
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _on_signals() -> Any:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    try:
+        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread: the caller handles signals
+        return lambda: None
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
+def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:
+    """Write the result, the named outputs and the artifacts; the step's exit status."""
+    from torchstep.steps import failure_summary
+
+    outputs = executor_input.get("outputs", {})
+    params = outputs.get("parameters", {})
+    executor_output: dict[str, Any] = {"parameterValues": {}}
+    missing = []
+
+    def put(name: str, value: Any, kind: str) -> None:
+        target = params.get(name, {}).get("outputFile")
+        text = value if kind == "str" and isinstance(value, str) else json.dumps(value)
+        executor_output["parameterValues"][name] = value
+        if target:
+            _write(target, text)
+
+    put("result", _without_nulls(result.to_dict()), "dict")
+    for name, kind in spec.get("outputs", {}).items():
+        if name not in result.outputs:
+            missing.append(name)
+            continue
+        value = result.outputs[name]
+        put(name, value if kind != "str" or isinstance(value, str) else json.dumps(value), kind)
+    artifacts = outputs.get("artifacts", {})
+    if spec.get("metrics"):
+        metrics = _metrics(result.outputs)
+        art = _artifact(artifacts, "metrics")
+        if art is not None:
+            art["metadata"] = {**art.get("metadata", {}), **metrics}
+            _write(_path(art["uri"]), json.dumps(metrics))
+            executor_output.setdefault("artifacts", {})["metrics"] = {"artifacts": [art]}
+    if spec.get("model") and result.succeeded:
+        source = result.outputs.get("model")
+        art = _artifact(artifacts, "model")
+        if not isinstance(source, str) or not source:
+            missing.append("model")
+        elif art is not None:
+            art["metadata"] = {**art.get("metadata", {}), "source": source}
+            if _URI.match(source):
+                art["uri"] = source  # the model stays where rank 0 put it
+            elif os.path.exists(source):
+                _copy(source, _path(art["uri"]))
+            else:
+                missing.append("model")
+            executor_output.setdefault("artifacts", {})["model"] = {"artifacts": [art]}
+    if outputs.get("outputFile"):
+        _write(outputs["outputFile"], json.dumps(executor_output))
+    if result.succeeded and missing:
+        names = ", ".join(repr(n) for n in missing)
+        print(f"torchstep: the step succeeded but rank 0 did not publish {names}: call "
+              "torchstep.output(name, value) on global rank 0 (the model: a path in the container or a URI)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    if not result.succeeded:
+        print(failure_summary(result), file=sys.stderr, flush=True)
+        return int(result.exit_code) if result.exit_code else 1
+    return 0
+
+
+def _without_nulls(value: Any) -> Any:
+    """KFP parameters cannot hold null: keys whose value is null are left out (the result
+    reads back the same with ``torchstep.StepResult.from_dict``)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value if v is not None]
+    return value
+
+
+def _metrics(outputs: Mapping[str, Any]) -> dict[str, float]:
+    source = outputs.get("metrics")
+    if not isinstance(source, Mapping):
+        source = outputs
+    return {str(k): float(v) for k, v in source.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+
+
+def _artifact(artifacts: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    items = artifacts.get(name, {}).get("artifacts", [])
+    return dict(items[0]) if items else None
+
+
+def _path(uri: str) -> str:
+    """The local path of an artifact URI (KFP's mounts for remote stores)."""
+    for prefix, mount in _MOUNT_PREFIXES:
+        if uri.startswith(prefix):
+            return mount + uri[len(prefix) :]
+    return uri
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _copy(source: str, dest: str) -> None:
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    if os.path.isdir(source):
+        shutil.copytree(source, dest, dirs_exist_ok=True, symlinks=True)
+    else:
+        shutil.copyfile(source, dest, follow_symlinks=False)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
