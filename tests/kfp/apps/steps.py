@@ -7,7 +7,8 @@ from typing import Dict, List, Optional  # noqa: UP035 - TorchX's file_linter re
 
 from torchx import specs
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# TorchX execs a component file without __file__: the scripts are found from the repository root.
+HERE = os.path.abspath(os.path.join("tests", "kfp", "apps"))
 
 
 def echo(

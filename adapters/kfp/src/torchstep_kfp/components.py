@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import json
 import keyword
@@ -226,6 +227,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         "inputs": {p.name: p.type.__name__ for p, _ in inputs},
         "variadic": [p.name for p, _ in inputs if p.variadic],
         "outputs": outputs, "metrics": metrics, "model": model, "cfg": dict(options.get("cfg") or {}),
+        "step_retry": dataclasses.asdict(plan.step_retry),  # what set_retry says: kfp.local spends it in the step
     })  # fmt: skip
     try:
         json.dumps(spec)

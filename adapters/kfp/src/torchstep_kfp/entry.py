@@ -148,8 +148,16 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
                      f"compile time to {spec['image']!r} (set it in component_from_fn(..., defaults=...))")  # fmt: skip
         print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
     pod = os.environ.get(POD_NAME_ENV, "")
-    retries = plan.step_retry.count if local and not launcher else 0
-    delays = plan.step_retry.delays(1.0) if retries else []
+    from torchstep.spec.model import StepRetry
+
+    # KFP fixed set_retry at compile time; kfp.local ignores it, so the same budget is spent here
+    step_retry = StepRetry(**spec["step_retry"]) if spec.get("step_retry") else plan.step_retry
+    if plan.step_retry.count != step_retry.count:
+        notes.append(f"the AppDef's retry budget is {plan.step_retry.count} with these inputs, but KFP retries "
+                     f"the step {step_retry.count} times (set_retry is fixed at compile time)")  # fmt: skip
+        print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
+    retries = step_retry.count if local and not launcher else 0
+    delays = step_retry.delays(1.0) if retries else []
     restore = _on_signals()
     try:
         for attempt in range(retries + 1):

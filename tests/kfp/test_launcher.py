@@ -1,0 +1,121 @@
+"""The launcher step of a multi-node AppDef (what ``python3 -m torchstep_kfp.entry`` does in
+the KFP pod), against the recorded Kubernetes fake (no cluster here): the Jobs it submits
+validate strictly, every pod's lines reach the step log, the merged result becomes the
+output parameter, and a SIGTERM (the pipeline run cancelled) deletes everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubefake import FakeKube, Script
+from torchstep.kubernetes import MIN_KUBERNETES_VERSION
+from torchstep.result import StepResult
+
+pytest.importorskip("kfp")
+from torchstep_kfp import component_from_fn, entry  # noqa: E402
+
+NODES = f"{Path(__file__).resolve().parent / 'apps' / 'steps.py'}:nodes"
+
+
+def argv(tmp_path: Path, **inputs: Any) -> list[str]:
+    op = component_from_fn(NODES)
+    args = op.component.component_spec.implementation.container.args
+    spec = args[args.index("--spec") + 1]
+    executor_input = {
+        "outputs": {
+            "parameters": {"result": {"outputFile": str(tmp_path / "out" / "result")}},
+            "outputFile": str(tmp_path / "out" / "executor_output.json"),
+        }
+    }
+    out = ["--spec", spec, "--executor_input", json.dumps(executor_input), "--job-id", "job-1", "--task-id", "t-1"]
+    for name, value in inputs.items():
+        out += ["--in", name, value if isinstance(value, str) else json.dumps(value)]
+    return out
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(entry, "POLL_INTERVAL_S", 0.01)
+    monkeypatch.setenv("TORCHSTEP_NAMESPACE", "ml")
+    monkeypatch.setenv("TORCHSTEP_POD_NAME", "p-launcher-1")
+
+
+def test_the_launcher_submits_valid_jobs_streams_every_pod_and_returns_the_merged_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.25}).summary()
+    fake = FakeKube({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(lines=["[trainer/1] step 1"])})
+    rc = entry.main(argv(tmp_path, replicas=2, nproc_per_node=1), client=fake)
+    assert rc == 0
+    kinds = [o["kind"] for o in fake.objects]
+    assert kinds == ["Job", "Service"]
+    for obj in fake.objects:
+        assert obj["metadata"]["namespace"] == "ml"
+        clean = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
+        kubernetes_validate.validate(clean, MIN_KUBERNETES_VERSION, strict=True)
+    job = fake.objects[0]
+    assert job["spec"]["parallelism"] == 2 and job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/acme/train:1"
+    assert job["spec"]["backoffLimit"] == 0  # APPLICATION retries are KFP's set_retry, never the Job's
+    out = capsys.readouterr().out
+    assert "[trainer/0] step 1 (pod 0)" in out and "[trainer/1] step 1 (pod 0)" in out  # pod 0 of each index
+    result = json.loads((tmp_path / "out" / "result").read_text())
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.25}
+    assert [r["replica_id"] for r in result["replicas"]] == [0, 1]
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}  # nothing left behind
+
+
+def test_run_ids_differ_per_kfp_run_task_and_retry_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = []
+    for job, pod in (("job-1", "p-1"), ("job-2", "p-1"), ("job-1", "p-2")):
+        monkeypatch.setenv("TORCHSTEP_POD_NAME", pod)  # a KFP retry runs in a new pod
+        fake = FakeKube({0: Script(), 1: Script()})
+        args = argv(tmp_path, replicas=2)
+        args[args.index("--job-id") + 1] = job
+        assert entry.main(args, client=fake) == 0
+        ids.append(fake.objects[0]["metadata"]["labels"]["torchstep/app-id"])
+    assert len(set(ids)) == 3
+
+
+def test_a_failed_job_fails_the_step_with_its_exit_code_and_root_cause(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = StepResult(app_id="x", state="FAILED", exit_code=3, message="rank 0 worker_failed (exit 3)").summary()
+    fake = FakeKube({0: Script(codes=[3], messages=[bad]), 1: Script()})
+    rc = entry.main(argv(tmp_path, replicas=2), client=fake)
+    assert rc == 3
+    assert json.loads((tmp_path / "out" / "result").read_text())["state"] == "FAILED"
+    assert "exit 3" in capsys.readouterr().err
+
+
+def test_sigterm_of_the_launcher_deletes_every_job_and_pod(tmp_path: Path) -> None:
+    fake = FakeKube({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    rc = entry.main(argv(tmp_path, replicas=2), client=fake)
+    assert rc == 143
+    assert time.monotonic() - t0 < 30
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
+
+
+def test_inputs_that_change_the_step_shape_at_run_time_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = entry.main(argv(tmp_path, replicas=1), client=FakeKube())
+    assert rc == 2
+    assert "compiled for the other shape" in capsys.readouterr().err
+
+
+def test_a_bad_invocation_names_the_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = argv(tmp_path, replicas=2) + ["--in", "nope", "1"]
+    assert entry.main(args, client=FakeKube()) == 2
+    assert "nope" in capsys.readouterr().err

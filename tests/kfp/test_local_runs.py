@@ -1,0 +1,128 @@
+"""The same pipelines under kfp.local (SubprocessRunner): the components run the same argv as
+a lightweight component; the example's prepare → train (2 DDP processes, gloo) → evaluate
+with the result, a Metrics and a Model artifact passed along; pipeline parameters reaching
+the step at run time; the AppDef's APPLICATION budget kept inside the step (kfp.local
+ignores set_retry): a failure recovers exactly once, a non-retryable one never retries."""
+
+# No `from __future__ import annotations`: KFP reads the pipeline functions' annotations as types.
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+kfp = pytest.importorskip("kfp")
+from kfp import dsl, local  # noqa: E402
+from torchstep_kfp import component_from_fn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = Path(__file__).resolve().parent / "apps"
+ECHO = f"{APPS / 'steps.py'}:echo"
+FLAKY = f"{APPS / 'steps.py'}:flaky"
+TEXT = "{{$.inputs.parameters['lr']}} $(touch /tmp/pwned) `id` ; python3 {{ ds }}"
+
+
+@pytest.fixture
+def kfp_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    yield tmp_path
+    local.config.LocalExecutionConfig.instance = None
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def read_metrics(metrics: dsl.Input[dsl.Metrics], result: dict) -> dict:
+    return {"metrics": dict(metrics.metadata), "state": result["state"], "app_id": result["app_id"]}
+
+
+def test_pipeline_parameters_reach_the_step_at_run_time_and_outputs_flow_on(kfp_local: Path) -> None:
+    echo = component_from_fn(ECHO, outputs={"app_id": str}, metrics=True)
+
+    @dsl.pipeline
+    def pipe(lr: float, name: str) -> dict:
+        step = echo(lr=lr, name=name, tags=["a b", "c"], extra={"k": "v w"}, debug=True)
+        return read_metrics(metrics=step.outputs["metrics"], result=step.outputs["result"]).output
+
+    first = pipe(lr=0.7, name=TEXT).output
+    assert first["state"] == "SUCCEEDED"
+    assert first["metrics"] == {"accuracy": 0.75, "loss": 0.35}  # rank 0's metrics, from the run-time lr
+    second = pipe(lr=0.2, name="x").output
+    assert second["metrics"]["loss"] == 0.1
+    assert first["app_id"] != second["app_id"]  # the KFP run id reaches the app id
+
+    @dsl.pipeline
+    def outputs(lr: float) -> dict:
+        return echo(lr=lr, name=TEXT, tags=["a b", "c"], extra={"k": "v w"}, debug=True).outputs["result"]
+
+    result = outputs(lr=0.5).output
+    assert result["outputs"]["lr"] == 0.5
+    assert result["outputs"]["name"] == TEXT  # verbatim: no placeholder resolved, no shell, python3 kept
+    assert result["outputs"]["tags"] == ["a b", "c"]
+    assert result["outputs"]["extra"] == {"k": "v w"}
+    assert result["outputs"]["debug"] == "True"
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_a_step_that_fails_once_recovers_exactly_once(kfp_local: Path) -> None:
+    flaky = component_from_fn(FLAKY, marker="", max_retries=1)  # set_retry(1) when compiled
+    marker = kfp_local / "attempts"
+
+    @dsl.pipeline
+    def pipe(marker: str) -> dict:
+        return flaky(marker=marker, fail_times=1).outputs["result"]
+
+    result = pipe(marker=str(marker)).output
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"attempts": 2}
+    assert marker.read_text().count("attempt") == 2
+
+
+def test_a_spent_budget_fails_the_pipeline(kfp_local: Path) -> None:
+    flaky = component_from_fn(FLAKY, marker="", max_retries=1)
+    marker = kfp_local / "attempts"
+
+    @dsl.pipeline
+    def pipe(marker: str):
+        flaky(marker=marker, fail_times=5)
+
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        pipe(marker=str(marker))
+    assert marker.read_text().count("attempt") == 2  # 1 try + 1 retry, no more
+
+
+def test_a_non_retryable_failure_fails_the_pipeline_without_a_second_attempt(kfp_local: Path) -> None:
+    flaky = component_from_fn(FLAKY, marker="", max_retries=3)
+    marker = kfp_local / "attempts"
+
+    @dsl.pipeline
+    def pipe(marker: str):
+        flaky(marker=marker, non_retryable=True)
+
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        pipe(marker=str(marker))
+    assert marker.read_text().count("attempt") == 1
+
+
+def test_the_example_pipeline_trains_with_two_ddp_processes_and_evaluates(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "dags/kfp/run_local.py", "--steps", "20", "--pipeline-root", str(root)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("pipeline output:")]
+    assert "loss" in line and "model.pt" in line
+    (train_dir,) = root.glob("torchstep-train-*/trainer")
+    result = json.loads((train_dir / "result").read_text())
+    assert result["state"] == "SUCCEEDED"
+    assert sorted(r["rank"] for rep in result["replicas"] for r in rep["ranks"]) == [0, 1]  # 2 DDP processes
+    assert result["outputs"]["world_size"] == 2
+    executor_output = json.loads((train_dir / "executor_output.json").read_text())
+    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert metrics["loss"] < metrics["first_loss"]
+    assert (train_dir / "model").stat().st_size > 0  # the model rank 0 saved, copied into the artifact
+    # the rank logs of both processes are kept
+    logs = list((tmp_path / "state").rglob("rank*.log"))
+    assert len(logs) == 2
