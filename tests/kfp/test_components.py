@@ -253,8 +253,9 @@ def test_the_compiled_yaml_loads_back_with_kfp(tmp_path: Path) -> None:
     loaded = components.load_component_from_file(str(tmp_path / "p.yaml"))
     assert loaded.name == "p"
     assert "lr" in loaded.component_spec.inputs
-    # a single component compiles and loads back too (to share it as YAML)
-    compiler.Compiler().compile(op.component, str(tmp_path / "c.yaml"))
+    # the component is a real KFP component: it compiles alone and loads back (to share it as YAML)
+    assert isinstance(op, dsl.base_component.BaseComponent)
+    compiler.Compiler().compile(op, str(tmp_path / "c.yaml"))
     assert components.load_component_from_file(str(tmp_path / "c.yaml")).component_spec.inputs["lr"].default == 0.1
 
 
@@ -270,3 +271,10 @@ def test_kfp_dsl_compile_compiles_the_example_pipeline(tmp_path: Path) -> None:
     assert set(spec["root"]["dag"]["tasks"]) == {"prepare", "trainer", "evaluate"}
     trainer = spec["root"]["dag"]["tasks"]["trainer"]
     assert trainer["inputs"]["parameters"]["lr"]["taskOutputParameter"]["producerTask"] == "prepare"
+
+
+def test_the_step_entry_point_imports_neither_kfp_nor_torch() -> None:
+    """It runs in every step container: kfp's 1.6 s import and torch stay out of it."""
+    code = "import sys, torchstep_kfp.entry; print(sorted(m for m in ('kfp', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
 from torchstep.spec.model import StepPlan
 
@@ -152,56 +153,48 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
                   description=inspect.getdoc(fn) or label)  # fmt: skip
 
 
-class StepComponent:
-    """A torchstep step as a KFP component: call it inside a ``@dsl.pipeline`` like any
-    component (keyword arguments = its inputs) to get a ``PipelineTask`` with the plan
-    applied; ``component`` is the KFP ``ContainerComponent`` (compile it, save its YAML).
-    Under ``kfp.local`` with the SubprocessRunner, the call builds the same argv as a
-    lightweight Python component (the runner refuses container components)."""
+class StepComponent(ContainerComponent):
+    """A torchstep step as a KFP container component (a real ``ContainerComponent``:
+    compile it, save its YAML, call it inside a ``@dsl.pipeline`` with its inputs as keyword
+    arguments). The call gives a ``PipelineTask`` with the plan applied (resources,
+    ``set_retry``, env, kfp-kubernetes settings, caching off) and KFP's run and task ids as
+    the step's app id. Under ``kfp.local`` with the SubprocessRunner (initialised before the
+    call), the task runs the same argv as a lightweight Python component — the runner
+    refuses container components."""
 
-    def __init__(self, component: Any, plan: StepPlan, role: int | str, caching: bool) -> None:
-        self.component = component
+    def __init__(self, component: Any, plan: StepPlan, role: int, caching: bool) -> None:
+        super().__init__(component.component_spec, component.pipeline_func)
         self.plan = plan
         self.role = role
         self.caching = caching
         self._local: Any = None
 
     @property
-    def name(self) -> str:
-        return str(self.component.name)
+    def component(self) -> ContainerComponent:
+        """This component itself (kept for symmetry with wrappers that hold one)."""
+        return self
 
-    @property
-    def component_spec(self) -> Any:
-        return self.component.component_spec
-
-    @property
-    def pipeline_spec(self) -> Any:
-        return self.component.pipeline_spec
-
-    def __call__(self, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from kfp import dsl
         from kfp.dsl import pipeline_context
 
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
-        target = self.local_component() if _kfp_local_subprocess() else self.component
-        task = target(**kwargs)
+        task = self.local_component()(*args, **kwargs) if _kfp_local_subprocess() else super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
             apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=_is_launcher(self.plan))
         return task
 
-    def local_component(self) -> Any:
+    def local_component(self) -> ContainerComponent:
         """The same step as a lightweight Python component (kfp.local's SubprocessRunner)."""
         if self._local is None:
-            from kfp.dsl import container_component_class
-
-            spec = copy.deepcopy(self.component.component_spec)
+            spec = copy.deepcopy(self.component_spec)
             container = spec.implementation.container
             container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step",
                               *(container.args or [])]  # fmt: skip
             container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
-            self._local = container_component_class.ContainerComponent(spec, self.component.pipeline_func)
+            self._local = ContainerComponent(spec, self.pipeline_func)
         return self._local
 
 
