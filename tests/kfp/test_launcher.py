@@ -35,7 +35,8 @@ def argv(tmp_path: Path, **inputs: Any) -> list[str]:
             "outputFile": str(tmp_path / "out" / "executor_output.json"),
         }
     }
-    out = ["--spec", spec, "--executor_input", json.dumps(executor_input), "--job-id", "job-1", "--task-id", "t-1"]
+    executor_input["inputs"] = {"parameterValues": {"torchstep_job_id": "job-1"}}
+    out = ["--spec", spec, "--executor_input", json.dumps(executor_input)]
     for name, value in inputs.items():
         out += ["--in", name, value if isinstance(value, str) else json.dumps(value)]
     return out
@@ -78,8 +79,7 @@ def test_run_ids_differ_per_kfp_run_task_and_retry_pod(tmp_path: Path, monkeypat
     for job, pod in (("job-1", "p-1"), ("job-2", "p-1"), ("job-1", "p-2")):
         monkeypatch.setenv("TORCHSTEP_POD_NAME", pod)  # a KFP retry runs in a new pod
         fake = FakeKube({0: Script(), 1: Script()})
-        args = argv(tmp_path, replicas=2)
-        args[args.index("--job-id") + 1] = job
+        args = argv(tmp_path, replicas=2) + ["--job-id", job]
         assert entry.main(args, client=fake) == 0
         ids.append(fake.objects[0]["metadata"]["labels"]["torchstep/app-id"])
     assert len(set(ids)) == 3

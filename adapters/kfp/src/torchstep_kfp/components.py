@@ -46,13 +46,12 @@ ENTRY_MODULE = "torchstep_kfp.entry"
 RESULT_OUTPUT = "result"
 METRICS_OUTPUT = "metrics"
 MODEL_OUTPUT = "model"
-#: Inputs every step component has, set by the component from KFP's placeholders so each
-#: run and task gets its own app id.
+#: The input every step component has, set by the component from KFP's pipeline job id
+#: placeholder: with the pod's name (one per task and per retry) it makes the step's app id.
 JOB_ID_INPUT = "torchstep_job_id"
-TASK_ID_INPUT = "torchstep_task_id"
 #: Marks a string argument that :func:`literal` escaped.
 LITERAL_PREFIX = "torchstep-literal:"
-_RESERVED = (RESULT_OUTPUT, METRICS_OUTPUT, MODEL_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT)
+_RESERVED = (RESULT_OUTPUT, METRICS_OUTPUT, MODEL_OUTPUT, JOB_ID_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
 #: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
@@ -108,7 +107,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
       ``launcher_image`` (the image of the launcher step of a multi-node AppDef).
 
     Every component has the output parameter ``result`` (the step result) and the inputs
-    ``torchstep_job_id``/``torchstep_task_id``, which the component sets from KFP's
+    ``torchstep_job_id``, which the component sets from KFP's
     placeholders when called.
     """
     from torchstep.spec.components import component_of, materialize, parameters_of
@@ -180,7 +179,6 @@ class StepComponent(ContainerComponent):
 
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
         task = self.local_component()(*args, **kwargs) if _kfp_local_subprocess() else super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
             apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=_is_launcher(self.plan))
@@ -220,12 +218,12 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         "inputs": {p.name: p.type.__name__ for p, _ in inputs},
         "variadic": [p.name for p, _ in inputs if p.variadic],
         "outputs": outputs, "metrics": metrics, "model": model, "cfg": dict(options.get("cfg") or {}),
-        "step_retry": dataclasses.asdict(plan.step_retry),  # what set_retry says: kfp.local spends it in the step
+        # what set_retry says (kfp.local spends it in the step); the default: no retries
+        "step_retry": {k: v for k, v in dataclasses.asdict(plan.step_retry).items() if v is not None and k != "role_index"}
+        if plan.step_retry.count else None,
     })  # fmt: skip
-    try:
-        json.dumps(spec)
-    except (TypeError, ValueError) as e:
-        raise SpecError("cfg", TARGET, f"options must be JSON data: {e}", fix="use plain values") from e
+    if "app" in spec:  # the image and role travel inside the AppDef
+        spec["image"] = None
 
     for out in outputs:
         if any(p.name == out for p, _ in inputs):
@@ -236,8 +234,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_kfp_type(p))
         for p, default in inputs
     ]
-    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str)
-               for n in (JOB_ID_INPUT, TASK_ID_INPUT)]  # fmt: skip
+    params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
     for out, kind in outputs.items():
         params.append(inspect.Parameter(out, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(_TYPES[kind])))
@@ -248,12 +245,15 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     if model:
         params.append(inspect.Parameter(MODEL_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Model]))
     optional = {p.name for p, default in inputs if default is None}
-    encoded = encode_spec(spec)
+    try:
+        encoded = encode_spec(spec)
+    except (TypeError, ValueError) as e:
+        raise SpecError("cfg", TARGET, f"options must be JSON data: {e}", fix="use plain values") from e
 
     def body(*placeholders: Any) -> Any:
         values = dict(zip([p.name for p in params], placeholders, strict=True))
-        args: list[Any] = ["--spec", encoded, "--executor_input", dsl.PIPELINE_TASK_EXECUTOR_INPUT_PLACEHOLDER,
-                           "--job-id", values[JOB_ID_INPUT], "--task-id", values[TASK_ID_INPUT]]  # fmt: skip
+        # the executor input ({{$}}) carries the run and task ids and where each output goes
+        args: list[Any] = ["--spec", encoded, "--executor_input", dsl.PIPELINE_TASK_EXECUTOR_INPUT_PLACEHOLDER]
         for p, _ in inputs:
             pair = ["--in", p.name, values[p.name]]
             args += [dsl.IfPresentPlaceholder(input_name=p.name, then=pair)] if p.name in optional else pair
@@ -352,11 +352,12 @@ def _identifier(name: str) -> str:
 
 def _docstring(description: str, inputs: list[tuple[Any, Any]], outputs: Mapping[str, str], metrics: bool,
                model: bool) -> str:  # fmt: skip
-    lines = [description.split("\n\nArgs:")[0].strip() or "torchstep step", "", "Args:"]
+    head = description.split("\n\nArgs:")[0].strip() or "torchstep step"
+    if not inputs and not outputs and not metrics and not model:
+        return head + "\n"  # nothing to describe (KFP parses every component's docstring)
+    lines = [head, "", "Args:"]
     for p, _ in inputs:
         lines.append(f"    {p.name}: {' '.join(p.description.split()) or p.name}")
-    lines.append(f"    {JOB_ID_INPUT}: the KFP run id (set by torchstep from the pipeline job placeholder)")
-    lines.append(f"    {TASK_ID_INPUT}: the KFP task id (set by torchstep from the task placeholder)")
     lines.append(f"    {RESULT_OUTPUT}: the step result (torchstep result JSON, schema 1)")
     for name in outputs:
         lines.append(f"    {name}: rank-0 output {name!r}")
@@ -389,11 +390,15 @@ def encode_spec(spec: Mapping[str, Any]) -> str:
     as JSON escapes, so literal ``{{$.inputs…}}`` text reaches the step verbatim.
 
     >>> encode_spec({"a": "{{$.inputs.parameters['x']}} python3"})
-    '{"a": "{\\\\u007b$.inputs.parameters[\\'x\\']}} \\\\u0070ython3"}'
+    '{"a":"{\\\\u007b$.inputs.parameters[\\'x\\']}} \\\\u0070ython3"}'
     >>> json.loads(encode_spec({"a": "{{x}} python3"}))["a"]
     '{{x}} python3'
     """
-    return json.dumps(spec, sort_keys=True).replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
+    compact = {
+        k: v for k, v in spec.items() if not (v is None or v is False or v == {} or v == [] or (k == "role" and v == 0))
+    }
+    text = json.dumps(compact, sort_keys=True, separators=(",", ":"))
+    return text.replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
 
 
 def _kfp_local_subprocess() -> bool:

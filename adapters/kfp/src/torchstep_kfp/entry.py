@@ -35,6 +35,7 @@ POD_NAME_ENV = "TORCHSTEP_POD_NAME"
 POLL_INTERVAL_S = 2.0
 NAMESPACE_ENV = "TORCHSTEP_NAMESPACE"
 _MOUNT_PREFIXES = (("gs://", "/gcs/"), ("minio://", "/minio/"), ("s3://", "/s3/"))
+JOB_ID_INPUT = "torchstep_job_id"  # components.JOB_ID_INPUT
 LITERAL_PREFIX = "torchstep-literal:"  # components.literal: a string argument KFP must not resolve
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
         spec = json.loads(args.spec)
         executor_input = json.loads(_unmangle(args.executor_input, local)) if args.executor_input else {}
         values = _inputs(spec, args.inputs or [], local)
+        given = executor_input.get("inputs", {}).get("parameterValues", {})
+        args.job_id = args.job_id or str(given.get(JOB_ID_INPUT) or "")
+        # the task: the pod (one per task and per retry), or under kfp.local the task's output directory
+        args.task_id = args.task_id or os.environ.get(POD_NAME_ENV) or _local_task(executor_input)
     except (ValueError, KeyError) as e:
         print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
         return 2
@@ -80,12 +85,18 @@ def kfp_local_step() -> None:
     raise SystemExit(main(argv, local=True))
 
 
+def _local_task(executor_input: Mapping[str, Any]) -> str:
+    """kfp.local writes a task's outputs under <root>/<run>/<task>/: that directory names it."""
+    out = executor_input.get("outputs", {}).get("outputFile", "")
+    return os.path.dirname(out) if out else ""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchstep_kfp.entry", description=__doc__.split("\n\n")[0])
     p.add_argument("--spec", required=True, help="the step spec (JSON, written by component_from_*)")
     p.add_argument("--executor_input", default="", help="KFP's executor input ({{$}})")
-    p.add_argument("--job-id", default="", help="the KFP pipeline job id")
-    p.add_argument("--task-id", default="", help="the KFP task id")
+    p.add_argument("--job-id", default="", help="the KFP pipeline job id (default: from the executor input)")
+    p.add_argument("--task-id", default="", help="the KFP task's identity (default: the pod's name)")
     p.add_argument("--in", dest="inputs", nargs=2, action="append", metavar=("NAME", "VALUE"), help="an input value")
     return p
 
@@ -147,7 +158,6 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
         notes.append(f"image {image!r} of the AppDef is not this container's: KFP fixed the step's image at "
                      f"compile time to {spec['image']!r} (set it in component_from_fn(..., defaults=...))")  # fmt: skip
         print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
-    pod = os.environ.get(POD_NAME_ENV, "")
     from torchstep.spec.model import StepRetry
 
     # KFP fixed set_retry at compile time; kfp.local ignores it, so the same budget is spent here
@@ -161,7 +171,7 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
     restore = _on_signals()
     try:
         for attempt in range(retries + 1):
-            run_id = step_run_id("kfp", args.job_id or "run", args.task_id or spec.get("name", "step"), pod or attempt)
+            run_id = step_run_id("kfp", args.job_id or "run", args.task_id or spec.get("name", "step"), attempt)
             if launcher:
                 result = _kubernetes(plan, run_id, cfg, client)
             else:

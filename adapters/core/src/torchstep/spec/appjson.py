@@ -55,8 +55,8 @@ def app_from_dict(data: Any) -> Any:
     roles = []
     for r in data.get("roles", []):
         r = dict(r)
-        resource = specs.Resource(**_known(specs.Resource, r.pop("resource")))
-        mounts = [getattr(specs, m["kind"])(**_known(getattr(specs, m["kind"]), m)) for m in r.pop("mounts")
+        resource = specs.Resource(**_known(specs.Resource, r.pop("resource", {})))
+        mounts = [getattr(specs, m["kind"])(**_known(getattr(specs, m["kind"]), m)) for m in r.pop("mounts", [])
                   if m.get("kind") in _MOUNT_KINDS]  # fmt: skip
         policy = specs.RetryPolicy[r.pop("retry_policy")]
         roles.append(specs.Role(**_known(specs.Role, r), resource=resource, mounts=mounts, retry_policy=policy))
@@ -64,18 +64,28 @@ def app_from_dict(data: Any) -> Any:
 
 
 def _fields(obj: Any, path: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of ``obj`` that differ from their defaults (the rest come back as defaults)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         if f.name in skip:
             continue
         value = getattr(obj, f.name)
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as e:
-            raise SpecError(f"{path}.{f.name}", None, f"is not JSON data ({e})",
-                            fix="use str/int/float/bool/list/dict values, or pass a component reference instead") from e  # fmt: skip
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            continue
+        if not isinstance(value, str | int | float | bool | type(None)):
+            _check_json(value, f"{path}.{f.name}")
         out[f.name] = value
     return out
+
+
+def _check_json(value: Any, path: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(path, None, f"is not JSON data ({e})",
+                            fix="use str/int/float/bool/list/dict values, or pass a component reference instead") from e  # fmt: skip
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
