@@ -140,7 +140,7 @@ CASES = [
         "entrypoint",
         lambda: app(role()),
         "roles[0].entrypoint",
-        per((H, "argv[0]"), (H, "command = torchstep-agent"), (H, "ContainerSpec args")),
+        per((H, "argv[0]"), (H, "command = torchstep-agent"), (H, "torchstep_kfp.entry")),
     ),
     Case("args", lambda: app(role(args=["a; rm -rf /", "$x"])), "roles[0].args", same(H, "byte for byte")),
     Case("args-not-str", lambda: app(role(args=["--n", 3])), "roles[0].args[1]", same(R, "str()")),

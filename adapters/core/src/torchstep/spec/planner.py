@@ -67,7 +67,7 @@ BECOMES: dict[str, Wording] = {
     "roles": {
         "local": "all roles start together on this machine; one rendezvous per role",
         "kubernetes": "one Pod (1 replica) or Indexed Job + headless Service per role",
-        "kfp": "one container component per role",
+        "kfp": "one container step for one pod; several roles or replicas: one launcher step running a Job per role",
     },
     "name": {
         "local": "app id {name}-<run id>; logs under <log_dir>/<app id>/",

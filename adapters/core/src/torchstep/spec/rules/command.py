@@ -31,22 +31,22 @@ BECOMES: dict[str, Wording] = {
     "name": {
         "local": "one agent process per replica, logs under <log_dir>/<app id>/{name}/",
         "kubernetes": "Pod or Indexed Job + headless Service named {k8s_name}-<run id>",
-        "kfp": "container component {k8s_name!r}",
+        "kfp": "role {k8s_name!r} of the step component (component_from_fn/app); its Job's name on a launcher step",
     },
     "image": {
         "local": "working directory of every process (as TorchX local_cwd)",
         "kubernetes": "container image",
-        "kfp": "ContainerSpec image",
+        "kfp": "ContainerSpec image (fixed at compile time; a launcher step's pods take the run-time one)",
     },
     "entrypoint": {
         "local": "argv[0] of every worker (run by the agent, no shell)",
         "kubernetes": "container args after the agent (command = torchstep-agent)",
-        "kfp": "ContainerSpec args after the agent",
+        "kfp": "argv[0] of every worker, run by the agent inside the step (python3 -m torchstep_kfp.entry)",
     },
     "args": {
         "local": "argv list byte for byte (never a shell string); macros bound at launch",
         "kubernetes": "container args byte for byte (never a shell string); macros bound in the pod",
-        "kfp": "ContainerSpec args byte for byte (never a shell string); macros bound in the step",
+        "kfp": "byte for byte in the step spec (JSON; never a shell string or a KFP placeholder); macros bound in the step",
     },
     "env": {
         "local": "merged over the launching process's environment",
@@ -56,12 +56,12 @@ BECOMES: dict[str, Wording] = {
     "app_id": {
         "local": "app_id = <app>-<run id>",
         "kubernetes": "app_id = the run-unique object name",
-        "kfp": "app_id = the run-unique launcher name (from the KFP run)",
+        "kfp": "app_id = <app>-<hash of the KFP run id and the pod name>: new per run, task and retry",
     },
     "replica_id": {
         "local": "replica_id = 0..N-1 per agent",
         "kubernetes": "replica_id = JOB_COMPLETION_INDEX",
-        "kfp": "replica_id = the Job index",
+        "kfp": "replica_id = 0 (one container), the Job index on a launcher step",
     },
     "rank0_env": {
         "local": "rank0_env = {var} (holds the host of replica 0)",
