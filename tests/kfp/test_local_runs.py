@@ -126,3 +126,52 @@ def test_the_example_pipeline_trains_with_two_ddp_processes_and_evaluates(tmp_pa
     # the rank logs of both processes are kept
     logs = list((tmp_path / "state").rglob("rank*.log"))
     assert len(logs) == 2
+
+
+def compiled_args(tmp_path: Path, runner: object) -> tuple[list[str], list[str]]:
+    from kfp import compiler
+
+    op = component_from_fn(FLAKY, marker="", max_retries=1)
+    local.init(runner=runner, pipeline_root=str(tmp_path / "root"))
+    try:
+
+        @dsl.pipeline
+        def pipe(marker: str):
+            op(marker=marker)
+
+        compiler.Compiler().compile(pipe, str(tmp_path / "p.yaml"))
+    finally:
+        local.config.LocalExecutionConfig.instance = None
+    import yaml
+
+    (executor,) = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))["deploymentSpec"]["executors"].values()
+    return executor["container"]["command"], executor["container"]["args"]
+
+
+def test_each_kfp_local_runner_gets_the_form_it_can_run(tmp_path: Path) -> None:
+    command, args = compiled_args(tmp_path, local.SubprocessRunner(use_venv=False))
+    assert command[:2] == ["sh", "-ec"] and "kfp.dsl.executor_main" in command[2]  # a lightweight component
+    assert args[0].startswith("from torchstep_kfp.entry import") and "--spec" in args
+    command, args = compiled_args(tmp_path, local.DockerRunner())  # needs Docker only to run
+    assert command == ["python3", "-m", "torchstep_kfp.entry"] and args[-1] == "--kfp-local"
+
+
+def test_the_docker_form_spends_the_retry_budget_in_the_step(tmp_path: Path, monkeypatch) -> None:
+    """DockerRunner ignores set_retry too: --kfp-local keeps the budget in the step (run here
+    without Docker: the same entry point the container runs)."""
+    import json as _json
+
+    from torchstep_kfp import entry
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _, args = compiled_args(tmp_path, local.DockerRunner())
+    spec = args[args.index("--spec") + 1]
+    marker = tmp_path / "attempts"
+    out = tmp_path / "out"
+    executor_input = {"outputs": {"parameters": {"result": {"outputFile": str(out / "result")}},
+                                  "outputFile": str(out / "executor_output.json")}}  # fmt: skip
+    argv = ["--spec", spec, "--executor_input", _json.dumps(executor_input), "--in", "marker", str(marker),
+            "--in", "fail_times", "1", "--kfp-local"]  # fmt: skip
+    assert entry.main(argv) == 0
+    assert marker.read_text().count("attempt") == 2
+    assert _json.loads((out / "result").read_text())["outputs"] == {"attempts": 2}

@@ -167,6 +167,7 @@ class StepComponent(ContainerComponent):
         self.role = role
         self.caching = caching
         self._local: Any = None
+        self._docker: Any = None
 
     @property
     def component(self) -> ContainerComponent:
@@ -179,7 +180,13 @@ class StepComponent(ContainerComponent):
 
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        task = self.local_component()(*args, **kwargs) if _kfp_local_subprocess() else super().__call__(*args, **kwargs)
+        runner = _kfp_local_runner()
+        if runner == "subprocess":
+            task = self.local_component()(*args, **kwargs)
+        elif runner == "docker":
+            task = self.docker_component()(*args, **kwargs)
+        else:
+            task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
             apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=_is_launcher(self.plan))
         return task
@@ -194,6 +201,16 @@ class StepComponent(ContainerComponent):
             container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
             self._local = ContainerComponent(spec, self.pipeline_func)
         return self._local
+
+    def docker_component(self) -> ContainerComponent:
+        """The container form for kfp.local's DockerRunner, which ignores ``set_retry`` too:
+        ``--kfp-local`` makes the step spend the APPLICATION budget itself."""
+        if self._docker is None:
+            spec = copy.deepcopy(self.component_spec)
+            container = spec.implementation.container
+            container.args = [*(container.args or []), "--kfp-local"]
+            self._docker = ContainerComponent(spec, self.pipeline_func)
+        return self._docker
 
 
 def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
@@ -401,10 +418,12 @@ def encode_spec(spec: Mapping[str, Any]) -> str:
     return text.replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
 
 
-def _kfp_local_subprocess() -> bool:
-    """Whether kfp.local runs tasks with the SubprocessRunner in this process."""
+def _kfp_local_runner() -> str | None:
+    """``"subprocess"`` or ``"docker"`` when kfp.local is initialised in this process."""
     local = sys.modules.get("kfp.local.config")
-    if local is None:
-        return False
-    instance = getattr(local.LocalExecutionConfig, "instance", None)
-    return instance is not None and isinstance(instance.runner, local.SubprocessRunner)
+    instance = getattr(getattr(local, "LocalExecutionConfig", None), "instance", None)
+    if local is None or instance is None:
+        return None
+    if isinstance(instance.runner, local.SubprocessRunner):
+        return "subprocess"
+    return "docker" if isinstance(instance.runner, local.DockerRunner) else None

@@ -46,12 +46,14 @@ class Terminated(BaseException):
 
 def main(argv: list[str] | None = None, *, local: bool = False, client: Any = None) -> int:
     """Run the step of ``argv`` (see the module docstring); returns the exit status.
-    ``client``: the Kubernetes client of a launcher step (default: in-cluster config)."""
+    ``local``: run by kfp.local's SubprocessRunner (which rewrites ``python3`` in every
+    argument); ``client``: the Kubernetes client of a launcher step (default: in-cluster)."""
     args = _parser().parse_args(argv)
     try:
         spec = json.loads(args.spec)
         executor_input = json.loads(_unmangle(args.executor_input, local)) if args.executor_input else {}
         values = _inputs(spec, args.inputs or [], local)
+        local_budget = local or args.kfp_local
         given = executor_input.get("inputs", {}).get("parameterValues", {})
         args.job_id = args.job_id or str(given.get(JOB_ID_INPUT) or "")
         # the task: the pod (one per task and per retry), or under kfp.local the task's output directory
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
 
     try:
         app = _appdef(spec, values)
-        result = _run(spec, app, args, local=local, client=client)
+        result = _run(spec, app, args, local=local_budget, client=client)
     except SpecError as e:
         print(f"torchstep: {e}", file=sys.stderr)
         return 2
@@ -97,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--executor_input", default="", help="KFP's executor input ({{$}})")
     p.add_argument("--job-id", default="", help="the KFP pipeline job id (default: from the executor input)")
     p.add_argument("--task-id", default="", help="the KFP task's identity (default: the pod's name)")
+    p.add_argument("--kfp-local", action="store_true", help="run by kfp.local: spend the retry budget here")
     p.add_argument("--in", dest="inputs", nargs=2, action="append", metavar=("NAME", "VALUE"), help="an input value")
     return p
 
