@@ -23,7 +23,7 @@ from kfp import compiler, components, dsl  # noqa: E402
 from torchstep_kfp import component_from_app, component_from_fn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = Path(__file__).resolve().parent / "apps"
+APPS = Path(__file__).resolve().parents[1] / "apps"
 ECHO = f"{APPS / 'steps.py'}:echo"
 NODES = f"{APPS / 'steps.py'}:nodes"
 
@@ -276,3 +276,19 @@ def test_the_step_entry_point_imports_neither_kfp_nor_torch() -> None:
     code = "import sys, torchstep_kfp.entry; print(sorted(m for m in ('kfp', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_multi_role_app_is_one_launcher_step_too(tmp_path: Path) -> None:
+    """Roles must start together (one rendezvous each): separate KFP tasks could not find
+    each other, so several roles run as Jobs of one launcher step."""
+    roles = [specs.Role(n, image="img:1", entrypoint="python", args=["-m", n]) for n in ("ps", "worker")]
+    op = component_from_app(specs.AppDef("two", roles=roles))
+
+    @dsl.pipeline(name="p")
+    def pipeline():
+        op()
+
+    spec, _ = compile_pipeline(tmp_path, pipeline)
+    args = only(spec["deploymentSpec"]["executors"])["container"]["args"]
+    step = json.loads(args[args.index("--spec") + 1])
+    assert step["launcher"] is True and [r["name"] for r in step["app"]["roles"]] == ["ps", "worker"]

@@ -22,7 +22,7 @@ from torchstep.result import StepResult
 pytest.importorskip("kfp")
 from torchstep_kfp import component_from_fn, entry  # noqa: E402
 
-NODES = f"{Path(__file__).resolve().parent / 'apps' / 'steps.py'}:nodes"
+NODES = f"{Path(__file__).resolve().parents[1] / 'apps' / 'steps.py'}:nodes"
 
 
 def argv(tmp_path: Path, **inputs: Any) -> list[str]:

@@ -18,7 +18,7 @@ from kfp import dsl, local  # noqa: E402
 from torchstep_kfp import component_from_fn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = Path(__file__).resolve().parent / "apps"
+APPS = Path(__file__).resolve().parents[1] / "apps"
 ECHO = f"{APPS / 'steps.py'}:echo"
 FLAKY = f"{APPS / 'steps.py'}:flaky"
 TEXT = "{{$.inputs.parameters['lr']}} $(touch /tmp/pwned) `id` ; python3 {{ ds }}"

@@ -110,42 +110,19 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     ``torchstep_job_id``, which the component sets from KFP's
     placeholders when called.
     """
-    from torchstep.spec.components import component_of, materialize, parameters_of
+    from torchstep.spec.components import component_of, parameters_of, static_values
 
     fn, label = component_of(component)
-    params = parameters_of(component)
-    names = {p.name for p in params}
+    names = {p.name for p in parameters_of(component)}
     _check_options(options, names)
     defaults = dict(options.pop("defaults", None) or {})
     for key in list(options):
         if key in names and key not in _OPTIONS:
             defaults[key] = options.pop(key)
-    for key in defaults:
-        if key not in names:
-            raise SpecError(f"defaults.{key}", TARGET, f"{label} has no parameter {key!r}",
-                            fix=f"use one of: {', '.join(sorted(names))}")  # fmt: skip
-    inputs = []
-    static: dict[str, Any] = {}
-    for p in params:
-        default = defaults.get(p.name, p.default)
-        if p.name in _RESERVED:
-            raise SpecError(f"component.{p.name}", TARGET, f"{p.name!r} is a name the step component uses itself",
-                            fix="rename the parameter")  # fmt: skip
-        if default is inspect.Parameter.empty:
-            if p.variadic:
-                default = []
-            elif p.optional:
-                default = None
-            else:
-                raise SpecError(f"component.{p.name}", TARGET,
-                                "has no default, and KFP fixes image, resources and retries at compile time "
-                                "from the AppDef materialised with the defaults",
-                                fix=f"component_from_fn(..., defaults={{{p.name!r}: ...}})")  # fmt: skip
-        _check_value(p, default, f"defaults.{p.name}")
-        inputs.append((p, default))
-        if default is not None:
-            static[p.name] = default
-    appdef = materialize(component, _as_args(params, static))
+    for name in names & set(_RESERVED):
+        raise SpecError(f"component.{name}", TARGET, f"{name!r} is a name the step component uses itself",
+                        fix="rename the parameter")  # fmt: skip
+    inputs, appdef = static_values(component, defaults, target=TARGET, builder="component_from_fn")
     plan = plan_of(appdef)
     spec = {"component": _reference(component, fn)}
     return _build(plan, spec, inputs, options, default_name=getattr(fn, "__name__", "step"),
@@ -317,28 +294,6 @@ def _check_options(options: Mapping[str, Any], params: set[str]) -> None:
         if key not in _OPTIONS and key not in params:
             raise SpecError(key, TARGET, "is not an option of the step component",
                             fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""))  # fmt: skip
-
-
-def _check_value(p: Any, value: Any, field_path: str) -> None:
-    if value is None:
-        return
-    ok = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))
-    if p.type is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if p.type is list and isinstance(value, tuple):
-        ok = True
-    if not ok:
-        raise SpecError(field_path, TARGET, f"{value!r} is not a {p.type.__name__}",
-                        fix=f"give a {p.type.__name__}")  # fmt: skip
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise SpecError(field_path, TARGET, f"is not JSON data: {e}", fix="use plain values") from e
-
-
-def _as_args(params: Sequence[Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Input values → :func:`torchstep.materialize`'s mapping (``torchx run`` encodings)."""
-    return {p.name: values[p.name] for p in params if values.get(p.name) is not None}
 
 
 def _reference(component: Any, fn: Any) -> str:

@@ -320,15 +320,15 @@ def _path(uri: str) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """At a path KFP gave (its output locations): atomic, 0600, never through a symlink."""
+    from torchstep.files import write_private
+
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    write_private(path, text)
 
 
 def _copy(source: str, dest: str) -> None:
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    os.makedirs(os.path.dirname(dest) or ".", mode=0o700, exist_ok=True)
     if os.path.isdir(source):
         shutil.copytree(source, dest, dirs_exist_ok=True, symlinks=True)
     else:

@@ -21,6 +21,7 @@ import functools
 import importlib
 import inspect
 import io
+import json
 import os
 import types
 import typing
@@ -421,3 +422,59 @@ def _plain_type(annotation: Any, field_path: str, label: str) -> tuple[type, boo
         return (list if base is collections.abc.Sequence else dict), optional
     raise SpecError(field_path, None, f"{label}: parameter type {annotation!r} cannot be passed by an orchestrator",
                     fix="use str, int, float, bool, List[...] or Dict[...] (or Optional of one)")  # fmt: skip
+
+
+def static_values(
+    component: Any, defaults: Mapping[str, Any] | None, *, target: str, builder: str
+) -> tuple[list[tuple[ComponentParameter, Any]], Any]:
+    """Each parameter of ``component`` with its value before run time — ``defaults[name]``,
+    else the function's default (``[]`` for ``*args``, ``None`` for an Optional) — and the
+    AppDef materialised with those values: what an orchestrator fixes when the pipeline is
+    defined (image, resources, the retry budget). A required parameter with no value, a
+    value of the wrong type or a name the component lacks is a :class:`~torchstep.SpecError`
+    whose fix names ``builder`` (e.g. ``"component_from_fn"``).
+    """
+    _, label = _resolve(component)
+    params = parameters_of(component)
+    names = {p.name for p in params}
+    given = dict(defaults or {})
+    for key in given:
+        if key not in names:
+            raise SpecError(f"defaults.{key}", target, f"{label} has no parameter {key!r}",
+                            fix=f"use one of: {', '.join(sorted(names))}")  # fmt: skip
+    out = []
+    static: dict[str, Any] = {}
+    for p in params:
+        value = given.get(p.name, p.default)
+        if value is inspect.Parameter.empty:
+            if p.variadic:
+                value = []
+            elif p.optional:
+                value = None
+            else:
+                raise SpecError(f"component.{p.name}", target,
+                                f"has no default, and {target} fixes image, resources and retries before run time "
+                                "from the AppDef materialised with the defaults",
+                                fix=f"{builder}(..., defaults={{{p.name!r}: ...}})")  # fmt: skip
+        check_value(p, value, f"defaults.{p.name}", target)
+        out.append((p, value))
+        if value is not None:
+            static[p.name] = value
+    return out, materialize(component, static)
+
+
+def check_value(p: ComponentParameter, value: Any, field_path: str, target: str | None) -> None:
+    """``value`` fits parameter ``p`` (``None`` always does); else a SpecError naming ``field_path``."""
+    if value is None:
+        return
+    ok = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))
+    if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if p.type is list and isinstance(value, tuple):
+        ok = True
+    if not ok:
+        raise SpecError(field_path, target, f"{value!r} is not a {p.type.__name__}", fix=f"give a {p.type.__name__}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(field_path, target, f"is not JSON data: {e}", fix="use plain values") from e

@@ -1,4 +1,4 @@
-"""TorchX components of the KFP tests. Loaded by TorchX (real annotations: no
+"""TorchX components of the adapter tests (KFP, Prefect). Loaded by TorchX (real annotations: no
 ``from __future__ import annotations``); the scripts run under the test interpreter."""
 
 import os
@@ -8,7 +8,7 @@ from typing import Dict, List, Optional  # noqa: UP035 - TorchX's file_linter re
 from torchx import specs
 
 # TorchX execs a component file without __file__: the scripts are found from the repository root.
-HERE = os.path.abspath(os.path.join("tests", "kfp", "apps"))
+HERE = os.path.abspath(os.path.join("tests", "apps"))
 
 
 def echo(
@@ -68,3 +68,18 @@ def nodes(replicas: int = 2, nproc_per_node: int = 1, image: str = "ghcr.io/acme
                       retry_policy=specs.RetryPolicy.APPLICATION,
                       metadata={"torchstep": {"nproc_per_node": nproc_per_node}})  # fmt: skip
     return specs.AppDef("nodes", roles=[role])
+
+
+def sleeper(mark: str, seconds: float = 600.0, replicas: int = 1) -> specs.AppDef:
+    """Run for a long time with a child and a double-forked grandchild (for timeout and
+    cancellation tests); every process carries TORCHSTEP_TEST_MARK=mark in its environment.
+
+    Args:
+        mark: the marker value the tests look for in /proc
+        seconds: how long to sleep
+        replicas: agents (nodes)
+    """
+    role = specs.Role("sleeper", image="python:3.11", entrypoint=sys.executable,
+                      args=[os.path.join(HERE, "sleeper.py"), str(seconds)], num_replicas=replicas,
+                      env={"TORCHSTEP_TEST_MARK": mark})  # fmt: skip
+    return specs.AppDef("sleeper", roles=[role])

@@ -1,0 +1,79 @@
+"""The Prefect artifacts of a step: what a distributed step did, in the Prefect UI.
+
+- ``<task>-ranks``: a table, one row per rank — role, replica, rank, state, exit code,
+  signal, restarts of its replica, log path;
+- ``<task>-outputs``: a markdown table of the rank-0 outputs (metrics included) and the
+  step's state, exit code and root cause.
+
+Keys are the task run's name made into a Prefect artifact key (lowercase letters, digits
+and dashes); each run of the task adds a new version under the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from torchstep.result import StepResult
+
+
+def artifact_key(task_name: str, kind: str) -> str:
+    """``"train-0"`` + ``"ranks"`` → ``"train-0-ranks"`` (Prefect keys: ``[a-z0-9-]``).
+
+    >>> artifact_key("Train_Step 1", "ranks")
+    'train-step-1-ranks'
+    """
+    base = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-") or "step"
+    return f"{base[:80]}-{kind}"
+
+
+def rank_rows(result: StepResult) -> list[dict[str, Any]]:
+    """One row per rank of ``result`` (the ``-ranks`` table)."""
+    restarts: dict[tuple[str, int | None], int] = {(r.role, r.replica_id): r.restarts for r in result.replicas}
+    rows = []
+    for rk in sorted(result.ranks, key=lambda r: (r.role, r.rank)):
+        rows.append({
+            "role": rk.role, "replica": rk.replica_id, "rank": rk.rank, "state": rk.state,
+            "exit_code": rk.exit_code, "signal": rk.signal or "", "restarts": restarts.get((rk.role, rk.replica_id), 0),
+            "log": rk.log_file or "",
+        })  # fmt: skip
+    return rows
+
+
+def outputs_markdown(result: StepResult) -> str:
+    """The ``-outputs`` artifact: the step's outcome and its rank-0 outputs."""
+    lines = [f"**{result.app_id}**: {result.state} (exit {result.exit_code}, restarts {result.restarts})", ""]
+    if result.root_cause is not None:
+        rc = result.root_cause
+        lines += [f"Root cause: `{rc.role}` rank {rc.rank}: {_cell(rc.message or rc.reason or '')}", ""]
+    if result.outputs:
+        lines += ["| output | value |", "|---|---|"]
+        for key, value in sorted(result.outputs.items()):
+            lines.append(f"| `{_cell(key)}` | {_cell(json.dumps(value))} |")
+    else:
+        lines.append("No rank-0 outputs (`torchstep.output(name, value)` on global rank 0 publishes them).")
+    return "\n".join(lines) + "\n"
+
+
+def publish(result: StepResult, task_name: str) -> None:
+    """Create both artifacts for the current task run (a warning in the run log, never a
+    failed step, when the API refuses them)."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    try:
+        create_table_artifact(
+            table=rank_rows(result), key=artifact_key(task_name, "ranks"),
+            description=f"torchstep step {result.app_id}: every rank's outcome",
+        )  # fmt: skip
+        create_markdown_artifact(
+            markdown=outputs_markdown(result), key=artifact_key(task_name, "outputs"),
+            description=f"torchstep step {result.app_id}: rank-0 outputs",
+        )  # fmt: skip
+    except Exception as e:  # the step's outcome matters more than its artifacts
+        get_run_logger().warning("torchstep: could not create the step's artifacts: %s", e)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:500]

@@ -1,0 +1,209 @@
+"""AppDefs and TorchX component functions as Prefect tasks.
+
+``app_task(app)`` returns a ``prefect.Task`` whose parameters are the component's
+parameters (their types in the Prefect UI; flow parameters flow in at run time); calling it
+in a flow materialises the AppDef from the actual values and runs it as one step —
+``torchstep.steps.LocalStep`` (target ``"local"``) or ``KubernetesStep`` (``"kubernetes"``)
+— every rank's line going to the task run's logger as it happens. It returns the step
+result dict and raises :class:`StepFailed` on failure.
+
+Retries come from the AppDef (APPLICATION → ``retries`` and ``retry_delay_seconds`` from
+``plan.step_retry``; a non-retryable failure is never retried: ``retry_condition_fn``).
+Prefect's ``timeout_seconds`` and the cancellation of the flow run stop every process of
+the step before the task ends (TimedOut / Cancelled).
+
+Example::
+
+    from prefect import flow
+    from torchstep_prefect import app_task
+
+    train = app_task("components/train.py:trainer", target="local")
+
+    @flow
+    def nightly(lr: float = 0.1):
+        result = train(lr=lr, replicas=2)       # the step result dict
+        return result["outputs"]["loss"]
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+from torchstep.errors import SpecError
+
+ORCHESTRATOR = "Prefect"
+TARGETS = ("local", "kubernetes")
+#: Seconds between two looks at the Jobs of a kubernetes-target step.
+POLL_INTERVAL_S = 2.0
+
+
+class StepFailed(Exception):
+    """A torchstep step ended unsuccessfully. ``result`` is the step result dict (state, exit
+    code, root cause, per-rank exit codes and log paths), ``retryable`` whether retrying can
+    help (False after a ``torchstep.NonRetryableError``: the task is not retried)."""
+
+    def __init__(self, message: str, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.result = result
+        self.retryable = bool(result.get("retryable", True))
+
+
+def app_task(
+    app: Any, *, target: str = "local", cfg: Mapping[str, Any] | None = None, client: Any = None, **task_options: Any
+) -> Any:
+    """A ``prefect.Task`` running ``app`` (an AppDef, a component function or its reference
+    ``"path/file.py:fn"`` / ``"pkg.module:fn"`` / ``"dist.ddp"``) as one torchstep step.
+
+    ``target``: ``"local"`` (the agents run in the task's process tree) or
+    ``"kubernetes"`` (an Indexed Job per role through ``torchstep.kubernetes.JobSet``);
+    ``cfg``: the target's run options (``torchstep runopts local|kubernetes``);
+    ``client``: the Kubernetes client of target ``"kubernetes"`` (a
+    ``torchstep.kubernetes.KubernetesClient``; default: the kubeconfig or in-cluster config);
+    ``defaults={param: value}`` (a task option here): the values the task's retries are
+    computed from when the component needs them (its own defaults otherwise); every other
+    keyword is a ``prefect.task`` option (``name``, ``tags``, ``timeout_seconds``,
+    ``retries`` — which must agree with the AppDef —, ``log_prints``, ...).
+    """
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+    from torchstep.spec.components import static_values
+    from torchstep.spec.planner import build_plan
+    from torchx.specs import AppDef
+
+    if target not in TARGETS:
+        raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
+    options = dict(task_options)
+    defaults = options.pop("defaults", None)
+    if isinstance(app, AppDef):
+        params: list[tuple[Any, Any]] = []
+        static = app
+        name = app.name
+    else:
+        params, static = static_values(app, defaults, target=target, builder="app_task")
+        name = getattr(_component_fn(app), "__name__", static.name)
+    plan = build_plan(static, target)
+    _apply_retries(plan, options)
+    body = _step_function(app, params, target, dict(cfg or {}), name, client)
+    options.setdefault("name", name)
+    options.setdefault("cache_policy", NO_CACHE)  # a training step has side effects: never skip it
+    options.setdefault("persist_result", False)
+    user_condition = options.pop("retry_condition_fn", None)
+    options["retry_condition_fn"] = _retry_condition(user_condition)
+    return task(body, **options)
+
+
+def torchstep_task(
+    fn: Callable[..., Any] | None = None,
+    *,
+    target: str = "local",
+    cfg: Mapping[str, Any] | None = None,
+    **task_options: Any,
+) -> Any:
+    """``@torchstep_task`` / ``@torchstep_task(target="kubernetes", tags=[...])`` on a TorchX
+    component function: the function becomes a Prefect task that runs the AppDef it
+    returns (see :func:`app_task`).
+
+    Example::
+
+        @torchstep_task(retries=2)
+        def trainer(lr: float = 0.1, replicas: int = 2) -> specs.AppDef:
+            ...
+    """
+    if fn is None:
+        return lambda f: app_task(f, target=target, cfg=cfg, **task_options)
+    return app_task(fn, target=target, cfg=cfg, **task_options)
+
+
+def _component_fn(component: Any) -> Any:
+    from torchstep.spec.components import component_of
+
+    return component_of(component)[0]
+
+
+def _apply_retries(plan: Any, options: dict[str, Any]) -> None:
+    """Prefect's retries from the plan, after checking the user's agree with it."""
+    from torchstep.steps import check_user_retries
+
+    delay = options.get("retry_delay_seconds")
+    check_user_retries(
+        plan, retries=options.get("retries"), timeout=options.get("timeout_seconds"),
+        retry_delay=delay if isinstance(delay, int | float) and not isinstance(delay, bool) else None,
+        orchestrator=ORCHESTRATOR,
+    )  # fmt: skip
+    step = plan.step_retry
+    if step.count:
+        options.setdefault("retries", step.count)
+        if "retry_delay_seconds" not in options:
+            delays = step.delays(0.0)
+            options["retry_delay_seconds"] = [max(0.0, d) for d in delays] if delays else 0
+
+
+def _retry_condition(user: Callable[..., bool] | None) -> Callable[..., bool]:
+    def torchstep_retry_condition(task: Any, task_run: Any, state: Any) -> bool:
+        exc = getattr(state, "data", None)
+        if isinstance(exc, StepFailed) and not exc.retryable:
+            return False  # torchstep.NonRetryableError: retrying cannot help
+        return True if user is None else bool(user(task, task_run, state))
+
+    return torchstep_retry_condition
+
+
+def _step_function(
+    app: Any, params: list[tuple[Any, Any]], target: str, cfg: dict[str, Any], name: str, client: Any
+) -> Any:
+    """The task's function: typed parameters from the component, the step in the body."""
+
+    def run_step(**values: Any) -> dict[str, Any]:
+        from torchstep.spec.components import materialize
+
+        if params:
+            app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
+        else:
+            app_def = app
+        return run_in_task(app_def, target=target, cfg=cfg, client=client)
+
+    sig = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=_annotation(p))
+           for p, value in params]  # fmt: skip
+    run_step.__signature__ = inspect.Signature(sig, return_annotation=dict)  # type: ignore[attr-defined]
+    run_step.__annotations__ = {p.name: _annotation(p) for p, _ in params} | {"return": dict}
+    run_step.__name__ = run_step.__qualname__ = name
+    fn = _component_fn(app) if params else None
+    run_step.__doc__ = (inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}"
+    run_step.__module__ = getattr(fn, "__module__", __name__) or __name__
+    return run_step
+
+
+def _annotation(p: Any) -> Any:
+    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (Prefect's schema reads typing.Optional)
+
+
+def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
+    """Run ``app`` as one try of the current Prefect task run; the step result dict."""
+    from prefect import get_run_logger
+    from prefect.context import TaskRunContext
+    from torchstep.steps import KubernetesStep, LocalStep, failure_summary, step_run_id
+
+    from torchstep_prefect.artifacts import publish
+
+    ctx = TaskRunContext.get()
+    run = ctx.task_run if ctx is not None else None
+    run_id = step_run_id("prefect", getattr(run, "flow_run_id", None) or "flow", getattr(run, "id", None) or "task",
+                         getattr(run, "run_count", 1))  # fmt: skip
+    logger = get_run_logger()
+    if target == "local":
+        step: Any = LocalStep(app, run_id=run_id, cfg=cfg, on_line=logger.info)
+    else:
+        from torchstep.spec.planner import build_plan
+
+        plan = build_plan(app, "kubernetes")
+        step = KubernetesStep(
+            plan, run_id=run_id, cfg=cfg, client=client, on_line=logger.info, poll_interval=POLL_INTERVAL_S
+        )
+    result = step.run()
+    publish(result, ctx.task.name if ctx is not None else app.name)  # keyed by the task's name
+    data = result.to_dict()
+    if not result.succeeded:
+        raise StepFailed(failure_summary(result), data)
+    return data

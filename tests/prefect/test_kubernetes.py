@@ -1,0 +1,132 @@
+"""Target "kubernetes" of app_task against the recorded Kubernetes fake (no cluster here),
+and the Kubernetes work pool: job variables from an AppDef and the base job template that
+renders them into a valid Job."""
+
+# No `from __future__ import annotations`: Prefect reads the flows' annotations.
+import asyncio
+import json
+import uuid
+
+import kubernetes_validate
+import pytest
+import torchstep
+from kubefake import FakeKube, Script
+from torchstep.kubernetes import MIN_KUBERNETES_VERSION
+from torchstep.result import StepResult
+from torchstep.steps import step_run_id
+from torchx import specs
+
+pytest.importorskip("prefect")
+from prefect import flow  # noqa: E402
+from torchstep_prefect import StepFailed, app_task, base_job_template, job_variables, tasks  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def nodes_app(max_retries: int = 2) -> specs.AppDef:
+    role = specs.Role(
+        "trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"], num_replicas=2,
+        resource=specs.Resource(cpu=2, gpu=1, memMB=4096), max_retries=max_retries,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"nproc_per_node": 2, "secret_env": {"HF_TOKEN": "hf/token"}},
+                  "kubernetes": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}},
+    )  # fmt: skip
+    return specs.AppDef("nodes", roles=[role])
+
+
+def strip_uid(obj: dict) -> dict:
+    return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
+
+
+def test_the_kubernetes_target_submits_what_render_gives_and_returns_the_merged_result(monkeypatch) -> None:
+    monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
+    fake = FakeKube({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script()})
+    app = nodes_app()
+    train = app_task(app, target="kubernetes", cfg={"namespace": "ml"}, client=fake)
+    assert train.retries == 2  # APPLICATION: Prefect's retries; the Job's backoffLimit stays the plan's
+
+    @flow
+    def pipeline():
+        return train(return_state=True)
+
+    state = pipeline()
+    result = state.result()
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.5}
+    # exactly what torchstep.kubernetes.render gives for this task run's run id
+    details = state.state_details
+    run_id = step_run_id("prefect", details.flow_run_id, details.task_run_id, 1)
+    expected = torchstep.kubernetes.render(app, namespace="ml", cfg={"run_id": run_id})
+    created = {o["kind"]: strip_uid(o) for o in fake.objects}
+    for obj in expected:
+        got = dict(created[obj["kind"]])
+        if obj["kind"] == "Service":  # the one field set on creation: the Job owns its Service
+            got["metadata"] = {k: v for k, v in got["metadata"].items() if k != "ownerReferences"}
+        assert got == obj
+    job = created["Job"]
+    assert job["spec"]["backoffLimit"] == 0
+    for obj in fake.objects:
+        kubernetes_validate.validate(strip_uid(obj), MIN_KUBERNETES_VERSION, strict=True)
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
+
+
+def test_a_failed_job_fails_the_task_with_the_root_cause(monkeypatch) -> None:
+    monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
+    bad = StepResult(app_id="x", state="FAILED", exit_code=82, retryable=False, message="bad input").summary()
+    fake = FakeKube({0: Script(codes=[82], messages=[bad]), 1: Script()})
+    train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake)
+
+    @flow
+    def pipeline() -> dict:
+        return train()
+
+    with pytest.raises(StepFailed) as e:
+        pipeline()
+    assert e.value.result["state"] == "FAILED" and e.value.retryable is False
+
+
+def test_job_variables_come_from_the_appdef() -> None:
+    one = nodes_app()
+    one.roles[0].num_replicas = 1
+    one.roles[0].mounts = [specs.VolumeMount(src="datasets", dst_path="/data", read_only=True)]
+    v = job_variables(one)
+    assert v["image"] == "ghcr.io/acme/train:1"
+    assert (v["cpu_request"], v["memory_request"], v["gpu_limit"]) == ("2", "4096Mi", 1)
+    assert {"name": "mount-0", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}} in v["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in v["volume_mounts"]
+    assert v["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert v["secret_env"] == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    two = job_variables(nodes_app())  # the local target runs both replicas in the flow-run pod
+    assert (two["cpu_request"], two["memory_limit"], two["gpu_limit"]) == ("4", "8192Mi", 2)
+    launcher = job_variables(nodes_app(), target="kubernetes")
+    assert launcher["cpu_request"] == "100m" and "gpu_limit" not in launcher
+
+
+def test_the_base_job_template_renders_a_valid_gpu_job_with_our_variables() -> None:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    one = nodes_app()
+    one.roles[0].num_replicas = 1
+    template = base_job_template()
+    for name in ("cpu_request", "memory_limit", "gpu_limit", "volumes", "volume_mounts", "tolerations", "secret_env"):
+        assert name in template["variables"]["properties"]
+    values = {**job_variables(one), "namespace": "ml", "env": {"LOG_LEVEL": "info"}}
+    config = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, values))
+    config.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="nightly-1", flow_id=uuid.uuid4()))
+    job = config.job_manifest
+    job["metadata"]["name"] = job["metadata"].pop("generateName", "nightly-") + "x"
+    kubernetes_validate.validate(job, MIN_KUBERNETES_VERSION, strict=True)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["requests"]["cpu"] == "2"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
+    assert any(e["name"] == "LOG_LEVEL" for e in container["env"])  # Prefect's env prepended
+    assert job["spec"]["backoffLimit"] == 0 and "completions" not in job["spec"]["template"]["spec"]
+    assert job["spec"]["template"]["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    # without our variables the template still renders a valid Job (unset keys drop out)
+    plain = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, {"image": "img:1"}))
+    plain.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="nightly-2", flow_id=uuid.uuid4()))
+    plain.job_manifest["metadata"]["name"] = "nightly-2-x"
+    plain.job_manifest["metadata"].pop("generateName", None)
+    kubernetes_validate.validate(plain.job_manifest, MIN_KUBERNETES_VERSION, strict=True)
