@@ -4,7 +4,6 @@ renders them into a valid Job."""
 
 # No `from __future__ import annotations`: Prefect reads the flows' annotations.
 import asyncio
-import json
 import uuid
 
 import kubernetes_validate

@@ -1,0 +1,101 @@
+"""``flow.serve(cron=...)`` against a real Prefect server (``prefect server start`` on a
+loopback port, its own PREFECT_HOME and SQLite): the deployment exists with its schedule, a
+run triggered through the API completes, and a long run cancelled through the API ends
+Cancelled with no process of the step left (agents, workers, children, daemons)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from netlib import free_port
+from proclib import procs_with_env, wait_for
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("prefect")
+
+HERE = Path(__file__).resolve().parent
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def state_of(api: str, run_id: str) -> str:
+    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+
+
+@pytest.mark.slow
+def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(tmp_path: Path) -> None:
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({
+        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false", "XDG_STATE_HOME": str(tmp_path / "state"),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    })  # fmt: skip
+    procs = []
+    logs = []
+    try:
+        log = open(tmp_path / "server.log", "w")  # noqa: SIM115
+        logs.append(log)
+        procs.append(subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{api}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
+        log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
+        logs.append(log)
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "served_flow.py"), "0 2 * * *"],
+                                      env={**env, "PREFECT_API_URL": api}, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+
+        def deployment() -> dict | None:
+            r = httpx.get(f"{api}/deployments/name/nightly/nightly", timeout=5)
+            return r.json() if r.status_code == 200 else None
+
+        dep = wait_for(deployment, 120, "the served deployment", interval=0.5)
+        assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]
+
+        def run(mark: str, seconds: float) -> str:
+            r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run",
+                           json={"parameters": {"mark": mark, "seconds": seconds}}, timeout=10)  # fmt: skip
+            r.raise_for_status()
+            return r.json()["id"]
+
+        done = run(f"serve-ok-{uuid.uuid4().hex[:6]}", 0.5)
+        wait_for(lambda: state_of(api, done) in ("COMPLETED", "FAILED", "CRASHED"), 240, "the first run", interval=1)
+        assert state_of(api, done) == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
+
+        mark = f"serve-cancel-{uuid.uuid4().hex[:6]}"
+        long = run(mark, 600)
+        wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the long run's processes")
+        r = httpx.post(f"{api}/flow_runs/{long}/set_state",
+                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)  # fmt: skip
+        r.raise_for_status()
+        t0 = time.monotonic()
+        wait_for(lambda: state_of(api, long) in ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"), 120, "the cancel")
+        assert state_of(api, long) == "CANCELLED"
+        wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process of the cancelled step")
+        assert time.monotonic() - t0 < 60
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for log in logs:
+            log.close()
