@@ -86,6 +86,15 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         assert state_of(api, long) == "CANCELLED"
         wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process of the cancelled step")
         assert time.monotonic() - t0 < 60
+
+        # Ctrl-C of the served flow: the runner stops, and so does every process of its run
+        mark = f"serve-ctrl-c-{uuid.uuid4().hex[:6]}"
+        last = run(mark, 600)
+        wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the last run's processes")
+        os.killpg(procs[1].pid, signal.SIGINT)
+        procs[1].wait(timeout=90)
+        wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process after Ctrl-C")
+        assert state_of(api, last) in ("CRASHED", "CANCELLED")  # Prefect 3.7's runner marks it Crashed
     finally:
         for p in reversed(procs):
             try:
