@@ -21,3 +21,26 @@ def test_core_plans_for_the_local_target():
 
     plan = torchstep.build_plan(torchstep.materialize("utils.sh", ["echo", "a b"]), target="local")
     assert plan.roles[0].argv == ["sh", "-c", "echo 'a b'"]  # torchx quotes each word
+
+
+def test_app_task_builds_a_prefect_task_with_whatever_prefect_this_environment_has():
+    """With the newest Prefect the range allows: the task's parameters, retries from the
+    AppDef, the retry condition that refuses a non-retryable failure, the job variables."""
+    import pytest
+    from prefect.states import Failed
+    from prefect.utilities.callables import parameter_schema
+    from torchstep_prefect import StepFailed, app_task, job_variables
+    from torchx import specs
+
+    echo = app_task("utils.echo")
+    assert parameter_schema(echo.fn).properties["msg"]["type"] == "string"
+    role = specs.Role("t", image="img:1", entrypoint="true", max_retries=2, resource=specs.Resource(cpu=2, gpu=0, memMB=512),
+                      retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": {"retry_delay": 5}})  # fmt: skip
+    t = app_task(specs.AppDef("a", roles=[role]))
+    assert t.retries == 2 and t.retry_delay_seconds == [5.0, 5.0]
+    refuse = StepFailed("bad input", {"retryable": False})
+    assert t.retry_condition_fn(t, None, Failed(data=refuse)) is False
+    assert t.retry_condition_fn(t, None, Failed(data=StepFailed("flaky", {"retryable": True}))) is True
+    assert job_variables(specs.AppDef("a", roles=[role]))["cpu_request"] == "2"
+    with pytest.raises(Exception, match="max_retries"):
+        app_task(specs.AppDef("a", roles=[role]), retries=7)

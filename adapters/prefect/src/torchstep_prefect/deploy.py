@@ -118,7 +118,12 @@ def job_variables(app: Any, *, target: str = "local") -> dict[str, Any]:
 def base_job_template() -> dict[str, Any]:
     """prefect-kubernetes' default base job template with torchstep's variables (see the
     module docstring); pass it to ``prefect work-pool create --base-job-template``."""
-    from prefect_kubernetes.worker import KubernetesWorker
+    try:
+        from prefect_kubernetes.worker import KubernetesWorker
+    except ImportError:
+        raise ImportError(
+            'base_job_template needs prefect-kubernetes: pip install "torchstep-prefect[kubernetes]"'
+        ) from None
 
     template = copy.deepcopy(KubernetesWorker.get_default_base_job_template())
     props = template["variables"]["properties"]
