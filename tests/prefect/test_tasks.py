@@ -14,7 +14,7 @@ from proclib import procs_with_env, wait_for
 from torchstep import SpecError
 
 pytest.importorskip("prefect")
-from prefect import flow, task  # noqa: E402
+from prefect import flow  # noqa: E402
 from prefect.artifacts import Artifact  # noqa: E402
 from torchstep_prefect import StepFailed, app_task, torchstep_task  # noqa: E402
 
@@ -65,27 +65,21 @@ def test_flow_parameters_reach_the_component_and_the_artifacts_show_the_step() -
     assert "SUCCEEDED" in outputs.data and "`lr`" in outputs.data and "0.7" in outputs.data
 
 
-def test_prepare_train_evaluate_passes_results_along_with_two_replicas_of_two_processes() -> None:
-    train = app_task(f"{ROOT / 'components' / 'train.py'}:trainer")
+def test_the_example_flow_passes_results_along_with_two_replicas_of_two_processes() -> None:
+    """dags/prefect/train_flow.py: prepare → train (2 replicas × 2 processes, gloo) → evaluate."""
+    import importlib.util
 
-    @task
-    def prepare(base_lr: float, workers: int) -> float:
-        return round(min(base_lr * workers, 0.5), 6)
-
-    @task
-    def evaluate(result: dict) -> float:
-        out = result["outputs"]
-        assert out["world_size"] == 4 and out["loss"] < out["first_loss"]
-        return out["loss"]
-
-    @flow
-    def nightly(base_lr: float = 0.02) -> float:
-        lr = prepare(base_lr, 4)
-        result = train(lr=lr, replicas=2, nproc_per_node=2, steps=20, image=str(ROOT))
-        return evaluate(result)
-
-    loss = nightly()
+    spec = importlib.util.spec_from_file_location("train_flow", ROOT / "dags" / "prefect" / "train_flow.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    state = example.train_flow(steps=20, return_state=True)
+    assert state.is_completed()
+    loss = state.result()
     assert 0 <= loss < 1
+    rows = Artifact.get("train-ranks").data
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    assert sorted((r["replica"], r["rank"]) for r in rows) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert {r["state"] for r in rows} == {"SUCCEEDED"}
 
 
 def test_a_failure_is_retried_by_prefect_exactly_once(tmp_path: Path) -> None:
