@@ -108,3 +108,36 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
                 os.killpg(p.pid, signal.SIGKILL)
         for log in logs:
             log.close()
+
+
+def test_ctrl_c_of_a_flow_in_a_terminal_stops_every_process_of_the_step(tmp_path: Path) -> None:
+    """KeyboardInterrupt in the flow's process: the step stops everything before it exits."""
+    mark = f"ctrl-c-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        "from prefect import flow\n"
+        "from torchstep_prefect import app_task\n"
+        f"sleeper = app_task({str(HERE.parent / 'apps' / 'steps.py') + ':sleeper'!r}, defaults={{'mark': ''}})\n"
+        "@flow\n"
+        "def run(mark: str) -> None:\n"
+        "    sleeper(mark=mark, seconds=600, replicas=2)\n"
+        "run(sys.argv[1])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({
+        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "XDG_STATE_HOME": str(tmp_path / "state"),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    })  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(script), mark], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the step's processes")
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=90)
+        wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process after Ctrl-C")
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
