@@ -85,6 +85,8 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         wait_for(lambda: state_of(api, long) in ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"), 120, "the cancel")
         assert state_of(api, long) == "CANCELLED"
         wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process of the cancelled step")
+        task_runs = httpx.post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [long]}}}, timeout=10)
+        assert [t["state"]["type"] for t in task_runs.json()] == ["CANCELLED"]  # not Crashed
         assert time.monotonic() - t0 < 60
 
         # Ctrl-C of the served flow: the runner stops, and so does every process of its run

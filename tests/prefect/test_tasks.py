@@ -165,3 +165,18 @@ def test_the_decorator_form_makes_a_task_of_a_component_function() -> None:
         return hello(msg="hello there")["state"]
 
     assert pipeline() == "SUCCEEDED"
+
+
+def test_a_timeout_of_a_submitted_task_stops_the_step_too() -> None:
+    """In a worker thread (``.submit()``) Prefect cannot interrupt blocking code: the task
+    stops the step itself when the time is up, and ends TimedOut."""
+    mark = f"prefect-submit-timeout-{uuid.uuid4().hex[:8]}"
+    sleeper = app_task(SLEEPER, defaults={"mark": mark}, timeout_seconds=4)
+
+    @flow
+    def pipeline() -> str:
+        future = sleeper.submit(mark=mark)
+        return future.wait(120) or future.state.name
+
+    assert pipeline() == "TimedOut"
+    wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "every process of the step to end")

@@ -201,9 +201,82 @@ def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = Non
         step = KubernetesStep(
             plan, run_id=run_id, cfg=cfg, client=client, on_line=logger.info, poll_interval=POLL_INTERVAL_S
         )
-    result = step.run()
+    result = _run_stopping_on_timeout_and_cancel(step, ctx)
     publish(result, ctx.task.name if ctx is not None else app.name)  # keyed by the task's name
     data = result.to_dict()
     if not result.succeeded:
         raise StepFailed(failure_summary(result), data)
     return data
+
+
+def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:
+    """``step.run()``, with the two stops Prefect cannot deliver to blocking code itself.
+
+    - ``timeout_seconds`` in a worker thread (``.submit()``): Prefect only raises its
+      timeout once the blocking call returns, so the step is cancelled here when the time
+      is up, and the task ends ``TimedOut`` (``TaskRunTimeoutError``). In the main thread
+      Prefect's own timeout reaches the step's wait, which stops every process first.
+    - The flow run cancelled (the runner's SIGTERM → ``TerminationSignal``): once the step
+      has stopped every process, the task run is set ``Cancelled`` and ``Abort`` raised —
+      Prefect's task engine would mark any ``TerminationSignal`` ``Crashed``.
+    """
+    import threading
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.task_engine import TaskRunTimeoutError
+
+    seconds = getattr(getattr(ctx, "task", None), "timeout_seconds", None)
+    expired = threading.Event()
+    timer = None
+    if seconds and threading.current_thread() is not threading.main_thread():
+
+        def expire() -> None:
+            expired.set()
+            step.cancel()
+
+        timer = threading.Timer(float(seconds), expire)
+        timer.daemon = True
+        timer.start()
+    try:
+        result = step.run()
+    except TerminationSignal:
+        if _flow_run_cancelling(ctx):
+            _mark_cancelled(ctx)
+            from prefect.exceptions import Abort
+
+            raise Abort("the flow run was cancelled: every process of the step has stopped") from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if expired.is_set():
+        raise TaskRunTimeoutError(f"Scope timed out after {seconds} second(s): every process of the step was stopped.")
+    return result
+
+
+def _flow_run_cancelling(ctx: Any) -> bool:
+    run = getattr(ctx, "task_run", None)
+    if run is None or run.flow_run_id is None:
+        return False
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(run.flow_run_id).state
+        return state is not None and (state.is_cancelling() or state.is_cancelled())
+    except Exception:  # the API is gone too: a plain termination
+        return False
+
+
+def _mark_cancelled(ctx: Any) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(
+                ctx.task_run.id, Cancelled(message="the flow run was cancelled; every process of the step stopped"),
+                force=True,
+            )  # fmt: skip
+    except Exception:  # best effort: the step has stopped either way
+        pass
