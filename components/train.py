@@ -77,3 +77,96 @@ def trainer(
             )
         ],
     )
+
+
+# -- the batch-training pipeline: prepare → train → evaluate ------------------------------
+
+
+def prepare(
+    out: str = "/tmp/torchstep-batch/data",
+    samples: int = 4000,
+    seed: int = 0,
+    image: str = DEFAULT_IMAGE,
+) -> specs.AppDef:
+    """Write a deterministic synthetic classification dataset (train.pt, test.pt) to out.
+
+    Args:
+        out: output directory (a volume on Kubernetes)
+        samples: examples in total (80% train, 20% held out)
+        seed: the same seed writes the same data
+        image: container image, or a directory (the working directory on the local target)
+    """
+    args = ["components/apps/data.py", "--out", out, "--samples", str(samples), "--seed", str(seed)]
+    return specs.AppDef("prepare", roles=[specs.Role("prepare", image=image, entrypoint="python", args=args)])
+
+
+def train(
+    data: str = "/tmp/torchstep-batch/data",
+    ckpt: str = "/tmp/torchstep-batch/ckpt",
+    model_dir: str = "",
+    nnodes: str = "1",
+    nproc_per_node: int = 2,
+    epochs: int = 4,
+    lr: float = 0.05,
+    max_restarts: int = 1,
+    retry_policy: str = "REPLICA",
+    kill_rank: int = -1,
+    kill_at_epoch: int = -1,
+    fail_once: bool = False,
+    non_retryable: bool = False,
+    image: str = DEFAULT_IMAGE,
+) -> specs.AppDef:
+    """Elastic DDP training that checkpoints every epoch and resumes after a restart or retry.
+
+    Args:
+        data: dataset directory written by prepare
+        ckpt: checkpoint directory, shared by every node (resume point of restarts and retries)
+        model_dir: where rank 0 saves model.pt (default: the checkpoint directory)
+        nnodes: nodes as "N" or "MIN:MAX" (elastic)
+        nproc_per_node: worker processes per node
+        epochs: epochs in total (a resumed run continues the count)
+        lr: learning rate
+        max_restarts: restarts of the worker group (REPLICA) or retries of the step (APPLICATION)
+        retry_policy: REPLICA (the agent restarts) or APPLICATION (the orchestrator retries)
+        kill_rank: fault injection: this global rank SIGKILLs itself (once) ...
+        kill_at_epoch: ... in the middle of this epoch
+        fail_once: fault injection: the first try exits 1 before training (retryable)
+        non_retryable: fault injection: raise torchstep.NonRetryableError
+        image: container image, or a directory (the working directory on the local target)
+    """
+    lo, _, hi = nnodes.partition(":")
+    args = ["components/apps/train_elastic.py", "--data", data, "--ckpt", ckpt, "--epochs", str(epochs),
+            "--lr", str(lr), "--kill-rank", str(kill_rank), "--kill-at-epoch", str(kill_at_epoch)]  # fmt: skip
+    args += ["--model-dir", model_dir] if model_dir else []
+    args += ["--fail-once"] if fail_once else []
+    args += ["--non-retryable"] if non_retryable else []
+    role = specs.Role(
+        name="train",
+        image=image,
+        entrypoint="python",
+        args=args,
+        num_replicas=int(hi or lo),
+        min_replicas=int(lo),
+        max_retries=max_restarts,
+        retry_policy=specs.RetryPolicy[retry_policy],
+        metadata={"torchstep": {"nproc_per_node": nproc_per_node}},
+    )
+    return specs.AppDef("train", roles=[role])
+
+
+def evaluate(
+    data: str = "/tmp/torchstep-batch/data",
+    model: str = "/tmp/torchstep-batch/ckpt/model.pt",
+    min_accuracy: float = 0.0,
+    image: str = DEFAULT_IMAGE,
+) -> specs.AppDef:
+    """Accuracy of the trained model on the held-out data (fails below min_accuracy).
+
+    Args:
+        data: dataset directory written by prepare
+        model: model.pt written by train
+        min_accuracy: the bar; below it the step fails without retry
+        image: container image, or a directory (the working directory on the local target)
+    """
+    args = ["components/apps/evaluate.py", "--data", data, "--model", model, "--min-accuracy", str(min_accuracy)]
+    return specs.AppDef("evaluate", roles=[specs.Role("evaluate", image=image, entrypoint="python", args=args)])
