@@ -86,6 +86,8 @@ def prepare(
     out: str = "/tmp/torchstep-batch/data",
     samples: int = 4000,
     seed: int = 0,
+    max_retries: int = 1,
+    fail_once: bool = False,
     image: str = DEFAULT_IMAGE,
 ) -> specs.AppDef:
     """Write a deterministic synthetic classification dataset (train.pt, test.pt) to out.
@@ -94,10 +96,15 @@ def prepare(
         out: output directory (a volume on Kubernetes)
         samples: examples in total (80% train, 20% held out)
         seed: the same seed writes the same data
+        max_retries: retries of the step by the orchestrator (APPLICATION)
+        fail_once: fault injection: the first try fails (retryable) before writing
         image: container image, or a directory (the working directory on the local target)
     """
     args = ["components/apps/data.py", "--out", out, "--samples", str(samples), "--seed", str(seed)]
-    return specs.AppDef("prepare", roles=[specs.Role("prepare", image=image, entrypoint="python", args=args)])
+    args += ["--fail-once"] if fail_once else []
+    role = specs.Role("prepare", image=image, entrypoint="python", args=args, max_retries=max_retries,
+                      retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": {"retry_delay": 1}})  # fmt: skip
+    return specs.AppDef("prepare", roles=[role])
 
 
 def train(
