@@ -51,7 +51,7 @@ MODEL_OUTPUT = "model"
 JOB_ID_INPUT = "torchstep_job_id"
 #: Marks a string argument that :func:`literal` escaped.
 LITERAL_PREFIX = "torchstep-literal:"
-_RESERVED = (RESULT_OUTPUT, METRICS_OUTPUT, MODEL_OUTPUT, JOB_ID_INPUT)
+_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
 #: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
@@ -98,10 +98,10 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     - ``name``: the component name (default: the function's name).
     - ``outputs``: rank-0 ``torchstep.output(name, value)`` values to publish as output
       parameters: ``{"loss": float}`` (typed) or ``["loss"]`` (strings; JSON for non-strings).
-    - ``metrics=True``: an ``Output[Metrics]`` named ``metrics`` from the rank-0 output
-      ``"metrics"`` (a dict of numbers), else its numeric outputs.
-    - ``model=True``: an ``Output[Model]`` named ``model`` from the rank-0 output ``"model"``
-      (a path in the container: copied; a URI: referenced).
+    - ``metrics=True`` (or the artifact's name): an ``Output[Metrics]`` named ``metrics`` from
+      the rank-0 output ``"metrics"`` (a dict of numbers), else its numeric outputs.
+    - ``model=True`` (or the artifact's name): an ``Output[Model]`` named ``model`` from the
+      rank-0 output ``"model"`` (a path in the container: copied; a URI: referenced).
     - ``caching`` (default ``False``), ``role`` (the role a one-container step runs; default 0),
       ``cfg`` (run options of the step, ``torchstep runopts local`` / ``kubernetes``),
       ``launcher_image`` (the image of the launcher step of a multi-node AppDef).
@@ -195,9 +195,9 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     from kfp import dsl
 
     name = _identifier(options.get("name") or default_name)
-    outputs = _outputs(options.get("outputs"))
-    metrics = bool(options.get("metrics", False))
-    model = bool(options.get("model", False))
+    metrics = _artifact_name(options.get("metrics", False), METRICS_OUTPUT, "metrics")
+    model = _artifact_name(options.get("model", False), MODEL_OUTPUT, "model")
+    outputs = _outputs(options.get("outputs"), {n for n in (metrics, model) if n})
     role = options.get("role", 0)
     launcher = _is_launcher(plan)
     r = plan.roles[role] if isinstance(role, int) and 0 <= role < len(plan.roles) else None
@@ -233,11 +233,9 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     for out, kind in outputs.items():
         params.append(inspect.Parameter(out, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(_TYPES[kind])))
     if metrics:
-        params.append(
-            inspect.Parameter(METRICS_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Metrics])
-        )
+        params.append(inspect.Parameter(metrics, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Metrics]))
     if model:
-        params.append(inspect.Parameter(MODEL_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Model]))
+        params.append(inspect.Parameter(model, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.Output[dsl.Model]))
     optional = {p.name for p, default in inputs if default is None}
     try:
         encoded = encode_spec(spec)
@@ -270,7 +268,17 @@ def _kfp_type(p: Any) -> Any:
     return Optional[p.type] if p.optional else p.type  # noqa: UP045 (KFP reads typing.Optional)
 
 
-def _outputs(value: Any) -> dict[str, str]:
+def _artifact_name(value: Any, default: str, option: str) -> Any:
+    """``True`` → ``default``; a name → that name; falsy → ``False``."""
+    if not value:
+        return False
+    name = default if value is True else value
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in _RESERVED:
+        raise SpecError(option, TARGET, f"{value!r} is not an artifact name", fix=f"{option}=True or {option}='a_name'")
+    return name
+
+
+def _outputs(value: Any, taken: set[Any]) -> dict[str, str]:
     if value is None:
         return {}
     if isinstance(value, str) or not isinstance(value, Mapping | Sequence):
@@ -279,9 +287,10 @@ def _outputs(value: Any) -> dict[str, str]:
     items = value.items() if isinstance(value, Mapping) else [(n, str) for n in value]
     out = {}
     for name, kind in items:
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in _RESERVED:
+        clash = name in _RESERVED or name in taken
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or clash:
             raise SpecError(f"outputs.{name}", TARGET, "must be a Python identifier and not "
-                            f"one of {list(_RESERVED)}", fix="rename the output")  # fmt: skip
+                            f"one of {list(_RESERVED)} or an artifact's name", fix="rename the output")  # fmt: skip
         if kind not in _TYPES.values():
             raise SpecError(f"outputs.{name}", TARGET, f"type {kind!r} is not a KFP parameter type",
                             fix="use str, int, float, bool, list or dict")  # fmt: skip
@@ -334,9 +343,9 @@ def _docstring(description: str, inputs: list[tuple[Any, Any]], outputs: Mapping
     for name in outputs:
         lines.append(f"    {name}: rank-0 output {name!r}")
     if metrics:
-        lines.append(f"    {METRICS_OUTPUT}: rank-0 metrics")
+        lines.append(f"    {metrics}: rank-0 metrics")
     if model:
-        lines.append(f"    {MODEL_OUTPUT}: the model rank 0 saved")
+        lines.append(f"    {model}: the model rank 0 saved")
     return "\n".join(lines) + "\n"
 
 
@@ -351,6 +360,8 @@ def literal(value: Any) -> Any:
     >>> literal("plain")
     'plain'
     """
+    if isinstance(value, str) and "{{channel:" in value:  # an f-string of pipeline parameters: KFP's to resolve
+        return value
     if isinstance(value, str) and ("{{" in value or value.startswith(LITERAL_PREFIX)):
         return LITERAL_PREFIX + json.dumps(value).replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
     return value

@@ -254,15 +254,17 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
         put(name, value if kind != "str" or isinstance(value, str) else json.dumps(value), kind)
     artifacts = outputs.get("artifacts", {})
     if spec.get("metrics"):
+        name = spec["metrics"] if isinstance(spec["metrics"], str) else "metrics"
         metrics = _metrics(result.outputs)
-        art = _artifact(artifacts, "metrics")
+        art = _artifact(artifacts, name)
         if art is not None:
             art["metadata"] = {**art.get("metadata", {}), **metrics}
             _write(_path(art["uri"]), json.dumps(metrics))
-            executor_output.setdefault("artifacts", {})["metrics"] = {"artifacts": [art]}
+            executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
     if spec.get("model") and result.succeeded:
+        name = spec["model"] if isinstance(spec["model"], str) else "model"
         source = result.outputs.get("model")
-        art = _artifact(artifacts, "model")
+        art = _artifact(artifacts, name)
         if not isinstance(source, str) or not source:
             missing.append("model")
         elif art is not None:
@@ -273,7 +275,7 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
                 _copy(source, _path(art["uri"]))
             else:
                 missing.append("model")
-            executor_output.setdefault("artifacts", {})["model"] = {"artifacts": [art]}
+            executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
     if outputs.get("outputFile"):
         _write(outputs["outputFile"], json.dumps(executor_output))
     if result.succeeded and missing:
