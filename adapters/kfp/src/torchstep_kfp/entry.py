@@ -79,6 +79,7 @@ def kfp_local_step() -> None:
     """The function kfp.local's SubprocessRunner calls (through ``kfp.dsl.executor_main``):
     runs :func:`main` on this process's arguments and exits with its status, before KFP's
     executor would overwrite the executor output file this step wrote."""
+    _stop_when_the_pipeline_process_dies()
     argv = sys.argv[1:]
     for flag in ("--component_module_path", "--function_to_execute"):
         while flag in argv:  # kfp's own launch arguments
@@ -91,6 +92,32 @@ def _local_task(executor_input: Mapping[str, Any]) -> str:
     """kfp.local writes a task's outputs under <root>/<run>/<task>/: that directory names it."""
     out = executor_input.get("outputs", {}).get("outputFile", "")
     return os.path.dirname(out) if out else ""
+
+
+def _stop_when_the_pipeline_process_dies() -> None:
+    """kfp.local runs this step as ``pipeline process → sh → python``, and a killed or
+    interrupted pipeline process does not stop it: watch both ancestors and stop the step
+    (SIGTERM to ourselves: every process of it ends within the grace period) when one dies."""
+    import threading
+
+    def parent_of(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    parent = os.getppid()
+    watched = [p for p in (parent, parent_of(parent)) if p > 1]
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent or any(not os.path.exists(f"/proc/{p}") for p in watched):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="torchstep-kfp-local-watch", daemon=True).start()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -182,6 +209,9 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
             if result.succeeded or not result.retryable or attempt == retries:
                 result.warnings.extend(notes)
                 return result
+            notes.append(
+                f"kfp.local: attempt {attempt + 1} of {retries + 1} failed ({result.state}); retried in the step"
+            )
             print(f"torchstep: attempt {attempt + 1} of {retries + 1} failed ({result.state}); "
                   f"retrying in {delays[attempt]:g} s (the AppDef's APPLICATION budget, kept in the step "
                   "because kfp.local ignores set_retry)", flush=True)  # fmt: skip
