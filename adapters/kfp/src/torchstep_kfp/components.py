@@ -38,7 +38,8 @@ from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
 from torchstep.spec.model import StepPlan
 
-from torchstep_kfp.tasks import TARGET, apply_plan, plan_of
+from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, is_launcher
+from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
 
 #: The module the container runs (``python3 -m torchstep_kfp.entry``).
 ENTRY_MODULE = "torchstep_kfp.entry"
@@ -46,11 +47,7 @@ ENTRY_MODULE = "torchstep_kfp.entry"
 RESULT_OUTPUT = "result"
 METRICS_OUTPUT = "metrics"
 MODEL_OUTPUT = "model"
-#: The input every step component has, set by the component from KFP's pipeline job id
-#: placeholder: with the pod's name (one per task and per retry) it makes the step's app id.
-JOB_ID_INPUT = "torchstep_job_id"
-#: Marks a string argument that :func:`literal` escaped.
-LITERAL_PREFIX = "torchstep-literal:"
+#: Names the component uses itself (JOB_ID_INPUT: see torchstep_kfp.entry).
 _RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
@@ -165,7 +162,7 @@ class StepComponent(ContainerComponent):
         else:
             task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
-            apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=_is_launcher(self.plan))
+            apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=is_launcher(self.plan))
         return task
 
     def local_component(self) -> ContainerComponent:
@@ -199,13 +196,8 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     model = _artifact_name(options.get("model", False), MODEL_OUTPUT, "model")
     outputs = _outputs(options.get("outputs"), {n for n in (metrics, model) if n})
     role = options.get("role", 0)
-    launcher = _is_launcher(plan)
-    r = plan.roles[role] if isinstance(role, int) and 0 <= role < len(plan.roles) else None
-    if r is None:
-        r = next((x for x in plan.roles if x.name == role), None)
-    if r is None:
-        raise SpecError("role", TARGET, f"no role {role!r} in app {plan.app_name!r}",
-                        fix=f"one of {[x.name for x in plan.roles]} or an index")  # fmt: skip
+    launcher = is_launcher(plan)
+    r = role_of(plan, role)
     image = options.get("launcher_image") or r.image if launcher else r.image
     spec.update({
         "version": 1, "name": name, "role": r.index, "launcher": launcher, "image": image,
@@ -319,11 +311,6 @@ def _reference(component: Any, fn: Any) -> str:
                         fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
     rel = os.path.relpath(source)
     return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
-
-
-def _is_launcher(plan: StepPlan) -> bool:
-    """A step of several pods: a launcher submits them as Jobs (torchstep.kubernetes)."""
-    return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
 
 
 def _identifier(name: str) -> str:

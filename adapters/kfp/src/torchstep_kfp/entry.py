@@ -35,8 +35,11 @@ POD_NAME_ENV = "TORCHSTEP_POD_NAME"
 POLL_INTERVAL_S = 2.0
 NAMESPACE_ENV = "TORCHSTEP_NAMESPACE"
 _MOUNT_PREFIXES = (("gs://", "/gcs/"), ("minio://", "/minio/"), ("s3://", "/s3/"))
-JOB_ID_INPUT = "torchstep_job_id"  # components.JOB_ID_INPUT
-LITERAL_PREFIX = "torchstep-literal:"  # components.literal: a string argument KFP must not resolve
+#: The input every step component has, set from KFP's pipeline job id placeholder when the
+#: component is called: with the pod's name (one per task and per retry) it makes the app id.
+JOB_ID_INPUT = "torchstep_job_id"
+#: Marks a string argument that ``components.literal`` escaped (KFP must not resolve it).
+LITERAL_PREFIX = "torchstep-literal:"
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
@@ -86,6 +89,12 @@ def kfp_local_step() -> None:
             i = argv.index(flag)
             del argv[i : i + 2]
     raise SystemExit(main(argv, local=True))
+
+
+def is_launcher(plan: Any) -> bool:
+    """A step of several pods (several roles, or a role with several or elastic replicas):
+    KFP runs it as a launcher step that submits the pods as Jobs (torchstep.kubernetes)."""
+    return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
 
 
 def _local_task(executor_input: Mapping[str, Any]) -> str:
@@ -175,7 +184,7 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
 
     launcher = bool(spec.get("launcher"))
     plan = build_plan(app, "kubernetes" if launcher else "local")
-    multi = len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
+    multi = is_launcher(plan)
     if multi != launcher:
         shape = "several pods" if multi else "one container"
         raise SpecError("inputs", "kfp", f"with these input values the AppDef needs {shape}, but the pipeline was "

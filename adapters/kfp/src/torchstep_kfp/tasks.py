@@ -30,11 +30,9 @@ from typing import Any
 from torchstep.errors import SpecError
 from torchstep.spec.model import RolePlan, StepPlan
 
+from torchstep_kfp.entry import NAMESPACE_ENV, POD_NAME_ENV  # what the step reads, defined where it is read
+
 TARGET = "kfp"
-#: The env var that carries the pod's name (``metadata.name``) into the step.
-POD_NAME_ENV = "TORCHSTEP_POD_NAME"
-#: The env var that carries the pod's namespace into a launcher step.
-NAMESPACE_ENV = "TORCHSTEP_NAMESPACE"
 #: The launcher step's own resources (it only submits and watches Jobs).
 LAUNCHER_CPU = "100m"
 LAUNCHER_MEMORY = "512Mi"
@@ -66,7 +64,7 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     namespace as env vars, and small fixed resources — the roles' settings go to their pods.
     """
     plan = plan_of(app)
-    r = _role(plan, role)
+    r = role_of(plan, role)
     if launcher:
         return _launcher(task, plan, caching)
     res = r.resources
@@ -120,7 +118,8 @@ def _retry(task: Any, plan: StepPlan) -> None:
         task.set_retry(**retry)
 
 
-def _role(plan: StepPlan, role: int | str) -> RolePlan:
+def role_of(plan: StepPlan, role: int | str) -> RolePlan:
+    """The role of ``plan`` with index or name ``role``; a SpecError listing the roles otherwise."""
     for i, r in enumerate(plan.roles):
         if role in (i, r.name):
             return r
