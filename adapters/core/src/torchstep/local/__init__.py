@@ -77,9 +77,12 @@ def run_plan(
     on_status: StatusCallback | None = None,
     cancel: threading.Event | None = None,
     display: PlainDisplay | None = None,
+    app_id: str | None = None,
 ) -> StepResult:
     """Run a local ``plan`` up to ``retries + 1`` times (a new app id per attempt) until it
     succeeds, is cancelled or fails non-retryably; ``attempts`` in the result counts them.
+    ``app_id`` names the first attempt (``<app_id>-attempt-<n>`` the later ones) when the
+    caller must know the run directories in advance (the ``torchstep_local`` scheduler).
     """
     from torchstep.local.launcher import Launcher
 
@@ -88,9 +91,14 @@ def run_plan(
     delays = retry_delays(plan, opts, retries)
     attempt = 1
     while True:
-        app_id = _app_id(plan, opts, attempt)
         launcher = Launcher(
-            plan, opts, app_id=app_id, on_status=on_status, cancel=cancel, display=display, attempt=attempt
+            plan,
+            opts,
+            app_id=attempt_id(app_id, attempt) if app_id else _app_id(plan, opts, attempt),
+            on_status=on_status,
+            cancel=cancel,
+            display=display,
+            attempt=attempt,
         )
         result = launcher.run()
         if result.succeeded or result.state == CANCELLED or not result.retryable or attempt > retries:
@@ -106,6 +114,11 @@ def run_plan(
             result.write(f"{launcher.dir}/result.json")
             return result
         attempt += 1
+
+
+def attempt_id(app_id: str, attempt: int) -> str:
+    """The app id of ``attempt`` of a run whose first attempt is ``app_id``."""
+    return app_id if attempt == 1 else f"{app_id}-attempt-{attempt}"
 
 
 def _app_id(plan: StepPlan, opts: LocalOptions, attempt: int) -> str | None:

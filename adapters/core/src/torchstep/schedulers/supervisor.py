@@ -1,0 +1,110 @@
+"""The detached process of one ``torchstep_local`` app: ``python -m
+torchstep.schedulers.supervisor APP_ID``.
+
+It reads the record ``schedule`` wrote, runs the app with the local target (retrying the
+whole app as ``torchstep run`` does: ``cfg["retries"]``, else the AppDef's APPLICATION
+``max_retries``), and keeps ``<app_id>.status`` current: the state, each replica's state,
+the current attempt's run directory, and at the end the step result. SIGTERM, SIGINT or
+SIGHUP (``torchx cancel``) stops every process of the run within the grace period; the
+app ends CANCELLED. Its agents die with it (``PR_SET_PDEATHSIG``) if it is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from torchstep.files import write_private
+from torchstep.local.status import PlainDisplay, ReplicaEvent
+from torchstep.schedulers import local, records
+
+
+class StatusWriter:
+    """Keeps the status file of one app current (atomically rewritten on every change)."""
+
+    def __init__(self, app_id: str, log_dir: str) -> None:
+        self.app_id = app_id
+        self.path = local.status_path(app_id)
+        self.lock = threading.Lock()
+        self.status: dict[str, Any] = {"state": "PENDING", "replicas": {}, "restarts": 0}
+        self.log_dir = log_dir
+
+    def update(self, **fields: Any) -> None:
+        with self.lock:
+            self.status.update(fields)
+            write_private(self.path, json.dumps(self.status, default=str))
+
+    def on_status(self, ev: ReplicaEvent) -> None:
+        with self.lock:
+            run_dir = os.path.join(self.log_dir, ev.app_id)
+            if self.status.get("run_dir") != run_dir:  # a new attempt: only its replicas count
+                self.status["replicas"] = {}
+                self.status["run_dir"] = run_dir
+            self.status["replicas"][f"{ev.role}/{ev.replica_id}"] = ev.state
+            if ev.state == "RUNNING":
+                self.status["state"] = "RUNNING"
+            write_private(self.path, json.dumps(self.status, default=str))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torchstep.local import run_plan
+    from torchstep.local.options import resolve
+    from torchstep.spec.appjson import app_from_dict
+    from torchstep.spec.planner import build_plan
+
+    app_id = records.check_app_id(next(iter(sys.argv[1:] if argv is None else argv)))
+    record = records.load(local.BACKEND, app_id)
+    if record is None:
+        print(f"torchstep_local: no record of {app_id}", file=sys.stderr)
+        return 2
+    writer = StatusWriter(app_id, record["log_dir"])
+    cancel = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        writer.update(message=f"cancelled ({signal.Signals(signum).name})")
+        cancel.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    try:
+        plan = build_plan(app_from_dict(record["app"]), "local")
+        opts = resolve(record["cfg"])
+        retries = opts.retries if opts.retries is not None else plan.orchestrator_retries
+        writer.update(state="PENDING", started=time.time())
+        result = run_plan(
+            plan,
+            opts,
+            retries=retries,
+            cancel=cancel,
+            on_status=writer.on_status,
+            display=PlainDisplay(show_output=opts.tee),
+            app_id=app_id,
+        )
+    except Exception as e:  # a SpecError on this machine, or a bug: the app FAILED, said why
+        writer.update(state="FAILED", message=f"{type(e).__name__}: {e}", ended=time.time())
+        print(f"torchstep_local: {app_id} FAILED before it started: {e}", file=sys.stderr)
+        return 1
+    msg = result.message or ""
+    if result.root_cause is not None and not result.succeeded:
+        rc = result.root_cause
+        msg = f"root cause {rc.role}/{rc.rank} exit {rc.exit_code}" + (f": {rc.message.strip()}" if rc.message else "")
+    writer.update(
+        state=result.state,
+        message=msg or writer.status.get("message", ""),
+        restarts=result.restarts + result.attempts - 1,
+        run_dir=result.log_dir,
+        result=json.loads(result.to_json()),
+        ended=time.time(),
+    )
+    return 0 if result.succeeded else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
