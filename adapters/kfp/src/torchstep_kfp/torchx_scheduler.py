@@ -1,0 +1,416 @@
+"""``torchx run -s kfp``: an AppDef as a one-step KFP v2 pipeline run on a KFP endpoint.
+
+``_submit_dryrun`` checks the AppDef for the ``kfp`` target (a SpecError naming the field),
+builds its step with :func:`torchstep_kfp.component_from_app` (resources, ``set_retry``,
+env, kfp-kubernetes settings, caching off) and compiles a pipeline that calls it once:
+the dryrun prints that pipeline YAML, headed by the run's name, experiment, namespace and
+endpoint as YAML comments. ``schedule`` submits it with ``kfp.Client`` (the experiment is
+created when missing) and hands out the KFP run id as the app id; a private record
+(:mod:`torchstep.schedulers.records`) keeps the endpoint, namespace and the *name* of the
+variable holding the token, so ``torchx status`` and ``cancel`` work from any process of
+the same user (without a record: ``$KF_PIPELINES_ENDPOINT``). KFP's API serves no logs:
+``torchx log`` says where they are. kfp is imported only when a pipeline is compiled or
+the endpoint is called.
+
+Example::
+
+    export KF_PIPELINES_ENDPOINT=https://kfp.example.com  KF_PIPELINES_TOKEN=...  # token: optional
+    torchx run -s kfp --dryrun utils.echo --image ghcr.io/acme/torchstep:1 --msg hi
+    torchx run -s kfp -cfg namespace=team-a,experiment=nightly dist.ddp -j 1x2 --script train.py
+    torchx status kfp://torchx/0b6f1c1e-2d5c-4a8e-9f3a-7c1d2e3f4a5b
+    torchx cancel kfp://torchx/0b6f1c1e-2d5c-4a8e-9f3a-7c1d2e3f4a5b
+"""
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from torchstep.errors import SpecError
+from torchstep.schedulers import base, records
+from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Stream
+from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
+
+BACKEND = "kfp"
+ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # kfp.Client's own variables
+UI_ENDPOINT_ENV = "KF_PIPELINES_UI_ENDPOINT"
+EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"
+#: The variable read for a bearer token unless ``token_env`` names another one.
+TOKEN_ENV = "KF_PIPELINES_TOKEN"
+#: The label KFP's API server puts on every pod of a run (Argo ``podMetadata``); the
+#: step's container is ``main``.
+RUN_LABEL = "pipeline/runid"
+HEALTH_TIMEOUT_S = 10.0
+#: KFP run state → TorchX state, and a message for the states TorchX has no name for.
+STATES: dict[str, tuple[AppState, str]] = {
+    "PENDING": (AppState.PENDING, ""), "RUNNING": (AppState.RUNNING, ""), "SUCCEEDED": (AppState.SUCCEEDED, ""),
+    "SKIPPED": (AppState.SUCCEEDED, "KFP skipped the run (SKIPPED): nothing ran"), "FAILED": (AppState.FAILED, ""),
+    "CANCELING": (AppState.CANCELLED, "KFP is stopping the run (CANCELING)"), "CANCELED": (AppState.CANCELLED, ""),
+    "PAUSED": (AppState.PENDING, "the run is paused (PAUSED)"),
+}  # fmt: skip
+_URL = re.compile(r"https?://[^\s/@]+(/\S*)?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class KfpEndpointError(RuntimeError):
+    """The KFP endpoint is missing, unreachable, or refused a call (one line: what and the fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """Where a run lives: the API endpoint, its multi-user namespace, and the *name* of the
+    environment variable holding the bearer token (``None``: no token)."""
+
+    endpoint: str
+    token_env: str | None = None
+    namespace: str | None = None
+    ui_endpoint: str | None = None
+
+    def token(self) -> str | None:
+        if self.token_env is None:
+            return None
+        value = os.environ.get(self.token_env, "")
+        if not value:
+            raise KfpEndpointError(
+                f"kfp: the token variable {_shown(self.token_env)} is not set in this process; "
+                f"fix: export it (a bearer token for {self.endpoint})"
+            )
+        return value
+
+    def run_url(self, run_id: str) -> str:
+        return f"{self.ui_endpoint or self.endpoint}/#/runs/details/{run_id}"
+
+
+@dataclasses.dataclass
+class KfpRequest:
+    """What ``schedule`` submits: the compiled pipeline and where and how to run it."""
+
+    pipeline_yaml: str
+    run_name: str
+    experiment: str
+    conn: Connection
+    app: dict[str, Any]
+    service_account: str | None = None
+    pipeline_root: str | None = None
+
+    def __str__(self) -> str:
+        c = self.conn
+        head = {"run": self.run_name, "experiment": self.experiment,
+                "namespace": c.namespace or "(none: single-user KFP)", "endpoint": c.endpoint,
+                "token": f"${c.token_env}" if c.token_env else "(none)",
+                "service_account": self.service_account, "pipeline_root": self.pipeline_root}  # fmt: skip
+        return "".join(f"# kfp {k}: {v}\n" for k, v in head.items() if v) + self.pipeline_yaml
+
+
+#: ``torchx runopts kfp``: name, type, default, help.
+OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
+    ("endpoint", str, None, f"KFP API host, https://... (default: ${ENDPOINT_ENV})"),
+    ("token_env", str, None, f"NAME of the environment variable holding a bearer token (default: {TOKEN_ENV}, "
+     "used when set); never the token itself"),
+    ("namespace", str, None, "KFP multi-user namespace (profile); none: single-user"),
+    ("experiment", str, None, f"experiment name (default: ${EXPERIMENT_ENV} or Default)"),
+    ("image", str, None, "image of every role (must hold torchstep-kfp); default: the AppDef's"),
+    ("launcher_image", str, None, "image of the launcher step of a multi-pod AppDef"),
+    ("caching", bool, False, "let KFP reuse a cached result of the step (training: no)"),
+    ("service_account", str, None, "Kubernetes service account of the run"),
+    ("pipeline_root", str, None, "root URI of the run's outputs (default: KFP's)"),
+    ("ui_endpoint", str, None, f"KFP UI host for links (default: ${UI_ENDPOINT_ENV} or endpoint)"),
+)  # fmt: skip
+
+
+def runopts_kfp() -> runopts:
+    """The options of ``torchx run -s kfp`` (``torchx runopts kfp``)."""
+    opts = runopts()
+    for name, type_, default, help in OPTIONS:
+        opts.add(name, type_=type_, default=default, help=help)
+    return opts
+
+
+def _shown(name: str) -> str:
+    """``$NAME`` when it looks like a variable name, else nothing: a token pasted by
+    mistake is never echoed."""
+    return f"${name}" if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", name) else "named by token_env (not shown)"
+
+
+def _bad(key: str, problem: str, fix: str) -> SpecError:
+    return SpecError(f"cfg['{key}']", BACKEND, problem, fix=fix)
+
+
+def _url(key: str, value: str, env: str) -> str:
+    if not _URL.fullmatch(value):
+        shown = value if "@" not in value else "(a URL with credentials, not shown)"
+        raise _bad(key, f"{shown!r} is not an http(s) URL without credentials",
+                   fix=f"-cfg {key}=https://kfp.example.com (or ${env}); a token goes in the variable named by token_env")  # fmt: skip
+    return value.rstrip("/")
+
+
+def resolve(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[Connection, dict[str, Any]]:
+    """The connection and the other options from ``cfg`` (``None``: unset) and the
+    environment; a SpecError naming ``cfg['<key>']`` and the fix otherwise."""
+    env = os.environ if environ is None else environ
+    known = {name for name, *_ in OPTIONS}
+    for key in cfg:
+        if key not in known:
+            raise _bad(key, "is not an option of the kfp scheduler", fix=f"use one of {sorted(known)}")
+    get: Callable[[str], Any] = lambda k: cfg.get(k) if cfg.get(k) not in (None, "") else None  # noqa: E731
+    endpoint = get("endpoint") or env.get(ENDPOINT_ENV)
+    if not endpoint:
+        raise _bad("endpoint", f"no KFP endpoint (-cfg endpoint, ${ENDPOINT_ENV})",
+                   fix=f"-cfg endpoint=https://kfp.example.com or export {ENDPOINT_ENV}=https://kfp.example.com")  # fmt: skip
+    endpoint = _url("endpoint", endpoint, ENDPOINT_ENV)
+    ui = get("ui_endpoint") or env.get(UI_ENDPOINT_ENV)
+    token_env = get("token_env")
+    if token_env is not None and not _ENV_NAME.fullmatch(token_env):
+        raise _bad("token_env", "must be the NAME of an environment variable (letters, digits, '_'), not the "
+                   "token itself (the value given is not shown)", fix=f"-cfg token_env={TOKEN_ENV}")  # fmt: skip
+    if token_env is not None and not env.get(token_env):
+        raise _bad("token_env", f"the variable {_shown(token_env)} is not set or empty",
+                   fix="export it (a bearer token for the endpoint) or drop token_env")  # fmt: skip
+    if token_env is None and env.get(TOKEN_ENV):
+        token_env = TOKEN_ENV
+    namespace = get("namespace")
+    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
+        raise _bad("namespace", f"{namespace!r} is not a Kubernetes namespace", fix="-cfg namespace=<your KFP profile>")
+    experiment = get("experiment") or env.get(EXPERIMENT_ENV) or "Default"
+    for key in ("image", "launcher_image", "service_account", "pipeline_root"):
+        if get(key) is not None and (not str(get(key)).strip() or any(c.isspace() for c in str(get(key)))):
+            raise _bad(key, f"{get(key)!r} must be a non-blank value without spaces", fix=f"-cfg {key}=<value>")
+    conn = Connection(endpoint, token_env, namespace, _url("ui_endpoint", ui, UI_ENDPOINT_ENV) if ui else None)
+    opts = {k: get(k) for k in ("image", "launcher_image", "service_account", "pipeline_root")}
+    opts.update(experiment=experiment, caching=bool(cfg.get("caching") or False))
+    return conn, opts
+
+
+def compile_pipeline(app: AppDef, *, name: str, caching: bool = False, launcher_image: str | None = None) -> str:
+    """The YAML of a one-step pipeline ``name`` that runs ``app`` (its step built by
+    :func:`torchstep_kfp.component_from_app`)."""
+    from kfp import compiler, dsl
+
+    from torchstep_kfp.components import component_from_app
+
+    options: dict[str, Any] = {"caching": caching}
+    if launcher_image:
+        options["launcher_image"] = launcher_image
+    step = component_from_app(app, **options)
+
+    @dsl.pipeline(name=name, description=f"torchx run -s kfp: {app.name}")
+    def pipeline() -> None:
+        step()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pipeline.yaml")
+        compiler.Compiler().compile(pipeline, path)
+        return Path(path).read_text()
+
+
+def app_of_pipeline_spec(spec: Any) -> dict[str, Any] | None:
+    """The AppDef (JSON data) a torchstep step of a stored pipeline spec runs, if any."""
+    if isinstance(spec, Mapping) and "pipeline_spec" in spec:  # {pipeline_spec, platform_spec}
+        spec = spec["pipeline_spec"]
+    executors = ((spec or {}).get("deploymentSpec") or {}).get("executors") or {}
+    for executor in executors.values():
+        args = (executor.get("container") or {}).get("args") or []
+        if "--spec" in args[:-1]:
+            with contextlib.suppress(ValueError, TypeError):
+                app = json.loads(args[args.index("--spec") + 1]).get("app")
+                if isinstance(app, dict):
+                    return app
+    return None
+
+
+class KfpScheduler(base.TorchstepScheduler):
+    """The ``kfp`` TorchX scheduler (see the module docstring)."""
+
+    def __init__(self, session_name: str, **_: Any) -> None:
+        super().__init__(BACKEND, session_name)
+        self._clients: dict[Connection, Any] = {}
+
+    def _run_opts(self) -> runopts:
+        return runopts_kfp()
+
+    def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
+        conn, opts = resolve(cfg)
+        if opts["image"]:
+            app = copy.deepcopy(app)
+            for role in app.roles:
+                role.image = opts["image"]
+        payload = base.app_payload(app, BACKEND)  # SpecError naming the field KFP cannot express
+        run_name = base.new_app_id(app.name)
+        pipeline_yaml = compile_pipeline(app, name=run_name.rsplit("-", 1)[0], caching=opts["caching"],
+                                         launcher_image=opts["launcher_image"])  # fmt: skip
+        request = KfpRequest(pipeline_yaml, run_name, opts["experiment"], conn, payload,
+                             opts["service_account"], opts["pipeline_root"])  # fmt: skip
+        return AppDryRunInfo(request, str)
+
+    def schedule(self, dryrun_info: AppDryRunInfo) -> str:
+        req: KfpRequest = dryrun_info.request
+        client = self._client(req.conn)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "pipeline.yaml")
+            Path(path).write_text(req.pipeline_yaml)
+            with contextlib.redirect_stdout(sys.stderr):  # kfp prints links: stdout is torchx's app handle
+                result = self._call(req.conn, "creating the run", client.create_run_from_pipeline_package,
+                                    path, run_name=req.run_name, experiment_name=req.experiment,
+                                    namespace=req.conn.namespace, pipeline_root=req.pipeline_root,
+                                    service_account=req.service_account)  # fmt: skip
+        app_id = records.check_app_id(str(result.run_id))
+        record = {**dataclasses.asdict(req.conn), "run_id": app_id, "run_name": req.run_name,
+                  "experiment": req.experiment, "app": req.app, "submitted": time.time()}  # fmt: skip
+        records.save(BACKEND, app_id, record)
+        return app_id
+
+    # -- where a run lives ---------------------------------------------------------------
+    def _where(self, app_id: str) -> tuple[Connection, dict[str, Any]] | None:
+        try:
+            record = records.load(BACKEND, app_id)
+        except ValueError:
+            return None  # not an id this scheduler hands out
+        if record is not None:
+            fields = {f.name for f in dataclasses.fields(Connection)}
+            return Connection(**{k: v for k, v in record.items() if k in fields}), record
+        endpoint = os.environ.get(ENDPOINT_ENV)
+        if not endpoint:
+            raise KfpEndpointError(
+                f"kfp: run {app_id} was not submitted from here (no record) and ${ENDPOINT_ENV} is unset; "
+                f"fix: export {ENDPOINT_ENV}=https://<kfp host> (and {TOKEN_ENV} if it needs a token)"
+            )
+        return resolve({})[0], {}  # the endpoint, UI and token variable of this environment
+
+    def _client(self, conn: Connection) -> Any:
+        if conn not in self._clients:
+            token = conn.token()
+            probe(conn, token)
+            import kfp
+
+            kwargs: dict[str, Any] = {"host": conn.endpoint, "existing_token": token}
+            if conn.namespace:
+                kwargs["namespace"] = conn.namespace
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP v2.0.0-beta.2 and later"
+                self._clients[conn] = self._call(conn, "connecting", kfp.Client, **kwargs)
+        return self._clients[conn]
+
+    @staticmethod
+    def _call(conn: Connection, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False,
+              **kwargs: Any) -> Any:  # fmt: skip
+        """``fn(*args, **kwargs)`` with the API's errors as one-line KfpEndpointErrors
+        (``missing_ok``: ``None`` for HTTP 404)."""
+        import kfp_server_api
+        import urllib3
+
+        try:
+            return fn(*args, **kwargs)
+        except kfp_server_api.ApiException as e:
+            if missing_ok and e.status == 404:
+                return None
+            raise api_error(conn, what, e.status, e.body or e.reason) from None
+        except urllib3.exceptions.HTTPError as e:
+            raise KfpEndpointError(f"kfp: {conn.endpoint} is unreachable ({what}: {type(e).__name__}); "
+                                   f"fix: check -cfg endpoint / ${ENDPOINT_ENV} and the network") from None  # fmt: skip
+
+    # -- state ---------------------------------------------------------------------------
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        where = self._where(app_id)
+        if where is None:
+            return None
+        conn, record = where
+        run = self._call(conn, f"reading run {app_id}", self._client(conn).get_run, app_id, missing_ok=True)
+        if run is None:
+            return None
+        state, msg = STATES.get(str(run.state), (AppState.UNKNOWN, f"KFP state {run.state}"))
+        error = getattr(run.error, "message", None)
+        if error:
+            msg = f"{msg}: {error}" if msg else str(error)
+        resp = base.response(app_id, state, msg, ui_url=conn.run_url(app_id))
+        resp.roles = base.roles_of(record.get("app") or app_of_pipeline_spec(run.pipeline_spec))
+        if len(resp.roles) == 1 and resp.roles[0].num_replicas == 1:  # one pod: the step's state is the run's
+            name = resp.roles[0].name
+            resp.roles_statuses = [RoleStatus(name, [ReplicaStatus(0, state, name, "")])]
+        return resp
+
+    def list(self) -> list[ListAppResponse]:
+        """The runs submitted from here by this user (the records), with their KFP state."""
+        out = []
+        for app_id in records.app_ids(BACKEND):
+            desc = self.describe(app_id)
+            if desc is not None:
+                out.append(ListAppResponse(app_id=app_id, state=desc.state))
+        return out
+
+    def _cancel_existing(self, app_id: str) -> None:
+        where = self._where(app_id)
+        if where is not None:
+            conn = where[0]
+            self._call(conn, f"terminating run {app_id}", self._client(conn).terminate_run, app_id)
+
+    def log_iter(self, app_id: str, role_name: str, k: int = 0, regex: str | None = None,
+                 since: datetime | None = None, until: datetime | None = None, should_tail: bool = False,
+                 streams: Stream | None = None) -> Iterable[str]:  # fmt: skip
+        """KFP's API serves no logs: raises NotImplementedError saying where they are."""
+        conn = None
+        with contextlib.suppress(KfpEndpointError):
+            found = self._where(app_id)
+            conn = found[0] if found else None
+        namespace = conn.namespace if conn and conn.namespace else "kubeflow"
+        page = conn.run_url(app_id) if conn else "the run's page in the KFP UI"
+        raise NotImplementedError(
+            f"kfp: the KFP API serves no logs; read the run's pods (the step runs in container 'main') with "
+            f"`kubectl logs -n {namespace} -l {RUN_LABEL}={app_id} -c main --prefix --tail=-1` (namespace: the "
+            f"run's profile, or KFP's own when single-user) or open {page} → the step → Logs"
+        )
+
+
+def probe(conn: Connection, token: str | None) -> None:
+    """Check within ``HEALTH_TIMEOUT_S`` that ``conn.endpoint`` answers as the KFP API
+    (``GET /apis/v2beta1/healthz``, the call ``kfp.Client`` makes first and retries for 25 s)."""
+    import kfp_server_api
+
+    config = kfp_server_api.Configuration(host=conn.endpoint)
+    config.retries = 1
+    if token:
+        config.api_key["authorization"] = token
+        config.api_key_prefix["authorization"] = "Bearer"
+    api = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(config))
+    resp = KfpScheduler._call(conn, "health check", api.healthz_service_get_healthz,
+                              _preload_content=False, _request_timeout=HEALTH_TIMEOUT_S)  # fmt: skip
+    data = None
+    with contextlib.suppress(ValueError):
+        data = json.loads(resp.data)
+    if not isinstance(data, dict):
+        raise KfpEndpointError(
+            f"kfp: {conn.endpoint} did not answer as the KFP API (GET /apis/v2beta1/healthz gave no JSON: a "
+            f"login page?); fix: point endpoint at the KFP API and put a bearer token in ${TOKEN_ENV} or -cfg token_env"
+        )
+
+
+def api_error(conn: Connection, what: str, status: Any, body: Any) -> KfpEndpointError:
+    """A one-line error for an HTTP error of the KFP API (its ``message`` when JSON)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    with contextlib.suppress(ValueError, AttributeError):
+        data = json.loads(text)
+        text = data.get("message") or data.get("error") or text
+    text = " ".join(text.split())[:300]
+    if status in (401, 403):
+        token = f"${conn.token_env}" if conn.token_env else f"no token: set ${TOKEN_ENV} or -cfg token_env"
+        fix = f"check the token ({token}) and the namespace ({conn.namespace or 'none'}: -cfg namespace)"
+    else:
+        fix = (
+            "check the endpoint's TLS certificate" if status == 0 else "see the message; check namespace and experiment"
+        )
+    return KfpEndpointError(f"kfp: {conn.endpoint} refused {what} (HTTP {status}): {text}; fix: {fix}")
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> KfpScheduler:
+    """The ``torchx.schedulers`` entry point of ``kfp``."""
+    return KfpScheduler(session_name, **kwargs)
