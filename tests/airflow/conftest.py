@@ -295,3 +295,30 @@ def deployment():
     finally:
         d.stop()
         shutil.rmtree(d.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def torchx_deployment():
+    """A real deployment whose dags folder also holds the generic DAG of ``torchx run -s
+    airflow``, installed the documented way (``python -m torchstep_airflow.torchx_dag``)."""
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (make system-deps installs it)")
+    d = Deployment()
+    out = subprocess.run(
+        [sys.executable, "-m", "torchstep_airflow.torchx_dag", str(d.home / "dags")], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "torchstep_torchx.py" in out.stdout, out.stderr
+    try:
+        d.start()
+        d.wait(lambda: _dag_known(d, "torchstep_torchx"), 180, "the generic DAG to be registered")
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(d.home, ignore_errors=True)
+
+
+def _dag_known(d: Deployment, dag_id: str) -> bool:
+    try:
+        return bool(d.call("GET", f"/api/v2/dags/{dag_id}", ok=()))
+    except AssertionError:
+        return False

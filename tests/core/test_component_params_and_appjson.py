@@ -105,3 +105,54 @@ def test_data_that_is_not_json_is_named_not_dropped() -> None:
     assert e.value.field == "roles[0].metadata"
     with pytest.raises(torchstep.SpecError, match="layout"):
         app_from_dict({"version": 99, "roles": []})
+
+
+_ROLE = {"name": "w", "image": "", "entrypoint": "echo"}
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"version": 1, "name": "a", "roles": []}, "app.roles"),
+        ({"version": 1, "roles": [_ROLE]}, "app.name"),
+        ({"version": 1, "name": "a", "roles": ["x"]}, "app.roles[0]"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "entrypoint": ["sh", "-c", "id"]}]}, "app.roles[0].entrypoint"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "args": ["ok", 3]}]}, "app.roles[0].args"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "env": {"A": 1}}]}, "app.roles[0].env"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "num_replicas": "2"}]}, "app.roles[0].num_replicas"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "num_replicas": True}]}, "app.roles[0].num_replicas"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "retry_policy": "ALWAYS"}]}, "app.roles[0].retry_policy"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "resource": {"gpu": "all"}}]}, "app.roles[0].resource.gpu"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "mounts": [{"kind": "HostPath"}]}]}, "app.roles[0].mounts[0]"),
+        ({"version": 1, "name": "a", "roles": [{**_ROLE, "argz": []}]}, "app.roles[0].argz"),
+        ({"version": 2, "name": "a", "roles": [_ROLE]}, "app"),
+    ],
+)
+def test_appdef_json_from_the_network_is_refused_naming_the_field(data: dict, field: str) -> None:
+    """A DAG run conf or flow parameter is untrusted: never a TypeError, never a silent drop."""
+    from torchstep.errors import SpecError
+    from torchstep.spec.appjson import app_from_dict
+
+    with pytest.raises(SpecError) as err:
+        app_from_dict(data)
+    assert err.value.field == field and err.value.fix
+
+
+def test_scheduler_records_refuse_path_tricks_and_symlinks(tmp_path) -> None:
+    import os
+
+    from torchstep.files import UnsafePathError
+    from torchstep.schedulers import records
+
+    for bad in ("../x", "a/b", "", ".hidden", "a..b"):
+        with pytest.raises(ValueError, match="not one this scheduler hands out"):
+            records.save("airflow", bad, {}, root=tmp_path)
+    records.save("airflow", "ok-1", {"endpoint": "http://h"}, root=tmp_path)
+    path = tmp_path / "torchx" / "airflow" / "ok-1.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    os.unlink(path)
+    os.symlink("/etc/passwd", path)
+    with pytest.raises(OSError):  # never read through a planted symlink
+        records.load("airflow", "ok-1", root=tmp_path)
+    with pytest.raises(UnsafePathError):
+        records.save("airflow", "ok-1", {}, root=tmp_path)

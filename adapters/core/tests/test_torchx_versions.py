@@ -41,3 +41,24 @@ def test_role_policy_is_the_kubernetes_jobs_backoff_limit() -> None:
     app.roles[0].max_retries = 2
     job = next(o for o in torchstep.kubernetes.render(app, namespace="ml") if o["kind"] == "Job")
     assert job["spec"]["backoffLimit"] == 2 * 2  # every replica of the role, N times
+
+
+def test_installing_torchstep_keeps_every_builtin_scheduler_of_this_torchx() -> None:
+    """0.7.0 hides its built-ins once a plugin exists (we re-register them); nightly merges
+    them with plugins and dropped some (a dropped name fails with the fix, not ImportError)."""
+    from torchstep.schedulers import builtins
+    from torchx.schedulers import DEFAULT_SCHEDULER_MODULES, get_scheduler_factories
+
+    factories = get_scheduler_factories()
+    assert set(DEFAULT_SCHEDULER_MODULES) | {"torchstep_local"} <= set(factories)
+    assert type(factories["local_cwd"]("t")).__module__ == "torchx.schedulers.local_scheduler"
+    for name in set(builtins.BUILTINS) - set(DEFAULT_SCHEDULER_MODULES):
+        with pytest.raises(ValueError, match=f"{name}.*not part of the installed torchx.*fix"):
+            builtins.create(name, "t")
+
+
+def test_an_appdef_survives_the_json_round_trip_of_the_schedulers() -> None:
+    from torchstep.spec.appjson import app_from_dict, app_to_dict
+
+    app = torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"])
+    assert app_from_dict(app_to_dict(app)) == app

@@ -1,0 +1,160 @@
+"""The generic DAG behind ``torchx run -s airflow``: one task that runs the AppDef carried
+by the DAG run's conf, under torchstep's agent (``docs/torchx.md``).
+
+Put it in the dags folder once (``python -m torchstep_airflow.torchx_dag DAGS_FOLDER``
+writes the two-line file below); the ``airflow`` TorchX scheduler then triggers runs of it
+through the REST API with the conf ``{"app": <AppDef as JSON>, "target": "local", "cfg":
+{...}}``. The conf is checked on arrival: anything that is not a valid AppDef for the
+target fails the run (no retry) with the field and the fix in the task log.
+
+Retries: a DAG's retries are fixed when it is parsed, so the generic task has none and
+retries the whole app itself, as the AppDef asks (APPLICATION ``max_retries`` and the
+retry delays of its metadata), each try with its own run id and logs.
+
+Example (``dags/torchstep_torchx.py``)::
+
+    from torchstep_airflow.torchx_dag import torchx_dag  # an Airflow DAG
+
+    dag = torchx_dag()                      # dag_id "torchstep_torchx"
+    gpu = torchx_dag(queue="gpu")           # dag_id "torchstep_torchx_gpu", tasks on queue "gpu"
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import DAG, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+from torchstep.errors import SpecError
+
+from torchstep_airflow.operators import TARGETS, AppDefOperator
+from torchstep_airflow.settings import UserSettings, run_id_of
+from torchstep_airflow.torchx_scheduler import DAG_ID, TASK_ID, dag_id_for
+
+CONF_KEYS = ("app", "target", "cfg")
+
+DAG_FILE = '''"""The generic DAG of `torchx run -s airflow` (torchstep-airflow)."""
+from torchstep_airflow.torchx_dag import torchx_dag  # an Airflow DAG
+
+dag = torchx_dag()
+'''
+
+
+def app_from_conf(conf: Mapping[str, Any] | None) -> tuple[Any, str, dict[str, Any]]:
+    """``(AppDef, target, cfg)`` from a DAG run conf; a :class:`~torchstep.SpecError` names
+    the bad field (``conf['app'].roles[0].entrypoint``...)."""
+    from torchstep.spec.appjson import app_from_dict
+
+    if not isinstance(conf, Mapping) or "app" not in conf:
+        raise SpecError(
+            "conf['app']", None, "the DAG run carries no AppDef",
+            fix="trigger it with `torchx run -s airflow` (conf {'app': <AppDef as JSON>})",
+        )  # fmt: skip
+    unknown = sorted(set(conf) - set(CONF_KEYS))
+    if unknown:
+        raise SpecError(f"conf[{unknown[0]!r}]", None, "unknown key", fix=f"use only {', '.join(CONF_KEYS)}")
+    target = conf.get("target") or "local"
+    if target not in TARGETS:
+        raise SpecError("conf['target']", None, f"unknown target {target!r}", fix=f"use one of: {', '.join(TARGETS)}")
+    cfg = conf.get("cfg") or {}
+    if not isinstance(cfg, Mapping):
+        raise SpecError(
+            "conf['cfg']", target, f"must be a mapping, got {type(cfg).__name__}", fix='e.g. {"timeout": 600}'
+        )
+    try:
+        app = app_from_dict(conf["app"])
+    except SpecError as e:  # e.field is "app.roles[0]...": say where it is in the conf
+        raise SpecError("conf['app']" + e.field.removeprefix("app"), None, e.problem, fix=e.fix) from None
+    return app, target, dict(cfg)
+
+
+class TorchxAppOperator(AppDefOperator):
+    """The task of the generic DAG: the AppDef comes from the DAG run's conf (see the
+    module docstring); everything else — logs, result XCom, cancel — is AppDefOperator's."""
+
+    template_fields: Sequence[str] = ()
+
+    def __init__(self, **kwargs: Any) -> None:
+        # No AppDef exists at parse time: skip AppDefOperator's parse-time planning.
+        BaseOperator.__init__(self, retries=0, **kwargs)
+        self.app: Any = None
+        self.app_args = None
+        self.target = "local"
+        self.cfg: dict[str, Any] = {}
+        self.kubernetes_kwargs: dict[str, Any] = {}
+        self._user = UserSettings()
+        self._parsed = None
+        self._runner: Any = None
+        self._killed = False
+
+    def on_kill(self) -> None:
+        self._killed = True  # marked failed / cleared: no further try
+        super().on_kill()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            self.app, self.target, self.cfg = app_from_conf(context["dag_run"].conf)
+            app, plan = self.build_app()
+        except SpecError as e:
+            raise AirflowFailException(f"torchstep: {e}") from e
+        run_id = run_id_of(context)
+        step = plan.step_retry
+        delays = step.delays(1.0)
+        self.log.info(
+            "torchstep: running app %r (run id %s) on target %s, at most %d tries",
+            plan.app_name, run_id, self.target, step.count + 1,
+        )  # fmt: skip
+        for attempt in range(1, step.count + 2):
+            try_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
+            self._runner = runner = self._make_runner(app, plan, try_id)
+            try:
+                return self._run(lambda r=runner: r.run() if self.target == "local" else r.run(context), context)
+            except AirflowFailException:
+                raise
+            except Exception as e:
+                if attempt > step.count or self._killed:
+                    raise
+                delay = delays[attempt - 1]
+                self.log.warning("torchstep: try %d failed (%s); retrying in %g s", attempt, e, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+def torchx_dag(dag_id: str = DAG_ID, *, queue: str | None = None, **dag_kwargs: Any) -> DAG:
+    """The generic DAG (see the module docstring). ``queue`` sets the executor queue of its
+    task and names the DAG ``<dag_id>_<queue>`` (``torchx run -s airflow -cfg queue=...``
+    picks it). Unscheduled, never paused at creation; ``dag_kwargs`` go to ``DAG``."""
+    dag_kwargs.setdefault("schedule", None)
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("is_paused_upon_creation", False)
+    dag_kwargs.setdefault("max_active_runs", 16)
+    dag_kwargs.setdefault("tags", ["torchstep", "torchx"])
+    dag_kwargs.setdefault("doc_md", __doc__)
+    with DAG(dag_id_for(queue, dag_id), **dag_kwargs) as dag:
+        TorchxAppOperator(task_id=TASK_ID, **({"queue": queue} if queue else {}))
+    return dag
+
+
+def write_dag_file(dags_folder: str) -> str:
+    """Write ``<dags_folder>/torchstep_torchx.py`` (mode 0600, never through a symlink)."""
+    from torchstep.files import write_private
+
+    return write_private(os.path.join(dags_folder, "torchstep_torchx.py"), DAG_FILE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m torchstep_airflow.torchx_dag DAGS_FOLDER``: install the generic DAG file."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not os.path.isdir(args[0]):
+        print("usage: python -m torchstep_airflow.torchx_dag DAGS_FOLDER (an existing directory)", file=sys.stderr)
+        return 2
+    print(f"wrote {write_dag_file(args[0])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
