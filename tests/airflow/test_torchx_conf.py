@@ -79,3 +79,14 @@ def test_the_generic_dag_checks_its_conf_and_names_the_field(conf, field):
     with pytest.raises(SpecError) as err:
         app_from_conf(conf)
     assert err.value.field == field and err.value.fix
+
+
+def test_task_log_lines_go_to_the_role_they_name_and_airflow_lines_to_the_first_role():
+    from torchstep_airflow.torchx_scheduler import _belongs
+
+    roles = ["trainer", "ps"]
+    assert _belongs("[trainer/3] loss 0.1", "trainer", roles, True)
+    assert not _belongs("[trainer/3] loss 0.1", "ps", roles, False)
+    assert _belongs("torchstep: ps/0 SUCCEEDED", "ps", roles, False)
+    assert _belongs("Task failed with exception", "trainer", roles, True)
+    assert not _belongs("Task failed with exception", "ps", roles, False)

@@ -324,13 +324,20 @@ class AirflowScheduler(base.TorchstepScheduler):
         should_tail: bool = False,
         streams: Stream | None = None,
     ) -> Iterable[str]:
-        """The Airflow task log of the latest try: one task runs every replica, so it holds
-        every replica's lines (prefixed ``[role/rank]``) and ``k`` selects nothing."""
+        """The Airflow task log of the latest try, the lines of ``role_name``: one task runs
+        every replica, so replica 0's log holds every replica's lines (each prefixed
+        ``[role/rank]``) and Airflow's own lines go with the first role; a replica ``k > 0``
+        gets one line saying so (``torchx log`` asks for every replica in turn)."""
         base.check_stream(streams, BACKEND)
         found = self._locate(app_id)
-        if found is None:
+        desc = self.describe(app_id) if found else None
+        if found is None or desc is None:
             raise ValueError(f"{BACKEND}: unknown app {app_id!r}; fix: use the handle `torchx run` printed")
+        if k > 0:
+            return [f"(one Airflow task runs every replica: {role_name}/{k}'s lines are in {role_name}/0's log)\n"]
         api, path = found
+        names = [r.name for r in desc.roles] or [role_name]
+        first = names[0] == role_name
         seen = {"try": 0}
 
         def fetch(cursor: int, final: bool) -> tuple[list[str], int]:
@@ -342,7 +349,7 @@ class AirflowScheduler(base.TorchstepScheduler):
                 seen["try"], cursor = try_number, 0
             log = api.call("GET", f"{path}/taskInstances/{TASK_ID}/logs/{try_number}?full_content=true")
             lines = [_log_line(e) for e in log.get("content") or []]
-            return lines[cursor:], len(lines)
+            return [line for line in lines[cursor:] if _belongs(line, role_name, names, first)], len(lines)
 
         return base.select_lines(
             base.follow(fetch, lambda: self._finished(app_id), tail=should_tail, until=until), regex
@@ -351,6 +358,13 @@ class AirflowScheduler(base.TorchstepScheduler):
     def _finished(self, app_id: str) -> bool:
         desc = self.describe(app_id)
         return desc is None or desc.state in (AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED)
+
+
+def _belongs(line: str, role: str, roles: list[str], first: bool) -> bool:
+    """Whether a task-log line is ``role``'s: it names the role (``[role/rank]``, a launcher
+    event ``role/replica STATE``), or it names no role and ``role`` is the first one."""
+    named = [r for r in roles if f"[{r}/" in line or f" {r}/" in line]
+    return role in named if named else first
 
 
 def _log_line(entry: Any) -> str:

@@ -44,7 +44,13 @@ def create(name: str, session_name: str, **kwargs: Any) -> Any:
             f"scheduler {name!r} is not part of the installed torchx (TorchX nightly removed it); "
             f"fix: use one of {', '.join(DEFAULT_SCHEDULER_MODULES)} or install torchx==0.7.0"
         )
-    return importlib.import_module(module).create_scheduler(session_name, **kwargs)
+    try:
+        return importlib.import_module(module).create_scheduler(session_name, **kwargs)
+    except (ImportError, NameError) as e:  # 0.7.0's ray scheduler raises NameError without ray
+        raise ValueError(
+            f"scheduler {name!r} needs packages that are not installed ({e}); "
+            f"fix: install what TorchX's {name} scheduler needs (e.g. pip install 'torchx[{name}]')"
+        ) from None
 
 
 def _factory(name: str) -> Any:
