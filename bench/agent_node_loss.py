@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+from figures import record
+from figures import runs as mode_runs
 
 TRAIN = str(SCRIPTS / "agent_train.py")
 STORE = str(SCRIPTS / "agent_store.py")
@@ -116,7 +118,7 @@ def one_run(tool: str, endpoint: str, out: Path, i: int) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=mode_runs(2, 5))
     runs = ap.parse_args().runs
     times: dict[str, list[float]] = {"torchrun": [], "torchstep-agent": []}
     failed = {"torchrun": 0, "torchstep-agent": 0}
@@ -144,6 +146,17 @@ def main() -> int:
         for n, t in times.items()
     )
     print(rows)
+    record(
+        "3",
+        "node loss under --nnodes 1:2: SIGKILL of a node -> survivor's next all-reduce",
+        times["torchstep-agent"],
+        times["torchrun"],
+        peer_name="torchrun",
+        goal=5.0,
+        goal_on="ours",
+        command=f"python bench/agent_node_loss.py --runs {runs}",
+        note=f"failed: torchstep {failed['torchstep-agent']}, torchrun {failed['torchrun']} of {runs}",
+    )
     print(
         f"node loss: torchstep-agent {ours:.1f} s vs torchrun {theirs:.1f} s; ratio {ours / theirs:.2f} "
         f"(goal: under 5 s)"

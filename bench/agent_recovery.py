@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+from figures import record
+from figures import runs as mode_runs
 
 WORKER = str(SCRIPTS / "agent_recover.py")
 
@@ -50,7 +52,7 @@ def recovery(argv: list[str], out: Path, env: dict[str, str]) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=mode_runs(3, 9))
     runs = ap.parse_args().runs
     fixed = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
     names = ["torchrun", fixed, "torchstep-agent"]
@@ -83,7 +85,17 @@ def main() -> int:
         for n, t in times.items()
     )
     print(rows)
-    print(f"recovery ratio torchstep-agent / torchrun: {ratio:.2f} (goal <= 1.0)")
+    print(f"recovery ratio torchstep-agent / torchrun: {ratio:.2f} (goal <= 0.5)")
+    record(
+        "2",
+        "recovery: crash -> restarted group's first barrier, --max-restarts 1",
+        times["torchstep-agent"],
+        times["torchrun"],
+        peer_name="torchrun",
+        goal=0.5,
+        command=f"python bench/agent_recovery.py --runs {runs}",
+        note=f"failed to recover: torchstep {failed['torchstep-agent']}, torchrun {failed['torchrun']} of {runs}",
+    )
     print(f"recovery ratio torchstep-agent / torchrun with the store fix: {ratio_fixed:.2f}")
     update_section(
         "agent_recovery",

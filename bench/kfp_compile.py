@@ -29,9 +29,12 @@ from torchstep_kfp import component_from_app
 from torchx import specs
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench" / "scripts"))
+from figures import curve, full, record  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "kfp.md"
-REPEATS = int(os.environ.get("BENCH_REPEATS", "7"))
-SIZES = (10, 50, 200)
+REPEATS = int(os.environ.get("BENCH_REPEATS", "7" if full() else "3"))
+SIZES = (10, 50, 200, 500)
 GOAL = 1.5
 IMAGE = "ghcr.io/acme/train:1"
 
@@ -88,6 +91,7 @@ def timed(fn: Any, n: int, out: str) -> float:
 
 def main() -> int:
     rows = []
+    samples: dict[int, tuple[list[float], list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "p.yaml")
         with_torchstep(5, out), hand_written(5, out)  # warm-up: imports and caches
@@ -96,10 +100,25 @@ def main() -> int:
             for _ in range(REPEATS):
                 ours.append(timed(with_torchstep, n, out))
                 theirs.append(timed(hand_written, n, out))
+            samples[n] = (ours, theirs)
             a, b = statistics.median(ours), statistics.median(theirs)
             rows.append((n, a, b, a / b))
             print(f"{n:4d} steps: torchstep {a * 1000:8.1f} ms, hand-written {b * 1000:8.1f} ms, ratio {a / b:.2f}")
     ratio50 = next(r for n, _, _, r in rows if n == 50)
+    record(
+        "6",
+        "KFP compile of 50 steps vs hand-written container components",
+        *samples[50],
+        peer_name="hand-written KFP",
+        goal=GOAL,
+        command="python bench/kfp_compile.py",
+    )
+    curve(
+        "kfp_compile",
+        "KFP compile time by pipeline size",
+        "steps",
+        {"torchstep": [(n, a) for n, a, _, _ in rows], "hand-written": [(n, b) for n, _, b, _ in rows]},
+    )
     verdict = "meets" if ratio50 <= GOAL else "misses"
     print(f"50 steps: ratio {ratio50:.2f} ({verdict} the goal <= {GOAL})")
     lines = [

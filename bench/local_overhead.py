@@ -25,6 +25,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE / "scripts"))
+from figures import record, runs  # noqa: E402
+
 BIN = Path(sys.executable).parent
 HELLO = "bench/_hello.py"
 
@@ -62,7 +65,7 @@ def timed(argv: list[str]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=runs(3, 7))
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchstep-bench-") as logs:
         cmds = commands(logs)
@@ -79,6 +82,15 @@ def main() -> int:
     print(f"torchstep / torchx local_cwd: {ratio_tx:.2f} (goal <= 1.0)")
     print(f"torchstep / plain torchrun:   {ratio_tr:.2f}")
     write_report(times, med, ratio_tx, ratio_tr, ns.runs)
+    record(
+        "4",
+        "`torchstep run` vs `torchx run -s local_cwd`, dist.ddp -j 1x2 hello world (wall time)",
+        times["torchstep"],
+        times["torchx"],
+        peer_name="torchx local_cwd",
+        goal=1.0,
+        command=f"python bench/local_overhead.py --runs {ns.runs}",
+    )
     return 0
 
 
