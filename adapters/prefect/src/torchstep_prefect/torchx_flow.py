@@ -1,0 +1,103 @@
+"""The generic flow behind ``torchx run -s prefect``: one Prefect flow that runs any AppDef.
+
+The ``prefect`` TorchX scheduler (:mod:`torchstep_prefect.torchx_scheduler`) submits an
+AppDef as a flow run of a deployment of this flow, ``torchstep-torchx``, with the AppDef as
+JSON data (``torchstep.spec.appjson``) in the ``app`` parameter. On arrival the flow checks
+the AppDef again (bad data fails the flow run at once, without retry, with a
+``SpecError`` naming the field) and runs it as one step through :func:`~torchstep_prefect.app_task`:
+retries from the AppDef, timeouts, cancellation that stops every process, each rank's lines
+in the run's log, the ranks table and outputs artifacts.
+
+Serve it (a long-lived process that runs the flow runs on this machine)::
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m torchstep_prefect.torchx_flow serve --name torchx
+
+or deploy it to a work pool (its flow-run image needs ``torchstep-prefect`` and
+``torchstep[agent]``; the entrypoint is the module path, found in any image that has them)::
+
+    from prefect.deployments.runner import EntrypointType
+    from torchstep_prefect.torchx_flow import torchx_app
+
+    torchx_app.deploy(name="torchx", work_pool_name="gpu-pool", image="ghcr.io/acme/train:1",
+                      build=False, push=False, entrypoint_type=EntrypointType.MODULE_PATH)
+
+then ``torchx run -s prefect utils.echo --msg hi``.
+
+No ``from __future__ import annotations`` here: Prefect reads the flow's parameter types.
+"""
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from prefect import flow
+from torchstep.errors import SpecError
+
+#: The flow's name: deployments are ``torchstep-torchx/<deployment name>``.
+FLOW_NAME = "torchstep-torchx"
+#: The deployment name ``serve`` uses by default (the scheduler's default ``deployment``).
+DEPLOYMENT_NAME = "torchx"
+TARGETS = ("local", "kubernetes")
+
+
+def load_app(data: Any, target: str) -> Any:
+    """The ``torchx.specs.AppDef`` of the JSON data ``data``, checked for ``target``; a
+    :class:`~torchstep.SpecError` naming the field (``app.roles[1].entrypoint``) otherwise."""
+    from torchstep.spec.appjson import app_from_dict
+    from torchstep.spec.planner import build_plan
+
+    if target not in TARGETS:
+        raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
+    try:
+        app = app_from_dict(data)
+    except SpecError as e:  # names the field; said for the target it was sent to
+        raise SpecError(e.field, target, e.problem, fix=e.fix) from None
+    except Exception as e:  # a shape app_from_dict does not check: still the data's fault
+        raise SpecError("app", target, f"is not a valid AppDef ({type(e).__name__}: {e})",
+                        fix="submit it with `torchx run -s prefect` (torchstep.spec.appjson.app_to_dict)") from None  # fmt: skip
+    build_plan(app, target)
+    return app
+
+
+@flow(name=FLOW_NAME, retries=0, persist_result=False, validate_parameters=True)
+def torchx_app(app: dict[str, Any], target: str = "local", cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a TorchX AppDef (JSON data, as ``torchx run -s prefect`` sends it) as one
+    torchstep step; returns the step result (state, exit codes, root cause, outputs).
+
+    Args:
+        app: the AppDef as JSON data (torchstep.spec.appjson)
+        target: where the step runs: local (this flow run's machine) or kubernetes (Jobs)
+        cfg: the target's run options (torchstep runopts local|kubernetes)
+    """
+    from torchstep_prefect.tasks import app_task
+
+    app_def = load_app(app, target)
+    step = app_task(app_def, target=target, cfg=cfg or {})
+    result: dict[str, Any] = step()
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m torchstep_prefect.torchx_flow serve [--name torchx] [--limit N]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m torchstep_prefect.torchx_flow",
+        description=f"Serve the {FLOW_NAME} flow that `torchx run -s prefect` submits to "
+        "(flow runs execute on this machine; PREFECT_API_URL names the server).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the flow until interrupted")
+    serve.add_argument("--name", default=DEPLOYMENT_NAME, help=f"deployment name (default {DEPLOYMENT_NAME})")
+    serve.add_argument("--limit", type=int, default=None, help="flow runs at once (default: Prefect's)")
+    args = parser.parse_args(argv)
+    from prefect.deployments.runner import EntrypointType
+
+    from torchstep_prefect.torchx_flow import torchx_app as served  # its real module, also under -m
+
+    # the entrypoint by module path: flow runs load it from any working directory
+    served.serve(name=args.name, limit=args.limit, entrypoint_type=EntrypointType.MODULE_PATH)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
