@@ -246,7 +246,14 @@ def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
 
 
 def _plan(component: Any, args: Any, target: str) -> StepPlan:
-    return _build(component, args, target)[1]
+    """The plan while the DAG file is parsed: identical tasks (same component, arguments and
+    target) are planned once per parse (a fresh copy each); execute() builds afresh."""
+    from torchstep.spec.plan_cache import materialize_and_plan
+
+    if _is_appdef(component):
+        return _build(component, args, target)[1]
+    plan: StepPlan = materialize_and_plan(component, args, target)[1]
+    return plan
 
 
 def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from collections.abc import Sequence
@@ -61,10 +62,17 @@ class TorchrunCall:
 
 
 def _shell_words(script: str) -> list[str] | None:
+    words = _split(script)
+    return None if words is None else list(words)
+
+
+@functools.lru_cache(maxsize=512)
+def _split(script: str) -> tuple[str, ...] | None:
+    # cached: a DAG of 50 dist.ddp operators splits the same torchrun script 50 times per parse
     lex = shlex.shlex(script, posix=True, punctuation_chars=True)
     lex.whitespace_split = True
     try:
-        return list(lex)
+        return tuple(lex)
     except ValueError:  # unbalanced quotes: not ours to judge, the shell will complain
         return None
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import SpecError
+from torchstep.spec import component_cache
 
 if TYPE_CHECKING:  # torchx is imported when a component is materialised, not with torchstep
     from torchx.specs import AppDef
@@ -74,6 +75,12 @@ def materialize(
             )
         return component
     fn, label = _resolve(component)
+    return _materialize_resolved(fn, label, args, kwargs)
+
+
+def _materialize_resolved(
+    fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[str, Any] | None, kwargs: Mapping[str, Any]
+) -> Any:
     if kwargs and args:
         raise SpecError(
             "component",
@@ -146,7 +153,14 @@ def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
         )
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            found = get_component(ref)
+            # TorchX's get_component, each step done once per file version / builtin name
+            # (see torchstep.spec.component_cache); a path with a ":" of its own goes to TorchX.
+            if not sep:
+                found = component_cache.resolve_builtin(ref)
+            elif ":" not in path:
+                found = component_cache.resolve_file(path, fn_name)
+            else:
+                found = get_component(ref).fn
     except ComponentNotFoundException as e:
         raise SpecError(
             "component", None, str(e).strip(), fix="check the name with `torchx builtins`, or use path/file.py:fn"
@@ -163,16 +177,25 @@ def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
         if isinstance(e, AttributeError) and "BinOp" in str(e):  # TorchX 0.7's linter reads `X | None` so
             fix = "write parameter annotations as typing.Optional[...] / List[...] / Dict[...], not `X | None`"
         raise SpecError("component", None, f"cannot load {ref!r}: {type(e).__name__}: {e}", fix=fix) from e
-    return found.fn, ref
+    return found, ref
+
+
+def _function_info(fn: Callable[..., Any]) -> component_cache.FunctionInfo:
+    try:
+        params: Mapping[str, inspect.Parameter] | None = inspect.signature(fn).parameters
+        error = ""
+    except (TypeError, ValueError) as e:
+        params, error = None, str(e)
+    return component_cache.FunctionInfo(params, error, _evaluate_annotations(fn))
 
 
 def _parameters(fn: Callable[..., Any], label: str) -> Mapping[str, inspect.Parameter]:
-    try:
-        return inspect.signature(fn).parameters
-    except (TypeError, ValueError) as e:
+    info = component_cache.function_info(fn, _function_info)
+    if info.parameters is None:
         raise SpecError(
-            "component", None, f"{label} has no readable signature: {e}", fix="use a Python function"
-        ) from e
+            "component", None, f"{label} has no readable signature: {info.error}", fix="use a Python function"
+        )
+    return info.parameters
 
 
 def _check_kwargs(fn: Callable[..., Any], label: str, kwargs: Mapping[str, Any]) -> None:
@@ -274,24 +297,45 @@ def _cache_parsers() -> None:
 def _with_evaluated_annotations(fn: Callable[..., Any]) -> Callable[..., Any]:
     """TorchX maps parameter annotations to argparse types and fails on string annotations
     (a component module with ``from __future__ import annotations``): give it a wrapper
-    whose signature carries the evaluated types.
+    whose signature carries the evaluated types (one per function, so TorchX's argument
+    parser is built once for it too).
+    """
+    return component_cache.function_info(fn, _function_info).evaluated
+
+
+def _evaluate_annotations(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or a wrapper of it whose ``__signature__`` has evaluated annotations.
+
+    A plain function (cached per function) always gets the wrapper: TorchX reads the
+    signature of what it is given on every call, and a ready ``__signature__`` spares that.
     """
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return fn
-    if not any(isinstance(p.annotation, str) for p in sig.parameters.values()):
-        return fn
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable names: let TorchX report the parameter
+    hints: Mapping[str, Any] = {}
+    if any(isinstance(p.annotation, str) for p in sig.parameters.values()):
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # unresolvable names: let TorchX report the parameter
+            hints = {}
+    if not hints and not isinstance(fn, types.FunctionType):
         return fn
     params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()]
 
+    # The wrapper is kept with ``fn``'s cache entry: it holds ``fn`` weakly, or ``fn`` (a
+    # component file's function, with the file's namespace) would never be freed.
+    target = weakref.ref(fn)
+    fn_name = getattr(fn, "__qualname__", "the component")
+
     @functools.wraps(fn)
     def component(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
+        live = target()
+        if live is None:  # pragma: no cover - the caller holds fn while it calls this
+            raise ReferenceError(f"{fn_name} no longer exists")
+        return live(*args, **kwargs)
 
+    del component.__wrapped__  # a strong reference to fn; the signature below replaces it
     component.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=params, return_annotation=hints.get("return", sig.return_annotation)
     )
@@ -340,10 +384,6 @@ def _check_app(app: Any, label: str) -> Any:
     return app
 
 
-#: The parameter types an orchestrator can type natively (KFP inputs, Prefect parameters).
-PARAMETER_TYPES = (str, int, float, bool, list, dict)
-
-
 @dataclass(frozen=True)
 class ComponentParameter:
     """One parameter of a component function, typed for an orchestrator.
@@ -367,6 +407,10 @@ class ComponentParameter:
     @property
     def required(self) -> bool:
         return self.default is inspect.Parameter.empty and not self.optional and not self.variadic
+
+
+#: The parameter types an orchestrator can type natively (KFP inputs, Prefect parameters).
+PARAMETER_TYPES = (str, int, float, bool, list, dict)
 
 
 def component_of(component: Any) -> tuple[Callable[..., Any], str]:
