@@ -30,11 +30,10 @@ PIECES = {
 }
 
 
-def pair(argv: list[str]) -> float:
-    """Wall time of two copies at once (a 2-worker group starts both together)."""
+def alone(argv: list[str]) -> float:
+    """Wall time of one fresh process."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(argv, env=clean_env()) for _ in range(2)]
-    if any(p.wait() for p in procs):
+    if subprocess.run(argv, env=clean_env(), check=False).returncode:
         raise SystemExit(f"{argv} failed")
     return time.perf_counter() - t0
 
@@ -43,16 +42,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=mode_runs(3, 7))
     runs = ap.parse_args().runs
-    got = {name: statistics.median(pair(argv) for _ in range(runs)) for name, argv in PIECES.items()}
+    got = {name: statistics.median(alone(argv) for _ in range(runs)) for name, argv in PIECES.items()}
     figures = json.loads(RESULTS_JSON.read_text()).get("figures", {}) if RESULTS_JSON.exists() else {}
     startup = figures.get("1", {})
     recovery = figures.get("2", {})
-    torch_s = got["import torch.distributed"]
     lines = [
         "## Where the (re)start time goes",
         "",
-        f"`python bench/startup_profile.py --runs {runs}` — each piece a fresh process, two at once "
-        "(a 2-worker group starts both together), median wall time:",
+        f"`python bench/startup_profile.py --runs {runs}` — each piece one fresh process, median wall time "
+        "(a 2-worker group pays it in both workers at once, on 2 cores):",
         "",
         "| piece | median |",
         "|---|---|",
@@ -63,22 +61,19 @@ def main() -> int:
         s_ours, s_peer = startup["ours"]["median"], startup["peer"]["median"]
         r_ours, r_peer = recovery["ours"]["median"], recovery["peer"]["median"]
         lines += [
-            f"Startup (figure 1): torchstep-agent {s_ours:.2f} s, torchrun {s_peer:.2f} s. The launcher process "
-            f"itself also imports torch ({got['import torch'] * 1000:.0f} ms) before it can start a worker, and "
-            f"every worker pays its interpreter and `import torch.distributed` again ({torch_s * 1000:.0f} ms): "
-            f"{2 * torch_s / s_ours * 100:.0f} % of our startup is those two imports, in series.",
-            "",
-            f"Recovery (figure 2): torchstep-agent {r_ours:.2f} s, torchrun {r_peer:.2f} s from the crash to the "
-            f"restarted group's first barrier; a restarted worker's own interpreter and imports are "
-            f"{torch_s * 1000:.0f} ms of it ({min(torch_s / r_ours, 1) * 100:.0f} %). The rest is detecting the "
-            "failure (monitor interval 0.1 s), stopping the survivors (SIGTERM), the next rendezvous round and "
-            "`init_process_group`.",
+            f"Startup (figure 1): torchstep-agent {s_ours:.2f} s, torchrun {s_peer:.2f} s; recovery (figure 2): "
+            f"torchstep-agent {r_ours:.2f} s, torchrun {r_peer:.2f} s from the crash to the restarted group's first "
+            "barrier. Both tools pay the same pieces: the launcher imports torch before it starts a worker, and "
+            "every new worker process starts an interpreter and imports torch again before `init_process_group`; "
+            "on a restart, detecting the failure (monitor interval 0.1 s), stopping the survivors and the next "
+            "rendezvous round add little next to a fresh worker's imports. (The pieces above are measured alone, "
+            "at other moments than the figures, so they do not add up exactly.)",
             "",
             "So the remaining startup and recovery time is dominated by what every new worker process pays to "
-            "import torch. Cutting it needs workers that do not start from a fresh interpreter: a pre-imported "
-            "worker zygote in the agent (fork from a process that already imported torch, before any thread or "
-            "accelerator is initialised; forkserver where fork is unsafe). That is ours to build and is not built "
-            "yet: the figures above are without it.",
+            "import torch, and torchstep already pays no more than torchrun for the rest. Cutting it needs workers "
+            "that do not start from a fresh interpreter: a pre-imported worker zygote in the agent (fork from a "
+            "process that already imported torch, before any thread or accelerator is initialised; forkserver "
+            "where fork is unsafe). That is ours to build and is not built yet: the figures above are without it.",
         ]
     out = HERE / "results" / "analysis.md"
     out.write_text("\n".join(lines) + "\n")
