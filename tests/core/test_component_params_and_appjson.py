@@ -116,7 +116,10 @@ _ROLE = {"name": "w", "image": "", "entrypoint": "echo"}
         ({"version": 1, "name": "a", "roles": []}, "app.roles"),
         ({"version": 1, "roles": [_ROLE]}, "app.name"),
         ({"version": 1, "name": "a", "roles": ["x"]}, "app.roles[0]"),
-        ({"version": 1, "name": "a", "roles": [{**_ROLE, "entrypoint": ["sh", "-c", "id"]}]}, "app.roles[0].entrypoint"),
+        (
+            {"version": 1, "name": "a", "roles": [{**_ROLE, "entrypoint": ["sh", "-c", "id"]}]},
+            "app.roles[0].entrypoint",
+        ),
         ({"version": 1, "name": "a", "roles": [{**_ROLE, "args": ["ok", 3]}]}, "app.roles[0].args"),
         ({"version": 1, "name": "a", "roles": [{**_ROLE, "env": {"A": 1}}]}, "app.roles[0].env"),
         ({"version": 1, "name": "a", "roles": [{**_ROLE, "num_replicas": "2"}]}, "app.roles[0].num_replicas"),
