@@ -90,3 +90,15 @@ def test_task_log_lines_go_to_the_role_they_name_and_airflow_lines_to_the_first_
     assert _belongs("torchstep: ps/0 SUCCEEDED", "ps", roles, False)
     assert _belongs("Task failed with exception", "trainer", roles, True)
     assert not _belongs("Task failed with exception", "ps", roles, False)
+
+
+def test_list_leaves_out_an_app_whose_airflow_is_down_and_lists_the_rest(runner):
+    from netlib import free_port
+    from torchstep.schedulers import records
+
+    down = f"http://127.0.0.1:{free_port()}"
+    records.save("airflow", "torchstep_torchx:gone-1", {"endpoint": down, "dag_id": "torchstep_torchx",
+                                                        "dag_run_id": "gone-1", "api": {"timeout": 2.0}})  # fmt: skip
+    assert runner.list("airflow") == []  # no traceback: the deployment is down, nothing else to list
+    with pytest.raises(RuntimeError, match="cannot reach the Airflow API"):
+        runner.status("airflow://torchx/torchstep_torchx:gone-1")

@@ -37,7 +37,7 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, records
-from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Stream
+from torchx.schedulers.api import DescribeAppResponse, Stream
 from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
 
 BACKEND = "airflow"
@@ -153,6 +153,8 @@ def _quote(text: str) -> str:
 
 class AirflowScheduler(base.TorchstepScheduler):
     """The ``airflow`` TorchX scheduler (see the module docstring)."""
+
+    unreachable = (AirflowApiError,)
 
     def __init__(self, session_name: str, **_: Any) -> None:
         super().__init__(BACKEND, session_name)
@@ -291,17 +293,6 @@ class AirflowScheduler(base.TorchstepScheduler):
         except (KeyError, TypeError, ValueError):
             return ""
         return "" if result.succeeded else failure_summary(result)
-
-    def list(self) -> list[ListAppResponse]:
-        out = []
-        for app_id in records.app_ids(BACKEND):
-            try:
-                desc = self.describe(app_id)
-            except AirflowApiError:
-                continue  # that deployment is gone or down: skip it, list the rest
-            if desc is not None:
-                out.append(ListAppResponse(app_id=app_id, state=desc.state))
-        return out
 
     def _cancel_existing(self, app_id: str) -> None:
         found = self._locate(app_id)

@@ -38,7 +38,7 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, records
-from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Stream
+from torchx.schedulers.api import DescribeAppResponse, Stream
 from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
 
 BACKEND = "kfp"
@@ -232,6 +232,8 @@ def app_of_pipeline_spec(spec: Any) -> dict[str, Any] | None:
 class KfpScheduler(base.TorchstepScheduler):
     """The ``kfp`` TorchX scheduler (see the module docstring)."""
 
+    unreachable = (KfpEndpointError,)
+
     def __init__(self, session_name: str, **_: Any) -> None:
         super().__init__(BACKEND, session_name)
         self._clients: dict[Connection, Any] = {}
@@ -338,15 +340,6 @@ class KfpScheduler(base.TorchstepScheduler):
             name = resp.roles[0].name
             resp.roles_statuses = [RoleStatus(name, [ReplicaStatus(0, state, name, "")])]
         return resp
-
-    def list(self) -> list[ListAppResponse]:
-        """The runs submitted from here by this user (the records), with their KFP state."""
-        out = []
-        for app_id in records.app_ids(BACKEND):
-            desc = self.describe(app_id)
-            if desc is not None:
-                out.append(ListAppResponse(app_id=app_id, state=desc.state))
-        return out
 
     def _cancel_existing(self, app_id: str) -> None:
         where = self._where(app_id)

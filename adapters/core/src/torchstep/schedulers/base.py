@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from torchx.schedulers.api import DescribeAppResponse, Scheduler, Stream
+from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
 from torchx.specs import AppDef, AppState
 
 from torchstep.spec.names import short_id
@@ -116,5 +116,23 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
     run the AppDef is only known from ``cfg``: ``_submit_dryrun`` checks the AppDef with
     :func:`app_payload` instead, so a bad AppDef is a SpecError naming the field."""
 
+    #: Errors that mean "this orchestrator cannot be reached now": ``list`` skips such an app.
+    unreachable: tuple[type[Exception], ...] = ()
+
     def _validate(self, app: AppDef, scheduler: str) -> None:
         return None
+
+    def list(self) -> list[ListAppResponse]:
+        """The apps this user submitted from this machine (the private records), with their
+        state; one whose orchestrator cannot be reached now is left out, the rest listed."""
+        from torchstep.schedulers import records
+
+        out = []
+        for app_id in records.app_ids(self.backend):
+            try:
+                desc = self.describe(app_id)
+            except self.unreachable:
+                continue
+            if desc is not None:
+                out.append(ListAppResponse(app_id=app_id, state=desc.state))
+        return out

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Stream
+from torchx.schedulers.api import DescribeAppResponse, Stream
 from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
 
 from torchstep.files import open_private
@@ -188,14 +188,6 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
                 ReplicaStatus(id=int(rid), state=base.app_state(rep_state), role=role, hostname="localhost")
             )
         return [RoleStatus(role=name, replicas=reps) for name, reps in roles.items()]
-
-    def list(self) -> list[ListAppResponse]:
-        out = []
-        for app_id in records.app_ids(BACKEND):
-            desc = self.describe(app_id)
-            if desc is not None:
-                out.append(ListAppResponse(app_id=app_id, state=desc.state))
-        return out
 
     def _cancel_existing(self, app_id: str) -> None:
         found = self._state(app_id)
