@@ -114,7 +114,8 @@ def test_a_non_retryable_failure_is_not_retried(tmp_path: Path) -> None:
 
 def test_a_task_timeout_stops_every_process_and_the_run_ends_timed_out() -> None:
     mark = f"prefect-timeout-{uuid.uuid4().hex[:8]}"
-    sleeper = app_task(SLEEPER, defaults={"mark": mark}, timeout_seconds=4)
+    # long enough for both replicas to start all their processes on a loaded 2-core machine
+    sleeper = app_task(SLEEPER, defaults={"mark": mark}, timeout_seconds=10)
 
     @flow
     def pipeline() -> str:

@@ -134,7 +134,15 @@ def test_torchx_cli_dryrun_shows_the_request() -> None:
     assert '"target": "local"' in out and '"hi"' in out
 
 
-def test_submit_without_an_endpoint_or_to_a_dead_server_says_how_to_fix_it() -> None:
+def test_submit_without_an_endpoint_or_to_a_dead_server_says_how_to_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no API URL in the environment, none in the active profile (the session's test harness sets one)
+    import types
+
+    import prefect.settings
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    no_url = types.SimpleNamespace(api=types.SimpleNamespace(url=None))
+    monkeypatch.setattr(prefect.settings, "get_current_settings", lambda: no_url)
     runner = get_runner()
     with pytest.raises(
         ts.PrefectAPIError, match=r"no Prefect API to submit to; fix: .*-cfg endpoint=.*PREFECT_API_URL"
