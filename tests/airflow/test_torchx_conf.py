@@ -82,14 +82,26 @@ def test_the_generic_dag_checks_its_conf_and_names_the_field(conf, field):
 
 
 def test_task_log_lines_go_to_the_role_they_name_and_airflow_lines_to_the_first_role():
-    from torchstep_airflow.torchx_scheduler import _belongs
+    from torchstep.schedulers.base import lines_of_role
 
     roles = ["trainer", "ps"]
-    assert _belongs("[trainer/3] loss 0.1", "trainer", roles, True)
-    assert not _belongs("[trainer/3] loss 0.1", "ps", roles, False)
-    assert _belongs("torchstep: ps/0 SUCCEEDED", "ps", roles, False)
-    assert _belongs("Task failed with exception", "trainer", roles, True)
-    assert not _belongs("Task failed with exception", "ps", roles, False)
+
+    def belongs(line: str, role: str) -> bool:
+        return list(lines_of_role([line], role, roles)) == [line]
+
+    assert belongs("[trainer/3] loss 0.1", "trainer")
+    assert not belongs("[trainer/3] loss 0.1", "ps")
+    assert belongs("torchstep: ps/0 SUCCEEDED", "ps")
+    assert belongs("Task failed with exception", "trainer")
+    assert not belongs("Task failed with exception", "ps")
+
+
+def test_an_endpoint_with_credentials_is_refused_without_repeating_them(runner):
+    with pytest.raises(ValueError, match=r"cfg\['endpoint'\].*no credentials.*token_env") as err:
+        runner.dryrun_component(
+            "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": "http://admin:hunter2@af:8080"}
+        )
+    assert "hunter2" not in str(err.value)
 
 
 def test_list_leaves_out_an_app_whose_airflow_is_down_and_lists_the_rest(runner):

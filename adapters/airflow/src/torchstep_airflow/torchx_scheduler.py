@@ -171,11 +171,10 @@ class AirflowScheduler(base.TorchstepScheduler):
         out = {k: v[1] for k, v in opts.items()}
         out.update(parse_options({k: v for k, v in cfg.items() if v is not None}, _OPTS, target=BACKEND))
         out["endpoint"] = out.get("endpoint") or os.environ.get(ENDPOINT_ENV)
+        fix = f"-cfg endpoint=http://HOST:PORT (or export {ENDPOINT_ENV}); credentials go in token_env / password_env"
         if not out["endpoint"]:
-            raise SpecError(
-                "cfg['endpoint']", BACKEND, "no Airflow API server given",
-                fix=f"-cfg endpoint=http://HOST:PORT (or export {ENDPOINT_ENV})",
-            )  # fmt: skip
+            raise SpecError("cfg['endpoint']", BACKEND, "no Airflow API server given", fix=fix)
+        out["endpoint"] = base.check_endpoint(out["endpoint"], "cfg['endpoint']", BACKEND, fix=fix)
         if out["target"] not in ("local", "kubernetes"):
             raise SpecError("cfg['target']", BACKEND, f"unknown target {out['target']!r}", fix="local or kubernetes")
         return out
@@ -328,7 +327,6 @@ class AirflowScheduler(base.TorchstepScheduler):
             return [f"(one Airflow task runs every replica: {role_name}/{k}'s lines are in {role_name}/0's log)\n"]
         api, path = found
         names = [r.name for r in desc.roles] or [role_name]
-        first = names[0] == role_name
         seen = {"try": 0}
 
         def fetch(cursor: int, final: bool) -> tuple[list[str], int]:
@@ -340,22 +338,11 @@ class AirflowScheduler(base.TorchstepScheduler):
                 seen["try"], cursor = try_number, 0
             log = api.call("GET", f"{path}/taskInstances/{TASK_ID}/logs/{try_number}?full_content=true")
             lines = [_log_line(e) for e in log.get("content") or []]
-            return [line for line in lines[cursor:] if _belongs(line, role_name, names, first)], len(lines)
+            return list(base.lines_of_role(lines[cursor:], role_name, names)), len(lines)
 
         return base.select_lines(
-            base.follow(fetch, lambda: self._finished(app_id), tail=should_tail, until=until), regex
+            base.follow(fetch, lambda: self.finished(app_id), tail=should_tail, until=until), regex
         )
-
-    def _finished(self, app_id: str) -> bool:
-        desc = self.describe(app_id)
-        return desc is None or desc.state in (AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED)
-
-
-def _belongs(line: str, role: str, roles: list[str], first: bool) -> bool:
-    """Whether a task-log line is ``role``'s: it names the role (``[role/rank]``, a launcher
-    event ``role/replica STATE``), or it names no role and ``role`` is the first one."""
-    named = [r for r in roles if f"[{r}/" in line or f" {r}/" in line]
-    return role in named if named else first
 
 
 def _log_line(entry: Any) -> str:

@@ -21,9 +21,8 @@ import re
 import uuid
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
-from torchstep.errors import SpecError
+from torchstep.schedulers import base
 
 #: The API's largest page.
 PAGE = 200
@@ -36,13 +35,8 @@ class PrefectAPIError(RuntimeError):
 
 def check_endpoint(url: str, where: str) -> str:
     """``url`` without its trailing ``/`` when it is an http(s) URL without credentials."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SpecError(where, None, f"{url!r} is not an http(s) URL", fix="e.g. http://127.0.0.1:4200/api")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise SpecError(where, None, "must hold no credentials, query or fragment (not shown)",
-                        fix="put credentials in the variable named by api_key_env / auth_string_env")  # fmt: skip
-    return url.rstrip("/")
+    return base.check_endpoint(url, where, None, fix=ENDPOINT_FIX
+                               + "; credentials go in the variables named by api_key_env / auth_string_env")  # fmt: skip
 
 
 def default_endpoint() -> str | None:

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -62,7 +62,6 @@ STATES = {
 _FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # Prefect's final states: no more logs
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")  # upper case: a pasted key (pnu_...) is refused
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_ROLE_PREFIX = re.compile(r"\[([^/\]\s]+)/\d+\]")
 #: Seconds after a flow run's end until its log is taken as complete (Prefect ships logs in
 #: batches every 2 s; the flow engine's "Finished in state" line ends it sooner).
 LOG_GRACE_S = 10.0
@@ -317,8 +316,9 @@ class PrefectScheduler(base.TorchstepScheduler):
         streams: Stream | None = None,
     ) -> Iterable[str]:
         """The flow run's log (one stream): role ``role_name``'s ``[role/rank]`` lines under
-        replica 0 — every rank of the role, whatever its replica —, and the run's own lines
-        (Prefect, torchstep) under replica 0 of the first role; ``should_tail`` follows the
+        replica 0 — every rank of the role, whatever its replica — with torchstep's events about
+        its replicas, and the run's own lines under replica 0 of the first role (the one rule:
+        :func:`torchstep.schedulers.base.lines_of_role`); ``should_tail`` follows the
         run until Prefect's state is final."""
         base.check_stream(streams, BACKEND)
         api, run = self._find(app_id)
@@ -329,7 +329,6 @@ class PrefectScheduler(base.TorchstepScheduler):
             raise ValueError(f"{BACKEND}: app {app_id} has no role {role_name!r}; fix: use one of {names}")
         if k != 0:
             return iter(())  # the log does not keep replicas apart: all of a role's ranks are under replica 0
-        mine = {role_name} | ({None} if not names or role_name == names[0] else set())
         seen: set[str] = set()
         after = {"ts": _utc(since) if since else None}
 
@@ -341,7 +340,8 @@ class PrefectScheduler(base.TorchstepScheduler):
             if new:  # read again from a little before the newest line: late writers are not lost
                 newest = max(datetime.fromisoformat(log["timestamp"]) for log in new) - timedelta(seconds=30)
                 after["ts"] = max(newest, after["ts"]) if after["ts"] else newest
-            return [line for log in new for line in _lines(log.get("message", ""), mine, names)], cursor
+            text = [line for log in new for line in str(log.get("message", "")).splitlines()]
+            return list(base.lines_of_role(text, role_name, names or [role_name])), cursor
 
         flushed = {"last": False}
 
@@ -365,14 +365,6 @@ def _utc(when: datetime) -> datetime:
 def _is_last(log: Mapping[str, Any]) -> bool:
     """The flow engine's last line ("Finished in state ..."): the flow process logged it last."""
     return log.get("task_run_id") is None and str(log.get("message", "")).startswith("Finished in state ")
-
-
-def _lines(message: str, mine: set[str | None], roles: list[str]) -> Iterator[str]:
-    for line in message.splitlines():
-        m = _ROLE_PREFIX.match(line)
-        owner = m[1] if m and m[1] in roles else None
-        if owner in mine:
-            yield line
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> PrefectScheduler:

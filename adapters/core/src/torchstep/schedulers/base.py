@@ -24,6 +24,7 @@ from typing import Any
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
 from torchx.specs import AppDef, AppState
 
+from torchstep.errors import SpecError
 from torchstep.spec.names import short_id
 
 #: How often a following ``log_iter`` / a waiting caller polls the orchestrator.
@@ -68,6 +69,48 @@ def roles_of(app: Any) -> list[Any]:
         return list(app_from_dict(app).roles)
     except ValueError:
         return []
+
+
+#: How a rank's line starts (``[role/rank] ...``, the agent's prefix) and how the launcher
+#: names a replica in its events (``torchstep: role/replica STATE``).
+_RANK_PREFIX = re.compile(r"\[([^/\]\s]+)/\d+\]")
+_EVENT = re.compile(r"torchstep: ([^/\s]+)/\d+ ")
+
+
+def role_of_line(line: str, roles: list[str]) -> str | None:
+    """The role a line of a step's one combined log belongs to (a rank's ``[role/rank]``
+    line, a launcher event about ``role/replica``), or ``None`` for the orchestrator's own.
+
+    >>> role_of_line("[trainer/3] loss 0.1", ["trainer", "ps"]), role_of_line("Task failed", ["trainer"])
+    ('trainer', None)
+    """
+    m = _RANK_PREFIX.match(line) or _EVENT.search(line)
+    return m[1] if m and m[1] in roles else None
+
+
+def lines_of_role(lines: Iterable[str], role: str, roles: list[str]) -> Iterator[str]:
+    """The lines of ``role`` in an orchestrator's one log of the whole step (Airflow's task
+    log, Prefect's flow-run log); the orchestrator's own lines go with the first role, so
+    ``torchx log`` over every role shows each line once."""
+    first = not roles or role == roles[0]
+    for line in lines:
+        owner = role_of_line(line, roles)
+        if owner == role or (owner is None and first):
+            yield line
+
+
+def check_endpoint(url: str, field: str, target: str | None, *, fix: str) -> str:
+    """``url`` without its trailing ``/``; a SpecError naming ``field`` unless it is an
+    http(s) URL with a host and without credentials, query or fragment — a record or a dry
+    run must never hold a password (the URL itself is then not repeated either)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise SpecError(field, target, "must hold no credentials, query or fragment (not shown)", fix=fix)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError(field, target, f"{url!r} is not an http(s) URL", fix=fix)
+    return url.rstrip("/")
 
 
 def check_stream(streams: Stream | None, scheduler: str) -> None:
@@ -121,6 +164,13 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
 
     def _validate(self, app: AppDef, scheduler: str) -> None:
         return None
+
+    def finished(self, app_id: str) -> bool:
+        """Whether ``app_id`` is gone or in a final state (ends a following ``log_iter``)."""
+        from torchx.specs.api import is_terminal
+
+        desc = self.describe(app_id)
+        return desc is None or is_terminal(desc.state)
 
     def list(self) -> list[ListAppResponse]:
         """The apps this user submitted from this machine (the private records), with their

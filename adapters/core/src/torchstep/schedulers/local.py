@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from torchx.schedulers.api import DescribeAppResponse, Stream
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
+from torchx.specs import AppDef, AppDryRunInfo, ReplicaStatus, RoleStatus, runopts
 
 from torchstep.files import open_private
 from torchstep.schedulers import base, records
@@ -252,12 +252,8 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
             text = data[:cut].decode("utf-8", "replace")
             return text.splitlines(keepends=True), cursor + cut
 
-        lines = base.follow(fetch, lambda: self._finished(app_id), tail=should_tail, until=until)
+        lines = base.follow(fetch, lambda: self.finished(app_id), tail=should_tail, until=until)
         return base.select_lines(lines, regex)
-
-    def _finished(self, app_id: str) -> bool:
-        desc = self.describe(app_id)
-        return desc is None or desc.state in (AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED)
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> TorchstepLocalScheduler:
