@@ -97,7 +97,7 @@ def test_task_log_lines_go_to_the_role_they_name_and_airflow_lines_to_the_first_
 
 
 def test_an_endpoint_with_credentials_is_refused_without_repeating_them(runner):
-    with pytest.raises(ValueError, match=r"cfg\['endpoint'\].*no credentials.*token_env") as err:
+    with pytest.raises(ValueError, match=r"cfg\['endpoint'\].*no credentials.*not shown.*token_env") as err:
         runner.dryrun_component(
             "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": "http://admin:hunter2@af:8080"}
         )

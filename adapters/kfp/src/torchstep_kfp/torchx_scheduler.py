@@ -58,7 +58,6 @@ STATES: dict[str, tuple[AppState, str]] = {
     "CANCELING": (AppState.CANCELLED, "KFP is stopping the run (CANCELING)"), "CANCELED": (AppState.CANCELLED, ""),
     "PAUSED": (AppState.PENDING, "the run is paused (PAUSED)"),
 }  # fmt: skip
-_URL = re.compile(r"https?://[^\s/@]+(/\S*)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -148,11 +147,8 @@ def _bad(key: str, problem: str, fix: str) -> SpecError:
 
 
 def _url(key: str, value: str, env: str) -> str:
-    if not _URL.fullmatch(value):
-        shown = value if "@" not in value else "(a URL with credentials, not shown)"
-        raise _bad(key, f"{shown!r} is not an http(s) URL without credentials",
-                   fix=f"-cfg {key}=https://kfp.example.com (or ${env}); a token goes in the variable named by token_env")  # fmt: skip
-    return value.rstrip("/")
+    fix = f"-cfg {key}=https://kfp.example.com (or ${env}); a token goes in the variable named by token_env"
+    return base.check_endpoint(value, f"cfg['{key}']", BACKEND, fix=fix)
 
 
 def resolve(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[Connection, dict[str, Any]]:

@@ -107,8 +107,11 @@ def check_endpoint(url: str, field: str, target: str | None, *, fix: str) -> str
 
     parts = urlsplit(url)
     if parts.username or parts.password or parts.query or parts.fragment:
-        raise SpecError(field, target, "must hold no credentials, query or fragment (not shown)", fix=fix)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError(
+            field, target, "must be an http(s) URL with no credentials, query or fragment (a URL with credentials, "
+            "not shown)", fix=fix,
+        )  # fmt: skip
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
         raise SpecError(field, target, f"{url!r} is not an http(s) URL", fix=fix)
     return url.rstrip("/")
 
