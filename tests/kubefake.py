@@ -13,6 +13,9 @@ objects (attribute access, snake_case fields) for the paths JobSet uses:
   lines with RFC 3339 timestamps; ``drop_after`` makes a stream end early once, as a
   dropped connection does; ``since_seconds`` is honoured (with the overlap a real API
   server gives), so a reattached reader sees some lines again and must skip them;
+- creating an object whose name exists raises :class:`ApiError` 409 (as the API server's
+  AlreadyExists); ``patch_namespaced_job/pod`` merge ``metadata.annotations`` and are
+  recorded in ``patches``;
 - ``delete_*`` record what was deleted (and with which propagation policy).
 """
 
@@ -24,6 +27,26 @@ import types
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+
+class ApiError(Exception):
+    """An API error with its HTTP status, like the official client's ``ApiException``."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"({status}) {reason}")
+        self.status = status
+        self.reason = reason
+
+
+def _plain(obj: Any) -> Any:
+    """An answer (namespaces) as plain dicts, as ``ApiClient.sanitize_for_serialization``."""
+    if isinstance(obj, types.SimpleNamespace):
+        return {("apiVersion" if k == "api_version" else k): _plain(v) for k, v in vars(obj).items()}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
 
 
 def ns(**kw: Any) -> types.SimpleNamespace:
@@ -49,6 +72,9 @@ class FakeKube:
         self.drop_after = drop_after
         self.objects: list[dict[str, Any]] = []
         self.deleted: list[tuple[str, str, str | None]] = []  # (kind, selector or name, propagation)
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []  # (kind, name, body)
+        self.conflicts = 0
+        self.annotations: dict[tuple[str, str], dict[str, str]] = {}  # patched metadata.annotations
         self.log_calls: list[dict[str, Any]] = []
         self.reads = 0
         self.fail_status_reads = 0  # raise on the next N job status reads (an API error)
@@ -65,12 +91,23 @@ class FakeKube:
                 self.fail_status_reads -= 1
                 raise RuntimeError("(500) Internal Server Error")
             self.reads += 1
-        if self._job_deleted():
-            return ns(status=ns(conditions=[]))
+        stored = next((o for o in self.objects if o["kind"] == "Job" and o["metadata"]["name"] == name), None)
+        if stored is None or self._job_deleted():
+            raise ApiError(404, f"jobs.batch {name!r} not found")
+        meta = ns(name=name, uid=stored["metadata"]["uid"], labels=(stored or {}).get("metadata", {}).get("labels", {}),
+                  annotations={**(stored or {}).get("metadata", {}).get("annotations", {}),
+                               **self.annotations.get(("Job", name), {})})  # fmt: skip
+        head = {"api_version": "batch/v1", "kind": "Job", "metadata": meta}
         if not self._all_done():
-            return ns(status=ns(conditions=[]))
+            return ns(**head, status=ns(conditions=[]))
         ok = all(s.codes[-1] == 0 for s in self.scripts.values())
-        return ns(status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")]))
+        return ns(**head, status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")]))
+
+    def patch_namespaced_job(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._patch("Job", name, body)
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._patch("Pod", name, body)
 
     def delete_collection_namespaced_job(
         self, namespace: str, label_selector: str, propagation_policy: str | None = None
@@ -90,7 +127,12 @@ class FakeKube:
                 self.reads += 1  # a bare Pod is its own workload: its status read is the poll
         pod = next((p for p in self._pod_list() if p.metadata.name == name), None)
         if pod is None:
-            raise RuntimeError(f"(404) pods {name!r} not found")
+            raise ApiError(404, f"pods {name!r} not found")
+        stored = next((o for o in self.objects if o["kind"] == "Pod" and o["metadata"]["name"] == name), None)
+        if stored is not None:  # a bare Pod: its own annotations (the saved log cursor)
+            extra = {**(stored["metadata"].get("annotations") or {}), **self.annotations.get(("Pod", name), {})}
+            pod = ns(metadata=ns(**{**vars(pod.metadata), "annotations": {**pod.metadata.annotations, **extra}}),
+                     status=pod.status)  # fmt: skip
         return pod
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
@@ -117,18 +159,31 @@ class FakeKube:
         self.deleted.append(("pods", label_selector, propagation_policy))
 
     def list_namespaced_service(self, namespace: str, label_selector: str) -> Any:
-        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"])) for o in self.objects if o["kind"] == "Service"])
+        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"], labels=o["metadata"].get("labels", {})))
+                         for o in self.objects if o["kind"] == "Service"])  # fmt: skip
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self.deleted.append(("service", name, None))
 
     def sanitize(self, obj: Any) -> dict[str, Any]:
-        return obj
+        return _plain(obj)
 
     # -- the scripted world ------------------------------------------------------------------------
     def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        if any(o["kind"] == body["kind"] and o["metadata"]["name"] == body["metadata"]["name"] for o in self.objects):
+            self.conflicts += 1
+            raise ApiError(409, "AlreadyExists")
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
         self.objects.append(obj)
+        return obj
+
+    def _patch(self, kind: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        obj = next((o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name), None)
+        if obj is None:
+            raise ApiError(404, "NotFound")
+        self.patches.append((kind, name, body))
+        # kept beside the created body, which tests compare with what was rendered
+        self.annotations.setdefault((kind, name), {}).update((body.get("metadata") or {}).get("annotations") or {})
         return obj
 
     def _job(self) -> dict[str, Any] | None:

@@ -48,6 +48,8 @@ CANCEL_MARGIN_S = 30.0
 POLL_S = 0.2
 #: The longest run id (DNS-1123 subdomains are at most 253 characters).
 RUN_ID_MAX = 200
+#: How many failed-and-kept Jobs of one logical attempt ``KubernetesStep.for_attempt`` skips.
+MAX_KEPT_ATTEMPTS = 50
 
 LineCallback = Callable[[str], None]
 log = logging.getLogger("torchstep.steps")
@@ -286,7 +288,14 @@ class KubernetesStep(_Runner):
 
     ``cfg`` holds the kubernetes run options (``torchstep runopts kubernetes``);
     ``client`` the Kubernetes client (default, set on first use: the official client from
-    the kubeconfig or the in-cluster config); ``on_line`` receives every pod's lines.
+    the kubeconfig or the in-cluster config); ``on_line`` receives every pod's lines;
+    ``cursor_store`` (optional, ``get``/``set``) keeps the log position across crashes.
+
+    Running is *attach or create* (:class:`~torchstep.kubernetes.JobSet`): the objects'
+    names come from ``run_id``, so running the same ``run_id`` again after the watcher
+    died attaches to the running (or finished) Job instead of starting a second one.
+    :meth:`for_attempt` picks the run id of a logical attempt for orchestrators that keep
+    no state between tries.
 
     Example::
 
@@ -305,6 +314,7 @@ class KubernetesStep(_Runner):
         poll_interval: float = 2.0,
         on_finish: str = "delete",
         result_file: str | None = None,
+        cursor_store: Any = None,
     ) -> None:
         from torchstep.kubernetes import render_app
 
@@ -317,8 +327,44 @@ class KubernetesStep(_Runner):
         self.on_line = on_line
         self.poll_interval = poll_interval
         self.on_finish = on_finish
+        self.cursor_store = cursor_store
         self.jobs: Any = None
         super().__init__(f"torchstep-kubernetes-{run_id}", 30.0)
+
+    @classmethod
+    def for_attempt(cls, plan: StepPlan, *, attempt_id: str, client: KubernetesClient, **kwargs: Any) -> KubernetesStep:
+        """The step of one logical attempt, for an orchestrator that keeps no state between
+        the tries of a step (KFP, Prefect): run id ``attempt_id``, or ``attempt_id.a2``,
+        ``.a3``... past every earlier Job of it that *failed* and was kept (a retry after a
+        failure must start afresh; a rerun after the watcher died must attach). ``client``
+        is required: finding the attempt reads the cluster.
+
+        Example::
+
+            step = KubernetesStep.for_attempt(plan, attempt_id=step_run_id("kfp", job, task), client=kube)
+        """
+        from torchstep.result import FAILED
+
+        for n in range(1, MAX_KEPT_ATTEMPTS + 1):
+            run_id = attempt_id if n == 1 else f"{attempt_id}.a{n}"
+            step = cls(plan, run_id=run_id, client=client, **kwargs)
+            if step.job_set().state() != FAILED:
+                return step
+            log.info("torchstep: %s failed earlier and was kept; trying the next attempt", run_id)
+        raise SpecError(
+            "attempt_id", "kubernetes", f"{MAX_KEPT_ATTEMPTS} failed Jobs of {attempt_id!r} are still kept",
+            fix="delete the failed Jobs (kubectl delete jobs -l torchstep/app-id=...) or use on_finish='delete'",
+        )  # fmt: skip
+
+    @property
+    def attached(self) -> bool:
+        """Whether this run attached to workloads created earlier (after ``run``)."""
+        return bool(self.jobs is not None and self.jobs.attached)
+
+    def state(self) -> str | None:
+        """The run's state on the cluster (:meth:`torchstep.kubernetes.JobSet.state`):
+        ``None`` if nothing of it exists, else RUNNING, SUCCEEDED or FAILED."""
+        return str_or_none(self.job_set().state())
 
     def job_set(self) -> Any:
         """The :class:`~torchstep.kubernetes.JobSet` of this try (created on first use)."""
@@ -330,7 +376,7 @@ class KubernetesStep(_Runner):
                 self.client = OfficialClient.from_config()
             self.jobs = JobSet(
                 self.rendered, self.client, on_line=self.on_line, poll_interval=self.poll_interval,
-                on_finish=self.on_finish,
+                on_finish=self.on_finish, cursor_store=self.cursor_store,
             )  # fmt: skip
             if self._cancel.is_set():  # cancelled before it started: it creates nothing that keeps running
                 self.jobs.cancel()
@@ -344,6 +390,10 @@ class KubernetesStep(_Runner):
         self._cancel.set()
         if self.jobs is not None:
             self.jobs.cancel()
+
+
+def str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _with_run_id(cfg: Mapping[str, Any] | None, run_id: str, target: str) -> dict[str, Any]:

@@ -22,13 +22,17 @@ from typing import Any, Protocol
 
 
 class KubernetesClient(Protocol):
-    """Exactly the calls a :class:`~torchstep.kubernetes.JobSet` uses (official client names)."""
+    """Exactly the calls a :class:`~torchstep.kubernetes.JobSet` uses (official client names).
+    An API error carries its HTTP status as ``.status`` (409: exists, 404: not found), as
+    the official client's ``ApiException`` does."""
 
     def create_namespaced_job(self, namespace: str, body: Any) -> Any: ...
     def read_namespaced_job_status(self, name: str, namespace: str) -> Any: ...
+    def patch_namespaced_job(self, name: str, namespace: str, body: Any) -> Any: ...
     def delete_collection_namespaced_job(self, namespace: str, **kwargs: Any) -> Any: ...
     def create_namespaced_pod(self, namespace: str, body: Any) -> Any: ...
     def read_namespaced_pod_status(self, name: str, namespace: str) -> Any: ...
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> Any: ...
     def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
     def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
     def delete_collection_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
@@ -44,7 +48,14 @@ class OfficialClient:
     """:class:`KubernetesClient` over the official client's ``CoreV1Api`` (``core``),
     ``BatchV1Api`` (``batch``) and ``ApiClient`` (``api_client``)."""
 
-    _BATCH = frozenset({"create_namespaced_job", "read_namespaced_job_status", "delete_collection_namespaced_job"})
+    _BATCH = frozenset(
+        {
+            "create_namespaced_job",
+            "read_namespaced_job_status",
+            "patch_namespaced_job",
+            "delete_collection_namespaced_job",
+        }
+    )
 
     def __init__(self, *, core: Any, batch: Any, api_client: Any = None) -> None:
         self.core = core

@@ -8,6 +8,13 @@ result summary as the container's termination message; one
 :class:`~torchstep.result.StepResult` through :func:`torchstep.result.merge`), cancel, and
 delete everything with foreground propagation on every exit path.
 
+Creating is *attach or create*: every object name is derived from the run id (the
+orchestrator's identity of the logical attempt), so a watcher that died and is run again
+finds its own Job (HTTP 409 and our labels) and attaches to it instead of starting a second
+gang of pods; its log followers continue after the cursor the first watcher saved (on the
+workload as the :data:`CURSOR_ANNOTATION` annotation, and in ``cursor_store`` when given).
+An object of that name without our labels is someone else's: a :class:`SpecError` naming it.
+
 The Kubernetes client is injected (:class:`~torchstep.kubernetes.client.KubernetesClient`),
 so Airflow's hook, a KFP launcher pod's in-cluster config or a Prefect worker's kubeconfig
 all drive the same code.
@@ -21,18 +28,19 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from torchstep.errors import SpecError
 from torchstep.kubernetes.client import KubernetesClient
 from torchstep.kubernetes.failure import FailureKind, classify_exit
 from torchstep.kubernetes.pod import CONTAINER_NAME
-from torchstep.kubernetes.render import LABEL_ROLE, RenderedApp, owned_by
-from torchstep.result import CANCELLED, FAILED, SUCCEEDED, ReplicaResult, StepResult, merge
+from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, LABEL_ROLE, RenderedApp, owned_by
+from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, ReplicaResult, StepResult, merge
 
 #: What happens to the objects when the run ends: always deleted, deleted only after
 #: success (failed pods stay for inspection), or kept.
@@ -40,9 +48,22 @@ ON_FINISH = ("delete", "delete_succeeded", "keep")
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: How often a dropped log stream of a running pod is reattached before giving up on it.
 MAX_REATTACH = 100
+#: Annotation on the first role's workload: where the watcher's log followers are
+#: (``{"pods": {pod: [timestamp, lines at that timestamp]}}``), for a watcher that reattaches.
+CURSOR_ANNOTATION = "torchstep/log-cursor"
+#: The key of that cursor in a ``cursor_store`` (Airflow's task state store, for one).
+CURSOR_KEY = "torchstep_log_cursor"
 log = logging.getLogger("torchstep.kubernetes")
 
 LineCallback = Callable[[str], None]
+
+
+class CursorStore(Protocol):
+    """Where a watcher keeps its log position across crashes (``get``/``set`` of JSON
+    values: Airflow's ``task_state_store`` is one)."""
+
+    def get(self, key: str) -> Any: ...
+    def set(self, key: str, value: Any) -> Any: ...
 
 
 class JobSet:
@@ -50,7 +71,10 @@ class JobSet:
 
     ``on_line(text)`` receives every line of every pod's main container (the agent already
     prefixes ``[role/rank]``); ``on_finish`` is one of :data:`ON_FINISH`; ``poll_interval``
-    the seconds between status reads.
+    the seconds between status reads; ``cursor_store`` (optional) keeps the log position
+    too, saved at most every ``cursor_interval`` seconds and when the run ends.
+    After :meth:`create`, ``attached`` says whether this run found its workloads running
+    (or finished) instead of creating them.
     """
 
     def __init__(
@@ -62,6 +86,8 @@ class JobSet:
         poll_interval: float = 2.0,
         on_finish: str = "delete",
         logger: logging.Logger | Any = None,
+        cursor_store: CursorStore | None = None,
+        cursor_interval: float = 5.0,
     ) -> None:
         if on_finish not in ON_FINISH:
             raise SpecError("on_finish", "kubernetes", f"unknown {on_finish!r}", fix=f"one of {', '.join(ON_FINISH)}")
@@ -78,6 +104,13 @@ class JobSet:
         self._followed: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._emit_lock = threading.Lock()
+        self.attached = False
+        self.cursor_store = cursor_store
+        self.cursor_interval = float(cursor_interval)
+        self._cursors: dict[str, _Cursor] = {}
+        self._resume: dict[str, tuple[str, int]] = {}
+        self._saved: dict[str, tuple[str, int]] = {}
+        self._saved_at = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> StepResult:
@@ -96,6 +129,7 @@ class JobSet:
             self._finish_logs()
             raise
         self._finish_logs()  # the last lines of finished pods, before they may be deleted
+        self.save_cursor(force=True)
         if state != CANCELLED and (
             self.on_finish == "delete" or (self.on_finish == "delete_succeeded" and self.result.succeeded)
         ):
@@ -107,18 +141,88 @@ class JobSet:
         self._cancel.set()
 
     def create(self) -> None:
-        """Create each role's workload, then its Service owned by it (deleted with it)."""
+        """Attach or create each role's workload, then its Service owned by it (deleted
+        with it). A workload that already exists with this run's labels is attached to (see
+        the module docstring); one without them stops the run with a :class:`SpecError`."""
         for role in self.rendered.roles:
             body = dict(role.workload)
-            if body["kind"] == "Job":
-                created = self.client.create_namespaced_job(self.ns, body=body)
-            else:
-                created = self.client.create_namespaced_pod(self.ns, body=body)
-            self.log.info("torchstep: created %s %s/%s", body["kind"], self.ns, body["metadata"]["name"])
+            kind, name = body["kind"], body["metadata"]["name"]
+            try:
+                if kind == "Job":
+                    created = self.client.create_namespaced_job(self.ns, body=body)
+                else:
+                    created = self.client.create_namespaced_pod(self.ns, body=body)
+                self.log.info("torchstep: created %s %s/%s", kind, self.ns, name)
+            except Exception as e:
+                if _http_status(e) != 409:
+                    raise
+                created = self._read_ours(kind, name)
+                self.attached = True
+                self._resume_from(created)
+                self.log.info("torchstep: attached to the running %s %s/%s (created earlier for this run)",
+                              kind, self.ns, name)  # fmt: skip
             if role.service is not None:
-                self.client.create_namespaced_service(
-                    self.ns, body=owned_by(role.service, self.client.sanitize(created))
-                )
+                service = owned_by(role.service, self.client.sanitize(created))
+                try:
+                    self.client.create_namespaced_service(self.ns, body=service)
+                except Exception as e:
+                    if _http_status(e) != 409:
+                        raise
+                    self._check_ours("Service", service["metadata"]["name"], self._service_labels(service))
+        if self.attached and self.cursor_store is not None:
+            self._resume_merge(_cursor_value(self._store_get()))
+
+    def state(self) -> str | None:
+        """The run's state on the cluster without changing anything: ``None`` when none of
+        its workloads exists (never created, or deleted), ``FAILED`` when one failed,
+        ``SUCCEEDED`` when all did, else ``RUNNING`` (some may still be missing: ``run``
+        attaches to what exists and creates the rest)."""
+        states: list[str | None] = []
+        found = False
+        for r in self.rendered.roles:
+            try:
+                states.append(self._workload_state(r.kind, r.name))
+                found = True
+            except Exception as e:
+                if _http_status(e) != 404:
+                    raise
+                states.append(None)
+        if not found:
+            return None
+        if FAILED in states:
+            return FAILED
+        if all(s == SUCCEEDED for s in states):
+            return SUCCEEDED
+        return RUNNING
+
+    def _read_ours(self, kind: str, name: str) -> Any:
+        """The existing workload ``name``, checked to be this run's."""
+        if kind == "Job":
+            obj = self.client.read_namespaced_job_status(name, self.ns)
+        else:
+            obj = self.client.read_namespaced_pod_status(name, self.ns)
+        self._check_ours(kind, name, _get(obj, "metadata", "labels") or {})
+        return obj
+
+    def _check_ours(self, kind: str, name: str, labels: Any) -> None:
+        labels = dict(labels or {})
+        if labels.get(LABEL_APP_ID) == self.rendered.app_id and labels.get(LABEL_MANAGED_BY) == "torchstep":
+            return
+        raise SpecError(
+            f"{kind} {self.ns}/{name}",
+            "kubernetes",
+            f"already exists and was not created by this run (labels {LABEL_APP_ID}={labels.get(LABEL_APP_ID)!r}, "
+            f"{LABEL_MANAGED_BY}={labels.get(LABEL_MANAGED_BY)!r}; expected {self.rendered.app_id!r}, 'torchstep')",
+            fix="delete that object, or give this step another name or namespace; torchstep never adopts "
+            "or deletes objects that are not its own",
+        )
+
+    def _service_labels(self, service: dict[str, Any]) -> Any:
+        for svc in _get(self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector),
+                        "items") or []:  # fmt: skip
+            if _get(svc, "metadata", "name") == service["metadata"]["name"]:
+                return _get(svc, "metadata", "labels") or {}
+        return {}
 
     def wait(self) -> str:
         """Poll until every workload finished, one failed, or a cancel; the step's state."""
@@ -131,6 +235,7 @@ class JobSet:
                 return FAILED
             if all(s == SUCCEEDED for s in states):
                 return SUCCEEDED
+            self.save_cursor()
             self._cancel.wait(self.poll)
 
     def _workload_state(self, kind: str, name: str) -> str | None:
@@ -164,7 +269,8 @@ class JobSet:
     def _follow(self, name: str) -> None:
         """Stream one pod's log to ``on_line``; reattach after a dropped stream (the
         timestamps of the lines already seen tell where to continue)."""
-        cursor = _Cursor()
+        with self._emit_lock:
+            cursor = self._cursors.setdefault(name, _Cursor.resumed(self._resume.get(name)))
         for attempt in range(MAX_REATTACH + 1):
             if attempt:
                 cursor.reattach()
@@ -201,10 +307,11 @@ class JobSet:
         return phase in ("Succeeded", "Failed", None)
 
     def _emit(self, cursor: _Cursor, raw: bytes) -> None:
-        text = cursor.accept(raw.decode("utf-8", "replace").rstrip("\r"))
-        if text is None:
-            return
+        # accept and deliver under one lock: a saved cursor never runs ahead of the lines delivered
         with self._emit_lock:
+            text = cursor.accept(raw.decode("utf-8", "replace").rstrip("\r"))
+            if text is None:
+                return
             try:
                 self.on_line(text)
             except Exception as e:  # the caller's callback must not end the stream
@@ -223,6 +330,58 @@ class JobSet:
             self._follow_new_pods()
         except Exception as e:
             self.log.warning("torchstep: listing pods for their last log lines: %s", e)
+
+    # -- the log cursor, for a watcher that reattaches -----------------------------------------------
+    def save_cursor(self, *, force: bool = False) -> None:
+        """Save where every pod's log follower is (if it moved): as an annotation on the
+        first workload and in ``cursor_store``. At most every ``cursor_interval`` seconds
+        unless ``force``; a failure to save is a warning, never the run's failure."""
+        now = time.monotonic()
+        if not force and now - self._saved_at < self.cursor_interval:
+            return
+        with self._emit_lock:
+            positions = {name: c.position() for name, c in self._cursors.items()}
+        pods = {name: pos for name, pos in positions.items() if pos is not None}
+        self._saved_at = now
+        if not pods or pods == self._saved:
+            return
+        value = {"pods": {name: [key, count] for name, (key, count) in sorted(pods.items())}}
+        if not force:  # at the end the workload may be about to go; the store is enough
+            self._annotate(value)
+        if self.cursor_store is not None:
+            try:
+                self.cursor_store.set(CURSOR_KEY, value)
+            except Exception as e:
+                self.log.warning("torchstep: saving the log position: %s", e)
+        self._saved = pods
+
+    def _annotate(self, value: dict[str, Any]) -> None:
+        role = self.rendered.roles[0]
+        patch = {"metadata": {"annotations": {CURSOR_ANNOTATION: json.dumps(value, separators=(",", ":"))}}}
+        try:
+            if role.kind == "Job":
+                self.client.patch_namespaced_job(role.name, self.ns, body=patch)
+            else:
+                self.client.patch_namespaced_pod(role.name, self.ns, body=patch)
+        except Exception as e:  # the cursor is an optimisation: lines repeat, none is lost
+            self.log.warning("torchstep: saving the log position on %s %s: %s", role.kind, role.name, e)
+
+    def _resume_from(self, workload: Any) -> None:
+        if self.rendered.roles and _get(workload, "metadata", "name") == self.rendered.roles[0].name:
+            text = (_get(workload, "metadata", "annotations") or {}).get(CURSOR_ANNOTATION)
+            self._resume_merge(_cursor_value(text))
+
+    def _store_get(self) -> Any:
+        try:
+            return self.cursor_store.get(CURSOR_KEY) if self.cursor_store is not None else None
+        except Exception as e:
+            self.log.warning("torchstep: reading the saved log position: %s", e)
+            return None
+
+    def _resume_merge(self, found: dict[str, tuple[str, int]]) -> None:
+        for name, pos in found.items():  # the furthest of the two saved positions
+            if name not in self._resume or pos > self._resume[name]:
+                self._resume[name] = pos
 
     # -- result and cleanup ------------------------------------------------------------------------
     def collect(self, state: str, started: float) -> StepResult:
@@ -326,6 +485,42 @@ class _Cursor:
 
     def reattach(self) -> None:
         self._skip_at_last = self.at_last
+
+    @classmethod
+    def resumed(cls, position: tuple[str, int] | None) -> _Cursor:
+        """A cursor continuing after ``position`` (saved by an earlier watcher)."""
+        cursor = cls()
+        if position is not None:
+            cursor.last, cursor.at_last = position
+            cursor.epoch = _epoch(position[0])
+            cursor.reattach()
+        return cursor
+
+    def position(self) -> tuple[str, int] | None:
+        return None if self.last is None else (self.last, self.at_last)
+
+
+def _cursor_value(value: Any) -> dict[str, tuple[str, int]]:
+    """A saved cursor (a dict, or its JSON text) as ``{pod: (timestamp key, count)}``;
+    anything malformed is ignored (the logs are then read from the start again)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    pods = value.get("pods") if isinstance(value, dict) else None
+    out: dict[str, tuple[str, int]] = {}
+    for name, pos in (pods or {}).items() if isinstance(pods, dict) else ():
+        if (isinstance(name, str) and isinstance(pos, list | tuple) and len(pos) == 2 and isinstance(pos[0], str)
+                and _ts_key(pos[0] + "Z") is not None and isinstance(pos[1], int) and pos[1] >= 0):  # fmt: skip
+            out[name] = (pos[0], pos[1])
+    return out
+
+
+def _http_status(error: BaseException) -> int | None:
+    """The HTTP status of an API error (the official client's ``ApiException.status``)."""
+    status = getattr(error, "status", None)
+    return status if isinstance(status, int) else None
 
 
 def _ts_key(stamp: str) -> str | None:

@@ -1,0 +1,171 @@
+"""Attach or create (``JobSet.create``) against the in-memory fake API (tests/kubefake.py):
+a watcher run again with the same run id finds its Job and attaches instead of starting a
+second one, continues the logs after the saved cursor, and refuses an object it did not
+create. The cross-process version (a SIGKILLed watcher) is tests/kubernetes/test_durable.py."""
+
+from __future__ import annotations
+
+import pytest
+import torchstep
+from kubefake import FakeKube, Script
+from torchstep.kubernetes import JobSet, render_app
+from torchstep.kubernetes.jobs import CURSOR_ANNOTATION, CURSOR_KEY
+from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
+from torchstep.steps import KubernetesStep
+from torchx import specs
+
+
+def app(replicas: int = 2) -> specs.AppDef:
+    role = specs.Role(
+        "trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
+        num_replicas=replicas, metadata={"torchstep": {"nproc_per_node": 2}},
+    )  # fmt: skip
+    return specs.AppDef("train", roles=[role])
+
+
+def rendered(run_id: str = "run-42"):
+    return render_app(app(), namespace="ml", cfg={"run_id": run_id})
+
+
+class Store:
+    """A task state store (Airflow's has this interface)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+
+    def get(self, key: str) -> object:
+        return self.values.get(key)
+
+    def set(self, key: str, value: object) -> None:
+        self.values[key] = value
+
+
+def scripts(n: int = 2, lines: int = 8) -> dict[int, Script]:
+    return {i: Script(lines=[f"[trainer/{2 * i}] step {k}" for k in range(lines)]) for i in range(n)}
+
+
+def test_a_second_watcher_attaches_to_the_running_job_instead_of_creating_another() -> None:
+    fake = FakeKube(scripts())
+    first = JobSet(rendered(), fake, poll_interval=0.01)
+    first.create()  # ... and the watcher dies here
+    assert first.attached is False
+    lines: list[str] = []
+    second = JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01)
+    result = second.run()
+    assert second.attached is True
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # one Job, one Service: nothing new
+    assert fake.conflicts == 2  # the Job and its Service both existed
+    assert result.state == SUCCEEDED and [r.replica_id for r in result.replicas] == [0, 1]
+    assert len(lines) == 16  # nobody saved a cursor: every line is read
+
+
+def test_state_reads_the_cluster_without_changing_it() -> None:
+    fake = FakeKube(scripts(), polls=3)
+    js = JobSet(rendered(), fake, poll_interval=0.01)
+    assert js.state() is None  # nothing created yet
+    js.create()
+    assert js.state() == RUNNING
+    while js.state() == RUNNING:
+        pass
+    assert js.state() == SUCCEEDED
+    assert len(fake.objects) == 2
+
+
+def test_a_job_that_finished_while_nobody_watched_returns_its_result_without_a_rerun() -> None:
+    fake = FakeKube({0: Script(codes=[1], messages=[None]), 1: Script()})
+    JobSet(rendered(), fake).create()
+    while fake.reads <= 10:  # the pods run to their end meanwhile
+        fake.read_namespaced_job_status(rendered().roles[0].name, "ml")
+    result = JobSet(rendered(), fake, poll_interval=0.01).run()
+    assert result.state == FAILED and "trainer/0 exited 1" in (result.message or "")
+    assert sum(o["kind"] == "Job" for o in fake.objects) == 1
+
+
+def test_an_object_of_the_same_name_without_our_labels_is_refused_and_left_alone() -> None:
+    fake = FakeKube(scripts())
+    foreign = rendered().roles[0].workload
+    foreign["metadata"]["labels"] = {"team": "other"}
+    fake.create_namespaced_job("ml", body=foreign)
+    with pytest.raises(torchstep.SpecError) as err:
+        JobSet(rendered(), fake, poll_interval=0.01).run()
+    text = str(err.value)
+    assert f"Job ml/{foreign['metadata']['name']}" in text and "not created by this run" in text
+    assert "delete that object" in text
+    # the cleanup deleted only by our selector: the foreign Job has no torchstep/app-id label
+    assert all("torchstep/app-id=" in sel for kind, sel, _ in fake.deleted if kind in ("jobs", "pods"))
+    assert fake.objects[0]["metadata"]["labels"] == {"team": "other"}
+
+
+def test_the_reattached_watcher_continues_the_logs_after_the_saved_cursor() -> None:
+    fake = FakeKube(scripts())
+    store = Store()
+    first_lines: list[str] = []
+    first = JobSet(rendered(), fake, on_line=first_lines.append, poll_interval=0.01, on_finish="keep",
+                   cursor_store=store)  # fmt: skip
+    first.run()  # read everything, saved its cursor at the end, then "died" before reporting
+    assert CURSOR_KEY in store.values and len(first_lines) == 16
+    again: list[str] = []
+    second = JobSet(rendered(), fake, on_line=again.append, poll_interval=0.01, cursor_store=store)
+    assert second.run().state == SUCCEEDED and second.attached
+    assert again == []  # nothing is repeated: every line was delivered before the cursor
+
+
+def test_the_cursor_is_saved_on_the_workload_for_watchers_without_a_store() -> None:
+    fake = FakeKube(scripts())
+    first = JobSet(rendered(), fake, on_line=lambda _: None, poll_interval=0.01, on_finish="keep")
+    first.run()
+    first.save_cursor()  # throttled: nothing new since the last save
+    first._saved = {}  # as if the periodic save in wait() ran after the last line
+    first.save_cursor()
+    assert fake.patches and fake.patches[-1][0] == "Job"
+    assert CURSOR_ANNOTATION in fake.patches[-1][2]["metadata"]["annotations"]
+    again: list[str] = []
+    second = JobSet(rendered(), fake, on_line=again.append, poll_interval=0.01)
+    second.run()
+    assert second.attached and again == []
+
+
+def test_a_malformed_saved_cursor_means_reading_from_the_start_not_a_failure() -> None:
+    fake = FakeKube(scripts(1, 3))
+    JobSet(rendered(), fake).create()
+    store = Store()
+    store.values[CURSOR_KEY] = {"pods": {"x": ["not a time", -1], "y": "junk"}}
+    lines: list[str] = []
+    result = JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
+    assert result.state == SUCCEEDED and len(lines) == 3
+
+
+def test_for_attempt_starts_afresh_after_a_kept_failed_job_and_attaches_otherwise() -> None:
+    plan = torchstep.build_plan(app(), target="kubernetes")
+    fake = FakeKube({0: Script(codes=[1]), 1: Script()})
+    first = KubernetesStep.for_attempt(plan, attempt_id="kfp.run-1.task-7", client=fake, cfg={"namespace": "ml"},
+                                       poll_interval=0.01, on_finish="keep")  # fmt: skip
+    assert first.run_id == "kfp.run-1.task-7" and first.run().state == FAILED
+    retry = KubernetesStep.for_attempt(plan, attempt_id="kfp.run-1.task-7", client=fake, cfg={"namespace": "ml"})
+    assert retry.run_id == "kfp.run-1.task-7.a2"  # the failed Job is kept: the retry is a new attempt
+    assert retry.state() is None
+
+
+def test_a_step_result_summary_survives_the_reattach() -> None:
+    message = StepResult(app_id="x", state=SUCCEEDED, exit_code=0, outputs={"loss": 0.25}).summary()
+    fake = FakeKube({0: Script(messages=[message]), 1: Script(messages=[message])})
+    JobSet(rendered(), fake).create()
+    result = JobSet(rendered(), fake, poll_interval=0.01).run()
+    assert result.state == SUCCEEDED and result.outputs == {"loss": 0.25}
+
+
+def test_a_watcher_that_died_midway_delivers_exactly_the_lines_after_its_cursor() -> None:
+    from kubefake import _ts
+
+    fake = FakeKube(scripts(1, 8))
+    JobSet(rendered(), fake).create()
+    pod = fake._pod_list()[0].metadata.name
+    # the dead watcher had delivered lines 0..4: line 4 shares its timestamp with line 5
+    stamp = _ts(4)
+    key = stamp[:-1] if "." in stamp else stamp[:-1] + ".0"
+    key = key.split(".")[0] + "." + key.split(".")[1].ljust(9, "0")
+    store = Store()
+    store.values[CURSOR_KEY] = {"pods": {pod: [key, 1]}}
+    lines: list[str] = []
+    JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
+    assert lines == [f"[trainer/0] step {k} (pod 0)" for k in range(5, 8)]
