@@ -88,6 +88,8 @@ def test_the_executor_runs_the_entry_point_with_every_input_as_a_placeholder(tmp
     assert task["inputs"]["parameters"]["lr"] == {"componentInputParameter": "lr"}
     # macros: KFP's run id reaches the step (with the pod's name: app_id differs per run, task and retry)
     assert task["inputs"]["parameters"]["torchstep_job_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    # KFP's task id (one per task, the same for its retries): a retried launcher finds its Jobs
+    assert task["inputs"]["parameters"]["torchstep_task_id"]["runtimeValue"]["constant"] == "{{$.pipeline_task_uuid}}"
     assert task["cachingOptions"] == {}  # caching off by default
     assert (
         container["resources"]["resourceCpuLimit"] == "1" and container["resources"]["resourceMemoryLimit"] == "256Mi"

@@ -85,6 +85,58 @@ def test_run_ids_differ_per_kfp_run_task_and_retry_pod(tmp_path: Path, monkeypat
     assert len(set(ids)) == 3
 
 
+class LauncherDies(BaseException):
+    """Stands for the launcher pod dying (SIGKILL, node loss): nothing it would clean up is cleaned."""
+
+
+class DyingOnce(FakeKube):
+    """The API as seen by a launcher pod that dies once it created the Jobs, then by KFP's retry."""
+
+    dead = True
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
+        if self.dead and self.objects:
+            raise LauncherDies()
+        return super().read_namespaced_job_status(name, namespace)
+
+    def delete_collection_namespaced_job(self, namespace: str, label_selector: str, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
+
+    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        if not self.dead:
+            super().delete_namespaced_service(name, namespace)
+
+
+def with_task_id(args: list[str], task_id: str) -> list[str]:
+    i = args.index("--executor_input") + 1
+    executor_input = json.loads(args[i])
+    executor_input["inputs"]["parameterValues"]["torchstep_task_id"] = task_id
+    return [*args[:i], json.dumps(executor_input), *args[i + 1 :]]
+
+
+def test_a_retried_launcher_pod_attaches_to_the_jobs_its_dead_predecessor_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
+    fake = DyingOnce({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(messages=[ok])})
+    args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-7")
+    with pytest.raises(LauncherDies):
+        entry.main(args, client=fake)
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
+    fake.dead = False
+    monkeypatch.setenv("TORCHSTEP_POD_NAME", "p-launcher-1-retry")  # KFP's retry: a new pod, the same task id
+    assert entry.main(args, client=fake) == 0
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # attached: no second gang of pods
+    assert "attaching" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "result").read_text())["outputs"] == {"loss": 0.5}
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
+
+
 def test_a_failed_job_fails_the_step_with_its_exit_code_and_root_cause(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,8 @@ renders them into a valid Job."""
 
 # No `from __future__ import annotations`: Prefect reads the flows' annotations.
 import asyncio
+import hashlib
+import json
 import uuid
 
 import kubernetes_validate
@@ -12,11 +14,13 @@ import torchstep
 from kubefake import FakeKube, Script
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
 from torchstep.result import StepResult
+from torchstep.spec.appjson import app_to_dict
 from torchstep.steps import step_run_id
 from torchx import specs
 
 pytest.importorskip("prefect")
 from prefect import flow  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
 from torchstep_prefect import StepFailed, app_task, base_job_template, job_variables, tasks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -37,6 +41,60 @@ def strip_uid(obj: dict) -> dict:
     return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
 
 
+class WatcherDies(BaseException):
+    """Stands for the flow-run process dying (SIGKILL): nothing it would clean up is cleaned."""
+
+
+class DyingOnce(FakeKube):
+    """The API as seen by a flow-run process that dies after creating the Job (its deletes never
+    reach the server), then by the re-executed flow run (a working process)."""
+
+    dead = True
+
+    def read_namespaced_job_status(self, name, namespace):
+        if self.dead and self.objects:  # dies once it created the Job
+            raise WatcherDies()
+        return super().read_namespaced_job_status(name, namespace)
+
+    def delete_collection_namespaced_job(self, namespace, label_selector, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
+
+    def delete_collection_namespaced_pod(self, namespace, label_selector, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
+
+    def delete_namespaced_service(self, name, namespace):
+        if not self.dead:
+            super().delete_namespaced_service(name, namespace)
+
+
+def test_a_re_executed_flow_run_attaches_to_the_job_its_dead_process_created(monkeypatch) -> None:
+    from prefect.flow_engine import run_flow
+
+    monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.25}).summary()
+    fake = DyingOnce({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(messages=[ok])})
+    train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake)
+
+    @flow
+    def pipeline():
+        return train()
+
+    with pytest.raises(WatcherDies):
+        pipeline()
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
+    with get_client(sync_client=True) as client:
+        first = client.read_flow_runs()[0]
+        assert first.flow_id is not None
+    fake.dead = False  # the flow run's infrastructure runs the same flow run again
+    result = run_flow(pipeline, flow_run=first)
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.25}
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # attached: no second Job
+    assert fake.conflicts >= 1
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}  # cleaned up by the run that finished
+
+
 def test_the_kubernetes_target_submits_what_render_gives_and_returns_the_merged_result(monkeypatch) -> None:
     monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
     ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
@@ -54,7 +112,10 @@ def test_the_kubernetes_target_submits_what_render_gives_and_returns_the_merged_
     assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.5}
     # exactly what torchstep.kubernetes.render gives for this task run's run id
     details = state.state_details
-    run_id = step_run_id("prefect", details.flow_run_id, details.task_run_id, 1)
+    with get_client(sync_client=True) as client:  # the Jobs are named after the logical task call
+        task_run = client.read_task_run(details.task_run_id)
+    digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    run_id = step_run_id("prefect", details.flow_run_id, task_run.task_key, digest, 0)
     expected = torchstep.kubernetes.render(app, namespace="ml", cfg={"run_id": run_id})
     created = {o["kind"]: strip_uid(o) for o in fake.objects}
     for obj in expected:

@@ -38,7 +38,7 @@ from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
 from torchstep.spec.model import StepPlan
 
-from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, is_launcher
+from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
 
 #: The module the container runs (``python3 -m torchstep_kfp.entry``).
@@ -48,7 +48,7 @@ RESULT_OUTPUT = "result"
 METRICS_OUTPUT = "metrics"
 MODEL_OUTPUT = "model"
 #: Names the component uses itself (JOB_ID_INPUT: see torchstep_kfp.entry).
-_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT)
+_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
 #: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
@@ -154,6 +154,7 @@ class StepComponent(ContainerComponent):
 
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
         runner = _kfp_local_runner()
         if runner == "subprocess":
             task = self.local_component()(*args, **kwargs)
@@ -221,6 +222,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         for p, default in inputs
     ]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
+    params.append(inspect.Parameter(TASK_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
     for out, kind in outputs.items():
         params.append(inspect.Parameter(out, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(_TYPES[kind])))

@@ -38,6 +38,9 @@ _MOUNT_PREFIXES = (("gs://", "/gcs/"), ("minio://", "/minio/"), ("s3://", "/s3/"
 #: The input every step component has, set from KFP's pipeline job id placeholder when the
 #: component is called: with the pod's name (one per task and per retry) it makes the app id.
 JOB_ID_INPUT = "torchstep_job_id"
+#: The input set from KFP's task id placeholder: the same for every retry of a task's pod
+#: (KFP's driver resolves it once per task), so a retried launcher finds the Job it created.
+TASK_ID_INPUT = "torchstep_task_id"
 #: Marks a string argument that ``components.literal`` escaped (KFP must not resolve it).
 LITERAL_PREFIX = "torchstep-literal:"
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -59,8 +62,10 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
         local_budget = local or args.kfp_local
         given = executor_input.get("inputs", {}).get("parameterValues", {})
         args.job_id = args.job_id or str(given.get(JOB_ID_INPUT) or "")
-        # the task: the pod (one per task and per retry), or under kfp.local the task's output directory
-        args.task_id = args.task_id or os.environ.get(POD_NAME_ENV) or _local_task(executor_input)
+        # the task: KFP's task id (the same for each retry of the task); without it the pod (one per
+        # task and per retry), or under kfp.local the task's output directory
+        args.task_id = (args.task_id or str(given.get(TASK_ID_INPUT) or "") or os.environ.get(POD_NAME_ENV)
+                        or _local_task(executor_input))  # fmt: skip
     except (ValueError, KeyError) as e:
         print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
         return 2
@@ -210,11 +215,11 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
     restore = _on_signals()
     try:
         for attempt in range(retries + 1):
-            run_id = step_run_id("kfp", args.job_id or "run", args.task_id or spec.get("name", "step"), attempt)
-            if launcher:
-                result = _kubernetes(plan, run_id, cfg, client)
+            task = args.task_id or spec.get("name", "step")
+            if launcher:  # the Jobs are named after the task, not the pod: a retried launcher reattaches
+                result = _kubernetes(plan, step_run_id("kfp", args.job_id or "run", task), cfg, client)
             else:
-                result = _local(app, run_id, cfg, spec.get("role", 0))
+                result = _local(app, step_run_id("kfp", args.job_id or "run", task, attempt), cfg, spec.get("role", 0))
             if result.succeeded or not result.retryable or attempt == retries:
                 result.warnings.extend(notes)
                 return result
@@ -243,13 +248,22 @@ def _local(app: Any, run_id: str, cfg: dict[str, Any], role: int) -> Any:
     return LocalStep(app, run_id=run_id, cfg=cfg, on_line=_print).run()
 
 
-def _kubernetes(plan: Any, run_id: str, cfg: dict[str, Any], client: Any) -> Any:
+def _kubernetes(plan: Any, attempt_id: str, cfg: dict[str, Any], client: Any) -> Any:
+    """Run the launcher's Jobs: attach to those of this task if a previous pod of it (a KFP
+    retry after the launcher pod died) created them, else create them."""
+    from torchstep.kubernetes.client import OfficialClient
     from torchstep.steps import KubernetesStep
 
     namespace = cfg.get("namespace") or os.environ.get(NAMESPACE_ENV)
     if namespace:
         cfg["namespace"] = namespace
-    step = KubernetesStep(plan, run_id=run_id, cfg=cfg, client=client, on_line=_print, poll_interval=POLL_INTERVAL_S)
+    kube = client if client is not None else OfficialClient.from_config()
+    step = KubernetesStep.for_attempt(
+        plan, attempt_id=attempt_id, client=kube, cfg=cfg, on_line=_print, poll_interval=POLL_INTERVAL_S
+    )
+    if step.state() is not None:
+        print(f"torchstep: the Jobs of {step.run_id} exist (a previous launcher pod created them): attaching",
+              flush=True)  # fmt: skip
     return step.run()
 
 

@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -189,24 +190,64 @@ def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = Non
 
     ctx = TaskRunContext.get()
     run = ctx.task_run if ctx is not None else None
-    run_id = step_run_id("prefect", getattr(run, "flow_run_id", None) or "flow", getattr(run, "id", None) or "task",
-                         getattr(run, "run_count", 1))  # fmt: skip
+    flow_run = getattr(run, "flow_run_id", None) or "flow"
     logger = get_run_logger()
     if target == "local":
+        run_id = step_run_id("prefect", flow_run, getattr(run, "id", None) or "task", getattr(run, "run_count", 1))
         step: Any = LocalStep(app, run_id=run_id, cfg=cfg, on_line=logger.info)
     else:
+        from torchstep.kubernetes.client import OfficialClient
         from torchstep.spec.planner import build_plan
 
         plan = build_plan(app, "kubernetes")
-        step = KubernetesStep(
-            plan, run_id=run_id, cfg=cfg, client=client, on_line=logger.info, poll_interval=POLL_INTERVAL_S
-        )
+        attempt_id = _logical_call(flow_run, getattr(run, "task_key", None) or app.name, app, getattr(run, "id", None))
+        step = KubernetesStep.for_attempt(
+            plan, attempt_id=attempt_id, client=client if client is not None else OfficialClient.from_config(),
+            cfg=cfg, on_line=logger.info, poll_interval=POLL_INTERVAL_S,
+        )  # fmt: skip
+        if step.state() is not None:
+            logger.info("torchstep: the Jobs of %s exist (an earlier run of this task created them): attaching",
+                        step.run_id)  # fmt: skip
     result = _run_stopping_on_timeout_and_cancel(step, ctx)
     publish(result, ctx.task.name if ctx is not None else app.name)  # keyed by the task's name
     data = result.to_dict()
     if not result.succeeded:
         raise StepFailed(failure_summary(result), data)
     return data
+
+
+#: Per flow-run execution: the call number of each (task, AppDef) pair and of each task run.
+_CALLS: dict[str, tuple[int, dict[str, int], dict[str, int]]] = {}
+_CALLS_LOCK = threading.Lock()
+
+
+def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
+    """The identity of this task call within its flow run, the same when the flow run is
+    executed again after its process died (its infrastructure restarts it): flow run, task,
+    a hash of the AppDef, and the how-many-th call of that pair this execution is (a retry of
+    the same task run keeps its number). Prefect's own task run id and dynamic key are
+    random per execution, so they cannot name the Jobs. Two identical calls may swap numbers
+    in a concurrent re-execution: harmless, their Jobs are the same."""
+    import hashlib
+    import json
+
+    from prefect.context import FlowRunContext
+    from torchstep.spec.appjson import app_to_dict
+    from torchstep.steps import step_run_id
+
+    digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    ctx = FlowRunContext.get()
+    execution = id(ctx) if ctx is not None else 0
+    key = f"{task_key}/{digest}"
+    with _CALLS_LOCK:
+        seen, counts, runs = _CALLS.get(str(flow_run), (execution, {}, {}))
+        if seen != execution:  # a new execution of this flow run counts from the start again
+            counts, runs = {}, {}
+        if str(task_run) not in runs:
+            counts[key] = runs[str(task_run)] = counts.get(key, -1) + 1
+        _CALLS[str(flow_run)] = (execution, counts, runs)
+        n = runs[str(task_run)]
+    return step_run_id("prefect", flow_run, task_key, digest, n)
 
 
 def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:

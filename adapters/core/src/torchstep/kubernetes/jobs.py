@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from torchstep.errors import SpecError
 from torchstep.kubernetes.client import KubernetesClient
 from torchstep.kubernetes.failure import FailureKind, classify_exit
+from torchstep.kubernetes.logcursor import Cursor, cursor_value
 from torchstep.kubernetes.pod import CONTAINER_NAME
 from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, LABEL_ROLE, RenderedApp, owned_by
 from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, ReplicaResult, StepResult, merge
@@ -107,7 +108,7 @@ class JobSet:
         self.attached = False
         self.cursor_store = cursor_store
         self.cursor_interval = float(cursor_interval)
-        self._cursors: dict[str, _Cursor] = {}
+        self._cursors: dict[str, Cursor] = {}
         self._resume: dict[str, tuple[str, int]] = {}
         self._saved: dict[str, tuple[str, int]] = {}
         self._saved_at = 0.0
@@ -170,7 +171,7 @@ class JobSet:
                         raise
                     self._check_ours("Service", service["metadata"]["name"], self._service_labels(service))
         if self.attached and self.cursor_store is not None:
-            self._resume_merge(_cursor_value(self._store_get()))
+            self._resume_merge(cursor_value(self._store_get()))
 
     def state(self) -> str | None:
         """The run's state on the cluster without changing anything: ``None`` when none of
@@ -270,7 +271,7 @@ class JobSet:
         """Stream one pod's log to ``on_line``; reattach after a dropped stream (the
         timestamps of the lines already seen tell where to continue)."""
         with self._emit_lock:
-            cursor = self._cursors.setdefault(name, _Cursor.resumed(self._resume.get(name)))
+            cursor = self._cursors.setdefault(name, Cursor.resumed(self._resume.get(name)))
         for attempt in range(MAX_REATTACH + 1):
             if attempt:
                 cursor.reattach()
@@ -306,7 +307,7 @@ class JobSet:
             return True
         return phase in ("Succeeded", "Failed", None)
 
-    def _emit(self, cursor: _Cursor, raw: bytes) -> None:
+    def _emit(self, cursor: Cursor, raw: bytes) -> None:
         # accept and deliver under one lock: a saved cursor never runs ahead of the lines delivered
         with self._emit_lock:
             text = cursor.accept(raw.decode("utf-8", "replace").rstrip("\r"))
@@ -369,7 +370,7 @@ class JobSet:
     def _resume_from(self, workload: Any) -> None:
         if self.rendered.roles and _get(workload, "metadata", "name") == self.rendered.roles[0].name:
             text = (_get(workload, "metadata", "annotations") or {}).get(CURSOR_ANNOTATION)
-            self._resume_merge(_cursor_value(text))
+            self._resume_merge(cursor_value(text))
 
     def _store_get(self) -> Any:
         try:
@@ -455,89 +456,10 @@ class JobSet:
             self.client.delete_namespaced_service(_get(svc, "metadata", "name"), self.ns)
 
 
-class _Cursor:
-    """Where a pod's log stream is: the newest timestamp emitted and how many lines carried
-    it, so a reattached stream (``since_seconds`` overlaps) skips what was already seen."""
-
-    def __init__(self) -> None:
-        self.last: str | None = None
-        self.at_last = 0
-        self.epoch: float | None = None
-        self._skip_at_last = 0
-
-    def accept(self, line: str) -> str | None:
-        stamp, sep, text = line.partition(" ")
-        key = _ts_key(stamp) if sep else None
-        if key is None:  # no timestamp (the client did not add one): nothing to dedupe on
-            return line
-        if self.last is not None:
-            if key < self.last:
-                return None
-            if key == self.last and self._skip_at_last > 0:
-                self._skip_at_last -= 1
-                return None
-        if key == self.last:
-            self.at_last += 1
-        else:
-            self.last, self.at_last = key, 1
-            self.epoch = _epoch(stamp)
-        return text
-
-    def reattach(self) -> None:
-        self._skip_at_last = self.at_last
-
-    @classmethod
-    def resumed(cls, position: tuple[str, int] | None) -> _Cursor:
-        """A cursor continuing after ``position`` (saved by an earlier watcher)."""
-        cursor = cls()
-        if position is not None:
-            cursor.last, cursor.at_last = position
-            cursor.epoch = _epoch(position[0])
-            cursor.reattach()
-        return cursor
-
-    def position(self) -> tuple[str, int] | None:
-        return None if self.last is None else (self.last, self.at_last)
-
-
-def _cursor_value(value: Any) -> dict[str, tuple[str, int]]:
-    """A saved cursor (a dict, or its JSON text) as ``{pod: (timestamp key, count)}``;
-    anything malformed is ignored (the logs are then read from the start again)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
-    pods = value.get("pods") if isinstance(value, dict) else None
-    out: dict[str, tuple[str, int]] = {}
-    for name, pos in (pods or {}).items() if isinstance(pods, dict) else ():
-        if (isinstance(name, str) and isinstance(pos, list | tuple) and len(pos) == 2 and isinstance(pos[0], str)
-                and _ts_key(pos[0] + "Z") is not None and isinstance(pos[1], int) and pos[1] >= 0):  # fmt: skip
-            out[name] = (pos[0], pos[1])
-    return out
-
-
 def _http_status(error: BaseException) -> int | None:
     """The HTTP status of an API error (the official client's ``ApiException.status``)."""
     status = getattr(error, "status", None)
     return status if isinstance(status, int) else None
-
-
-def _ts_key(stamp: str) -> str | None:
-    """An RFC 3339 timestamp as a string that sorts in time order (nanoseconds padded)."""
-    if len(stamp) < 20 or stamp[4] != "-" or stamp[10] != "T" or not stamp.endswith("Z"):
-        return None
-    head, _, frac = stamp[:-1].partition(".")
-    return f"{head}.{frac.ljust(9, '0')[:9]}"
-
-
-def _epoch(stamp: str) -> float | None:
-    try:
-        from datetime import datetime
-
-        return datetime.fromisoformat(stamp[:19] + "+00:00").timestamp()
-    except ValueError:
-        return None
 
 
 def _termination(pod: Any) -> tuple[int | None, str | None]:

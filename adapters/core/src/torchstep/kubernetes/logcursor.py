@@ -1,0 +1,97 @@
+"""Where a reader of a pod's log is, so a stream read again (a dropped connection, or a
+watcher that died and was run again) continues without repeating or losing a line.
+
+The API server's ``since_seconds`` has second resolution and overlaps; lines carry RFC 3339
+timestamps (``timestamps=True``), several lines may share one, so a position is the newest
+timestamp delivered and how many lines carried it.
+
+    >>> c = Cursor()
+    >>> c.accept("2026-11-24T10:00:00.5Z first"), c.accept("2026-11-24T10:00:00.5Z second")
+    ('first', 'second')
+    >>> again = Cursor.resumed(c.position())
+    >>> again.accept("2026-11-24T10:00:00.5Z first"), again.accept("2026-11-24T10:00:01Z third")
+    (None, 'third')
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+
+class Cursor:
+    """Where a pod's log stream is: the newest timestamp emitted and how many lines carried
+    it, so a reattached stream (``since_seconds`` overlaps) skips what was already seen."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.at_last = 0
+        self.epoch: float | None = None
+        self._skip_at_last = 0
+
+    def accept(self, line: str) -> str | None:
+        stamp, sep, text = line.partition(" ")
+        key = _ts_key(stamp) if sep else None
+        if key is None:  # no timestamp (the client did not add one): nothing to dedupe on
+            return line
+        if self.last is not None:
+            if key < self.last:
+                return None
+            if key == self.last and self._skip_at_last > 0:
+                self._skip_at_last -= 1
+                return None
+        if key == self.last:
+            self.at_last += 1
+        else:
+            self.last, self.at_last = key, 1
+            self.epoch = _epoch(stamp)
+        return text
+
+    def reattach(self) -> None:
+        self._skip_at_last = self.at_last
+
+    @classmethod
+    def resumed(cls, position: tuple[str, int] | None) -> Cursor:
+        """A cursor continuing after ``position`` (saved by an earlier watcher)."""
+        cursor = cls()
+        if position is not None:
+            cursor.last, cursor.at_last = position
+            cursor.epoch = _epoch(position[0])
+            cursor.reattach()
+        return cursor
+
+    def position(self) -> tuple[str, int] | None:
+        return None if self.last is None else (self.last, self.at_last)
+
+
+def cursor_value(value: Any) -> dict[str, tuple[str, int]]:
+    """A saved cursor (a dict, or its JSON text) as ``{pod: (timestamp key, count)}``;
+    anything malformed is ignored (the logs are then read from the start again)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    pods = value.get("pods") if isinstance(value, dict) else None
+    out: dict[str, tuple[str, int]] = {}
+    for name, pos in (pods or {}).items() if isinstance(pods, dict) else ():
+        if (isinstance(name, str) and isinstance(pos, list | tuple) and len(pos) == 2 and isinstance(pos[0], str)
+                and _ts_key(pos[0] + "Z") is not None and isinstance(pos[1], int) and pos[1] >= 0):  # fmt: skip
+            out[name] = (pos[0], pos[1])
+    return out
+
+
+def _ts_key(stamp: str) -> str | None:
+    """An RFC 3339 timestamp as a string that sorts in time order (nanoseconds padded)."""
+    if len(stamp) < 20 or stamp[4] != "-" or stamp[10] != "T" or not stamp.endswith("Z"):
+        return None
+    head, _, frac = stamp[:-1].partition(".")
+    return f"{head}.{frac.ljust(9, '0')[:9]}"
+
+
+def _epoch(stamp: str) -> float | None:
+    try:
+        return datetime.fromisoformat(stamp[:19] + "+00:00").timestamp()
+    except ValueError:
+        return None
