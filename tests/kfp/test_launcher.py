@@ -137,6 +137,21 @@ def test_a_retried_launcher_pod_attaches_to_the_jobs_its_dead_predecessor_create
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
 
 
+def test_cancelling_the_run_while_reattached_deletes_every_job_and_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = DyingOnce({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
+    args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-8")
+    with pytest.raises(LauncherDies):
+        entry.main(args, client=fake)
+    fake.dead = False
+    monkeypatch.setenv("TORCHSTEP_POD_NAME", "p-launcher-1-retry")
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # KFP terminates the run
+    assert entry.main(args, client=fake) == 143
+    assert fake.conflicts >= 1 and sum(o["kind"] == "Job" for o in fake.objects) == 1  # it was attached
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
+
+
 def test_a_failed_job_fails_the_step_with_its_exit_code_and_root_cause(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

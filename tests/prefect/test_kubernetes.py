@@ -19,6 +19,7 @@ from torchstep.steps import step_run_id
 from torchx import specs
 
 pytest.importorskip("prefect")
+import prefect.runtime  # noqa: E402
 from prefect import flow  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from torchstep_prefect import StepFailed, app_task, base_job_template, job_variables, tasks  # noqa: E402
@@ -77,22 +78,51 @@ def test_a_re_executed_flow_run_attaches_to_the_job_its_dead_process_created(mon
     fake = DyingOnce({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(messages=[ok])})
     train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake)
 
+    runs: list = []
+
     @flow
     def pipeline():
+        runs.append(prefect.runtime.flow_run.id)
         return train()
 
     with pytest.raises(WatcherDies):
         pipeline()
     assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
     with get_client(sync_client=True) as client:
-        first = client.read_flow_runs()[0]
-        assert first.flow_id is not None
+        first = client.read_flow_run(runs[0])
     fake.dead = False  # the flow run's infrastructure runs the same flow run again
     result = run_flow(pipeline, flow_run=first)
     assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.25}
     assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # attached: no second Job
     assert fake.conflicts >= 1
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}  # cleaned up by the run that finished
+
+
+def test_a_timeout_while_reattached_deletes_the_job_and_its_pods(monkeypatch) -> None:
+    from prefect.flow_engine import run_flow
+
+    monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
+    fake = DyingOnce({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
+    train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake,
+                     timeout_seconds=3)  # fmt: skip
+
+    runs: list = []
+
+    @flow
+    def pipeline():
+        runs.append(prefect.runtime.flow_run.id)
+        return train(return_state=True)
+
+    with pytest.raises(WatcherDies):
+        pipeline()
+    with get_client(sync_client=True) as client:
+        first = client.read_flow_run(runs[0])
+    fake.dead = False
+    state = run_flow(pipeline, flow_run=first, return_type="state")
+    assert state.is_failed()
+    assert fake.objects and any(kind == "jobs" for kind, _, _ in fake.deleted)
+    assert fake.conflicts >= 1 and sum(o["kind"] == "Job" for o in fake.objects) == 1  # it was attached
+    assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
 
 
 def test_the_kubernetes_target_submits_what_render_gives_and_returns_the_merged_result(monkeypatch) -> None:
