@@ -11,6 +11,12 @@ Kubernetes client; loaded only when such a task executes).
   (``JobSet``) with the ``KubernetesHook``'s client; every pod's log goes to the task log,
   ``on_finish_action`` maps to ``on_finish``. Not deferrable.
 
+Durable (``durable=True``, the default of ``AppDefOperator``): a retry after the worker died
+reattaches instead of starting a second pod or gang. The pod path relies on the
+KubernetesPodOperator's own ``reattach_on_restart`` (it finds the earlier try's pod by the
+task's labels); the Job path goes through :mod:`torchstep_airflow.durable` (Airflow's
+``ResumableJobMixin`` and the task state store).
+
 Example::
 
     AppDefOperator(task_id="train", app=trainer, target="kubernetes",
@@ -74,8 +80,15 @@ class StepPodOperator(KubernetesPodOperator):
         return super().cleanup(pod, remote_pod)
 
 
-def pod_operator(task_id: str, rendered: RenderedApp, kwargs: Mapping[str, Any]) -> StepPodOperator:
-    """The KubernetesPodOperator of a 1-role, 1-replica app (``kwargs``: KPO arguments)."""
+def pod_operator(
+    task_id: str, rendered: RenderedApp, kwargs: Mapping[str, Any], *, durable: bool = True
+) -> StepPodOperator:
+    """The KubernetesPodOperator of a 1-role, 1-replica app (``kwargs``: KPO arguments).
+
+    ``durable`` is KPO's ``reattach_on_restart``: a retry finds the earlier try's pod by the
+    task's labels (dag, task, run and map index, not the try) unless that try reported it
+    (KPO labels a pod it has seen finish ``already_checked``), so it reattaches to a pod
+    whose watcher died, even one that finished meanwhile, and never starts a second one."""
     owned = sorted(set(kwargs) & OWNED_POD_ARGS)
     if owned:
         raise SpecError(
@@ -83,6 +96,13 @@ def pod_operator(task_id: str, rendered: RenderedApp, kwargs: Mapping[str, Any])
             TARGET,
             "torchstep sets this from the AppDef",
             fix="change the AppDef (or cfg) instead; `torchstep explain` shows what each field becomes",
+        )
+    if kwargs.get("reattach_on_restart", durable) != durable:
+        raise SpecError(
+            "kubernetes_kwargs['reattach_on_restart']",
+            TARGET,
+            f"contradicts durable={durable} (durable is the pod operator's reattach_on_restart)",
+            fix="set only durable on the AppDefOperator",
         )
     role = rendered.roles[0]
     return StepPodOperator(
@@ -94,7 +114,7 @@ def pod_operator(task_id: str, rendered: RenderedApp, kwargs: Mapping[str, Any])
         base_container_name=CONTAINER_NAME,
         do_xcom_push=True,
         termination_message_policy="FallbackToLogsOnError",
-        **{"get_logs": True, "log_events_on_failure": True, **kwargs},
+        **{"get_logs": True, "log_events_on_failure": True, **kwargs, "reattach_on_restart": durable},
     )
 
 
@@ -114,23 +134,39 @@ def _nested(op: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class KubernetesStep:
-    """One try of an AppDef on Kubernetes (see the module docstring)."""
+    """One try of an AppDef on Kubernetes (see the module docstring).
+
+    ``durable``: a retry reattaches to the work of an earlier try whose watcher died (the
+    Job path needs the task ``context`` in :meth:`run` for that; without it, it runs plainly).
+    """
 
     def __init__(
-        self, task_id: str, plan: StepPlan, *, run_id: str, cfg: Mapping[str, Any], kwargs: Mapping[str, Any], log: Any
+        self,
+        task_id: str,
+        plan: StepPlan,
+        *,
+        run_id: str,
+        cfg: Mapping[str, Any],
+        kwargs: Mapping[str, Any],
+        log: Any,
+        durable: bool = False,
     ) -> None:
         self.kwargs = dict(kwargs)
         self.log = log
+        self.plan = plan
+        self.cfg = dict(cfg)
+        self.run_id = run_id
+        self.durable = durable
         self.result: StepResult | None = None
-        # the agent writes its result where KubernetesPodOperator's XCom sidecar reads it
-        self.core = CoreKubernetesStep(
-            plan, run_id=run_id, cfg=cfg, result_file=XCOM_RESULT_FILE,
-            poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=_on_finish(self.kwargs),
-        )  # fmt: skip
+        self._cancelled = False
+        self._client: Any = None
+        self.on_finish = _on_finish(self.kwargs)
+        # this try's core step (a durable retry may run another run id's: see use())
+        self.core = self.core_step(run_id)
         self.rendered: RenderedApp = self.core.rendered
         self._inner: StepPodOperator | None = None
         if is_single_pod(self.rendered):
-            self._inner = pod_operator(task_id, self.rendered, self.kwargs)
+            self._inner = pod_operator(task_id, self.rendered, self.kwargs, durable=durable)
             return
         bad = sorted(set(self.kwargs) - JOB_ARGS)
         if bad:
@@ -145,15 +181,57 @@ class KubernetesStep:
             conn_id=self.kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn
         )
 
+    # -- the Job path's core steps --------------------------------------------------------------
+    def core_step(self, run_id: str, cursor_store: Any = None) -> CoreKubernetesStep:
+        """Core's step for ``run_id`` (this try's, or the earlier try's a retry resumes); the
+        agent writes its result where KubernetesPodOperator's XCom sidecar reads it."""
+        return CoreKubernetesStep(
+            self.plan, run_id=run_id, cfg=self.cfg, result_file=XCOM_RESULT_FILE,
+            poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=self.on_finish,
+            client=self._client, cursor_store=cursor_store,
+        )  # fmt: skip
+
+    def attempt_step(self, attempt_id: str) -> CoreKubernetesStep:
+        """Core's step of a logical attempt (:meth:`~torchstep.steps.KubernetesStep.for_attempt`)."""
+        return CoreKubernetesStep.for_attempt(
+            self.plan, attempt_id=attempt_id, client=self.client(), cfg=self.cfg, result_file=XCOM_RESULT_FILE,
+            poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=self.on_finish,
+        )  # fmt: skip
+
+    def client(self) -> Any:
+        """The Kubernetes client (the hook's, made on first use; a test may set ``core.client``)."""
+        if self._client is None:
+            self._client = self.core.client
+        if self._client is None:
+            hook = self.hook
+            self._client = OfficialClient(
+                core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client
+            )
+        self.core.client = self._client
+        return self._client
+
+    def use(self, core: CoreKubernetesStep) -> CoreKubernetesStep:
+        """Make ``core`` the step that :meth:`cancel` stops (cancelled at once if a cancel came first)."""
+        self.core = core
+        if self._cancelled:  # set before reading it, as cancel() does: one of the two sees the other
+            core.cancel()
+        return core
+
+    def run_core(self, core: CoreKubernetesStep) -> StepResult:
+        """Run (attach or create) ``core`` to its end; its result becomes this step's."""
+        self.result = self.use(core).run()
+        return self.result
+
+    # -- running ------------------------------------------------------------------------------
     def run(self, context: Any) -> StepResult:
         if self._inner is None:
-            if self.core.client is None:
-                hook = self.hook
-                self.core.client = OfficialClient(
-                    core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client
-                )
-            self.result = self.core.run()
-            return self.result
+            self.client()
+            if self.durable and context is not None:
+                from torchstep_airflow.durable import run_durable
+
+                self.result = run_durable(self, context)
+                return self.result
+            return self.run_core(self.core)
         op = self._inner
         return self._from_pod(lambda: _nested(op, op.execute, context))
 
@@ -184,10 +262,13 @@ class KubernetesStep:
         return self.result
 
     def cancel(self) -> None:
+        """Stop the step from any thread: the pod, or every object of the Job path's run
+        (the one a durable retry reattached to included)."""
         if self._inner is not None:
             self._inner.on_kill()
-        else:
-            self.core.cancel()
+            return
+        self._cancelled = True
+        self.core.cancel()
 
 
 def _on_finish(kwargs: Mapping[str, Any]) -> str:

@@ -50,6 +50,14 @@ class AppDefOperator(BaseOperator):
         ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
         several replicas or roles runs as Jobs and takes the connection arguments,
         ``on_finish_action`` and ``poll_interval``.
+    :param durable: target ``kubernetes`` only (default True): a retry after the worker died
+        (crash, SIGKILL, lost node) reattaches to the pod or Job of the earlier try instead
+        of starting a second one — its logs continue, a Job that succeeded meanwhile returns
+        its result without running again. Jobs use Airflow's ``ResumableJobMixin`` and the
+        task state store (key ``torchstep_run_id``); a 1-replica pod uses the
+        KubernetesPodOperator's ``reattach_on_restart``. See docs/kubernetes.md, "What
+        happens when the watcher dies". ``False``: every try starts its own pod or Job.
+        Not templated. The local target ignores it (its processes die with the worker).
 
     Retries, retry timing and the step timeout come from the AppDef (see
     :mod:`torchstep_airflow.settings`); ``retries`` that contradicts it is a SpecError.
@@ -76,6 +84,7 @@ class AppDefOperator(BaseOperator):
         target: str = "local",
         cfg: Mapping[str, Any] | None = None,
         kubernetes_kwargs: Mapping[str, Any] | None = None,
+        durable: bool = True,
         retries: int | None = None,
         retry_delay: timedelta | float | None = None,
         retry_exponential_backoff: float | None = None,
@@ -91,6 +100,9 @@ class AppDefOperator(BaseOperator):
         if kubernetes_kwargs and target != "kubernetes":
             raise SpecError("kubernetes_kwargs", target, "only the kubernetes target uses them", fix="remove them")
         self.kubernetes_kwargs = dict(kubernetes_kwargs or {})
+        if not isinstance(durable, bool):
+            raise SpecError("durable", target, f"must be True or False, got {durable!r}", fix="durable=False")
+        self.durable = durable
         self._user = UserSettings(retries, retry_delay, retry_exponential_backoff, max_retry_delay, execution_timeout)
         # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
         # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
@@ -161,8 +173,9 @@ class AppDefOperator(BaseOperator):
             from torchstep_airflow.kubernetes import KubernetesStep
 
             return KubernetesStep(
-                self.task_id, plan, run_id=run_id, cfg=self.cfg, kwargs=self.kubernetes_kwargs, log=self.log
-            )
+                self.task_id, plan, run_id=run_id, cfg=self.cfg, kwargs=self.kubernetes_kwargs, log=self.log,
+                durable=self.durable,
+            )  # fmt: skip
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
 

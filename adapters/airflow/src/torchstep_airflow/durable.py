@@ -1,0 +1,200 @@
+"""Durable Job path of ``AppDefOperator`` (target ``kubernetes``, several replicas or roles):
+a retry after the worker died reattaches to the Job instead of starting a second gang.
+
+With Airflow's ``ResumableJobMixin`` (3.3+) and a ``task_state_store`` in the context, the
+"external id" is the run id of the try that submitted (its objects' names are a hash of it),
+kept in the task state store under :data:`RUN_ID_KEY`. The mixin decides from it:
+
+- ``RUNNING`` on the cluster → reattach (logs continue after the cursor core's ``JobSet``
+  saves in the same store under ``torchstep_log_cursor``);
+- ``SUCCEEDED`` → its result, collected without running anything again (same XCom);
+- ``PENDING`` (nothing of it exists: never created, or deleted) → attach-or-create under
+  that id. The id is stored *before* anything is created, so the mixin's documented
+  submit/persist window is closed: a crash at any point leaves an id that resolves;
+- ``FAILED`` (failed while nobody watched) → its objects are settled as ``on_finish_action``
+  says and its failure is logged; a fresh Job for the current try follows (the mixin's
+  "terminal → resubmit"), unless the failure was non-retryable: then this try reports it;
+- ``REPORTED`` (a try watched that id to its end and reported it, :data:`REPORTED_KEY`) →
+  a fresh Job for the current try: a retry after a reported failure, or a cleared task,
+  runs again.
+
+Without the mixin (Airflow < 3.3) or without a task state store, a retry still cannot start
+a duplicate: the step runs under a name derived from the task's logical attempt (dag, task,
+map index, DAG run; not the try) through core's ``KubernetesStep.for_attempt``, which
+attaches to a running or finished Job of that attempt and skips failed ones.
+
+Nothing here imports the Kubernetes client or the provider: it drives any object with the
+:class:`DurableStep` interface (``torchstep_airflow.kubernetes.KubernetesStep``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
+from torchstep.steps import failure_summary, step_run_id
+
+#: The task state store key of the run id whose Job this task instance runs (the mixin's
+#: ``external_id_key``; renaming it breaks in-flight retries).
+RUN_ID_KEY = "torchstep_run_id"
+#: The task state store key of the last run id a try watched to its end and reported.
+REPORTED_KEY = "torchstep_reported"
+#: Job states beside core's RUNNING / SUCCEEDED / FAILED (see the module docstring).
+PENDING = "PENDING"
+REPORTED = "REPORTED"
+#: The module of Airflow's mixin (3.3+).
+MIXIN_MODULE = "airflow.sdk.bases.resumablejobmixin"
+
+
+class DurableStep(Protocol):
+    """What this module needs of the Airflow step (``torchstep_airflow.kubernetes.KubernetesStep``)."""
+
+    run_id: str
+    log: Any
+
+    def core_step(self, run_id: str, cursor_store: Any = None) -> Any: ...
+    def attempt_step(self, attempt_id: str) -> Any: ...
+    def run_core(self, core: Any) -> StepResult: ...
+
+
+class Settled(Exception):
+    """A try that reports an earlier Job's non-retryable failure instead of submitting."""
+
+    def __init__(self, result: StepResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+def run_durable(step: DurableStep, context: Any) -> StepResult:
+    """Run ``step`` durably (see the module docstring); its result, failed or not."""
+    store = context.get("task_state_store")
+    cls = resumable_class()
+    if cls is None or store is None:
+        why = "Airflow has no ResumableJobMixin (< 3.3)" if cls is None else "no task_state_store in the context"
+        attempt = attempt_id_of(context)
+        step.log.warning(
+            "torchstep: %s: the Job is named after the task's attempt %s (not the try), so a retry "
+            "after a crash attaches to it instead of starting another",
+            why, attempt,
+        )  # fmt: skip
+        return step.run_core(step.attempt_step(attempt))
+    job = cls(step, store)
+    try:
+        job.execute_resumable(context)
+    except Settled as s:
+        return s.result
+    assert job.outcome is not None
+    return job.outcome  # type: ignore[no-any-return]
+
+
+def attempt_id_of(context: Any) -> str:
+    """The run id of the task's logical attempt: ``run_id_of`` without the try number."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    mapped = [map_index] if map_index is not None and map_index >= 0 else []
+    return step_run_id(ti.dag_id, ti.task_id, *mapped, ti.run_id)
+
+
+def resumable_class() -> Any:
+    """The :class:`ResumableJobMixin` subclass that runs a :class:`DurableStep`, or None
+    where the installed Airflow lacks the mixin. Imported when a durable task executes,
+    never when a DAG file is parsed."""
+    try:
+        from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
+    except ImportError:
+        return None
+
+    class ResumableStep(ResumableJobMixin):
+        """The mixin's submit / status / poll / result over core's attach-or-create.
+
+        "Submitting" only reserves the identity (stores this try's run id); creating is
+        attach-or-create inside ``poll_until_complete``, so the mixin's own persist after
+        ``submit_job`` only repeats a value already stored. The mixin returns what
+        ``poll_until_complete`` returns on a reconnect and ``get_job_result`` otherwise: both
+        leave the step result in ``outcome``, which :func:`run_durable` returns.
+        """
+
+        external_id_key = RUN_ID_KEY
+
+        # Not the mixin's __init__: it is an operator's (wrapped by BaseOperatorMeta) and only sets `durable`.
+        def __init__(self, step: DurableStep, store: Any) -> None:
+            self.durable = True
+            self.step = step
+            self.store = store
+            self.log = _kwargs_logger(step.log)  # the mixin logs structlog-style (key=value keywords)
+            self.outcome: StepResult | None = None
+            self._failed: str | None = None  # an earlier run id whose Job failed while nobody watched
+
+        def get_job_status(self, external_id: Any, context: Any) -> str:
+            run_id = str(external_id)
+            if self.store.get(REPORTED_KEY) == run_id:
+                return REPORTED
+            state = self.step.core_step(run_id).state()
+            if state == FAILED:
+                self._failed = run_id
+            return {None: PENDING, RUNNING: RUNNING, SUCCEEDED: SUCCEEDED, FAILED: FAILED}.get(state, str(state))
+
+        def is_job_active(self, status: str) -> bool:
+            return status in (RUNNING, PENDING)
+
+        def is_job_succeeded(self, status: str) -> bool:
+            return status == SUCCEEDED
+
+        def submit_job(self, context: Any) -> str:
+            if self._failed is not None:
+                self._settle(self._failed)
+            # Stored before anything exists: a crash from here on leaves an id that attach-or-create resolves.
+            self.store.set(RUN_ID_KEY, self.step.run_id)
+            return self.step.run_id
+
+        def poll_until_complete(self, external_id: Any, context: Any) -> None:
+            self.outcome = self._run(str(external_id))
+
+        def get_job_result(self, external_id: Any, context: Any) -> Any:
+            if self.outcome is None:  # succeeded while nobody watched: attaching collects its result
+                self.outcome = self._run(str(external_id))
+            return self.outcome
+
+        def _run(self, run_id: str) -> StepResult:
+            try:
+                return self.step.run_core(self.step.core_step(run_id, cursor_store=self.store))
+            finally:
+                # Watched to its end, or deleted (core deletes everything on any exception; a
+                # SIGKILL never gets here): the next try of this task starts afresh.
+                try:
+                    self.store.set(REPORTED_KEY, run_id)
+                except Exception as e:
+                    self.log.warning("torchstep: could not record that %s was reported: %s", run_id, e)
+
+        def _settle(self, run_id: str) -> None:
+            """Attach to an earlier Job that failed unwatched: its remaining log lines, its
+            result, its objects cleaned as ``on_finish_action`` says; a non-retryable failure
+            ends this try (no retry layer may rerun it)."""
+            self.log.warning("torchstep: the Job of %s failed while nobody watched it; collecting it", run_id)
+            result = self._run(run_id)
+            self.log.warning("torchstep: earlier Job %s: %s", run_id, failure_summary(result))
+            if result.state == FAILED and not result.retryable:
+                raise Settled(result)
+
+    return ResumableStep
+
+
+def _kwargs_logger(log: Any) -> Any:
+    """``log`` if it takes keyword fields (Airflow's structlog loggers), else an adapter
+    that appends them to the message (a stdlib logger)."""
+    return _KeywordAdapter(log) if isinstance(log, logging.Logger | logging.LoggerAdapter) else log
+
+
+class _KeywordAdapter:
+    def __init__(self, log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        self._log = log
+
+    def __getattr__(self, level: str) -> Any:
+        method = getattr(self._log, level)
+
+        def call(msg: str, *args: Any, **fields: Any) -> Any:
+            extra = " ".join(f"{k}={v!r}" for k, v in fields.items())
+            return method(f"{msg} {extra}" if extra else msg, *args)
+
+        return call
