@@ -1,0 +1,399 @@
+"""A local HTTP fake of the Kubernetes API paths ``torchstep.kubernetes.JobSet`` uses, in its
+own process, so its state outlives the process that watches a step: a test can SIGKILL the
+watcher (an Airflow task process, a launcher) and run the step again against the same
+"cluster". Test code, not product code; no cluster exists on these machines.
+
+What it serves, exactly as the official ``kubernetes`` client (30.x) calls it:
+
+- ``batch/v1`` jobs: create (409 ``AlreadyExists`` when the name exists), get, ``/status``,
+  list and delete-collection by ``labelSelector``, merge PATCH of metadata;
+- ``v1`` pods: create, get, ``/status``, list / delete-collection by ``labelSelector``,
+  PATCH, ``/log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``sinceTime``;
+- ``v1`` services: create (409), list, delete by name;
+- ``GET /debug/state``: counters (``jobs_created``, ``pods_created``, ``conflicts``,
+  ``patches``, ``log_requests``, ``deleted``) and every object.
+
+Pods run by the wall clock, from a :class:`Scenario`: creating a Job creates one pod per
+completion index (a bare Pod is its own), each writes ``lines`` one every ``line_interval_s``
+seconds (RFC 3339 timestamps of the moment each "appeared"), runs ``run_s`` seconds, then
+terminates with ``codes[index]`` and ``messages[index]`` as its termination message (the
+agent's result summary). A followed log streams lines as they appear until the pod ends.
+
+    server = start_server(tmp_path, Scenario(replicas=2, run_s=5))
+    kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
+    ...
+    server.state()["jobs_created"]; server.stop()
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass
+class Scenario:
+    """What every pod of the fake cluster does (index ``i`` of a Job; a bare Pod is index 0)."""
+
+    replicas: int = 2
+    run_s: float = 5.0
+    codes: list[int] = field(default_factory=list)  # per index; default 0
+    messages: list[str | None] = field(default_factory=list)  # termination message per index
+    lines: int = 20  # lines each pod writes: "[role/<index>] line <k>"
+    line_interval_s: float = 0.1
+
+    def code(self, index: int) -> int:
+        return self.codes[index] if index < len(self.codes) else 0
+
+    def message(self, index: int) -> str | None:
+        return self.messages[index] if index < len(self.messages) else None
+
+
+def _now() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stamp(t: float) -> str:
+    """RFC 3339 with nanoseconds, as the kubelet writes log timestamps."""
+    whole = int(t)
+    return datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{int((t - whole) * 1e9):09d}Z"
+
+
+def _matches(labels: dict[str, str], selector: str | None) -> bool:
+    for term in filter(None, (selector or "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class Cluster:
+    """The state of the fake API server (one lock; every handler thread uses it)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.lock = threading.Lock()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> object
+        self.started: dict[str, float] = {}  # pod name -> start time
+        self.counters = {"jobs_created": 0, "pods_created": 0, "services_created": 0, "conflicts": 0,
+                         "patches": 0, "log_requests": 0}  # fmt: skip
+        self.deleted: list[str] = []
+
+    # -- objects ------------------------------------------------------------------------------------
+    def create(self, kind: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        name = body["metadata"]["name"]
+        with self.lock:
+            if (kind, ns, name) in self.objects:
+                self.counters["conflicts"] += 1
+                plural = {"Job": "jobs.batch", "Pod": "pods", "Service": "services"}[kind]
+                return 409, _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            obj = json.loads(json.dumps(body))
+            obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion="1")
+            self.objects[(kind, ns, name)] = obj
+            self.counters[{"Job": "jobs_created", "Pod": "pods_created", "Service": "services_created"}[kind]] += 1
+            if kind == "Job":
+                template = obj["spec"]["template"]
+                for index in range(int(obj["spec"].get("completions") or 1)):
+                    pod = {"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": f"{name}-{index}-{uuid.uuid4().hex[:5]}", "namespace": ns,
+                                        "labels": {**template["metadata"].get("labels", {}), "job-name": name},
+                                        "annotations": {INDEX: str(index)}, "uid": str(uuid.uuid4()),
+                                        "creationTimestamp": _now()},
+                           "spec": template["spec"]}  # fmt: skip
+                    self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
+                    self.started[pod["metadata"]["name"]] = time.time()
+            elif kind == "Pod":
+                self.started[name] = time.time()
+            return 201, self.view(kind, obj)
+
+    def get(self, kind: str, ns: str, name: str) -> tuple[int, dict[str, Any]]:
+        with self.lock:
+            obj = self.objects.get((kind, ns, name))
+            if obj is None:
+                return 404, _status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            return 200, self.view(kind, obj)
+
+    def list(self, kind: str, ns: str, selector: str | None) -> dict[str, Any]:
+        with self.lock:
+            items = [self.view(k, o) for (k, n, _), o in self.objects.items()
+                     if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+        return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {}, "items": items}
+
+    def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self.lock:
+            obj = self.objects.get((kind, ns, name))
+            if obj is None:
+                return 404, _status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            self.counters["patches"] += 1
+            for key in ("annotations", "labels"):
+                obj["metadata"][key] = {
+                    **(obj["metadata"].get(key) or {}),
+                    **((body.get("metadata") or {}).get(key) or {}),
+                }
+            return 200, self.view(kind, obj)
+
+    def delete(self, kind: str, ns: str, name: str | None, selector: str | None) -> dict[str, Any]:
+        with self.lock:
+            doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
+                      and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))]  # fmt: skip
+            for key in doomed:
+                uid = self.objects.pop(key)["metadata"]["uid"]
+                self.deleted.append(f"{kind}/{key[2]}")
+                if kind == "Job":  # foreground propagation: its pods and the Services it owns go too
+                    for other, o in list(self.objects.items()):
+                        owned = any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+                        if owned or (other[0] == "Pod" and o["metadata"].get("labels", {}).get("job-name") == key[2]):
+                            self.objects.pop(other)
+                            self.deleted.append(f"{other[0]}/{other[2]}")
+        return _status(200, "", "deleted", status="Success")
+
+    # -- the simulated pods ---------------------------------------------------------------------------
+    def _index(self, pod: dict[str, Any]) -> int:
+        return int((pod["metadata"].get("annotations") or {}).get(INDEX, 0))
+
+    def _pod_status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        name = pod["metadata"]["name"]
+        index = self._index(pod)
+        elapsed = time.time() - self.started.get(name, time.time())
+        main = (pod["spec"].get("containers") or [{"name": "main"}])[0]["name"]
+        status: dict[str, Any] = {"name": main, "image": "fake", "imageID": "", "ready": True, "restartCount": 0}
+        if elapsed < self.scenario.run_s:
+            status["state"] = {"running": {"startedAt": _now()}}
+            return {"phase": "Running", "conditions": [], "containerStatuses": [status]}
+        code = self.scenario.code(index)
+        status["ready"] = False
+        status["state"] = {"terminated": {"exitCode": code, "message": self.scenario.message(index)}}
+        return {"phase": "Succeeded" if code == 0 else "Failed", "conditions": [], "containerStatuses": [status]}
+
+    def view(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """The object as the API returns it, its status computed now (called under the lock)."""
+        out = json.loads(json.dumps(obj))
+        out.setdefault("apiVersion", "batch/v1" if kind == "Job" else "v1")
+        out.setdefault("kind", kind)
+        if kind == "Pod":
+            out["status"] = self._pod_status(obj)
+        elif kind == "Job":
+            pods = [self._pod_status(p) for (k, n, _), p in self.objects.items()
+                    if k == "Pod" and p["metadata"].get("labels", {}).get("job-name") == obj["metadata"]["name"]]  # fmt: skip
+            phases = [p["phase"] for p in pods]
+            conditions = []
+            if "Failed" in phases:
+                conditions = [{"type": "Failed", "status": "True"}]
+            elif phases and all(p == "Succeeded" for p in phases):
+                conditions = [{"type": "Complete", "status": "True"}]
+            out["status"] = {"conditions": conditions}
+        return out
+
+    def log_lines(self, name: str) -> tuple[list[tuple[float, str]], bool, int]:
+        """The lines pod ``name`` has written by now, whether it ended, and how many it will write."""
+        with self.lock:
+            pod = next((o for (k, _, n), o in self.objects.items() if k == "Pod" and n == name), None)
+            if pod is None:
+                return [], True, 0
+            start = self.started[name]
+            index = self._index(pod)
+            role = (pod["metadata"].get("labels") or {}).get("torchstep/role", "role")
+        s = self.scenario
+        now = time.time()
+        written = [(start + (k + 1) * s.line_interval_s, f"[{role}/{index}] line {k}") for k in range(s.lines)]
+        return [(t, text) for t, text in written if t <= now], now - start >= s.run_s, s.lines
+
+
+def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "reason": reason,
+            "message": message, "code": code}  # fmt: skip
+
+
+_PATH = re.compile(
+    r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(jobs|pods|services)(?:/([^/]+))?(?:/(status|log))?$"
+)
+_KINDS = {"jobs": "Job", "pods": "Pod", "services": "Service"}
+
+
+class Handler(BaseHTTPRequestHandler):
+    cluster: Cluster
+    protocol_version = "HTTP/1.1"  # a followed log is chunked, as the API server sends it
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self) -> tuple[str, str, str | None, str | None, dict[str, str]] | None:
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        m = _PATH.match(url.path)
+        if m is None:
+            return None
+        ns, plural, name, sub = m.groups()
+        return _KINDS[plural], ns, name, sub, query
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}") if length else {}
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/debug/state"):
+            c = self.cluster
+            with c.lock:
+                objects = [{"kind": k, "name": n, "labels": o["metadata"].get("labels") or {},
+                            "annotations": o["metadata"].get("annotations") or {}}
+                           for (k, _, n), o in c.objects.items()]  # fmt: skip
+                self._send(200, {**c.counters, "deleted": list(c.deleted), "objects": objects})
+            return
+        route = self._route()
+        if route is None:
+            return self._send(404, _status(404, "NotFound", self.path))
+        kind, ns, name, sub, query = route
+        if name is None:
+            return self._send(200, self.cluster.list(kind, ns, query.get("labelSelector")))
+        if sub == "log":
+            return self._log(name, query)
+        self._send(*self.cluster.get(kind, ns, name))
+
+    def do_POST(self) -> None:
+        route = self._route()
+        if route is None or route[2] is not None:
+            return self._send(404, _status(404, "NotFound", self.path))
+        self._send(*self.cluster.create(route[0], route[1], self._body()))
+
+    def do_PATCH(self) -> None:
+        route = self._route()
+        if route is None or route[2] is None:
+            return self._send(404, _status(404, "NotFound", self.path))
+        self._send(*self.cluster.patch(route[0], route[1], route[2], self._body()))
+
+    def do_DELETE(self) -> None:
+        route = self._route()
+        if route is None:
+            return self._send(404, _status(404, "NotFound", self.path))
+        kind, ns, name, _, query = route
+        self._body()
+        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector")))
+
+    def _log(self, name: str, query: dict[str, str]) -> None:
+        c = self.cluster
+        with c.lock:
+            c.counters["log_requests"] += 1
+        follow = query.get("follow", "").lower() == "true"
+        stamps = query.get("timestamps", "").lower() == "true"
+        since = time.time() - int(query["sinceSeconds"]) if "sinceSeconds" in query else None
+        if "sinceTime" in query:
+            since = datetime.fromisoformat(query["sinceTime"].replace("Z", "+00:00")).timestamp()
+        if since is not None:
+            since = float(int(since))  # second resolution, as the API server: the reader sees an overlap
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = 0
+        try:
+            while True:
+                lines, ended, total = c.log_lines(name)
+                data = b"".join(((f"{_stamp(t)} " if stamps else "") + text + "\n").encode()
+                                for t, text in lines[sent:] if since is None or t >= since)  # fmt: skip
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                sent = len(lines)
+                if not follow or (ended and sent >= total) or (ended and not lines):
+                    break
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the reader died (a SIGKILLed watcher)
+            self.close_connection = True
+
+
+# -- running it -----------------------------------------------------------------------------------------
+@dataclass
+class KubeServer:
+    """A running fake API server (see :func:`start_server`)."""
+
+    url: str
+    kubeconfig: Path
+    process: subprocess.Popen[bytes]
+
+    def state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/debug/state", timeout=10) as r:
+            return dict(json.loads(r.read()))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(tmp_path: Path, scenario: Scenario | None = None) -> KubeServer:
+    """Start the fake in its own session (a SIGKILLed watcher never takes it down) and write
+    a kubeconfig for it; the caller stops it (``.stop()``)."""
+    scenario = scenario or Scenario()
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    port_file = tmp_path / "kubeapi.port"
+    scenario_file = tmp_path / "kubeapi.scenario.json"
+    scenario_file.write_text(json.dumps(asdict(scenario)))
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--port-file", str(port_file), "--scenario", str(scenario_file)],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kubeapi.log", "wb"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text().strip():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the fake API server did not start: {(tmp_path / 'kubeapi.log').read_text()}")
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{int(port_file.read_text())}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "ml"}}],
+    }))  # fmt: skip
+    os.chmod(kubeconfig, 0o600)
+    return KubeServer(url, kubeconfig, proc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--scenario", required=True)
+    ns = ap.parse_args()
+    Handler.cluster = Cluster(Scenario(**json.loads(Path(ns.scenario).read_text())))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    tmp = Path(ns.port_file + ".tmp")
+    tmp.write_text(str(server.server_address[1]))
+    tmp.replace(ns.port_file)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
