@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from kubefake import FakeKube, Script
+from kubehttp import Scenario, start_server
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
 from torchstep.result import StepResult
 
@@ -186,3 +189,38 @@ def test_a_bad_invocation_names_the_argument(tmp_path: Path, capsys: pytest.Capt
     args = argv(tmp_path, replicas=2) + ["--in", "nope", "1"]
     assert entry.main(args, client=FakeKube()) == 2
     assert "nope" in capsys.readouterr().err
+
+
+# -- a real launcher process SIGKILLed and retried, against tests/kubehttp.py --------------------------
+def launcher(args: list[str], server, pod: str, out: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "TORCHSTEP_NAMESPACE": "ml",
+           "TORCHSTEP_POD_NAME": pod, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return subprocess.Popen([sys.executable, "-m", "torchstep_kfp.entry", *args], env=env,
+                            stdout=open(out, "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def test_a_sigkilled_launcher_pod_retried_by_kfp_attaches_to_its_jobs(tmp_path: Path) -> None:
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
+    server = start_server(tmp_path / "api", Scenario(replicas=2, run_s=6, lines=30, line_interval_s=0.15,
+                                                     messages=[ok, ok]))  # fmt: skip
+    try:
+        args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-9")
+        first = launcher(args, server, "pipeline-abc-launcher-1", tmp_path / "first.log")
+        deadline = time.monotonic() + 90
+        while "[trainer/1] line 5" not in (tmp_path / "first.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline and first.poll() is None, (tmp_path / "first.log").read_text()
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)  # the launcher pod is gone (node lost, OOM)
+        first.wait()
+        second = launcher(args, server, "pipeline-abc-launcher-2", tmp_path / "second.log")  # KFP's retry
+        assert second.wait(120) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        text = (tmp_path / "second.log").read_text()
+        assert "attaching" in text and "[trainer/0] line 29" in text
+        state = server.state()
+        assert state["jobs_created"] == 1 and state["conflicts"] >= 1  # one gang of pods
+        result = json.loads((tmp_path / "out" / "result").read_text())
+        assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.5}
+        assert not [o for o in state["objects"] if o["labels"].get("torchstep/app-id")]  # cleaned up
+    finally:
+        server.stop()
