@@ -220,3 +220,75 @@ def test_the_base_job_template_renders_a_valid_gpu_job_with_our_variables() -> N
     plain.job_manifest["metadata"]["name"] = "nightly-2-x"
     plain.job_manifest["metadata"].pop("generateName", None)
     kubernetes_validate.validate(plain.job_manifest, MIN_KUBERNETES_VERSION, strict=True)
+
+
+FLOW_SCRIPT = r"""
+import json, sys
+import prefect.runtime
+from prefect import flow
+from torchstep.kubernetes import OfficialClient
+from torchstep_prefect import app_task
+from torchx import specs
+
+kubeconfig, id_file, which = sys.argv[1:4]
+role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
+                  num_replicas=2, max_retries=0, metadata={"torchstep": {"nproc_per_node": 1}})
+kube = OfficialClient.from_config(config_file=kubeconfig, in_cluster=False)
+train = app_task(specs.AppDef("nodes", roles=[role]), target="kubernetes", cfg={"namespace": "ml"}, client=kube)
+
+@flow
+def pipeline():
+    open(id_file, "w").write(str(prefect.runtime.flow_run.id))
+    return train()
+
+if which == "new":
+    result = pipeline()
+else:  # what `prefect flow-run execute <id>` does when the infrastructure restarts a crashed flow run
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    with get_client(sync_client=True) as client:
+        result = run_flow(pipeline, flow_run=client.read_flow_run(which))
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def test_a_sigkilled_flow_run_process_re_executed_attaches_to_its_job(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kubehttp import Scenario, start_server
+    from prefect.settings import PREFECT_API_URL
+
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.75}).summary()
+    server = start_server(tmp_path / "api", Scenario(replicas=2, run_s=8, lines=30, line_interval_s=0.2,
+                                                     messages=[ok, ok]))  # fmt: skip
+    script, id_file = tmp_path / "flow.py", tmp_path / "flow_run_id"
+    script.write_text(FLOW_SCRIPT)
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONUNBUFFERED": "1"}
+
+    def run(which: str, log: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), str(server.kubeconfig), str(id_file), which],
+                                env=env, stdout=open(tmp_path / log, "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+
+    try:
+        first = run("new", "first.log")
+        deadline = time.monotonic() + 120
+        while "[trainer/1] line 3" not in (tmp_path / "first.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline and first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)  # the flow-run process dies with its Job running
+        first.wait()
+        second = run(id_file.read_text(), "second.log")
+        assert second.wait(180) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        text = (tmp_path / "second.log").read_text()
+        assert "attaching" in text and "[trainer/0] line 29" in text
+        result = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+        assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.75}
+        state = server.state()
+        assert state["jobs_created"] == 1 and state["conflicts"] >= 1  # one gang of pods
+        assert not [o for o in state["objects"] if o["labels"].get("torchstep/app-id")]
+    finally:
+        server.stop()
