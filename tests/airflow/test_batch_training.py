@@ -48,3 +48,13 @@ def test_the_model_asset_schedules_the_evaluation_dag() -> None:
     assert training.catchup is False and training.schedule == "@daily"
     assert module.MODEL in training.get_task("publish_model").outlets
     assert module.MODEL.uri in str(evaluation.timetable.asset_condition)
+
+
+def test_the_checkpoint_dir_option_reaches_the_ranks_and_training_resumes(dag_tester, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir(mode=0o700)
+    (ckpt / "epoch-004").write_text("4")  # what an earlier try saved before its worker died
+    run = dag_tester.run("torchstep_checkpoint", {"ckpt": str(ckpt)})
+    assert run["state"] == "success", run["output"][-4000:]
+    assert run["tasks"]["train"]["xcom"]["outputs"] == {"first_epoch": 5}
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"epoch-{i:03d}" for i in range(4, 7)]

@@ -33,6 +33,8 @@ _LAZY = {
     "expires": "torchstep.worker",
     "heartbeat": "torchstep.worker",
     "output": "torchstep.worker",
+    "checkpoint_dir": "torchstep.worker",
+    "last_checkpoint": "torchstep.worker",
 }
 _SUBMODULES = {"agent", "contract", "files", "kubernetes", "launch", "local", "result", "spec", "steps", "worker"}
 
@@ -46,10 +48,12 @@ __all__ = [
     "StepPlan",
     "StepResult",
     "build_plan",
+    "checkpoint_dir",
     "expires",
     "explain",
     "heartbeat",
     "kubernetes",
+    "last_checkpoint",
     "materialize",
     "output",
     "record",
@@ -64,7 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.spec.explain import explain
     from torchstep.spec.model import RolePlan, StepPlan
     from torchstep.spec.planner import build_plan
-    from torchstep.worker import expires, heartbeat, output, record
+    from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, record
 
 
 def __getattr__(name: str) -> Any:

@@ -62,6 +62,10 @@ ENV_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 ENV_HEARTBEAT_FILE = "TORCHSTEP_HEARTBEAT_FILE"
 #: The JSON file ``torchstep.output()`` writes.
 ENV_OUTPUT_FILE = "TORCHSTEP_OUTPUT_FILE"
+#: The step's checkpoint directory (local run option ``checkpoint_dir``), the same for every try.
+ENV_CHECKPOINT_DIR = "TORCHSTEP_CHECKPOINT_DIR"
+#: The newest checkpoint in it when the replica started (``torchstep.last_checkpoint()`` looks again).
+ENV_LAST_CHECKPOINT = "TORCHSTEP_LAST_CHECKPOINT"
 
 
 def shim_dir() -> str:

@@ -45,8 +45,10 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from torchstep.contract import (
+    ENV_CHECKPOINT_DIR,
     ENV_ERROR_FILE,
     ENV_HEARTBEAT_FILE,
+    ENV_LAST_CHECKPOINT,
     ENV_OUTPUT_FILE,
     ENV_TIMER_FILE,
     NON_RETRYABLE_EXIT_CODE,
@@ -60,8 +62,10 @@ __all__ = [
     "HEARTBEAT_FILE_ENV",
     "OUTPUT_FILE_ENV",
     "TIMER_FILE_ENV",
+    "checkpoint_dir",
     "expires",
     "heartbeat",
+    "last_checkpoint",
     "output",
     "record",
     "write_error_file",
@@ -268,3 +272,31 @@ def output(name: str, value: Any) -> None:
             data = {}
         data[name] = json.loads(encoded)
         write_text_atomic(path, json.dumps(data))
+
+
+def checkpoint_dir() -> str | None:
+    """The step's checkpoint directory (local run option ``checkpoint_dir``: the same for
+    every try of the step), or ``None`` when the step has none.
+
+    Example::
+
+        ckpt_dir = torchstep.checkpoint_dir() or "/tmp/ckpt"
+    """
+    return os.environ.get(ENV_CHECKPOINT_DIR) or None
+
+
+def last_checkpoint() -> str | None:
+    """The newest complete checkpoint in :func:`checkpoint_dir` *now* (a worker restarted
+    by the agent sees what its predecessor saved), else the one the launcher saw when the
+    replica started, else ``None``. See :mod:`torchstep.checkpoints` for what counts.
+
+    Example::
+
+        start = load(path) if (path := torchstep.last_checkpoint()) else 0
+    """
+    directory = checkpoint_dir()
+    if directory is not None:
+        from torchstep.checkpoints import latest_checkpoint
+
+        return latest_checkpoint(directory)
+    return os.environ.get(ENV_LAST_CHECKPOINT) or None

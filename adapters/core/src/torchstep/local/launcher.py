@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchstep import contract
+from torchstep.checkpoints import latest_checkpoint
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
+from torchstep.errors import SpecError
 from torchstep.files import open_private
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
@@ -58,6 +60,17 @@ from torchstep.spec.names import short_id
 #: the launcher: no dependence on PATH).
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
 #: Exit code of a run stopped by its timeout (as GNU ``timeout``).
+
+
+def _checkpoint_dir(path: str) -> None:
+    """Create the step's checkpoint directory (0700) or check the existing one is ours."""
+    from torchstep.files import UnsafePathError, private_dir
+
+    try:
+        private_dir(path)
+    except UnsafePathError as e:
+        raise SpecError("cfg['checkpoint_dir']", "local", str(e),
+                        fix="name a directory you own (not a symlink), the same for every try") from None  # fmt: skip
 
 
 def new_app_id(name: str) -> str:
@@ -124,6 +137,8 @@ class Launcher:
         """Start every replica, supervise, stop, aggregate. Raises SpecError before
         starting anything when this machine cannot serve the plan."""
         prepared = prepare(self.plan, self.opts, app_id=self.app_id)
+        if self.opts.checkpoint_dir is not None:
+            _checkpoint_dir(self.opts.checkpoint_dir)
         lock = claim_run_dir(self.opts.log_dir, self.dir, [spec.log_dir for spec in prepared.replicas], self.app_id)
         try:
             return self._run(prepared)
@@ -188,6 +203,9 @@ class Launcher:
         rdzv_id = f"{self.app_id}-{role.name}" + (f"-r{n}" if n else "")
         env = dict(spec.env)
         env[contract.ENV_RUN_DIR] = self.tmp
+        if self.opts.checkpoint_dir is not None:  # looked up per start: a replaced replica resumes too
+            env[contract.ENV_CHECKPOINT_DIR] = self.opts.checkpoint_dir
+            env[contract.ENV_LAST_CHECKPOINT] = latest_checkpoint(self.opts.checkpoint_dir) or ""
         env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
         if role.uses_torchrun:
             env.update(

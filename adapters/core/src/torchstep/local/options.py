@@ -67,6 +67,13 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
     ),
     "cpu_affinity": (bool, True, "pin each replica to resource.cpu cores of its own and set OMP_NUM_THREADS"),
     "tee": (bool, True, "copy every process's output to stdout, prefixed [role/rank]"),
+    "checkpoint_dir": (
+        str,
+        None,
+        "a directory kept across tries (created 0700; a symlink or another user's directory is refused): "
+        "every rank gets it as TORCHSTEP_CHECKPOINT_DIR and the newest checkpoint in it as "
+        "TORCHSTEP_LAST_CHECKPOINT (torchstep.last_checkpoint()), so a retried step resumes",
+    ),
 }
 
 
@@ -93,6 +100,7 @@ class LocalOptions:
     gpus: tuple[str, ...] | None = None
     cpu_affinity: bool = True
     tee: bool = True
+    checkpoint_dir: str | None = None
 
 
 def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> LocalOptions:
@@ -120,6 +128,12 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
         raise SpecError(
             "cfg['run_id']", TARGET, "must be a printable, non-blank string", fix="e.g. the orchestrator's run id"
         )
+    if "checkpoint_dir" in out:
+        path = out["checkpoint_dir"]
+        if not path.strip() or not path.isprintable():
+            raise SpecError("cfg['checkpoint_dir']", TARGET, "must be a printable, non-blank path",
+                            fix="e.g. /data/ckpt/my-job (the same for every try of the step)")  # fmt: skip
+        out["checkpoint_dir"] = os.path.abspath(os.path.expanduser(path))
     if "retries" in out and not 0 <= out["retries"] <= MAX_RETRIES:
         raise SpecError("cfg['retries']", TARGET, f"must be 0..{MAX_RETRIES}, got {out['retries']}", fix="e.g. 2")
     return LocalOptions(**out)
