@@ -7,10 +7,21 @@ Before ``exec`` it (1) asks the kernel to SIGKILL this process when the agent di
 (``PR_SET_PDEATHSIG``; the agent's reaper also kills the whole process group), and
 (2) with ``--merge-stderr`` points stderr at stdout, so a rank's log file holds both
 streams in the order they were written. This file must not import torchstep or torch.
+
+With the agent's worker zygote (``TORCHSTEP_ZYGOTE_SOCKET``, ``--zygote``) and a Python
+worker (``python [-u] script.py ...`` or ``python [-u] -m module ...`` with this
+interpreter), it does not exec: the zygote forks the worker with torch already imported
+(``torchstep.agent.zygote``), this process forwards every signal it gets to the worker's
+group and exits as the worker did. Anything else, or a zygote that cannot be reached,
+falls back to ``exec``.
 """
 
 import os
 import sys
+
+MYPY = False  # no `typing` import: this wrapper runs before every worker, it must stay cheap
+if MYPY:
+    import socket
 
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
@@ -51,11 +62,94 @@ def main(argv: list[str]) -> None:
         os._exit(137)
     if merge:
         os.dup2(1, 2)
+    zygote = os.environ.pop("TORCHSTEP_ZYGOTE_SOCKET", "")
+    if zygote:
+        request = _python_request(cmd)
+        if request is not None:
+            _run_in_zygote(zygote, request)  # returns only when the zygote cannot be used
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         sys.stderr.write(f"torchstep: cannot execute {cmd[0]!r}: {e}\n")
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+
+
+def _python_request(cmd: list) -> "dict | None":
+    """What the zygote runs for ``cmd`` (this interpreter with only ``-u`` before a script
+    or ``-m module``), or None: then the command is exec'd as usual."""
+    try:
+        same = os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
+    except OSError:
+        return None
+    if not same:
+        return None
+    rest = cmd[1:]
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return {"module": rest[1], "argv": rest[2:]}
+    if rest and not rest[0].startswith("-"):
+        return {"module": None, "argv": rest}
+    return None
+
+
+def _connect(conn: "socket.socket", path: str) -> None:
+    """Connect to the zygote, which the agent started moments ago (its socket may not exist yet)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _run_in_zygote(path: str, request: dict) -> None:
+    """Have the zygote fork the worker; never returns once it did (exits as the worker)."""
+    import json  # here, not at the top: a wrapper without the zygote stays as cheap as before
+    import signal
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        _connect(conn, path)
+        payload = {**request, "env": dict(os.environ), "cwd": os.getcwd()}
+        socket.send_fds(conn, [json.dumps(payload).encode()], [0, 1, 2])
+        reply = conn.recv(64).decode()
+    except OSError as e:
+        sys.stderr.write(f"torchstep: worker zygote unavailable ({e}); starting the worker directly\n")
+        conn.close()
+        return
+    if not reply.startswith("pid "):
+        conn.close()
+        return
+    pid = int(reply.split()[1])
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.killpg(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    try:
+        status = conn.recv(64).decode()
+    except OSError:
+        status = ""
+    kind, _, value = status.partition(" ")
+    if kind == "exit":
+        os._exit(int(value))
+    if kind == "signal":  # die the way the worker did
+        signum = int(value)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(137)  # the zygote is gone (the agent is dying): the worker died with it
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kil
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
+from torchstep.agent.zygote import wrapper_of
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
@@ -342,8 +343,9 @@ class TorchstepAgent(LocalElasticAgent):
                 pgid = os.getpgid(pid)
             except ProcessLookupError:
                 pgid = -1
+            wrapper = wrapper_of(pid)  # a worker forked by the zygote: its rank is its wrapper's
             for w in attempt.workers.values():
-                if w.pid == pid or (w.own_group and w.pid == pgid):
+                if w.pid == pid or (w.own_group and w.pid == pgid) or (wrapper is not None and w.pid == wrapper):
                     target = w
         if target is None:
             # not a current worker or one of its children: a timer left by a previous

@@ -241,9 +241,15 @@ class OrphanSweeper:
         self._exits = exits
         self._interval = interval
         self._seen: dict[int, bool] = {}  # pid -> killed as a group (it leads its own)
+        self._helpers: set[int] = set()  # the agent's own children (the worker zygote)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    def helper(self, pid: int) -> None:
+        """``pid`` is a child the agent started itself (the worker zygote): not an orphan."""
+        with self._lock:
+            self._helpers.add(pid)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="torchstep-orphans", daemon=True)
@@ -259,7 +265,7 @@ class OrphanSweeper:
         me = os.getpid()
         with self._lock:
             for pid in children_of(me):
-                if pid in self._seen or pid == self._reaper.pid or self._exits.watched(pid):
+                if pid in self._seen or pid in self._helpers or pid == self._reaper.pid or self._exits.watched(pid):
                     continue
                 fields = _stat_fields(pid)
                 if fields is None or fields[0] in ("Z", "X"):
@@ -346,6 +352,12 @@ class Reaper:
                 self._proc.stdin.flush()
             except (BrokenPipeError, ValueError, OSError):
                 log.warning("the reaper is gone; workers will not be killed if the agent dies")
+
+    def command_fd(self) -> int | None:
+        """The write end of the reaper's command pipe, for a helper (the worker zygote) that
+        registers process groups itself (one short line per write: atomic on a pipe)."""
+        proc = self._proc
+        return proc.stdin.fileno() if proc is not None and proc.stdin is not None else None
 
     def watch_group(self, pgid: int) -> None:
         self._send(f"g {pgid}")

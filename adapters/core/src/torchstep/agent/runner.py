@@ -57,6 +57,7 @@ class AgentRun:
             settings.watchdog_timeout, on_fire=self._on_watchdog, any_alive=self._any_alive
         )
         self.agent: Any = None
+        self.zygote: Any = None
         self._write_lock = threading.Lock()
         self._final = False
         self.unwritten: list[str] = []  # result paths the last write could not write
@@ -87,6 +88,7 @@ class AgentRun:
             log.exception("watchdog: building the full result failed; writing a minimal one")
             result = build_result(self.settings, None, outcome, started_at=self.started_at)
         self.write(result, final=True)
+        self._stop_zygote()
         self.orphans.kill_all()
         self.reaper.finish(timeout=2)
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -110,6 +112,8 @@ class AgentRun:
 
     def execute(self) -> Outcome:
         """Run the agent to its end; every exception becomes an :class:`Outcome`."""
+        self.reaper.start()
+        self._start_zygote()  # first: it imports torch while the agent does its own imports
         import torch.distributed.elastic.rendezvous.registry as rdzv_registry
         from torch.distributed.elastic import events, metrics
         from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -122,7 +126,6 @@ class AgentRun:
 
         settings, config = self.settings, self.settings.config
         self.write(running_result(settings, started_at=self.started_at), final=False)
-        self.reaper.start()
         if become_subreaper():  # a worker's daemon comes back to us, not to init
             self.orphans.start()
         self.watchdog.start()
@@ -212,6 +215,31 @@ class AgentRun:
                 except Exception as e:
                     log.warning("closing the rendezvous failed: %s: %s", type(e).__name__, e)
 
+    def _start_zygote(self) -> None:
+        """``--zygote`` with a Python worker command: start the worker zygote."""
+        entry = self.settings.entrypoint
+        if not self.settings.zygote or not isinstance(entry, str):
+            return
+        if os.path.realpath(entry) != os.path.realpath(sys.executable):
+            log.info("--zygote: the worker command is not this Python (%s); workers start as usual", entry)
+            return
+        from torchstep.agent.zygote import ZygoteProcess
+
+        try:
+            self.zygote = ZygoteProcess.start(self.run_dir, self.reaper.command_fd())
+            self.orphans.helper(self.zygote.proc.pid)
+            self.reaper.watch_pid(self.zygote.proc.pid)  # a SIGKILLed agent takes it along too
+        except OSError as e:
+            log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+
+    def _stop_zygote(self) -> None:
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            try:
+                zygote.stop()
+            except Exception as e:  # the reaper and the sweeper still kill what is left
+                log.warning("stopping the worker zygote: %s", e)
+
     def _record_failed_event(self, events: Any, config: Any) -> None:
         if self.agent is not None:
             try:
@@ -228,6 +256,7 @@ class AgentRun:
             log.exception("building the full result failed; writing a minimal one")
             result = build_result(self.settings, None, outcome, started_at=self.started_at)
         self.write(result, final=True)
+        self._stop_zygote()
         self.orphans.kill_all()
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -206,6 +206,8 @@ class AgentSettings:
     #: ``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point decides where
     #: the streams go (``config.logs_specs``), as under torchrun.
     custom_logs_specs: bool = False
+    #: ``--zygote`` / ``TORCHSTEP_ZYGOTE=1``: Python workers are forked from a pre-imported zygote.
+    zygote: bool = False
 
     def rendezvous_bound(self) -> float:
         """Longest time one rendezvous may take by its own settings (for the watchdog)."""
@@ -300,6 +302,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
         help="prefix each console line with [role/rank] and merge a binary worker's stderr into its stdout "
         f"(one ordered log per rank; env {ENV_LOG_PREFIX}=1; on by default under a torchstep launcher, "
         "or with --tee / --local-ranks-filter)",
+    )
+    group.add_argument(
+        "--zygote",
+        dest="zygote",
+        action="store_true",
+        help="fork Python workers from a process that imported torch once (faster start and restart; "
+        "env TORCHSTEP_ZYGOTE=1; see docs/agent.md)",
     )
     for flag in FLAGS:
         shown = "off" if flag.default in (None, 0.0) else f"{flag.default:g}" if flag.kind is float else flag.default
@@ -560,4 +569,6 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         prefixed=prefixed,
         merge_streams=merge,
         custom_logs_specs=bool(getattr(args, "logs_specs", None)),
+        zygote=bool(getattr(args, "zygote", False))
+        or (_env(env, "TORCHSTEP_ZYGOTE") or "").strip().lower() in ("1", "true", "yes", "on"),
     )

@@ -1,0 +1,112 @@
+"""The worker zygote (``torchstep-agent --zygote``): Python workers are forked from a process
+that imported torch once, and every agent behaviour holds — restarts, timers, signals, a
+SIGKILLed agent, daemons, non-Python workers. (The whole agent suite also runs with the
+zygote on: ``TORCHSTEP_TEST_ZYGOTE=1 pytest tests/agent``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from agent_testlib import WORKER, Agents, alive
+from proclib import wait_for
+
+PROBE = r"""
+import os, sys, time
+preloaded = "torch" in sys.modules  # before this script imported anything
+open(os.path.join(os.environ["PIDS_DIR"], f"worker{os.environ['RANK']}.{os.getpid()}"), "w").close()
+open(os.path.join(os.environ["PIDS_DIR"], f"parent{os.environ['RANK']}.{os.getppid()}"), "w").close()
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+print(f"rank {dist.get_rank()} preloaded={preloaded} argv={sys.argv[1:]} cwd={os.getcwd()}", flush=True)
+dist.destroy_process_group()
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> str:
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    return str(path)
+
+
+def rank_logs(a, attempt: int = 0) -> str:
+    return "".join(p.read_text() for p in sorted(a.log_dir.glob(f"*_*/attempt_{attempt}/*/stdout.log")))
+
+
+def test_workers_are_forked_from_the_zygote_with_torch_already_imported(agents: Agents, probe: str) -> None:
+    a = agents.run(["--zygote", "--nproc-per-node", "2", probe, "0", "$(id) {{ ds }}"], timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    logs = rank_logs(a)
+    for rank in (0, 1):
+        assert f"rank {rank} preloaded=True argv=['0', '$(id) {{{{ ds }}}}']" in logs, logs
+    parents = {int(p.name.split(".")[1]) for p in a.pids_dir.glob("parent*")}
+    assert len(parents) == 1 and a.pid not in parents  # both forked by one zygote, not exec'd by the agent
+    assert a.result["state"] == "SUCCEEDED"
+    wait_for(lambda: not any(alive(p) for p in [*parents, *a.worker_pids()]), 10, "the zygote and workers gone")
+
+
+def test_without_the_flag_every_worker_is_a_fresh_interpreter(agents: Agents, probe: str) -> None:
+    a = agents.run(["--nproc-per-node", "2", probe, "0"], timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    assert "rank 0 preloaded=False" in rank_logs(a)
+
+
+@pytest.mark.timeout(300)
+def test_a_crashed_worker_group_is_restarted_from_the_zygote(agents: Agents) -> None:
+    a = agents.run(["--zygote", "--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"],
+                   timeout=120)  # fmt: skip
+    assert a.returncode == 0, a.diagnostics()
+    r = a.result
+    assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1)
+    assert "attempt 0: rank 1 worker_failed (exit 3)" in r["replicas"][0]["message"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("api", ["torch", "torchstep"])
+def test_an_expired_timer_kills_the_stuck_zygote_worker_and_the_group_restarts(agents: Agents, api: str) -> None:
+    a = agents.run(["--zygote", "--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "2", WORKER,
+                    "--mode", f"timer-{api}"], timeout=120)  # fmt: skip
+    assert a.returncode == 0, a.diagnostics()
+    r = a.result
+    assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1)
+    assert "attempt 0: rank 1 timer_expired (SIGKILL): timer 'stuck-step' expired" in r["replicas"][0]["message"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signalled_agent_leaves_no_zygote_and_no_worker(agents: Agents, probe: str, sig: int) -> None:
+    a = agents.start(["--zygote", "--nproc-per-node", "2", probe, "600"])
+    wait_for(lambda: len(a.worker_pids("worker")) == 2 and "preloaded" in rank_logs(a), 120, "both workers running")
+    parents = {int(p.name.split(".")[1]) for p in a.pids_dir.glob("parent*")}
+    everything = [*a.worker_pids("worker"), *parents]
+    os.kill(a.pid, sig)  # the agent alone, not its group
+    wait_for(lambda: not any(alive(p) for p in everything), 15, "the zygote and every worker gone")
+    assert a.wait(30) == (128 + sig if sig == signal.SIGTERM else -signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_a_daemon_of_a_zygote_worker_does_not_outlive_the_run(agents: Agents, tmp_path: Path) -> None:
+    script = str(Path(__file__).resolve().parent / "scripts" / "daemonizer.py")
+    pidfile = tmp_path / "daemon.pid"
+    a = agents.run(["--zygote", "--nproc-per-node", "1", script, str(pidfile), "ok"], timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    daemon = int(pidfile.read_text())
+    wait_for(lambda: not alive(daemon), 15, "the double-forked daemon killed")
+
+
+def test_a_non_python_worker_starts_as_usual(agents: Agents) -> None:
+    a = agents.run(["--zygote", "--nproc-per-node", "1", "--no-python", "/bin/echo", "plain binary"], timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    assert "plain binary" in rank_logs(a)
+    assert "workers start as usual" in a.stderr + (a.log_dir / "agent.log").read_text(errors="replace")
+
+
+def test_the_environment_switch_turns_it_on(agents: Agents, probe: str) -> None:
+    a = agents.run(["--nproc-per-node", "1", probe, "0"], env={"TORCHSTEP_ZYGOTE": "1"}, timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    assert "preloaded=True" in rank_logs(a)
