@@ -51,7 +51,7 @@ def test_workers_are_forked_from_the_zygote_with_torch_already_imported(agents: 
 
 
 def test_without_the_flag_every_worker_is_a_fresh_interpreter(agents: Agents, probe: str) -> None:
-    a = agents.run(["--nproc-per-node", "2", probe, "0"], timeout=120)
+    a = agents.run(["--nproc-per-node", "2", probe, "0"], env={"TORCHSTEP_ZYGOTE": "0"}, timeout=120)
     assert a.returncode == 0, a.diagnostics()
     assert "rank 0 preloaded=False" in rank_logs(a)
 

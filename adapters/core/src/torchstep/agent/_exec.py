@@ -146,7 +146,10 @@ def _run_in_zygote(path: str, request: dict) -> None:
         os._exit(int(value))
     if kind == "signal":  # die the way the worker did
         signum = int(value)
-        signal.signal(signum, signal.SIG_DFL)
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+            pass
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
     os._exit(137)  # the zygote is gone (the agent is dying): the worker died with it
