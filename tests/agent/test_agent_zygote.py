@@ -110,3 +110,31 @@ def test_the_environment_switch_turns_it_on(agents: Agents, probe: str) -> None:
     a = agents.run(["--nproc-per-node", "1", probe, "0"], env={"TORCHSTEP_ZYGOTE": "1"}, timeout=120)
     assert a.returncode == 0, a.diagnostics()
     assert "preloaded=True" in rank_logs(a)
+
+
+def test_a_local_run_turns_it_on_through_the_role_env(tmp_path: Path, probe: str) -> None:
+    import torchstep
+    from torchx import specs
+
+    role = specs.Role("trainer", image="unused", entrypoint="python", args=[probe, "0"], num_replicas=2,
+                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1), env={"TORCHSTEP_ZYGOTE": "1"},
+                      metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    role.env["PIDS_DIR"] = str(pids)
+    result = torchstep.run_local(specs.AppDef("z", roles=[role]), log_dir=str(tmp_path / "logs"))
+    assert result.state == "SUCCEEDED"
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("rank*.log"))
+    assert logs.count("preloaded=True") == 2, logs
+
+
+def test_only_this_interpreter_in_its_own_directory_counts_as_the_same_python(tmp_path: Path) -> None:
+    import sys
+
+    from torchstep.agent._exec import same_python
+
+    assert same_python(sys.executable)
+    link = tmp_path / "python"
+    link.symlink_to(os.path.realpath(sys.executable))  # the same binary elsewhere: another environment
+    assert not same_python(str(link))
+    assert not same_python("/bin/echo") and not same_python("no-such-command-here")

@@ -74,14 +74,30 @@ def main(argv: list[str]) -> None:
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 
 
+def same_python(command: str) -> bool:
+    """Whether ``command`` (a path, or a name looked up in PATH) is this interpreter: the
+    same binary in the same directory (a venv's ``python`` is not its base interpreter's)."""
+    path = command
+    if os.sep not in command:
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(d or ".", command)
+            if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+                path = candidate
+                break
+        else:
+            return False
+    try:
+        here = os.path.abspath(sys.executable)
+        there = os.path.abspath(path)
+        return os.path.dirname(there) == os.path.dirname(here) and os.path.realpath(there) == os.path.realpath(here)
+    except OSError:
+        return False
+
+
 def _python_request(cmd: list) -> "dict | None":
     """What the zygote runs for ``cmd`` (this interpreter with only ``-u`` before a script
     or ``-m module``), or None: then the command is exec'd as usual."""
-    try:
-        same = os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
-    except OSError:
-        return None
-    if not same:
+    if not same_python(cmd[0]):
         return None
     rest = cmd[1:]
     while rest and rest[0] == "-u":

@@ -220,7 +220,9 @@ class AgentRun:
         entry = self.settings.entrypoint
         if not self.settings.zygote or not isinstance(entry, str):
             return
-        if os.path.realpath(entry) != os.path.realpath(sys.executable):
+        from torchstep.agent._exec import same_python
+
+        if not same_python(entry):
             log.info("--zygote: the worker command is not this Python (%s); workers start as usual", entry)
             return
         from torchstep.agent.zygote import ZygoteProcess
