@@ -137,3 +137,38 @@ def test_the_worker_helpers_without_a_checkpoint_dir(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TORCHSTEP_CHECKPOINT_DIR", str(tmp_path))
     (tmp_path / "a").write_text("1")
     assert torchstep.last_checkpoint() == str(tmp_path / "a")  # looked up at call time
+
+
+def test_another_users_checkpoint_dir_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchx import specs
+
+    ckpt = tmp_path / "theirs"
+    ckpt.mkdir(mode=0o700)
+    if os.geteuid() == 0:  # a real foreign owner (root may give the directory away)
+        os.chown(ckpt, 65534, 65534)
+    else:  # the seam torchstep.files checks against: the caller's effective uid
+        uid = os.geteuid() + 1
+        monkeypatch.setattr("torchstep.files.os.geteuid", lambda: uid)
+    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE],
+                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    with pytest.raises(torchstep.SpecError) as err:
+        torchstep.run_local(specs.AppDef("x", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
+                            log_dir=str(tmp_path / "logs"))  # fmt: skip
+    assert "cfg['checkpoint_dir']" in str(err.value) and "owned by uid" in str(err.value)
+    assert not os.listdir(ckpt)
+
+
+def test_macros_in_the_checkpoint_dir_are_not_expanded(tmp_path: Path) -> None:
+    """The path must be the same for every try: ``${app_id}`` (new per run) stays text."""
+    from torchx import specs
+
+    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE, "--epochs", "1"],
+                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    ckpt = tmp_path / "ckpt-${app_id}-$replica_id"
+    result = torchstep.run_local(specs.AppDef("lit", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
+                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    assert result.state == "SUCCEEDED"
+    assert os.listdir(tmp_path / "ckpt-${app_id}-$replica_id") == ["epoch-000"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-${app_id}-$replica_id", "logs"]
