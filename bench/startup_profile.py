@@ -70,11 +70,18 @@ def main() -> int:
             "at other moments than the figures, so they do not add up exactly.)",
             "",
             "So the remaining startup and recovery time is dominated by what every new worker process pays to "
-            "import torch, and torchstep already pays no more than torchrun for the rest. Cutting it needs workers "
-            "that do not start from a fresh interpreter: a pre-imported worker zygote in the agent (fork from a "
-            "process that already imported torch, before any thread or accelerator is initialised; forkserver "
-            "where fork is unsafe). That is ours to build and is not built yet: the figures above are without it.",
+            "import torch, and torchstep already pays no more than torchrun for the rest. The worker zygote "
+            "(`torchstep-agent --zygote`, docs/agent.md) removes that piece: workers are forked from a process "
+            "that imported torch once, so a restart costs a fork instead of an interpreter and an import.",
         ]
+        zs, zr = figures.get("1z", {}), figures.get("2z", {})
+        if zs.get("ours", {}).get("median") and zr.get("ours", {}).get("median"):
+            lines += [
+                "",
+                f"With the zygote: startup (figure 1z) {zs['ours']['median']:.2f} s = {zs['ratio']:.2f}x torchrun, "
+                f"recovery (figure 2z) {zr['ours']['median']:.2f} s = {zr['ratio']:.2f}x torchrun (goals 0.8x and "
+                "0.5x). It is opt-in until it has run on GPU nodes (none here).",
+            ]
     out = HERE / "results" / "analysis.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
