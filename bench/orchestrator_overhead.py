@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "scripts"))
 from agent_bench import BIN, clean_env  # noqa: E402
-from figures import record  # noqa: E402
+from figures import full, record  # noqa: E402
 from figures import runs as mode_runs  # noqa: E402
 
 HELLO = str(ROOT / "bench" / "_hello.py")
@@ -157,7 +157,8 @@ def main() -> int:
         for orch, (variants, env) in setups(tmp).items():
             if ns.only and orch not in ns.only:
                 continue
-            for argv in variants.values():  # warm-up: bytecode, databases, page cache
+            # warm-up: bytecode, databases, page cache (quick mode: one run warms the orchestrator for both)
+            for argv in list(variants.values()) if full() else [variants["peer"]]:
                 timed(argv, env, tmp_s)
             times: dict[str, list[float]] = {v: [] for v in variants}
             for i in range(ns.runs):

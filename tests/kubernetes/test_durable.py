@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from kubehttp import KubeServer, Scenario, start_server
+from proclib import wait_for
 from torchstep.result import StepResult
 
 pytest.importorskip("kubernetes")
@@ -88,16 +89,6 @@ def server_for(tmp_path: Path) -> Iterator[Callable[[Scenario], KubeServer]]:
         s.stop()
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 90.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def lines_of(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -113,8 +104,8 @@ def ok(index: int) -> str:
 def test_a_sigkilled_watcher_run_again_attaches_and_its_logs_continue(server_for, watcher, tmp_path: Path) -> None:
     server = server_for(Scenario(replicas=2, run_s=8, lines=40, line_interval_s=0.15, messages=[ok(0), ok(1)]))
     first = watcher(server, "first")
-    wait_for("the first watcher to stream and save its log position",
-             lambda: len(lines_of(tmp_path / "first.log")) >= 16 and cursor_saved(server))  # fmt: skip
+    wait_for(lambda: len(lines_of(tmp_path / "first.log")) >= 16 and cursor_saved(server), 90,
+             "the first watcher to stream and save its log position")  # fmt: skip
     first.send_signal(signal.SIGKILL)
     first.wait()
     seen_first = lines_of(tmp_path / "first.log")
@@ -144,7 +135,7 @@ def test_a_job_that_finished_while_nobody_watched_returns_its_result_without_a_r
 ) -> None:
     server = server_for(Scenario(replicas=2, run_s=2, lines=5, line_interval_s=0.1, messages=[ok(0), ok(1)]))
     first = watcher(server, "first")
-    wait_for("the Job to be created", lambda: server.state()["jobs_created"] == 1)
+    wait_for(lambda: server.state()["jobs_created"] == 1, 90, "the Job to be created")
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(2.5)  # the pods run to their end while nobody watches
@@ -185,12 +176,12 @@ def test_a_job_of_the_same_name_created_by_someone_else_is_refused_and_left_alon
 def test_cancelling_a_reattached_watcher_deletes_the_job_and_its_pods(server_for, watcher, tmp_path: Path) -> None:
     server = server_for(Scenario(replicas=2, run_s=120, lines=1000, line_interval_s=0.1))
     first = watcher(server, "first")
-    wait_for("lines from the first watcher", lambda: len(lines_of(tmp_path / "first.log")) >= 4)
+    wait_for(lambda: len(lines_of(tmp_path / "first.log")) >= 4, 90, "lines from the first watcher")
     first.send_signal(signal.SIGKILL)
     first.wait()
     before = len(lines_of(tmp_path / "first.log"))
     second = watcher(server, "second")
-    wait_for("the second watcher to attach and stream", lambda: len(lines_of(tmp_path / "second.log")) >= 4)
+    wait_for(lambda: len(lines_of(tmp_path / "second.log")) >= 4, 90, "the second watcher to attach and stream")
     second.send_signal(signal.SIGTERM)  # the orchestrator cancels the run
     assert second.wait(120) == 143
     assert json.loads((tmp_path / "second.json").read_text()) == {"cancelled": True, "attached": True}
