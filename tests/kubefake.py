@@ -259,3 +259,32 @@ def _ts(i: int) -> str:
 
 def _epoch(line: str) -> int:
     return int(datetime.fromisoformat(line[:19] + "+00:00").timestamp())
+
+
+class WatcherDies(BaseException):
+    """Stands for the process watching a step dying (SIGKILL, OOM, a lost node)."""
+
+
+class DyingOnce(FakeKube):
+    """The API as seen by a watcher that dies once it created the workloads (status reads
+    raise :class:`WatcherDies`, its deletes never reach the server), then, after
+    ``dead = False``, by the orchestrator's rerun of the step (a working process)."""
+
+    dead = True
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
+        if self.dead and self.objects:
+            raise WatcherDies()
+        return super().read_namespaced_job_status(name, namespace)
+
+    def delete_collection_namespaced_job(self, namespace: str, label_selector: str, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
+
+    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy=None):
+        if not self.dead:
+            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        if not self.dead:
+            super().delete_namespaced_service(name, namespace)

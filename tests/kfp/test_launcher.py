@@ -17,7 +17,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from kubefake import FakeKube, Script
+from kubefake import DyingOnce, FakeKube, Script, WatcherDies
 from kubehttp import Scenario, start_server
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
 from torchstep.result import StepResult
@@ -88,33 +88,6 @@ def test_run_ids_differ_per_kfp_run_task_and_retry_pod(tmp_path: Path, monkeypat
     assert len(set(ids)) == 3
 
 
-class LauncherDies(BaseException):
-    """Stands for the launcher pod dying (SIGKILL, node loss): nothing it would clean up is cleaned."""
-
-
-class DyingOnce(FakeKube):
-    """The API as seen by a launcher pod that dies once it created the Jobs, then by KFP's retry."""
-
-    dead = True
-
-    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
-        if self.dead and self.objects:
-            raise LauncherDies()
-        return super().read_namespaced_job_status(name, namespace)
-
-    def delete_collection_namespaced_job(self, namespace: str, label_selector: str, propagation_policy=None):
-        if not self.dead:
-            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
-
-    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy=None):
-        if not self.dead:
-            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
-
-    def delete_namespaced_service(self, name: str, namespace: str) -> None:
-        if not self.dead:
-            super().delete_namespaced_service(name, namespace)
-
-
 def with_task_id(args: list[str], task_id: str) -> list[str]:
     i = args.index("--executor_input") + 1
     executor_input = json.loads(args[i])
@@ -128,7 +101,7 @@ def test_a_retried_launcher_pod_attaches_to_the_jobs_its_dead_predecessor_create
     ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
     fake = DyingOnce({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(messages=[ok])})
     args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-7")
-    with pytest.raises(LauncherDies):
+    with pytest.raises(WatcherDies):
         entry.main(args, client=fake)
     assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
     fake.dead = False
@@ -145,7 +118,7 @@ def test_cancelling_the_run_while_reattached_deletes_every_job_and_pod(
 ) -> None:
     fake = DyingOnce({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
     args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-8")
-    with pytest.raises(LauncherDies):
+    with pytest.raises(WatcherDies):
         entry.main(args, client=fake)
     fake.dead = False
     monkeypatch.setenv("TORCHSTEP_POD_NAME", "p-launcher-1-retry")

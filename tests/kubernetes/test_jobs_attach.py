@@ -156,14 +156,13 @@ def test_a_step_result_summary_survives_the_reattach() -> None:
 
 def test_a_watcher_that_died_midway_delivers_exactly_the_lines_after_its_cursor() -> None:
     from kubefake import _ts
+    from torchstep.kubernetes.logcursor import _ts_key
 
     fake = FakeKube(scripts(1, 8))
     JobSet(rendered(), fake).create()
     pod = fake._pod_list()[0].metadata.name
     # the dead watcher had delivered lines 0..4: line 4 shares its timestamp with line 5
-    stamp = _ts(4)
-    key = stamp[:-1] if "." in stamp else stamp[:-1] + ".0"
-    key = key.split(".")[0] + "." + key.split(".")[1].ljust(9, "0")
+    key = _ts_key(_ts(4))
     store = Store()
     store.values[CURSOR_KEY] = {"pods": {pod: [key, 1]}}
     lines: list[str] = []

@@ -11,7 +11,7 @@ import uuid
 import kubernetes_validate
 import pytest
 import torchstep
-from kubefake import FakeKube, Script
+from kubefake import DyingOnce, FakeKube, Script, WatcherDies
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
 from torchstep.result import StepResult
 from torchstep.spec.appjson import app_to_dict
@@ -40,34 +40,6 @@ def nodes_app(max_retries: int = 2) -> specs.AppDef:
 
 def strip_uid(obj: dict) -> dict:
     return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
-
-
-class WatcherDies(BaseException):
-    """Stands for the flow-run process dying (SIGKILL): nothing it would clean up is cleaned."""
-
-
-class DyingOnce(FakeKube):
-    """The API as seen by a flow-run process that dies after creating the Job (its deletes never
-    reach the server), then by the re-executed flow run (a working process)."""
-
-    dead = True
-
-    def read_namespaced_job_status(self, name, namespace):
-        if self.dead and self.objects:  # dies once it created the Job
-            raise WatcherDies()
-        return super().read_namespaced_job_status(name, namespace)
-
-    def delete_collection_namespaced_job(self, namespace, label_selector, propagation_policy=None):
-        if not self.dead:
-            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
-
-    def delete_collection_namespaced_pod(self, namespace, label_selector, propagation_policy=None):
-        if not self.dead:
-            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
-
-    def delete_namespaced_service(self, name, namespace):
-        if not self.dead:
-            super().delete_namespaced_service(name, namespace)
 
 
 def test_a_re_executed_flow_run_attaches_to_the_job_its_dead_process_created(monkeypatch) -> None:

@@ -364,7 +364,8 @@ class KubernetesStep(_Runner):
     def state(self) -> str | None:
         """The run's state on the cluster (:meth:`torchstep.kubernetes.JobSet.state`):
         ``None`` if nothing of it exists, else RUNNING, SUCCEEDED or FAILED."""
-        return str_or_none(self.job_set().state())
+        state: str | None = self.job_set().state()
+        return state
 
     def job_set(self) -> Any:
         """The :class:`~torchstep.kubernetes.JobSet` of this try (created on first use)."""
@@ -390,10 +391,6 @@ class KubernetesStep(_Runner):
         self._cancel.set()
         if self.jobs is not None:
             self.jobs.cancel()
-
-
-def str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def _with_run_id(cfg: Mapping[str, Any] | None, run_id: str, target: str) -> dict[str, Any]:
