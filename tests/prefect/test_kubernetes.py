@@ -264,3 +264,27 @@ def test_a_sigkilled_flow_run_process_re_executed_attaches_to_its_job(tmp_path) 
         assert not [o for o in state["objects"] if o["labels"].get("torchstep/app-id")]
     finally:
         server.stop()
+
+
+def test_each_execution_of_a_flow_run_numbers_its_calls_from_zero_even_at_a_reused_address(monkeypatch) -> None:
+    """A re-execution in the same process must name its Jobs like the first execution did, even
+    when its FlowRunContext lands at the address of the freed first one (CPython reuses it)."""
+    from prefect.context import FlowRunContext
+
+    class Execution:  # stands for one FlowRunContext; a fresh one per execution, freed after
+        pass
+
+    app = nodes_app()
+    flow_run = uuid.uuid4()
+    names = set()
+    for _ in range(50):
+        execution = Execution()
+        monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: execution))
+        task_run = uuid.uuid4()
+        first = tasks._logical_call(flow_run, "train-1a2b", app, task_run)
+        second = tasks._logical_call(flow_run, "train-1a2b", app, uuid.uuid4())  # the same task called again
+        assert tasks._logical_call(flow_run, "train-1a2b", app, task_run) == first  # a retry keeps its number
+        names.add((first, second))
+        assert first != second
+        del execution
+    assert len(names) == 1  # every execution: call 0 then call 1, the same two Job names

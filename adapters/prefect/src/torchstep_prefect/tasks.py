@@ -216,8 +216,10 @@ def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = Non
     return data
 
 
-#: Per flow-run execution: the call number of each (task, AppDef) pair and of each task run.
-_CALLS: dict[str, tuple[int, dict[str, int], dict[str, int]]] = {}
+#: Per flow-run execution (its FlowRunContext, held weakly: an ``id()`` is reused once the
+#: old context is freed, which would carry the counts over into a re-execution): the call
+#: number of each (task, AppDef) pair and of each task run.
+_CALLS: dict[str, tuple[Any, dict[str, int], dict[str, int]]] = {}
 _CALLS_LOCK = threading.Lock()
 
 
@@ -230,6 +232,7 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
     in a concurrent re-execution: harmless, their Jobs are the same."""
     import hashlib
     import json
+    import weakref
 
     from prefect.context import FlowRunContext
     from torchstep.spec.appjson import app_to_dict
@@ -237,15 +240,16 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
 
     digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]
     ctx = FlowRunContext.get()
-    execution = id(ctx) if ctx is not None else 0
     key = f"{task_key}/{digest}"
     with _CALLS_LOCK:
-        seen, counts, runs = _CALLS.get(str(flow_run), (execution, {}, {}))
-        if seen != execution:  # a new execution of this flow run counts from the start again
+        for ended in [k for k, (ref, _, _) in _CALLS.items() if ref() is None and k != str(flow_run)]:
+            del _CALLS[ended]  # a served flow process runs many flow runs: forget finished ones
+        seen, counts, runs = _CALLS.get(str(flow_run), (None, {}, {}))
+        if seen is None or seen() is not ctx:  # a new execution of this flow run counts from 0
             counts, runs = {}, {}
         if str(task_run) not in runs:
             counts[key] = runs[str(task_run)] = counts.get(key, -1) + 1
-        _CALLS[str(flow_run)] = (execution, counts, runs)
+        _CALLS[str(flow_run)] = (weakref.ref(ctx) if ctx is not None else lambda: None, counts, runs)
         n = runs[str(task_run)]
     return step_run_id("prefect", flow_run, task_key, digest, n)
 
