@@ -277,14 +277,15 @@ def test_each_execution_of_a_flow_run_numbers_its_calls_from_zero_even_at_a_reus
     app = nodes_app()
     flow_run = uuid.uuid4()
     names = set()
+    current: list = [None]
+    monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: current[0]))
     for _ in range(50):
-        execution = Execution()
-        monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: execution))
+        current[0] = Execution()
         task_run = uuid.uuid4()
         first = tasks._logical_call(flow_run, "train-1a2b", app, task_run)
         second = tasks._logical_call(flow_run, "train-1a2b", app, uuid.uuid4())  # the same task called again
         assert tasks._logical_call(flow_run, "train-1a2b", app, task_run) == first  # a retry keeps its number
         names.add((first, second))
         assert first != second
-        del execution
+        current[0] = None  # this execution ends: its context is freed
     assert len(names) == 1  # every execution: call 0 then call 1, the same two Job names
