@@ -13,6 +13,8 @@ objects (attribute access, snake_case fields) for the paths JobSet uses:
   lines with RFC 3339 timestamps; ``drop_after`` makes a stream end early once, as a
   dropped connection does; ``since_seconds`` is honoured (with the overlap a real API
   server gives), so a reattached reader sees some lines again and must skip them;
+  ``clock_offset`` puts the node's clock (log timestamps, ``since_seconds``) ahead of
+  the watcher's (or behind, negative);
 - creating an object whose name exists raises :class:`ApiError` 409 (as the API server's
   AlreadyExists); ``patch_namespaced_job/pod`` merge ``metadata.annotations`` and are
   recorded in ``patches``;
@@ -66,10 +68,19 @@ class Script:
 class FakeKube:
     """In-memory API server for ``JobSet`` (see the module docstring)."""
 
-    def __init__(self, scripts: dict[int, Script] | None = None, *, polls: int = 2, drop_after: int | None = None):
+    def __init__(
+        self,
+        scripts: dict[int, Script] | None = None,
+        *,
+        polls: int = 2,
+        drop_after: int | None = None,
+        clock_offset: float = 0.0,
+    ):
         self.scripts = scripts or {0: Script()}
         self.polls = polls
         self.drop_after = drop_after
+        self.clock_offset = clock_offset  # the node's clock minus the watcher's (log times, since_seconds)
+        self.started: dict[str, float] = {}  # workload name -> when it was created (its status.startTime)
         self.objects: list[dict[str, Any]] = []
         self.deleted: list[tuple[str, str, str | None]] = []  # (kind, selector or name, propagation)
         self.patches: list[tuple[str, str, dict[str, Any]]] = []  # (kind, name, body)
@@ -98,10 +109,12 @@ class FakeKube:
                   annotations={**(stored or {}).get("metadata", {}).get("annotations", {}),
                                **self.annotations.get(("Job", name), {})})  # fmt: skip
         head = {"api_version": "batch/v1", "kind": "Job", "metadata": meta}
+        start = datetime.fromtimestamp(self.started[name], tz=UTC)
         if not self._all_done():
-            return ns(**head, status=ns(conditions=[]))
+            return ns(**head, status=ns(conditions=[], start_time=start))
         ok = all(s.codes[-1] == 0 for s in self.scripts.values())
-        return ns(**head, status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")]))
+        return ns(**head, status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")],
+                                    start_time=start))  # fmt: skip
 
     def patch_namespaced_job(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._patch("Job", name, body)
@@ -141,9 +154,9 @@ class FakeKube:
     def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any:
         self.log_calls.append({"name": name, **kwargs})
         index, incarnation = self._parse(name)
-        lines = [f"{_ts(i)} {text}" for i, text in enumerate(self._lines(index, incarnation))]
+        lines = [f"{_ts(i, self.clock_offset)} {text}" for i, text in enumerate(self._lines(index, incarnation))]
         if "since_seconds" in kwargs:  # second resolution, as the API server: an overlap the reader must skip
-            cutoff = int(time.time()) - int(kwargs["since_seconds"])
+            cutoff = int(time.time() + self.clock_offset) - int(kwargs["since_seconds"])
             lines = [line for line in lines if _epoch(line) >= cutoff]
         if self.drop_after is not None and name not in self._dropped and kwargs.get("follow"):
             self._dropped.add(name)
@@ -175,6 +188,7 @@ class FakeKube:
             raise ApiError(409, "AlreadyExists")
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
         self.objects.append(obj)
+        self.started.setdefault(body["metadata"]["name"], time.time())
         return obj
 
     def _patch(self, kind: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -249,10 +263,10 @@ class FakeKube:
 _T0 = int(time.time()) - 600
 
 
-def _ts(i: int) -> str:
+def _ts(i: int, offset: float = 0.0) -> str:
     """RFC 3339 timestamps, increasing; two lines share each one (the reader must count
     them), and half are written without a fraction (as RFC3339Nano trims zeros)."""
-    t = _T0 + i // 2
+    t = _T0 + int(offset) + i // 2
     stamp = datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{stamp}.5Z" if (i // 2) % 2 else f"{stamp}Z"
 

@@ -144,3 +144,50 @@ def test_a_failing_line_callback_does_not_end_the_stream() -> None:
     fake = FakeKube({0: Script(lines=["a", "b", "c"])})
     JobSet(rendered(1), fake, on_line=flaky, poll_interval=0.01).run()
     assert seen == ["a (pod 0)", "b (pod 0)", "c (pod 0)"]
+
+
+@pytest.mark.parametrize("node_ahead_s", [-3600, -120, 0, 9, 30, 120, 3600])
+@pytest.mark.parametrize("drop_after", [1, 5])
+def test_a_reattached_stream_loses_no_line_when_the_nodes_clock_differs_from_the_watchers(
+    node_ahead_s: int, drop_after: int
+) -> None:
+    """since_seconds is measured on the watcher's clock and applied on the node's: a node
+    clock ahead by more than the margin would cut the window after the last line seen."""
+    lines = [f"[trainer/0] line {i}" for i in range(10)]
+    fake = FakeKube({0: Script(lines=lines)}, polls=20, drop_after=drop_after, clock_offset=node_ahead_s)
+    _, _, got = run(fake, replicas=1)
+    assert got == [f"{line} (pod 0)" for line in lines]
+    assert any("since_seconds" in call for call in fake.log_calls)  # it did reattach with a window
+
+
+def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> None:
+    """creationTimestamp has whole seconds: the pod that finished last (or still runs) wins."""
+    from types import SimpleNamespace as ns
+
+    from torchstep.kubernetes.jobs import COMPLETION_INDEX
+
+    def pod(name: str, phase: str, code: int | None, finished: str | None, message: str | None = None):
+        term = None if code is None else ns(exit_code=code, message=message, finished_at=finished)
+        return ns(
+            metadata=ns(name=name, labels=dict(rendered(2).roles[0].workload["spec"]["template"]["metadata"]["labels"]),
+                        annotations={COMPLETION_INDEX: "0"}, creation_timestamp="2026-11-24T00:00:05Z"),
+            status=ns(phase=phase, conditions=[], container_statuses=[ns(name="main", state=ns(terminated=term))]),
+        )  # fmt: skip
+
+    ok = summary(outputs={"loss": 0.1})
+    cases = [  # listed newest first: the API's order is not a time order
+        [pod("p-b", "Succeeded", 0, "2026-11-24T00:00:09Z", ok), pod("p-a", "Failed", 137, "2026-11-24T00:00:06Z")],
+        [pod("p-b", "Succeeded", 0, "2026-11-24T00:00:06Z", ok), pod("p-a", "Failed", 137, "2026-11-24T00:00:06Z")],
+        [pod("p-b", "Running", None, None), pod("p-a", "Failed", 137, "2026-11-24T00:00:06Z")],
+    ]
+    for pods in cases:
+
+        class Listing(FakeKube):
+            def list_namespaced_pod(self, namespace: str, label_selector: str):
+                return ns(items=pods)
+
+        js = JobSet(rendered(2), Listing(), poll_interval=0.01)
+        result = js.collect("SUCCEEDED", time.time())
+        assert result.replicas[0].exit_code != 137, pods[0].status.phase
+        if pods[0].status.phase == "Succeeded":
+            assert result.outputs == {"loss": 0.1}

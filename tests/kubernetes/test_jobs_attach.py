@@ -168,3 +168,17 @@ def test_a_watcher_that_died_midway_delivers_exactly_the_lines_after_its_cursor(
     lines: list[str] = []
     JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
     assert lines == [f"[trainer/0] step {k} (pod 0)" for k in range(5, 8)]
+
+
+def test_an_attached_runs_start_and_duration_are_the_jobs_not_the_second_watchers() -> None:
+    import time
+
+    fake = FakeKube(scripts(), polls=3)
+    first = JobSet(rendered(), fake, poll_interval=0.01)
+    first.create()  # ... and the watcher dies here
+    created = time.time()
+    time.sleep(1.5)  # the orchestrator notices and runs the step again
+    reattached = time.time()
+    result = JobSet(rendered(), fake, poll_interval=0.01).run()
+    assert result.started_at is not None and result.started_at <= created < reattached
+    assert result.duration_s >= 1.5  # measured from the Job's status.startTime

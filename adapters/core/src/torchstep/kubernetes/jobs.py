@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from torchstep.errors import SpecError
+from torchstep.kubernetes.apiobj import age_order, began, get, http_status, termination
 from torchstep.kubernetes.client import KubernetesClient
 from torchstep.kubernetes.failure import FailureKind, classify_exit
 from torchstep.kubernetes.logcursor import Cursor, cursor_value
@@ -49,6 +50,10 @@ ON_FINISH = ("delete", "delete_succeeded", "keep")
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: How often a dropped log stream of a running pod is reattached before giving up on it.
 MAX_REATTACH = 100
+#: Seconds added to a log stream's ``since_seconds`` (the time since the last line seen,
+#: measured on the watcher's clock but applied by the node's): clocks that differ by less
+#: than this re-read a little; by more, the gap is seen and the whole log read again.
+SINCE_MARGIN_S = 10
 #: Annotation on the first role's workload: where the watcher's log followers are
 #: (``{"pods": {pod: [timestamp, lines at that timestamp]}}``), for a watcher that reattaches.
 CURSOR_ANNOTATION = "torchstep/log-cursor"
@@ -112,6 +117,7 @@ class JobSet:
         self._resume: dict[str, tuple[str, int]] = {}
         self._saved: dict[str, tuple[str, int]] = {}
         self._saved_at = 0.0
+        self._began: float | None = None  # when an attached workload started on the cluster
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> StepResult:
@@ -122,7 +128,8 @@ class JobSet:
         try:
             self.create()
             state = self.wait()
-            self.result = self.collect(state, started)
+            # attached: the run began when the first watcher created it, not now
+            self.result = self.collect(state, min(started, self._began or started))
             if state == CANCELLED:
                 self.delete()  # a cancelled run never keeps pods running, whatever on_finish says
         except BaseException:
@@ -155,11 +162,14 @@ class JobSet:
                     created = self.client.create_namespaced_pod(self.ns, body=body)
                 self.log.info("torchstep: created %s %s/%s", kind, self.ns, name)
             except Exception as e:
-                if _http_status(e) != 409:
+                if http_status(e) != 409:
                     raise
                 created = self._read_ours(kind, name)
                 self.attached = True
                 self._resume_from(created)
+                start = began(created)
+                if start is not None:
+                    self._began = start if self._began is None else min(self._began, start)
                 self.log.info("torchstep: attached to the running %s %s/%s (created earlier for this run)",
                               kind, self.ns, name)  # fmt: skip
             if role.service is not None:
@@ -167,7 +177,7 @@ class JobSet:
                 try:
                     self.client.create_namespaced_service(self.ns, body=service)
                 except Exception as e:
-                    if _http_status(e) != 409:
+                    if http_status(e) != 409:
                         raise
                     self._check_ours("Service", service["metadata"]["name"], self._service_labels(service))
         if self.attached and self.cursor_store is not None:
@@ -185,7 +195,7 @@ class JobSet:
                 states.append(self._workload_state(r.kind, r.name))
                 found = True
             except Exception as e:
-                if _http_status(e) != 404:
+                if http_status(e) != 404:
                     raise
                 states.append(None)
         if not found:
@@ -202,7 +212,7 @@ class JobSet:
             obj = self.client.read_namespaced_job_status(name, self.ns)
         else:
             obj = self.client.read_namespaced_pod_status(name, self.ns)
-        self._check_ours(kind, name, _get(obj, "metadata", "labels") or {})
+        self._check_ours(kind, name, get(obj, "metadata", "labels") or {})
         return obj
 
     def _check_ours(self, kind: str, name: str, labels: Any) -> None:
@@ -219,10 +229,10 @@ class JobSet:
         )
 
     def _service_labels(self, service: dict[str, Any]) -> Any:
-        for svc in _get(self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector),
+        for svc in get(self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector),
                         "items") or []:  # fmt: skip
-            if _get(svc, "metadata", "name") == service["metadata"]["name"]:
-                return _get(svc, "metadata", "labels") or {}
+            if get(svc, "metadata", "name") == service["metadata"]["name"]:
+                return get(svc, "metadata", "labels") or {}
         return {}
 
     def wait(self) -> str:
@@ -242,25 +252,23 @@ class JobSet:
     def _workload_state(self, kind: str, name: str) -> str | None:
         if kind == "Job":
             job = self.client.read_namespaced_job_status(name, self.ns)
-            for c in _get(job, "status", "conditions") or []:
-                if _get(c, "status") == "True" and _get(c, "type") in ("Complete", "SuccessCriteriaMet"):
+            for c in get(job, "status", "conditions") or []:
+                if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
                     return SUCCEEDED
-                if _get(c, "status") == "True" and _get(c, "type") in ("Failed", "FailureTarget"):
+                if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
                     return FAILED
             return None
-        phase = _get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
+        phase = get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
         return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(phase)
 
     # -- logs ---------------------------------------------------------------------------------
     def _pods(self) -> list[Any]:
-        return list(
-            _get(self.client.list_namespaced_pod(self.ns, label_selector=self.rendered.label_selector), "items")
-        )
+        return list(get(self.client.list_namespaced_pod(self.ns, label_selector=self.rendered.label_selector), "items"))
 
     def _follow_new_pods(self) -> None:
         for pod in self._pods():
-            name = _get(pod, "metadata", "name")
-            if name in self._followed or _get(pod, "status", "phase") not in ("Running", "Succeeded", "Failed"):
+            name = get(pod, "metadata", "name")
+            if name in self._followed or get(pod, "status", "phase") not in ("Running", "Succeeded", "Failed"):
                 continue
             self._followed.add(name)
             t = threading.Thread(target=self._follow, args=(name,), name=f"log-{name}", daemon=True)
@@ -277,20 +285,13 @@ class JobSet:
                 cursor.reattach()
             terminal = self._pod_finished(name)
             try:
-                kwargs: dict[str, Any] = {"container": CONTAINER_NAME, "timestamps": True, "_preload_content": False}
-                if not terminal:
-                    kwargs["follow"] = True
-                if cursor.epoch is not None:
-                    kwargs["since_seconds"] = max(1, int(time.time() - cursor.epoch) + 2)
-                stream = self.client.read_namespaced_pod_log(name, self.ns, **kwargs)
-                buf = b""
-                for chunk in stream.stream():
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        self._emit(cursor, raw)
-                if buf:
-                    self._emit(cursor, buf)
+                since = None
+                if cursor.epoch is not None:  # measured on this clock, applied on the node's: a margin
+                    since = max(1, int(time.time() - cursor.epoch) + SINCE_MARGIN_S)
+                if not self._stream(name, cursor, terminal, since):
+                    # the window began after the last line seen (this clock is behind the node's
+                    # by more than the margin): read the whole log, the cursor skips what was seen
+                    self._stream(name, cursor, terminal, None)
             except Exception as e:  # a log stream must never fail the step
                 self.log.warning("torchstep: log stream of pod %s dropped: %s", name, e)
             if terminal or self._stop_logs.is_set():
@@ -299,10 +300,43 @@ class JobSet:
                 self._stop_logs.wait(min(self.poll, 1.0))
         self.log.warning("torchstep: gave up following pod %s after %d reattachments", name, MAX_REATTACH)
 
+    def _stream(self, name: str, cursor: Cursor, terminal: bool, since: int | None) -> bool:
+        """Deliver one log stream of pod ``name``; ``False`` (nothing delivered) when it was
+        read ``since`` seconds back and may have missed lines: its first line is newer than
+        the cursor, or a finished pod's window is empty (a right window holds the last line
+        seen; a follow stream that ends empty is simply read again)."""
+        kwargs: dict[str, Any] = {"container": CONTAINER_NAME, "timestamps": True, "_preload_content": False}
+        if not terminal:
+            kwargs["follow"] = True
+        if since is not None:
+            kwargs["since_seconds"] = since
+        stream = self.client.read_namespaced_pod_log(name, self.ns, **kwargs)
+        check_gap = since is not None
+        buf = b""
+        try:
+            for chunk in stream.stream():
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    if check_gap:
+                        check_gap = False
+                        if cursor.is_after(raw.decode("utf-8", "replace")):
+                            return False
+                    self._emit(cursor, raw)
+            if buf:  # a last line without its newline
+                if check_gap and cursor.is_after(buf.decode("utf-8", "replace")):
+                    return False
+                self._emit(cursor, buf)
+            return not (check_gap and terminal and not buf)
+        finally:
+            close = getattr(stream, "close", None)
+            if callable(close):
+                close()
+
     def _pod_finished(self, name: str) -> bool:
         """Whether the pod ended (or is gone): its log is then complete and read once more."""
         try:
-            phase = _get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
+            phase = get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
         except Exception:
             return True
         return phase in ("Succeeded", "Failed", None)
@@ -368,8 +402,8 @@ class JobSet:
             self.log.warning("torchstep: saving the log position on %s %s: %s", role.kind, role.name, e)
 
     def _resume_from(self, workload: Any) -> None:
-        if self.rendered.roles and _get(workload, "metadata", "name") == self.rendered.roles[0].name:
-            text = (_get(workload, "metadata", "annotations") or {}).get(CURSOR_ANNOTATION)
+        if self.rendered.roles and get(workload, "metadata", "name") == self.rendered.roles[0].name:
+            text = (get(workload, "metadata", "annotations") or {}).get(CURSOR_ANNOTATION)
             self._resume_merge(cursor_value(text))
 
     def _store_get(self) -> Any:
@@ -391,9 +425,9 @@ class JobSet:
         by_k8s = {r.role.k8s_name: r.role.name for r in self.rendered.roles}
         order = [r.role.name for r in self.rendered.roles]
         latest: dict[tuple[str, int], Any] = {}
-        for pod in sorted(self._pods(), key=lambda p: str(_get(p, "metadata", "creation_timestamp") or "")):
-            labels = _get(pod, "metadata", "labels") or {}
-            idx = int((_get(pod, "metadata", "annotations") or {}).get(COMPLETION_INDEX, 0))
+        for pod in sorted(self._pods(), key=age_order):
+            labels = get(pod, "metadata", "labels") or {}
+            idx = int((get(pod, "metadata", "annotations") or {}).get(COMPLETION_INDEX, 0))
             latest[(by_k8s.get(labels.get(LABEL_ROLE, ""), "?"), idx)] = pod
         per_replica = [
             self._replica_result(role, idx, pod, state)
@@ -406,10 +440,10 @@ class JobSet:
         return merged
 
     def _replica_result(self, role: str, idx: int, pod: Any, state: str) -> StepResult:
-        code, message = _termination(pod)
+        code, message = termination(pod)
         disrupted = any(
-            _get(c, "type") == "DisruptionTarget" and _get(c, "status") == "True"
-            for c in _get(pod, "status", "conditions") or []
+            get(c, "type") == "DisruptionTarget" and get(c, "status") == "True"
+            for c in get(pod, "status", "conditions") or []
         )
         kind = classify_exit(code, disrupted=disrupted)
         summary = StepResult.from_summary(message)
@@ -450,39 +484,10 @@ class JobSet:
                 self.log.warning("torchstep: cleanup of %s (%s): %s", what, sel, e)
 
     def _delete_services(self) -> None:
-        for svc in _get(
+        for svc in get(
             self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector), "items"
         ):
-            self.client.delete_namespaced_service(_get(svc, "metadata", "name"), self.ns)
-
-
-def _http_status(error: BaseException) -> int | None:
-    """The HTTP status of an API error (the official client's ``ApiException.status``)."""
-    status = getattr(error, "status", None)
-    return status if isinstance(status, int) else None
-
-
-def _termination(pod: Any) -> tuple[int | None, str | None]:
-    for cs in _get(pod, "status", "container_statuses") or []:
-        if _get(cs, "name") == CONTAINER_NAME:
-            term = _get(cs, "state", "terminated")
-            if term is not None:
-                code = _get(term, "exit_code")
-                return (int(code) if code is not None else None), _get(term, "message")
-    return None, None
-
-
-def _get(obj: Any, *path: str) -> Any:
-    """``obj.a.b`` for API objects and ``obj["a"]["b"]`` for dicts (camelCase keys too)."""
-    for key in path:
-        if obj is None:
-            return None
-        if isinstance(obj, dict):
-            camel = key.split("_")[0] + "".join(w.title() for w in key.split("_")[1:])
-            obj = obj.get(key, obj.get(camel))
-        else:
-            obj = getattr(obj, key, None)
-    return obj
+            self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
 
 
 def _index(names: list[str], name: str) -> int:

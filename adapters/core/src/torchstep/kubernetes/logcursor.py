@@ -48,6 +48,13 @@ class Cursor:
             self.epoch = _epoch(stamp)
         return text
 
+    def is_after(self, line: str) -> bool:
+        """Whether ``line`` is newer than everything seen (a stream that starts with it may
+        have missed lines in between); ``False`` before any line or without a timestamp."""
+        stamp, sep, _ = line.partition(" ")
+        key = _ts_key(stamp) if sep else None
+        return key is not None and self.last is not None and key > self.last
+
     def reattach(self) -> None:
         self._skip_at_last = self.at_last
 

@@ -1,0 +1,77 @@
+"""Reading Kubernetes API objects as ``JobSet`` gets them: the official client's models
+(snake_case attributes, ``datetime`` timestamps) or plain dicts (camelCase keys, RFC 3339
+text), from either the client or a test fake.
+
+    >>> get({"status": {"startTime": "2026-11-24T10:00:00Z"}}, "status", "start_time")
+    '2026-11-24T10:00:00Z'
+    >>> when("2026-11-24T10:00:00Z")
+    1795514400.0
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from torchstep.kubernetes.pod import CONTAINER_NAME
+
+
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status of an API error (the official client's ``ApiException.status``)."""
+    status = getattr(error, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def termination(pod: Any) -> tuple[int | None, str | None]:
+    """The main container's exit code and termination message (``None``s while it runs)."""
+    for cs in get(pod, "status", "container_statuses") or []:
+        if get(cs, "name") == CONTAINER_NAME:
+            term = get(cs, "state", "terminated")
+            if term is not None:
+                code = get(term, "exit_code")
+                return (int(code) if code is not None else None), get(term, "message")
+    return None, None
+
+
+def when(value: Any) -> float | None:
+    """An API timestamp (a ``datetime`` from the official client, RFC 3339 text in dicts)
+    as epoch seconds."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def began(workload: Any) -> float | None:
+    """When a workload started on the cluster: its ``status.startTime``, else its creation."""
+    return when(get(workload, "status", "start_time")) or when(get(workload, "metadata", "creation_timestamp"))
+
+
+def age_order(pod: Any) -> tuple[float, float, bool]:
+    """Pods of one replica from oldest to latest. Creation times have whole seconds, so a
+    replacement made in its predecessor's second is told apart by when each finished (a
+    running pod is the latest), then by a failed one being the older."""
+    created = when(get(pod, "metadata", "creation_timestamp")) or 0.0
+    finished = None
+    for cs in get(pod, "status", "container_statuses") or []:
+        if get(cs, "name") == CONTAINER_NAME:
+            finished = when(get(cs, "state", "terminated", "finished_at"))
+    terminated = termination(pod)[0] is not None or get(pod, "status", "phase") in ("Succeeded", "Failed")
+    return created, (finished or 0.0) if terminated else float("inf"), get(pod, "status", "phase") != "Failed"
+
+
+def get(obj: Any, *path: str) -> Any:
+    """``obj.a.b`` for API objects and ``obj["a"]["b"]`` for dicts (camelCase keys too)."""
+    for key in path:
+        if obj is None:
+            return None
+        if isinstance(obj, dict):
+            camel = key.split("_")[0] + "".join(w.title() for w in key.split("_")[1:])
+            obj = obj.get(key, obj.get(camel))
+        else:
+            obj = getattr(obj, key, None)
+    return obj
