@@ -88,8 +88,8 @@ def test_the_executor_runs_the_entry_point_with_every_input_as_a_placeholder(tmp
     assert task["inputs"]["parameters"]["lr"] == {"componentInputParameter": "lr"}
     # macros: KFP's run id reaches the step (with the pod's name: app_id differs per run, task and retry)
     assert task["inputs"]["parameters"]["torchstep_job_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
-    # KFP's task id (one per task, the same for its retries): a retried launcher finds its Jobs
-    assert task["inputs"]["parameters"]["torchstep_task_id"]["runtimeValue"]["constant"] == "{{$.pipeline_task_uuid}}"
+    # a one-pod step creates no Jobs: it has no task-id input (its UI shows one hidden input less)
+    assert "torchstep_task_id" not in task["inputs"]["parameters"]
     assert task["cachingOptions"] == {}  # caching off by default
     assert (
         container["resources"]["resourceCpuLimit"] == "1" and container["resources"]["resourceMemoryLimit"] == "256Mi"
@@ -202,6 +202,8 @@ def test_a_multi_node_app_compiles_to_a_launcher_step(tmp_path: Path) -> None:
     assert "accelerator" not in container["resources"]
     task = only(spec["root"]["dag"]["tasks"])
     assert task["retryPolicy"]["maxRetryCount"] == 2
+    # KFP's task id (one per task, the same for its retries): a retried launcher finds its Jobs
+    assert task["inputs"]["parameters"]["torchstep_task_id"]["runtimeValue"]["constant"] == "{{$.pipeline_task_uuid}}"
     ex = only(platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"])
     assert {e["name"]: e["fieldPath"] for e in ex["fieldPathAsEnv"]} == {
         "TORCHSTEP_POD_NAME": "metadata.name",

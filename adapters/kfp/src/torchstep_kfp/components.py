@@ -104,8 +104,8 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
       ``launcher_image`` (the image of the launcher step of a multi-node AppDef).
 
     Every component has the output parameter ``result`` (the step result) and the inputs
-    ``torchstep_job_id``, which the component sets from KFP's
-    placeholders when called.
+    ``torchstep_job_id`` (and, for a launcher step of several pods, ``torchstep_task_id``),
+    which the component sets from KFP's placeholders when called.
     """
     from torchstep.spec.components import component_of, parameters_of, static_values
 
@@ -154,7 +154,8 @@ class StepComponent(ContainerComponent):
 
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
+        if is_launcher(self.plan):  # only a launcher names Jobs after the task
+            kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
         runner = _kfp_local_runner()
         if runner == "subprocess":
             task = self.local_component()(*args, **kwargs)
@@ -222,7 +223,8 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         for p, default in inputs
     ]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
-    params.append(inspect.Parameter(TASK_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
+    if launcher:  # its Jobs are named after KFP's task id; a one-pod step creates none
+        params.append(inspect.Parameter(TASK_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
     for out, kind in outputs.items():
         params.append(inspect.Parameter(out, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(_TYPES[kind])))
