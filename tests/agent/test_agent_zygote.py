@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from agent_testlib import WORKER, Agents, alive
+from agent_testlib import WORKER, Agent, Agents, alive, clean_env
 from proclib import wait_for
 
 PROBE = r"""
@@ -34,7 +36,7 @@ def probe(tmp_path: Path) -> str:
     return str(path)
 
 
-def rank_logs(a, attempt: int = 0) -> str:
+def rank_logs(a: Agent, attempt: int = 0) -> str:
     return "".join(p.read_text() for p in sorted(a.log_dir.glob(f"*_*/attempt_{attempt}/*/stdout.log")))
 
 
@@ -84,8 +86,9 @@ def test_a_signalled_agent_leaves_no_zygote_and_no_worker(agents: Agents, probe:
     wait_for(lambda: len(a.worker_pids("worker")) == 2 and "preloaded" in rank_logs(a), 120, "both workers running")
     parents = {int(p.name.split(".")[1]) for p in a.pids_dir.glob("parent*")}
     everything = [*a.worker_pids("worker"), *parents]
+    assert zygotes_of(a)
     os.kill(a.pid, sig)  # the agent alone, not its group
-    wait_for(lambda: not any(alive(p) for p in everything), 15, "the zygote and every worker gone")
+    wait_for(lambda: not any(alive(p) for p in everything) and not zygotes_of(a), 15, "the zygote and workers gone")
     assert a.wait(30) == (128 + sig if sig == signal.SIGTERM else -signal.SIGKILL)
 
 
@@ -104,6 +107,28 @@ def test_a_non_python_worker_starts_as_usual(agents: Agents) -> None:
     assert a.returncode == 0, a.diagnostics()
     assert "plain binary" in rank_logs(a)
     assert "workers start as usual" in a.stderr + (a.log_dir / "agent.log").read_text(errors="replace")
+
+
+def zygotes_of(a: Agent) -> list[int]:
+    """Live zygote processes started by agent ``a`` (found by its unique ``PIDS_DIR``)."""
+    mark = f"PIDS_DIR={a.pids_dir}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"torchstep.agent.zygote" in (proc / "cmdline").read_bytes() and mark in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return [p for p in found if alive(p)]
+
+
+def test_a_zygote_started_early_goes_when_the_agent_does_not_use_it(agents: Agents) -> None:
+    """The zygote starts before the command line is parsed (its import of torch overlaps the
+    agent's): a bad command line or a non-Python worker must not leave it behind."""
+    bad = agents.run(["--zygote", "--no-such-flag", "x.py"], timeout=120)
+    plain = agents.run(["--zygote", "--nproc-per-node", "1", "--no-python", "/bin/true"], timeout=120)
+    assert (bad.returncode, plain.returncode) == (2, 0), plain.diagnostics()
+    wait_for(lambda: not zygotes_of(bad) and not zygotes_of(plain), 15, "the unused zygotes gone")
 
 
 def test_the_environment_switch_turns_it_on(agents: Agents, probe: str) -> None:
@@ -138,3 +163,46 @@ def test_only_this_interpreter_in_its_own_directory_counts_as_the_same_python(tm
     link.symlink_to(os.path.realpath(sys.executable))  # the same binary elsewhere: another environment
     assert not same_python(str(link))
     assert not same_python("/bin/echo") and not same_python("no-such-command-here")
+
+
+ENV_PROBE = r"""
+import sys
+preloaded = "torch" in sys.modules
+import torch
+print(f"preloaded={preloaded} threads={torch.get_num_threads()}", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_env_that_acts_at_interpreter_start_is_honoured(tmp_path: Path) -> None:
+    """OpenMP reads OMP_NUM_THREADS when torch loads (in the zygote): a forked worker gets its
+    own value applied; a variable only an interpreter's start reads (PYTHONHASHSEED) makes the
+    zygote refuse and the wrapper exec the worker, saying why in the worker's stderr."""
+    from torchstep.agent import _exec, zygote
+
+    script = tmp_path / "env_probe.py"
+    script.write_text(ENV_PROBE)
+    zdir = tmp_path / "zygote"
+    zdir.mkdir(mode=0o700)
+    env = clean_env({"OMP_NUM_THREADS": "2"})
+    env.pop("PYTHONHASHSEED", None)
+    env.pop("TORCHSTEP_ZYGOTE", None)
+    argv = [sys.executable, "-m", "torchstep.agent.zygote", "--socket", str(zdir / "socket"), "--map-dir", str(zdir),
+            "--ready", str(zdir / "ready")]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (zdir / "ready").exists(), 60, "the zygote listening")
+
+        def worker(**extra: str) -> subprocess.CompletedProcess[str]:
+            cmd = [sys.executable, "-I", "-S", _exec.__file__, "--", sys.executable, "-u", str(script)]
+            wenv = {**env, zygote.SOCKET_ENV: str(zdir / "socket"), **extra}
+            return subprocess.run(cmd, env=wenv, capture_output=True, text=True, timeout=120)
+
+        forked = worker(OMP_NUM_THREADS="1")
+        assert (forked.returncode, forked.stdout.strip()) == (0, "preloaded=True threads=1"), forked.stderr
+        refused = worker(PYTHONHASHSEED="7")
+        assert (refused.returncode, refused.stdout.strip()) == (0, "preloaded=False threads=2"), refused.stderr
+        assert "worker zygote not used (PYTHONHASHSEED differs from the agent's)" in refused.stderr
+    finally:
+        proc.terminate()  # its SIGTERM handler kills every group it forked
+        proc.wait(30)

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
         os.dup2(1, 2)
     zygote = os.environ.pop("TORCHSTEP_ZYGOTE_SOCKET", "")
     if zygote:
-        request = _python_request(cmd)
+        request = python_request(cmd)
         if request is not None:
             _run_in_zygote(zygote, request)  # returns only when the zygote cannot be used
     try:
@@ -94,7 +94,7 @@ def same_python(command: str) -> bool:
         return False
 
 
-def _python_request(cmd: list) -> "dict | None":
+def python_request(cmd: list) -> "dict | None":
     """What the zygote runs for ``cmd`` (this interpreter with only ``-u`` before a script
     or ``-m module``), or None: then the command is exec'd as usual."""
     if not same_python(cmd[0]):
@@ -135,12 +135,14 @@ def _run_in_zygote(path: str, request: dict) -> None:
         _connect(conn, path)
         payload = {**request, "env": dict(os.environ), "cwd": os.getcwd()}
         socket.send_fds(conn, [json.dumps(payload).encode()], [0, 1, 2])
-        reply = conn.recv(64).decode()
+        reply = conn.recv(4096).decode()
     except OSError as e:
         sys.stderr.write(f"torchstep: worker zygote unavailable ({e}); starting the worker directly\n")
         conn.close()
         return
     if not reply.startswith("pid "):
+        why = reply.partition(" ")[2] if reply.startswith("refused ") else "no reply"
+        sys.stderr.write(f"torchstep: worker zygote not used ({why}); starting the worker directly\n")
         conn.close()
         return
     pid = int(reply.split()[1])

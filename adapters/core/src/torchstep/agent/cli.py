@@ -27,6 +27,7 @@ from torchstep.files import open_private
 
 if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
+    from torchstep.agent.zygote import ZygoteProcess
 
 log = logging.getLogger("torchstep.agent")
 _FORMAT = "[torchstep-agent %(asctime)s %(levelname)s] %(message)s"
@@ -128,12 +129,39 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     # before the (slow) torch import: a signal now must still produce a result
     signals.install_early(os.environ.get("PET_SIGNALS_TO_HANDLE") or DEFAULT_SIGNALS)
+    args = list(sys.argv[1:] if argv is None else argv)
+    zygote = _prestart_zygote(args)
+    try:
+        return _run_cli(args, started_at, zygote)
+    finally:
+        if zygote is not None:  # the run stopped it already, or never used it
+            zygote.stop()
+
+
+def _prestart_zygote(args: list[str]) -> ZygoteProcess | None:
+    """``--zygote``: start the worker zygote now, so that its ``import torch`` runs alongside
+    the agent's own (the settings, parsed later, decide whether it is used: a stray
+    ``--zygote`` among the script's own arguments costs one unused process)."""
+    wanted = "--zygote" in args or os.environ.get("TORCHSTEP_ZYGOTE", "").strip().lower() in ("1", "true", "yes", "on")
+    if not wanted:
+        return None
+    from torchstep.agent.zygote import ZygoteProcess
+
+    try:
+        return ZygoteProcess.prestart()
+    except OSError as e:
+        log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+        return None
+
+
+def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -> int:
+    """:func:`run` once the zygote (if any) is starting: parse, then run or report."""
     settings = None
     try:
         from torchstep.agent.settings import UsageError, resolve
 
         try:
-            settings = resolve(sys.argv[1:] if argv is None else argv)
+            settings = resolve(args)
             _check_paths(settings)
         except UsageError as e:
             log.error("%s", e)
@@ -145,7 +173,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 _usage_result("usage error: bad command line (see the agent's stderr)", code, started_at=started_at)
             return code
         signals.install_torch(settings.config.signals_to_handle)
-        return _run(settings, started_at)
+        return _run(settings, started_at, zygote)
     except signals.Cancelled as e:
         from torchstep.agent.outcome import write_all
         from torchstep.agent.runner import cancelled_before_start
@@ -160,7 +188,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         return result.exit_code if result.exit_code is not None else 128 + e.signum
 
 
-def _run(settings: AgentSettings, started_at: float) -> int:
+def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | None = None) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
     from torchstep.agent.outcome import Outcome, build_result, write_all
@@ -183,7 +211,7 @@ def _run(settings: AgentSettings, started_at: float) -> int:
                      settings.log_dir)  # fmt: skip
             if to_file is not None:
                 to_file.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (settings.describe(),), None))
-        run = AgentRun(settings, started_at=started_at)
+        run = AgentRun(settings, started_at=started_at, zygote=zygote)
         outcome = run.execute()
     except (signals.Cancelled, SignalException) as e:
         signals.enter_late_mode()

@@ -40,7 +40,7 @@ class AgentRun:
     ``--result-file``, ``TORCHSTEP_RESULT_FILE`` and ``<log-dir>/result.json``.
     """
 
-    def __init__(self, settings: AgentSettings, *, started_at: float) -> None:
+    def __init__(self, settings: AgentSettings, *, started_at: float, zygote: Any = None) -> None:
         self.settings = settings
         self.started_at = started_at
         self.result_paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
@@ -58,6 +58,7 @@ class AgentRun:
         )
         self.agent: Any = None
         self.zygote: Any = None
+        self._prestarted = zygote  # a ZygoteProcess the CLI started at the agent's start
         self._write_lock = threading.Lock()
         self._final = False
         self.unwritten: list[str] = []  # result paths the last write could not write
@@ -216,23 +217,33 @@ class AgentRun:
                     log.warning("closing the rendezvous failed: %s: %s", type(e).__name__, e)
 
     def _start_zygote(self) -> None:
-        """``--zygote`` with a Python worker command: start the worker zygote."""
-        entry = self.settings.entrypoint
-        if not self.settings.zygote or not isinstance(entry, str):
-            return
-        from torchstep.agent._exec import same_python
-
-        if not same_python(entry):
-            log.info("--zygote: the worker command is not this Python (%s); workers start as usual", entry)
-            return
+        """``--zygote`` with a Python worker command: start (or configure) the worker zygote."""
         from torchstep.agent.zygote import ZygoteProcess
 
+        entry, prestarted, self._prestarted = self.settings.entrypoint, self._prestarted, None
+        if not self.settings.zygote or not isinstance(entry, str):
+            if prestarted is not None:
+                prestarted.stop()
+            return
+        from torchstep.agent._exec import python_request
+
+        if python_request([entry, *self.settings.entry_args]) is None:
+            log.info(
+                "--zygote: the worker command is not this Python running a script or a module (%s); "
+                "workers start as usual",
+                entry,
+            )
+            if prestarted is not None:
+                prestarted.stop()
+            return
         try:
-            self.zygote = ZygoteProcess.start(self.run_dir, self.reaper.command_fd())
+            self.zygote = prestarted if prestarted is not None else ZygoteProcess.prestart()
             self.orphans.helper(self.zygote.proc.pid)
             self.reaper.watch_pid(self.zygote.proc.pid)  # a SIGKILLed agent takes it along too
+            self.zygote.configure(self.run_dir, self.reaper.command_fd())
         except OSError as e:
             log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+            self._stop_zygote()
 
     def _stop_zygote(self) -> None:
         zygote, self.zygote = self.zygote, None

@@ -35,12 +35,21 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import traceback
 from typing import Any
 
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _MAX_MESSAGE = 4 << 20
+#: Read only when an interpreter starts or torch loads: a worker whose environment differs
+#: from the zygote's in one of them would not behave as a fresh one, so it is exec'd instead.
+_STARTUP_ENV = (
+    *("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONPLATLIBDIR"),
+    *("PYTHONHASHSEED", "PYTHONMALLOC", "PYTHONDEVMODE", "PYTHONUTF8", "PYTHONOPTIMIZE", "PYTHONWARNINGS"),
+    *("PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER", "PYTHONTRACEMALLOC", "PYTHONINTMAXSTRDIGITS", "PYTHONVERBOSE"),
+    *("LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"),
+)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -56,9 +65,10 @@ def _pdeathsig(sig: int) -> None:
 class Zygote:
     """The fork server (see the module docstring)."""
 
-    def __init__(self, path: str, map_dir: str, reaper_fd: int | None) -> None:
+    def __init__(self, path: str, map_dir: str, reaper_fd: int | None, startup_env: dict[str, str | None]) -> None:
         self.map_dir = map_dir
         self.reaper_fd = reaper_fd
+        self.startup_env = startup_env  # the environment torch was imported under
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.listener.bind(path)
         os.chmod(path, 0o600)
@@ -107,6 +117,14 @@ class Zygote:
                 os.close(fd)
             return
         request = json.loads(data)
+        refusal = self._refusal(request["env"])
+        if refusal:  # the wrapper execs the worker instead (and says why in the worker's log)
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.send(f"refused {refusal}".encode())
+            self._drop(conn)
+            return
         wrapper = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         child = os.fork()
         if child == 0:  # pragma: no cover - runs in the forked worker (tested end to end)
@@ -124,6 +142,18 @@ class Zygote:
         except OSError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
+
+    def _refusal(self, env: dict[str, str]) -> str:
+        """Why a worker with ``env`` cannot be forked from here ("" if it can)."""
+        if threading.active_count() != 1:  # a thread could hold a lock the child then inherits
+            return "the zygote runs a Python thread"
+        for key in _STARTUP_ENV:
+            if env.get(key) != self.startup_env[key]:
+                return f"{key} differs from the agent's"
+        omp = env.get("OMP_NUM_THREADS")
+        if omp != self.startup_env["OMP_NUM_THREADS"] and not (omp and omp.isdigit() and int(omp) > 0):
+            return "OMP_NUM_THREADS differs from the agent's"  # a number is applied in the child
+        return ""
 
     def _reap(self) -> None:
         while self.children:
@@ -187,6 +217,10 @@ class Zygote:
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
+            omp = os.environ.get("OMP_NUM_THREADS")
+            if omp != self.startup_env["OMP_NUM_THREADS"] and omp and int(omp) > 0:
+                # OpenMP read the zygote's value when torch loaded: apply the worker's
+                sys.modules["torch"].set_num_threads(int(omp))
             _unbuffered_stdio()
             code = _run(request)
         except BaseException:  # our own setup failed: say so in the worker's log
@@ -211,7 +245,6 @@ def _unbuffered_stdio() -> None:
 def _run(request: dict[str, Any]) -> int:
     """Run the worker's script or module as ``__main__``; its exit status as a process's."""
     import atexit
-    import threading
 
     argv = list(request["argv"])
     try:
@@ -260,36 +293,61 @@ MAP_DIR_ENV = "TORCHSTEP_ZYGOTE_MAP_DIR"
 
 
 class ZygoteProcess:
-    """The agent's handle on its zygote: :meth:`stop` kills it and every worker it forked."""
+    """The agent's handle on its zygote: :meth:`stop` kills it and every worker it forked.
 
-    def __init__(self, proc: Any, socket_path: str, map_dir: str) -> None:
+    :meth:`prestart` starts it at the agent's very start, so its ``import torch`` runs
+    alongside the agent's own (on 2 cores, both take the time of one); :meth:`configure`
+    then tells it where to listen, once the agent has its run directory and reaper.
+    """
+
+    def __init__(self, proc: Any, control: socket.socket) -> None:
         self.proc = proc
-        self.socket_path = socket_path
-        self.map_dir = map_dir
+        self.control = control
 
     @staticmethod
-    def start(run_dir: str, reaper_fd: int | None) -> ZygoteProcess:
-        """Start the zygote for the workers of this agent (files under the private
-        ``run_dir``) and point the wrappers at it through the environment."""
+    def prestart() -> ZygoteProcess:
+        """Start the zygote (it imports torch, then waits for :meth:`configure`)."""
         import subprocess
 
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", "torchstep.agent.zygote", "--control", str(theirs.fileno())]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ZygoteProcess(proc, ours)
+
+    def configure(self, run_dir: str, reaper_fd: int | None) -> None:
+        """Have the zygote listen in the private ``run_dir`` and report the groups it forks
+        to ``reaper_fd``; point the wrappers at it (through the environment)."""
+        if self.proc.poll() is not None:
+            raise OSError(f"the worker zygote exited ({self.proc.returncode})")
         map_dir = os.path.join(run_dir, "zygote")
         os.mkdir(map_dir, 0o700)
         path = os.path.join(map_dir, "socket")
-        argv = [sys.executable, "-m", "torchstep.agent.zygote", "--socket", path, "--map-dir", map_dir,
-                "--ready", os.path.join(map_dir, "ready")]  # fmt: skip
-        fds: tuple[int, ...] = ()
-        if reaper_fd is not None:
-            argv += ["--reaper-fd", str(reaper_fd)]
-            fds = (reaper_fd,)
-        proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL)
+        config = json.dumps({"socket": path, "map_dir": map_dir}).encode()
+        socket.send_fds(self.control, [config], [] if reaper_fd is None else [reaper_fd])
         os.environ[SOCKET_ENV] = path
         os.environ[MAP_DIR_ENV] = map_dir
-        return ZygoteProcess(proc, path, map_dir)
+
+    @staticmethod
+    def start(run_dir: str, reaper_fd: int | None) -> ZygoteProcess:
+        """:meth:`prestart` and :meth:`configure` at once."""
+        zygote = ZygoteProcess.prestart()
+        try:
+            zygote.configure(run_dir, reaper_fd)
+        except OSError:
+            zygote.stop()
+            raise
+        return zygote
 
     def stop(self) -> None:
         """Kill the zygote (its SIGTERM handler SIGKILLs every group it forked) and wait."""
         os.environ.pop(SOCKET_ENV, None)
+        self.control.close()  # an unconfigured zygote exits on its own at this end of input
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
@@ -311,23 +369,51 @@ def wrapper_of(pid: int) -> int | None:
         return None
 
 
+def _configuration(control: int) -> tuple[dict[str, str], int | None]:
+    """Wait for the agent's :meth:`ZygoteProcess.configure` (exit at end of input: the
+    agent ended or chose not to use the zygote)."""
+    sock = socket.socket(fileno=control)
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+    except OSError:
+        data, fds = b"", []
+    if not data:
+        os._exit(0)
+    return json.loads(data), (fds[0] if fds else None)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="torchstep.agent.zygote")
-    ap.add_argument("--socket", required=True)
-    ap.add_argument("--map-dir", required=True)
-    ap.add_argument("--ready", required=True, help="file written once the socket listens")
+    ap.add_argument("--control", type=int, default=None, help="the agent's end of a socketpair (configure)")
+    ap.add_argument("--socket", help="listen here (without --control)")
+    ap.add_argument("--map-dir", help="worker pid -> wrapper pid files (without --control)")
+    ap.add_argument("--ready", default=None, help="file written once the socket listens")
     ap.add_argument("--reaper-fd", type=int, default=None)
     ns = ap.parse_args(argv)
     _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
-
-    zygote = Zygote(ns.socket, ns.map_dir, ns.reaper_fd)  # listening now: a wrapper's request waits
-    with open(ns.ready, "w") as f:
-        f.write(str(os.getpid()))
-    import torch  # the point: every worker forked from here has it imported
-    import torch.distributed
-    import torch.distributed.elastic.multiprocessing.errors  # noqa: F401  # what @record needs
-
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
+    startup_env = {k: os.environ.get(k) for k in (*_STARTUP_ENV, "OMP_NUM_THREADS")}
+    if ns.control is not None:  # torch first: the agent is busy with its own imports meanwhile
+        _import_torch()
+        config, ns.reaper_fd = _configuration(ns.control)
+        ns.socket, ns.map_dir = config["socket"], config["map_dir"]
+    if not ns.socket or not ns.map_dir:
+        ap.error("--control, or --socket and --map-dir, are required")
+    zygote = Zygote(ns.socket, ns.map_dir, ns.reaper_fd, startup_env)  # listening: a request waits
+    if ns.ready:
+        with open(ns.ready, "w") as f:
+            f.write(str(os.getpid()))
+    _import_torch()
     zygote.serve()
+
+
+def _import_torch() -> None:
+    """The point: every worker forked from here has these imported."""
+    import torch
+    import torch.distributed
+    import torch.distributed.elastic.multiprocessing.errors  # what @record needs
+
+    del torch
 
 
 if __name__ == "__main__":
