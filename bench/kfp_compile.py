@@ -135,6 +135,15 @@ def main() -> int:
         "",
         f"Goal at 50 steps: ratio <= {GOAL} — {verdict} ({ratio50:.2f}).",
         "",
+        "Where the time goes (cProfile of 50 steps, both sides): most of both columns is KFP's own",
+        "`PipelineTask._ensure_container_spec_exists`, which calls `inspect.stack()` (source context",
+        "of every frame of the caller's stack, `inspect.getmodule` scanning `sys.modules`) on each",
+        "`set_cpu_*`, `set_memory_*` and `set_env_variable`: the same calls on both sides. Ours",
+        "beyond that: the compiled YAML is about twice as large (per step the AppDef as the",
+        "`--spec` argument, the `torchstep_job_id` input and the `result` output, which the",
+        "hand-written step does not have and the step needs at run time), so `yaml.dump` takes",
+        "about twice as long; building the plan and the component is under 1 ms per step.",
+        "",
     ]
     RESULTS.write_text("\n".join(lines))
     return 0

@@ -109,7 +109,8 @@ class FakeKube:
                   annotations={**(stored or {}).get("metadata", {}).get("annotations", {}),
                                **self.annotations.get(("Job", name), {})})  # fmt: skip
         head = {"api_version": "batch/v1", "kind": "Job", "metadata": meta}
-        start = datetime.fromtimestamp(self.started[name], tz=UTC)
+        began = self.started.get(name)  # a test may have put the object in place itself: no start
+        start = datetime.fromtimestamp(began, tz=UTC) if began is not None else None
         if not self._all_done():
             return ns(**head, status=ns(conditions=[], start_time=start))
         ok = all(s.codes[-1] == 0 for s in self.scripts.values())
