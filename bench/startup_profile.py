@@ -62,7 +62,8 @@ def main() -> int:
         r_ours, r_peer = recovery["ours"]["median"], recovery["peer"]["median"]
         lines += [
             f"Startup (figure 1): torchstep-agent {s_ours:.2f} s, torchrun {s_peer:.2f} s; recovery (figure 2): "
-            f"torchstep-agent {r_ours:.2f} s, torchrun {r_peer:.2f} s from the crash to the restarted group's first "
+            f"torchstep-agent {r_ours:.2f} s, {recovery.get('peer_name', 'torchrun')} {r_peer:.2f} s from the crash to "
+            "the restarted group's first "
             "barrier. Both tools pay the same pieces: the launcher imports torch before it starts a worker, and "
             "every new worker process starts an interpreter and imports torch again before `init_process_group`; "
             "on a restart, detecting the failure (monitor interval 0.1 s), stopping the survivors and the next "
@@ -79,7 +80,8 @@ def main() -> int:
             lines += [
                 "",
                 f"With the zygote: startup (figure 1z) {zs['ours']['median']:.2f} s = {zs['ratio']:.2f}x torchrun, "
-                f"recovery (figure 2z) {zr['ours']['median']:.2f} s = {zr['ratio']:.2f}x torchrun (goals 0.8x and "
+                f"recovery (figure 2z) {zr['ours']['median']:.2f} s = {zr['ratio']:.2f}x "
+                f"{zr.get('peer_name', 'torchrun')} (goals 0.8x and "
                 "0.5x). It is opt-in until it has run on GPU nodes (none here).",
             ]
     out = HERE / "results" / "analysis.md"
