@@ -142,8 +142,9 @@ def _prestart_zygote(args: list[str]) -> ZygoteProcess | None:
     """``--zygote``: start the worker zygote now, so that its ``import torch`` runs alongside
     the agent's own (the settings, parsed later, decide whether it is used: a stray
     ``--zygote`` among the script's own arguments costs one unused process)."""
-    wanted = "--zygote" in args or os.environ.get("TORCHSTEP_ZYGOTE", "").strip().lower() in ("1", "true", "yes", "on")
-    if not wanted:
+    from torchstep.agent.settings import zygote_from_env
+
+    if "--zygote" not in args and not zygote_from_env(os.environ):
         return None
     from torchstep.agent.zygote import ZygoteProcess
 

@@ -218,24 +218,20 @@ class AgentRun:
 
     def _start_zygote(self) -> None:
         """``--zygote`` with a Python worker command: start (or configure) the worker zygote."""
-        from torchstep.agent.zygote import ZygoteProcess
-
-        entry, prestarted, self._prestarted = self.settings.entrypoint, self._prestarted, None
-        if not self.settings.zygote or not isinstance(entry, str):
-            if prestarted is not None:
-                prestarted.stop()
-            return
         from torchstep.agent._exec import python_request
 
-        if python_request([entry, *self.settings.entry_args]) is None:
-            log.info(
-                "--zygote: the worker command is not this Python running a script or a module (%s); "
-                "workers start as usual",
-                entry,
-            )
+        entry, prestarted, self._prestarted = self.settings.entrypoint, self._prestarted, None
+        usable = self.settings.zygote and isinstance(entry, str)
+        if usable and python_request([entry, *self.settings.entry_args]) is None:
+            log.info("--zygote: the worker command is not this Python running a script or a module (%s); "
+                     "workers start as usual", entry)  # fmt: skip
+            usable = False
+        if not usable:
             if prestarted is not None:
                 prestarted.stop()
             return
+        from torchstep.agent.zygote import ZygoteProcess
+
         try:
             self.zygote = prestarted if prestarted is not None else ZygoteProcess.prestart()
             self.orphans.helper(self.zygote.proc.pid)

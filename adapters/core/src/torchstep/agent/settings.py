@@ -323,6 +323,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
     return parser
 
 
+def zygote_from_env(environ: Mapping[str, str]) -> bool:
+    """Whether ``TORCHSTEP_ZYGOTE`` turns the worker zygote on (``1``, ``true``, ``yes``, ``on``)."""
+    return (_env(environ, "TORCHSTEP_ZYGOTE") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _env(environ: Mapping[str, str], name: str) -> str | None:
     value = environ.get(name, "")
     return value if value.strip() else None
@@ -569,6 +574,5 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         prefixed=prefixed,
         merge_streams=merge,
         custom_logs_specs=bool(getattr(args, "logs_specs", None)),
-        zygote=bool(getattr(args, "zygote", False))
-        or (_env(env, "TORCHSTEP_ZYGOTE") or "").strip().lower() in ("1", "true", "yes", "on"),
+        zygote=bool(getattr(args, "zygote", False)) or zygote_from_env(env),
     )

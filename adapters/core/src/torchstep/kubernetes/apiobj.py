@@ -22,15 +22,21 @@ def http_status(error: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def termination(pod: Any) -> tuple[int | None, str | None]:
-    """The main container's exit code and termination message (``None``s while it runs)."""
+def terminated(pod: Any) -> Any:
+    """The main container's ``state.terminated`` (``None`` while it runs)."""
     for cs in get(pod, "status", "container_statuses") or []:
         if get(cs, "name") == CONTAINER_NAME:
-            term = get(cs, "state", "terminated")
-            if term is not None:
-                code = get(term, "exit_code")
-                return (int(code) if code is not None else None), get(term, "message")
-    return None, None
+            return get(cs, "state", "terminated")
+    return None
+
+
+def termination(pod: Any) -> tuple[int | None, str | None]:
+    """The main container's exit code and termination message (``None``s while it runs)."""
+    term = terminated(pod)
+    if term is None:
+        return None, None
+    code = get(term, "exit_code")
+    return (int(code) if code is not None else None), get(term, "message")
 
 
 def when(value: Any) -> float | None:
@@ -56,12 +62,9 @@ def age_order(pod: Any) -> tuple[float, float, bool]:
     replacement made in its predecessor's second is told apart by when each finished (a
     running pod is the latest), then by a failed one being the older."""
     created = when(get(pod, "metadata", "creation_timestamp")) or 0.0
-    finished = None
-    for cs in get(pod, "status", "container_statuses") or []:
-        if get(cs, "name") == CONTAINER_NAME:
-            finished = when(get(cs, "state", "terminated", "finished_at"))
-    terminated = termination(pod)[0] is not None or get(pod, "status", "phase") in ("Succeeded", "Failed")
-    return created, (finished or 0.0) if terminated else float("inf"), get(pod, "status", "phase") != "Failed"
+    term, phase = terminated(pod), get(pod, "status", "phase")
+    ended = term is not None or phase in ("Succeeded", "Failed")
+    return created, (when(get(term, "finished_at")) or 0.0) if ended else float("inf"), phase != "Failed"
 
 
 def get(obj: Any, *path: str) -> Any:

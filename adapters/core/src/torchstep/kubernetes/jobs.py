@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from torchstep.errors import SpecError
@@ -311,23 +311,14 @@ class JobSet:
         if since is not None:
             kwargs["since_seconds"] = since
         stream = self.client.read_namespaced_pod_log(name, self.ns, **kwargs)
-        check_gap = since is not None
-        buf = b""
+        first = True
         try:
-            for chunk in stream.stream():
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for raw in lines:
-                    if check_gap:
-                        check_gap = False
-                        if cursor.is_after(raw.decode("utf-8", "replace")):
-                            return False
-                    self._emit(cursor, raw)
-            if buf:  # a last line without its newline
-                if check_gap and cursor.is_after(buf.decode("utf-8", "replace")):
+            for raw in _lines(stream.stream()):
+                if first and since is not None and cursor.is_after(raw.decode("utf-8", "replace")):
                     return False
-                self._emit(cursor, buf)
-            return not (check_gap and terminal and not buf)
+                first = False
+                self._emit(cursor, raw)
+            return not (first and since is not None and terminal)
         finally:
             close = getattr(stream, "close", None)
             if callable(close):
@@ -488,6 +479,17 @@ class JobSet:
             self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector), "items"
         ):
             self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a byte stream's chunks (a line may span chunks; the last may lack its newline)."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        yield from lines
+    if buf:
+        yield buf
 
 
 def _index(names: list[str], name: str) -> int:
