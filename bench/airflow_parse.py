@@ -138,8 +138,8 @@ WARM_IMPORTS = (
     "torchx.specs.builders",
     "torchx.specs.finder",
     "torchx.specs.file_linter",
-    "torchstep.spec.components",
-    "torchstep.spec.planner",
+    "torchstep.components.materialize",
+    "torchstep.plan.planner",
 )
 #: Airflow 3.3's own pre-import (``[dag_processor] parsing_pre_import_modules``): the
 #: ``airflow.*`` modules a DAG file imports, nothing else.
@@ -277,7 +277,7 @@ def fork_report(warm: dict[str, dict[int, float]], cold: dict[str, dict[int, flo
         "name linted all of TorchX's builtins in every child (~0.6 s). Now a component file is read, linted and "
         "executed once per version (path, mtime, ctime, size, inode), a builtin is imported and linted alone, "
         "and no entry point is scanned for a file reference or a function (see "
-        "`torchstep.spec.component_cache`). What each task still costs: TorchX's argument parsing and the "
+        "`torchstep.components.cache`). What each task still costs: TorchX's argument parsing and the "
         "component call (~0.2 ms), torchstep's planner (~0.35 ms, ~40 % of it `shlex` splitting the "
         '`bash -c "torchrun ..."` command of `dist.ddp`), Airflow\'s BaseOperator (~0.15 ms). Identical tasks '
         "(same component, arguments and target) are planned once per parse.",

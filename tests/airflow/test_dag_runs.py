@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from torchstep.spec.names import run_name
+from torchstep.plan.names import run_name
 from torchstep_airflow import step_run_id
 
 

@@ -44,12 +44,12 @@ def test_cycle_check_sees_a_cycle_through_a_package_init_and_a_function_import(t
     assert cycles and set(cycles[0]) == {"cyclepkg", "cyclepkg.worker"}
 
 
-def test_layer_contract_fails_when_the_spec_layer_imports_a_target(tmp_path: Path) -> None:
-    # a copy of the tree where the spec layer imports the local target: lint-imports must say so
+def test_layer_contract_fails_when_the_plan_layer_imports_a_target(tmp_path: Path) -> None:
+    # a copy of the tree where the plan layer imports the local target: lint-imports must say so
     src = tmp_path / "src"
     src.mkdir()
     subprocess.run(["cp", "-r", str(ROOT / "adapters" / "core" / "src" / "torchstep"), str(src)], check=True)
-    bad = src / "torchstep" / "spec" / "limits.py"
+    bad = src / "torchstep" / "plan" / "limits.py"
     bad.write_text(bad.read_text() + textwrap.dedent("\n\ndef _bad():\n    import torchstep.local.launcher\n"))
     cfg = tmp_path / "pyproject.toml"
     cfg.write_text((ROOT / "pyproject.toml").read_text())
@@ -65,4 +65,4 @@ def test_layer_contract_fails_when_the_spec_layer_imports_a_target(tmp_path: Pat
         env=env,
     )
     assert out.returncode != 0
-    assert "torchstep.spec is not allowed to import torchstep.local" in out.stdout
+    assert "torchstep.plan is not allowed to import torchstep.local" in out.stdout

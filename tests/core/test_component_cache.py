@@ -1,4 +1,4 @@
-"""Resolving a component once per process (torchstep.spec.component_cache): the same
+"""Resolving a component once per process (torchstep.components.cache): the same
 AppDefs and the same errors as TorchX's ``get_component``, without its entry point scans,
 and never a stale or shared result."""
 
@@ -15,9 +15,9 @@ from typing import Any
 import importlib_metadata
 import pytest
 import torchstep
-from torchstep.spec import component_cache
-from torchstep.spec.components import materialize
-from torchstep.spec.plan_cache import materialize_and_plan
+from torchstep.components import cache as component_cache
+from torchstep.components.materialize import materialize
+from torchstep.components.plan_cache import materialize_and_plan
 from torchx.specs import finder
 
 COMPONENTS = '''
@@ -161,7 +161,7 @@ def test_two_functions_of_one_file_share_one_execution(comp: tuple[Path, Path]) 
 
 
 def test_the_file_runs_as_torchx_runs_it(comp: tuple[Path, Path]) -> None:
-    from torchstep.spec.components import component_of
+    from torchstep.components.materialize import component_of
 
     fn, label = component_of("comps.py:first")
     assert label == "comps.py:first"
@@ -312,7 +312,7 @@ def test_string_annotations_keep_one_wrapper_per_function(tmp_path: Path, monkey
             '''
         )
     )
-    from torchstep.spec.components import _with_evaluated_annotations, component_of
+    from torchstep.components.materialize import _with_evaluated_annotations, component_of
 
     fn, _ = component_of("late.py:app")
     assert _with_evaluated_annotations(fn) is _with_evaluated_annotations(fn) is not fn

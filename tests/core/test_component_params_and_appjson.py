@@ -1,13 +1,13 @@
 """Core seams the KFP and Prefect adapters share: a component's typed parameters
-(``parameters_of``) and an AppDef as JSON data and back (``torchstep.spec.appjson``)."""
+(``parameters_of``) and an AppDef as JSON data and back (``torchstep.components.appjson``)."""
 
 import inspect
 from typing import Dict, List, Optional, Union  # noqa: UP035 - the annotations components use
 
 import pytest
 import torchstep
-from torchstep.spec.appjson import app_from_dict, app_to_dict
-from torchstep.spec.components import parameters_of
+from torchstep.components.appjson import app_from_dict, app_to_dict
+from torchstep.components.materialize import parameters_of
 from torchx import specs
 
 
@@ -133,8 +133,8 @@ _ROLE = {"name": "w", "image": "", "entrypoint": "echo"}
 )
 def test_appdef_json_from_the_network_is_refused_naming_the_field(data: dict, field: str) -> None:
     """A DAG run conf or flow parameter is untrusted: never a TypeError, never a silent drop."""
+    from torchstep.components.appjson import app_from_dict
     from torchstep.errors import SpecError
-    from torchstep.spec.appjson import app_from_dict
 
     with pytest.raises(SpecError) as err:
         app_from_dict(data)

@@ -31,7 +31,7 @@ from torchx import specs
 from torchx.specs import AppState
 
 pytest.importorskip("kfp")
-from torchstep.spec.appjson import app_to_dict  # noqa: E402
+from torchstep.components.appjson import app_to_dict  # noqa: E402
 from torchstep_kfp import torchx_scheduler as ks  # noqa: E402
 
 TOKEN = "tok-3c9f1e7a5b2d4f60a8e1c7d9b3f5a2e4"  # the secret that must never be written anywhere

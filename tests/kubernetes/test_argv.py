@@ -7,7 +7,7 @@ import hypothesis.strategies as st
 import torchstep
 from hypothesis import HealthCheck, given, settings
 from torchstep.kubernetes import render_plan
-from torchstep.spec.agent_command import macro_values
+from torchstep.plan.agent_command import macro_values
 from torchx import specs
 
 FRAGMENTS = ["${app_id}", "${replica_id}", "$replica_id", "${rank0_env}", "$${app_id}", "$$", "$", "$(HOME)",

@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import torchstep
 from kubefake import DyingOnce, FakeKube, Script, WatcherDies
+from torchstep.components.appjson import app_to_dict
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
 from torchstep.result import StepResult
-from torchstep.spec.appjson import app_to_dict
 from torchstep.steps import step_run_id
 from torchx import specs
 

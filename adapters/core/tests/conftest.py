@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from torchstep.spec.model import Decision
+from torchstep.plan.model import Decision
 
 
 def rows_missing(app: Any, decisions: Iterable[Decision]) -> set[str]:

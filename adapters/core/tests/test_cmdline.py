@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from torchstep.spec.cmdline import TorchrunCall, detect_torchrun, parse_torchrun
-from torchstep.spec.cmdline import detect_torchrun as public_detect_torchrun
+from torchstep.plan.cmdline import TorchrunCall, detect_torchrun, parse_torchrun
+from torchstep.plan.cmdline import detect_torchrun as public_detect_torchrun
 
 
 @pytest.mark.parametrize(

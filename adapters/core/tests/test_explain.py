@@ -99,10 +99,10 @@ def test_explain_never_raises_and_escapes_control_characters() -> None:
 def test_explain_works_in_any_import_order() -> None:
     # importing the table module first must not shadow the function
     code = (
-        "import torchstep.spec.explain, torchstep\n"
+        "import torchstep.plan.explain, torchstep\n"
         "app = torchstep.materialize('utils.echo', [])\n"
         "print(torchstep.explain(app, 'kfp').splitlines()[0])\n"
-        "from torchstep.spec.explain import explain\n"
+        "from torchstep.plan.explain import explain\n"
         "print(explain(app, 'local').splitlines()[0])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -117,7 +117,7 @@ def test_importing_torchstep_does_not_import_torch() -> None:
         "import sys, torchstep\n"
         "app = torchstep.materialize('dist.ddp', ['--script', 't.py'])\n"
         "torchstep.explain(app, 'kfp'); torchstep.build_plan(app, 'kubernetes')\n"
-        "import torchstep.launch, torchstep.spec.names, torchstep.spec.macros, torchstep.spec.rules.resources\n"
+        "import torchstep.launch, torchstep.plan.names, torchstep.plan.macros, torchstep.plan.rules.resources\n"
         "print(sorted(m for m in ('torch', 'airflow', 'kfp', 'prefect', 'kubernetes') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -159,23 +159,23 @@ SPEC_MODULES = [
     "torchstep.local",
     "torchstep.local.rundir",
     "torchstep.result",
-    "torchstep.spec",
-    "torchstep.spec.agent_command",
-    "torchstep.spec.cmdline",
-    "torchstep.spec.components",
-    "torchstep.spec.explain",
-    "torchstep.spec.limits",
-    "torchstep.spec.macros",
-    "torchstep.spec.model",
-    "torchstep.spec.names",
-    "torchstep.spec.options",
-    "torchstep.spec.planner",
-    "torchstep.spec.rules.command",
-    "torchstep.spec.rules.metadata",
-    "torchstep.spec.rules.record",
-    "torchstep.spec.rules.replicas",
-    "torchstep.spec.rules.resources",
-    "torchstep.spec.rules.retry",
+    "torchstep.plan",
+    "torchstep.plan.agent_command",
+    "torchstep.plan.cmdline",
+    "torchstep.components.materialize",
+    "torchstep.plan.explain",
+    "torchstep.plan.limits",
+    "torchstep.plan.macros",
+    "torchstep.plan.model",
+    "torchstep.plan.names",
+    "torchstep.plan.options",
+    "torchstep.plan.planner",
+    "torchstep.plan.rules.command",
+    "torchstep.plan.rules.metadata",
+    "torchstep.plan.rules.record",
+    "torchstep.plan.rules.replicas",
+    "torchstep.plan.rules.resources",
+    "torchstep.plan.rules.retry",
     "torchstep.steps",
 ]
 

@@ -9,8 +9,8 @@ import string
 import torchstep
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torchstep.spec.macros import Macro, find_macros, substitute, substitute_nested
-from torchstep.spec.names import JOB_NAME_MAX, dns_label, is_dns_label, run_name
+from torchstep.plan.macros import Macro, find_macros, substitute, substitute_nested
+from torchstep.plan.names import JOB_NAME_MAX, dns_label, is_dns_label, run_name
 from torchx.specs import AppDef, Role, macros
 
 LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

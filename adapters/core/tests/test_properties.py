@@ -11,9 +11,9 @@ from typing import Any
 import torchstep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torchstep.spec.limits import KNOWN_CAPABILITIES
-from torchstep.spec.model import ROLE_OPTIONS, StepPlan
-from torchstep.spec.planner import plan_decisions
+from torchstep.plan.limits import KNOWN_CAPABILITIES
+from torchstep.plan.model import ROLE_OPTIONS, StepPlan
+from torchstep.plan.planner import plan_decisions
 from torchx.specs import AppDef, BindMount, DeviceMount, Resource, RetryPolicy, Role, VolumeMount
 
 TARGETS = ("local", "kubernetes", "kfp")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torchstep
-from torchstep.spec.agent_command import agent_argv, replica_env
-from torchstep.spec.model import RETRY_OWNERS, RetryOwner, policy_name, retry_budget
+from torchstep.plan.agent_command import agent_argv, replica_env
+from torchstep.plan.model import RETRY_OWNERS, RetryOwner, policy_name, retry_budget
 from torchx.specs import AppDef, RetryPolicy, Role
 
 TARGETS = ("local", "kubernetes", "kfp")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torchstep
-from torchstep.spec.planner import plan_decisions
+from torchstep.plan.planner import plan_decisions
 from torchx.specs import AppDef, BindMount, DeviceMount, Resource, RetryPolicy, Role, VolumeMount
 
 TARGETS = ("local", "kubernetes", "kfp")
@@ -608,7 +608,7 @@ def test_plan_values_on_kubernetes() -> None:
     rp = plan.roles[0]
     assert (plan.app_name, plan.k8s_name, plan.timeout_s) == ("train", "train", 86400.0)
     assert (rp.min_replicas, rp.num_replicas, rp.nnodes, rp.elastic, rp.nproc_per_node) == (2, 4, "2:4", True, 2)
-    assert rp.resources == torchstep.spec.model.Resources(
+    assert rp.resources == torchstep.plan.model.Resources(
         cpu=8,
         gpu=2,
         mem_mb=32768,
@@ -622,7 +622,7 @@ def test_plan_values_on_kubernetes() -> None:
     assert [(p.name, p.port) for p in rp.ports] == [("c10d", 29500), ("tb", 6006)]
     assert (rp.retry.owner.value, rp.retry.agent_restarts, plan.orchestrator_retries) == ("agent", 3, 0)
     assert (rp.timeout_s, rp.heartbeat_timeout_s, rp.grace_period_s) == (7200.0, 120.0, 10.0)
-    assert rp.secret_env == (torchstep.spec.model.SecretRef("HF_TOKEN", "hf-token", "token"),)
+    assert rp.secret_env == (torchstep.plan.model.SecretRef("HF_TOKEN", "hf-token", "token"),)
     assert rp.env == {"A": "1"} and "HF_TOKEN" not in rp.env  # a secret never by value
     assert plan.notes == ()
 

@@ -58,7 +58,7 @@ def test_installing_torchstep_keeps_every_builtin_scheduler_of_this_torchx() -> 
 
 
 def test_an_appdef_survives_the_json_round_trip_of_the_schedulers() -> None:
-    from torchstep.spec.appjson import app_from_dict, app_to_dict
+    from torchstep.components.appjson import app_from_dict, app_to_dict
 
     app = torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"])
     assert app_from_dict(app_to_dict(app)) == app

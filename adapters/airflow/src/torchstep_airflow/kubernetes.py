@@ -35,8 +35,8 @@ from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE
 from torchstep.errors import SpecError
 from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp
+from torchstep.plan.model import StepPlan
 from torchstep.result import FAILED, StepResult
-from torchstep.spec.model import StepPlan
 from torchstep.steps import KubernetesStep as CoreKubernetesStep
 
 TARGET = "kubernetes"

@@ -25,8 +25,8 @@ from torchstep.steps import failure_summary
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
 
 if TYPE_CHECKING:
+    from torchstep.plan.model import StepPlan
     from torchstep.result import StepResult
-    from torchstep.spec.model import StepPlan
 
 TARGETS = ("local", "kubernetes")
 #: Jinja markers of Airflow's default template environment.
@@ -251,8 +251,8 @@ def _stand_ins(args: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
 
 
 def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
-    from torchstep.spec.components import materialize
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.materialize import materialize
+    from torchstep.plan.planner import build_plan
 
     app = materialize(component, None if _is_appdef(component) else args)
     return app, build_plan(app, target)
@@ -261,7 +261,7 @@ def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
 def _plan(component: Any, args: Any, target: str) -> StepPlan:
     """The plan while the DAG file is parsed: identical tasks (same component, arguments and
     target) are planned once per parse (a fresh copy each); execute() builds afresh."""
-    from torchstep.spec.plan_cache import materialize_and_plan
+    from torchstep.components.plan_cache import materialize_and_plan
 
     if _is_appdef(component):
         return _build(component, args, target)[1]

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.spec.model import StepPlan
+from torchstep.plan.model import StepPlan
 from torchstep.steps import check_user_retries
 from torchstep.steps import step_run_id as core_step_run_id
 

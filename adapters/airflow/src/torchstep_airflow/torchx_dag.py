@@ -47,7 +47,7 @@ dag = torchx_dag()
 def app_from_conf(conf: Mapping[str, Any] | None) -> tuple[Any, str, dict[str, Any]]:
     """``(AppDef, target, cfg)`` from a DAG run conf; a :class:`~torchstep.SpecError` names
     the bad field (``conf['app'].roles[0].entrypoint``...)."""
-    from torchstep.spec.appjson import app_from_dict
+    from torchstep.components.appjson import app_from_dict
 
     if not isinstance(conf, Mapping) or "app" not in conf:
         raise SpecError(

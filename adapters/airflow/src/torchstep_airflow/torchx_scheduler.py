@@ -160,12 +160,12 @@ class AirflowScheduler(base.TorchstepScheduler):
         super().__init__(BACKEND, session_name)
 
     def _run_opts(self) -> runopts:
-        from torchstep.spec.options import to_runopts
+        from torchstep.plan.options import to_runopts
 
         return to_runopts(_OPTS)
 
     def _options(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
-        from torchstep.spec.options import parse_options
+        from torchstep.plan.options import parse_options
 
         opts = {k: v for k, v in _OPTS.items() if v[1] is not None}
         out = {k: v[1] for k, v in opts.items()}

@@ -21,11 +21,11 @@ from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, Non
 
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
-    "materialize": "torchstep.spec.components",
-    "build_plan": "torchstep.spec.planner",
-    "StepPlan": "torchstep.spec.model",
-    "RolePlan": "torchstep.spec.model",
-    "explain": "torchstep.spec.explain",
+    "materialize": "torchstep.components.materialize",
+    "build_plan": "torchstep.plan.planner",
+    "StepPlan": "torchstep.plan.model",
+    "RolePlan": "torchstep.plan.model",
+    "explain": "torchstep.plan.explain",
     "run_local": "torchstep.local",
     "ReplicaEvent": "torchstep.local",
     "StepResult": "torchstep.result",
@@ -36,7 +36,10 @@ _LAZY = {
     "checkpoint_dir": "torchstep.worker",
     "last_checkpoint": "torchstep.worker",
 }
-_SUBMODULES = {"agent", "contract", "files", "kubernetes", "launch", "local", "result", "spec", "steps", "worker"}
+_SUBMODULES = {
+    "agent", "components", "contract", "files", "kubernetes", "launch", "local", "plan", "result", "spec", "steps",
+    "worker",
+}  # fmt: skip
 
 __all__ = [
     "AGENT_ERROR_EXIT_CODE",
@@ -62,12 +65,12 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
+    from torchstep.components.materialize import materialize
     from torchstep.local import ReplicaEvent, run_local
+    from torchstep.plan.explain import explain
+    from torchstep.plan.model import RolePlan, StepPlan
+    from torchstep.plan.planner import build_plan
     from torchstep.result import StepResult
-    from torchstep.spec.components import materialize
-    from torchstep.spec.explain import explain
-    from torchstep.spec.model import RolePlan, StepPlan
-    from torchstep.spec.planner import build_plan
     from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, record
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from torchstep.contract import INTERRUPTED_EXIT_CODE
 from torchstep.errors import SpecError
-from torchstep.spec.cmdline import split_component_args
+from torchstep.plan.cmdline import split_component_args
 
 #: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
 SUBCOMMANDS = {
@@ -29,10 +29,10 @@ SUBCOMMANDS = {
 
 
 def explain_main(argv: Sequence[str]) -> int:
-    from torchstep.spec.components import materialize
-    from torchstep.spec.explain import render_table
-    from torchstep.spec.model import TARGETS
-    from torchstep.spec.planner import plan_decisions
+    from torchstep.components.materialize import materialize
+    from torchstep.plan.explain import render_table
+    from torchstep.plan.model import TARGETS
+    from torchstep.plan.planner import plan_decisions
 
     opts, comp_args = split_component_args(argv)
     p = argparse.ArgumentParser(prog="torchstep explain", description="print the translation table of an AppDef")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import SpecError
 from torchstep.local.status import PlainDisplay, ReplicaEvent
-from torchstep.spec.model import RetryOwner, StepPlan
+from torchstep.plan.model import RetryOwner, StepPlan
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
@@ -256,9 +256,9 @@ class LocalStep(_Runner):
         cfg = _with_run_id(cfg, run_id, "local")
         if cfg.get("retries"):
             raise SpecError("cfg['retries']", "local", "the orchestrator owns the step's retries", fix="remove it")
+        from torchstep.components.materialize import materialize
         from torchstep.local import resolve
-        from torchstep.spec.components import materialize
-        from torchstep.spec.planner import build_plan
+        from torchstep.plan.planner import build_plan
 
         self.plan = build_plan(materialize(app), "local")
         self.options = resolve(cfg)

@@ -36,7 +36,7 @@ from typing import Any
 
 from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
-from torchstep.spec.model import StepPlan
+from torchstep.plan.model import StepPlan
 
 from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
@@ -70,8 +70,8 @@ def component_from_app(app: Any, **options: Any) -> StepComponent:
     >>> component_from_app(app).name
     'echo'
     """
-    from torchstep.spec.appjson import app_to_dict
-    from torchstep.spec.components import materialize
+    from torchstep.components.appjson import app_to_dict
+    from torchstep.components.materialize import materialize
 
     _check_options(options, set())
     appdef = materialize(app)
@@ -107,7 +107,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     ``torchstep_job_id`` (and, for a launcher step of several pods, ``torchstep_task_id``),
     which the component sets from KFP's placeholders when called.
     """
-    from torchstep.spec.components import component_of, parameters_of, static_values
+    from torchstep.components.materialize import component_of, parameters_of, static_values
 
     fn, label = component_of(component)
     names = {p.name for p in parameters_of(component)}

@@ -169,10 +169,10 @@ def _inputs(spec: Mapping[str, Any], pairs: list[list[str]], local: bool) -> dic
 
 
 def _appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
-    from torchstep.spec.components import materialize
+    from torchstep.components.materialize import materialize
 
     if spec.get("app") is not None:
-        from torchstep.spec.appjson import app_from_dict
+        from torchstep.components.appjson import app_from_dict
 
         return app_from_dict(spec["app"])
     mapping = {k: v for k, v in values.items() if v is not None}
@@ -184,7 +184,7 @@ def _appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
 
 def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: bool, client: Any) -> Any:
     from torchstep.errors import SpecError
-    from torchstep.spec.planner import build_plan
+    from torchstep.plan.planner import build_plan
     from torchstep.steps import step_run_id
 
     launcher = bool(spec.get("launcher"))
@@ -202,7 +202,7 @@ def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: 
         notes.append(f"image {image!r} of the AppDef is not this container's: KFP fixed the step's image at "
                      f"compile time to {spec['image']!r} (set it in component_from_fn(..., defaults=...))")  # fmt: skip
         print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
-    from torchstep.spec.model import StepRetry
+    from torchstep.plan.model import StepRetry
 
     # KFP fixed set_retry at compile time; kfp.local ignores it, so the same budget is spent here
     step_retry = StepRetry(**spec["step_retry"]) if spec.get("step_retry") else plan.step_retry

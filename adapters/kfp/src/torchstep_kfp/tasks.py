@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.spec.model import RolePlan, StepPlan
+from torchstep.plan.model import RolePlan, StepPlan
 
 from torchstep_kfp.entry import NAMESPACE_ENV, POD_NAME_ENV  # what the step reads, defined where it is read
 
@@ -49,8 +49,8 @@ def plan_of(app: Any) -> StepPlan:
         if app.target != TARGET:
             raise SpecError("plan", app.target, f"a plan for target {app.target!r}", fix='build_plan(app, "kfp")')
         return app
-    from torchstep.spec.components import materialize
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.materialize import materialize
+    from torchstep.plan.planner import build_plan
 
     return build_plan(materialize(app), TARGET)
 

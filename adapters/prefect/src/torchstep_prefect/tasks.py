@@ -69,8 +69,8 @@ def app_task(
     """
     from prefect import task
     from prefect.cache_policies import NO_CACHE
-    from torchstep.spec.components import static_values
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.materialize import static_values
+    from torchstep.plan.planner import build_plan
     from torchx.specs import AppDef
 
     if target not in TARGETS:
@@ -118,7 +118,7 @@ def torchstep_task(
 
 
 def _component_fn(component: Any) -> Any:
-    from torchstep.spec.components import component_of
+    from torchstep.components.materialize import component_of
 
     return component_of(component)[0]
 
@@ -157,7 +157,7 @@ def _step_function(
     """The task's function: typed parameters from the component, the step in the body."""
 
     def run_step(**values: Any) -> dict[str, Any]:
-        from torchstep.spec.components import materialize
+        from torchstep.components.materialize import materialize
 
         if params:
             app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
@@ -197,7 +197,7 @@ def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = Non
         step: Any = LocalStep(app, run_id=run_id, cfg=cfg, on_line=logger.info)
     else:
         from torchstep.kubernetes.client import OfficialClient
-        from torchstep.spec.planner import build_plan
+        from torchstep.plan.planner import build_plan
 
         plan = build_plan(app, "kubernetes")
         attempt_id = _logical_call(flow_run, getattr(run, "task_key", None) or app.name, app, getattr(run, "id", None))
@@ -235,7 +235,7 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
     import weakref
 
     from prefect.context import FlowRunContext
-    from torchstep.spec.appjson import app_to_dict
+    from torchstep.components.appjson import app_to_dict
     from torchstep.steps import step_run_id
 
     digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]

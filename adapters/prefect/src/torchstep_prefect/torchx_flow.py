@@ -2,7 +2,7 @@
 
 The ``prefect`` TorchX scheduler (:mod:`torchstep_prefect.torchx_scheduler`) submits an
 AppDef as a flow run of a deployment of this flow, ``torchstep-torchx``, with the AppDef as
-JSON data (``torchstep.spec.appjson``) in the ``app`` parameter. On arrival the flow checks
+JSON data (``torchstep.components.appjson``) in the ``app`` parameter. On arrival the flow checks
 the AppDef again (bad data fails the flow run at once, without retry, with a
 ``SpecError`` naming the field) and runs it as one step through :func:`~torchstep_prefect.app_task`:
 retries from the AppDef, timeouts, cancellation that stops every process, each rank's lines
@@ -44,8 +44,8 @@ TARGETS = ("local", "kubernetes")
 def load_app(data: Any, target: str) -> Any:
     """The ``torchx.specs.AppDef`` of the JSON data ``data``, checked for ``target``; a
     :class:`~torchstep.SpecError` naming the field (``app.roles[1].entrypoint``) otherwise."""
-    from torchstep.spec.appjson import app_from_dict
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.appjson import app_from_dict
+    from torchstep.plan.planner import build_plan
 
     if target not in TARGETS:
         raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
@@ -55,7 +55,7 @@ def load_app(data: Any, target: str) -> Any:
         raise SpecError(e.field, target, e.problem, fix=e.fix) from None
     except Exception as e:  # a shape app_from_dict does not check: still the data's fault
         raise SpecError("app", target, f"is not a valid AppDef ({type(e).__name__}: {e})",
-                        fix="submit it with `torchx run -s prefect` (torchstep.spec.appjson.app_to_dict)") from None  # fmt: skip
+                        fix="submit it with `torchx run -s prefect` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
     build_plan(app, target)
     return app
 
@@ -66,7 +66,7 @@ def torchx_app(app: dict[str, Any], target: str = "local", cfg: dict[str, Any] |
     torchstep step; returns the step result (state, exit codes, root cause, outputs).
 
     Args:
-        app: the AppDef as JSON data (torchstep.spec.appjson)
+        app: the AppDef as JSON data (torchstep.components.appjson)
         target: where the step runs: local (this flow run's machine) or kubernetes (Jobs)
         cfg: the target's run options (torchstep runopts local|kubernetes)
     """

@@ -190,7 +190,7 @@ class PrefectScheduler(base.TorchstepScheduler):
             httpx_logger.setLevel(logging.WARNING)
 
     def _run_opts(self) -> runopts:
-        from torchstep.spec.options import to_runopts
+        from torchstep.plan.options import to_runopts
 
         return to_runopts(OPTIONS)  # type: ignore[no-any-return]
 

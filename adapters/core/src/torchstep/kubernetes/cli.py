@@ -24,9 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (2 for a SpecError, printed to stderr)."""
     import yaml
 
+    from torchstep.components.materialize import materialize
     from torchstep.kubernetes.render import render_app
-    from torchstep.spec.cmdline import split_component_args
-    from torchstep.spec.components import materialize
+    from torchstep.plan.cmdline import split_component_args
 
     opts, comp_args = split_component_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="torchstep render", description="print the Kubernetes objects of an AppDef")

@@ -30,7 +30,7 @@ import enum
 from typing import Any
 
 from torchstep.contract import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, SIGKILLED_EXIT_CODE, SIGTERMED_EXIT_CODE
-from torchstep.spec.model import RetryOwner, RolePlan
+from torchstep.plan.model import RetryOwner, RolePlan
 
 #: Exit codes of an agent that did not give its own final answer: its pod is replaced
 #: (REPLICA), counted against the index's ``backoffLimitPerIndex``.

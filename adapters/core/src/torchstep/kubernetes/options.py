@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.spec import names
-from torchstep.spec.agent_command import DEFAULT_RDZV_PORT
-from torchstep.spec.options import parse_options, to_runopts
+from torchstep.plan import names
+from torchstep.plan.agent_command import DEFAULT_RDZV_PORT
+from torchstep.plan.options import parse_options, to_runopts
 
 TARGET = "kubernetes"
 

@@ -23,9 +23,9 @@ from typing import Any
 from torchstep.contract import ENV_REPLICA_ID, ENV_RESULT_FILE, ENV_TERMINATION_LOG
 from torchstep.errors import SpecError
 from torchstep.kubernetes.options import KubernetesOptions
+from torchstep.plan.agent_command import agent_argv, macro_values, replica_env
+from torchstep.plan.model import RolePlan
 from torchstep.result import TERMINATION_LOG
-from torchstep.spec.agent_command import agent_argv, macro_values, replica_env
-from torchstep.spec.model import RolePlan
 
 TARGET = "kubernetes"
 #: Name of the agent's container in every rendered pod (KubernetesPodOperator: pass it as

@@ -28,9 +28,9 @@ from torchstep.kubernetes.failure import job_failure_fields, needs_job
 from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve
 from torchstep.kubernetes.overlay import apply_overlay
 from torchstep.kubernetes.pod import CONTAINER_NAME, Endpoint, pod_spec
-from torchstep.spec.model import RetryOwner, RolePlan, StepPlan
-from torchstep.spec.names import JOB_NAME_MAX, dns_label, run_name, short_id
-from torchstep.spec.planner import build_plan
+from torchstep.plan.model import RetryOwner, RolePlan, StepPlan
+from torchstep.plan.names import JOB_NAME_MAX, dns_label, run_name, short_id
+from torchstep.plan.planner import build_plan
 
 TARGET = "kubernetes"
 #: The oldest Kubernetes release the rendered objects are meant for (``backoffLimitPerIndex``,

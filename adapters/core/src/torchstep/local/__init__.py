@@ -28,8 +28,8 @@ from typing import Any
 
 from torchstep.local.options import LocalOptions, resolve, runopts
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
+from torchstep.plan.model import StepPlan
 from torchstep.result import CANCELLED, StepResult
-from torchstep.spec.model import StepPlan
 
 __all__ = ["LocalOptions", "ReplicaEvent", "run_local", "run_plan", "runopts"]
 
@@ -61,8 +61,8 @@ def run_local(
     >>> r.state, len(r.ranks)  # doctest: +SKIP
     ('SUCCEEDED', 1)
     """
-    from torchstep.spec.components import materialize
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.materialize import materialize
+    from torchstep.plan.planner import build_plan
 
     plan = build_plan(materialize(app), "local")
     opts = resolve(cfg, log_dir=log_dir)
@@ -125,14 +125,14 @@ def _app_id(plan: StepPlan, opts: LocalOptions, attempt: int) -> str | None:
     """With ``cfg["run_id"]``: ``<app>-<hash>`` as on Kubernetes (``None``: a random id)."""
     if opts.run_id is None:
         return None
-    from torchstep.spec.names import run_name
+    from torchstep.plan.names import run_name
 
     return run_name(plan.k8s_name, opts.run_id if attempt == 1 else f"{opts.run_id}/attempt-{attempt}")
 
 
 def retry_delays(plan: StepPlan, opts: LocalOptions, retries: int) -> list[float]:
     """The wait before each of ``retries`` retries: the plan's one rule
-    (:meth:`~torchstep.spec.model.StepRetry.delays`) with ``cfg["retry_delay"]`` for the
+    (:meth:`~torchstep.plan.model.StepRetry.delays`) with ``cfg["retry_delay"]`` for the
     first wait when given, else the AppDef's, else 1 s.
 
     >>> import torchstep

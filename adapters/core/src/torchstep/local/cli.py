@@ -80,7 +80,7 @@ def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``torchstep run``; returns the exit code."""
-    from torchstep.spec.cmdline import split_component_args
+    from torchstep.plan.cmdline import split_component_args
 
     opts_argv, comp_args = split_component_args(list(sys.argv[1:] if argv is None else argv))
     ns = parser().parse_args(opts_argv)
@@ -95,7 +95,7 @@ def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
     from torchstep.local import run_plan
     from torchstep.local.options import resolve
     from torchstep.local.status import make_display
-    from torchstep.spec.planner import build_plan
+    from torchstep.plan.planner import build_plan
 
     if bool(ns.ref) == bool(ns.app):
         raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
@@ -108,7 +108,7 @@ def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
             )
         app = load_app(ns.app)
     else:
-        from torchstep.spec.components import materialize
+        from torchstep.components.materialize import materialize
 
         app = materialize(ns.ref, comp_args)
     cfg = parse_cfg(ns.cfg)

@@ -41,6 +41,9 @@ from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
 from torchstep.local.rundir import claim_run_dir
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
+from torchstep.plan import agent_command
+from torchstep.plan.model import RetryOwner, StepPlan
+from torchstep.plan.names import short_id
 from torchstep.result import (
     CANCELLED,
     FAILED,
@@ -52,9 +55,6 @@ from torchstep.result import (
     StepResult,
     merge,
 )
-from torchstep.spec import agent_command
-from torchstep.spec.model import RetryOwner, StepPlan
-from torchstep.spec.names import short_id
 
 #: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
 #: the launcher: no dependence on PATH).

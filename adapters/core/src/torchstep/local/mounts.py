@@ -30,8 +30,8 @@ import stat
 from collections.abc import Sequence
 
 from torchstep.errors import SpecError
-from torchstep.spec.cmdline import script_index
-from torchstep.spec.model import RolePlan
+from torchstep.plan.cmdline import script_index
+from torchstep.plan.model import RolePlan
 
 TARGET = "local"
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.files import state_root
-from torchstep.spec.limits import MAX_RETRIES, MAX_SECONDS
-from torchstep.spec.options import convert, parse_options, to_runopts
+from torchstep.plan.limits import MAX_RETRIES, MAX_SECONDS
+from torchstep.plan.options import convert, parse_options, to_runopts
 
 TARGET = "local"
 

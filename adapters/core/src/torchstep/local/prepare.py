@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from torchstep import contract
 from torchstep.local import mounts, resources
 from torchstep.local.options import LocalOptions
-from torchstep.spec import agent_command
-from torchstep.spec.model import RolePlan, StepPlan
+from torchstep.plan import agent_command
+from torchstep.plan.model import RolePlan, StepPlan
 
 #: The rank-0 host of every role on this machine.
 LOCALHOST = "127.0.0.1"

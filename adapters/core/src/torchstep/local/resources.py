@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from torchstep.errors import SpecError
-from torchstep.spec.model import RolePlan
+from torchstep.plan.model import RolePlan
 
 TARGET = "local"
 

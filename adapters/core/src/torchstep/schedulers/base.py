@@ -25,17 +25,17 @@ from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Schedule
 from torchx.specs import AppDef, AppState
 
 from torchstep.errors import SpecError
-from torchstep.spec.names import short_id
+from torchstep.plan.names import short_id
 
 #: How often a following ``log_iter`` / a waiting caller polls the orchestrator.
 POLL_INTERVAL_S = 1.0
 
 
 def app_payload(app: AppDef, target: str) -> dict[str, Any]:
-    """``app`` as JSON data (:func:`torchstep.spec.appjson.app_to_dict`), after checking it
+    """``app`` as JSON data (:func:`torchstep.components.appjson.app_to_dict`), after checking it
     builds a plan for ``target``: the orchestrator checks it again on arrival."""
-    from torchstep.spec.appjson import app_to_dict
-    from torchstep.spec.planner import build_plan
+    from torchstep.components.appjson import app_to_dict
+    from torchstep.plan.planner import build_plan
 
     build_plan(app, target)
     return app_to_dict(app)
@@ -43,7 +43,7 @@ def app_payload(app: AppDef, target: str) -> dict[str, Any]:
 
 def new_app_id(name: str) -> str:
     """``<name>-<6 chars>``: a DNS-label-safe, unique id for one submission."""
-    from torchstep.spec.names import dns_label
+    from torchstep.plan.names import dns_label
 
     return f"{dns_label(name, max_len=50)}-{short_id(6)}"
 
@@ -63,7 +63,7 @@ def response(app_id: str, state: AppState, msg: str = "", *, ui_url: str | None 
 def roles_of(app: Any) -> list[Any]:
     """The roles of a recorded AppDef (JSON data), for ``DescribeAppResponse.roles``: what
     ``torchx log`` checks a role name against. Unreadable data gives no roles."""
-    from torchstep.spec.appjson import app_from_dict
+    from torchstep.components.appjson import app_from_dict
 
     try:
         return list(app_from_dict(app).roles)

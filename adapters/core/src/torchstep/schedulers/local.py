@@ -104,7 +104,7 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         from torchstep.local.options import resolve
-        from torchstep.spec.explain import explain
+        from torchstep.plan.explain import explain
 
         given = {k: v for k, v in cfg.items() if v is not None}
         opts = resolve(given)  # SpecError naming cfg['<key>'] for a bad option

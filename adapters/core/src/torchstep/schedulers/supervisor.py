@@ -54,10 +54,10 @@ class StatusWriter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from torchstep.components.appjson import app_from_dict
     from torchstep.local import run_plan
     from torchstep.local.options import resolve
-    from torchstep.spec.appjson import app_from_dict
-    from torchstep.spec.planner import build_plan
+    from torchstep.plan.planner import build_plan
 
     app_id = records.check_app_id(next(iter(sys.argv[1:] if argv is None else argv)))
     record = records.load(local.BACKEND, app_id)

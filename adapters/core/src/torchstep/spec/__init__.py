@@ -1,24 +1,64 @@
-"""The spec layer: an AppDef (or the TorchX component that makes one) turned into a
-validated, normalised :class:`~torchstep.spec.model.StepPlan` for a target, and the
-field-by-field translation table behind :func:`torchstep.explain`.
+"""Deprecated alias of :mod:`torchstep.plan` and :mod:`torchstep.components` (the package was
+named ``torchstep.spec`` until 0.2): ``import torchstep.spec.model`` still works for one
+release and warns once. Import from the new paths:
 
-Modules, from the bottom up (nothing here imports a target, an adapter or torch):
-
-- :mod:`~torchstep.spec.limits`, :mod:`~torchstep.spec.names`, :mod:`~torchstep.spec.macros`,
-  :mod:`~torchstep.spec.cmdline`: sanity limits, every name and syntax rule, TorchX macros,
-  reading a role's own ``torchrun`` command line;
-- :mod:`~torchstep.spec.model`: the plan's dataclasses, data only;
-- :mod:`~torchstep.spec.rules`: one module of plain functions per concern, each recording a
-  decision per field;
-- :mod:`~torchstep.spec.planner`: :func:`build_plan` / :func:`plan_decisions`;
-- :mod:`~torchstep.spec.explain`: :func:`explain`; :mod:`~torchstep.spec.components`:
-  :func:`materialize`; :mod:`~torchstep.spec.agent_command`: how a replica's agent starts;
-  :mod:`~torchstep.spec.options`: the run options of every target.
-
-Example::
-
-    >>> from torchstep.spec.planner import build_plan
-    >>> from torchstep.spec.components import materialize
-    >>> build_plan(materialize("utils.echo", []), "local").roles[0].name
-    'echo'
+- ``torchstep.spec.components`` → ``torchstep.components.materialize``
+- ``torchstep.spec.component_cache`` → ``torchstep.components.cache``
+- ``torchstep.spec.appjson`` / ``plan_cache`` → ``torchstep.components.appjson`` / ``plan_cache``
+- every other ``torchstep.spec.X`` → ``torchstep.plan.X``
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+from typing import Any
+
+_MOVED = {
+    "components": "torchstep.components.materialize",
+    "component_cache": "torchstep.components.cache",
+    "appjson": "torchstep.components.appjson",
+    "plan_cache": "torchstep.components.plan_cache",
+}
+
+
+def new_name(old: str) -> str:
+    """The module that replaced ``old`` (``torchstep.spec...``)."""
+    rest = old.removeprefix("torchstep.spec").lstrip(".")
+    head = rest.split(".", 1)[0]
+    if head in _MOVED:
+        return _MOVED[head] + rest[len(head) :]
+    return "torchstep.plan" + (f".{rest}" if rest else "")
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``torchstep.spec.X`` with the module that replaced it (the same object)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith("torchstep.spec."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(new_name(spec.name))
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+warnings.warn(
+    "torchstep.spec was renamed: import torchstep.plan (AppDef -> plan) or torchstep.components "
+    "(component -> AppDef); the alias goes in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
+if not any(isinstance(f, _Alias) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Alias())
+
+
+def __getattr__(name: str) -> Any:
+    return importlib.import_module(new_name(f"torchstep.spec.{name}"))

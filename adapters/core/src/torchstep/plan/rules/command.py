@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchstep.spec.macros import RANK0_ENV_VAR
-from torchstep.spec.names import dns_label, is_env_name
-from torchstep.spec.rules.record import Recorder, Wording
+from torchstep.plan.macros import RANK0_ENV_VAR
+from torchstep.plan.names import dns_label, is_env_name
+from torchstep.plan.rules.record import Recorder, Wording
 
 #: Role names become DNS labels of at most this many characters (object names add a suffix).
 ROLE_NAME_MAX = 30

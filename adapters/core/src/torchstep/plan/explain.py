@@ -13,8 +13,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from torchstep.spec.model import Decision
-from torchstep.spec.planner import plan_decisions
+from torchstep.plan.model import Decision
+from torchstep.plan.planner import plan_decisions
 
 ACTIONS = {"honoured": "yes", "ignored": "ignored", "rejected": "REJECTED"}
 

@@ -8,7 +8,7 @@ per-replica environment. Only where the rendezvous lives differs per target.
 Example::
 
     >>> import torchstep
-    >>> from torchstep.spec.agent_command import agent_argv
+    >>> from torchstep.plan.agent_command import agent_argv
     >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", ["--msg", "hi"]), "kubernetes")
     >>> agent_argv(plan.roles[0], rdzv_endpoint="echo-0.svc:29500", rdzv_id="echo-1a2b")[:3]
     ['torchstep-agent', '--nnodes', '1']
@@ -31,8 +31,8 @@ from torchstep.contract import (
     ENV_REPLICA_ID,
     ENV_ROLE,
 )
-from torchstep.spec.macros import RANK0_ENV_VAR
-from torchstep.spec.model import RolePlan
+from torchstep.plan.macros import RANK0_ENV_VAR
+from torchstep.plan.model import RolePlan
 
 #: The agent's console script (installed with ``pip install torchstep[agent]``).
 AGENT = "torchstep-agent"

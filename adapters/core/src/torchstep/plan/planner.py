@@ -2,15 +2,15 @@
 decided, and :func:`plan_decisions`, the row per field behind :func:`torchstep.explain`.
 
 The planner walks the app (name, metadata, roles) and hands each field group of a role to
-its rule module in :mod:`torchstep.spec.rules`, a set of plain functions that record one
+its rule module in :mod:`torchstep.plan.rules`, a set of plain functions that record one
 decision per field (honoured / ignored / rejected) on a :class:`Recorder`:
 
-- :mod:`~torchstep.spec.rules.command`: name, image, base_image, entrypoint, args, env, macros;
-- :mod:`~torchstep.spec.rules.replicas`: num_replicas, min_replicas, processes per replica,
+- :mod:`~torchstep.plan.rules.command`: name, image, base_image, entrypoint, args, env, macros;
+- :mod:`~torchstep.plan.rules.replicas`: num_replicas, min_replicas, processes per replica,
   a role's own torchrun;
-- :mod:`~torchstep.spec.rules.resources`: resource, mounts, port_map;
-- :mod:`~torchstep.spec.rules.retry`: max_retries, retry_policy and the retry layers;
-- :mod:`~torchstep.spec.rules.metadata`: role metadata and its ``torchstep`` options,
+- :mod:`~torchstep.plan.rules.resources`: resource, mounts, port_map;
+- :mod:`~torchstep.plan.rules.retry`: max_retries, retry_policy and the retry layers;
+- :mod:`~torchstep.plan.rules.metadata`: role metadata and its ``torchstep`` options,
   secrets, TorchX-nightly-only fields and fields of a newer TorchX.
 
 Example::
@@ -33,9 +33,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torchstep.errors import SpecError
-from torchstep.spec.cmdline import parse_torchrun
-from torchstep.spec.macros import find_macros, nested_strings
-from torchstep.spec.model import (
+from torchstep.plan.cmdline import parse_torchrun
+from torchstep.plan.macros import find_macros, nested_strings
+from torchstep.plan.model import (
     APP_OPTIONS,
     TARGETS,
     Decision,
@@ -46,19 +46,19 @@ from torchstep.spec.model import (
     StepPlan,
     step_retry_of,
 )
-from torchstep.spec.names import dns_label
-from torchstep.spec.rules.command import becomes_macros, role_args, role_entrypoint, role_env, role_image, role_name
-from torchstep.spec.rules.metadata import (
+from torchstep.plan.names import dns_label
+from torchstep.plan.rules.command import becomes_macros, role_args, role_entrypoint, role_env, role_image, role_name
+from torchstep.plan.rules.metadata import (
     nightly_fields,
     other_metadata,
     role_options,
     role_secret_env,
     unknown_fields,
 )
-from torchstep.spec.rules.record import Recorder, Rejected, Wording
-from torchstep.spec.rules.replicas import role_launch, role_replicas
-from torchstep.spec.rules.resources import role_mounts, role_ports, role_resources
-from torchstep.spec.rules.retry import check_retry_layers, retry_options, role_retry, step_retries
+from torchstep.plan.rules.record import Recorder, Rejected, Wording
+from torchstep.plan.rules.replicas import role_launch, role_replicas
+from torchstep.plan.rules.resources import role_mounts, role_ports, role_resources
+from torchstep.plan.rules.retry import check_retry_layers, retry_options, role_retry, step_retries
 
 __all__ = ["build_plan", "plan_decisions"]
 

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchstep.contract import ENV_GRACE_PERIOD, ENV_HEARTBEAT_TIMEOUT
-from torchstep.spec.limits import MAX_NPROC
-from torchstep.spec.model import ROLE_OPTIONS, SecretRef
-from torchstep.spec.names import is_dns_subdomain, is_env_name
-from torchstep.spec.rules.record import Recorder, Wording, is_int
+from torchstep.plan.limits import MAX_NPROC
+from torchstep.plan.model import ROLE_OPTIONS, SecretRef
+from torchstep.plan.names import is_dns_subdomain, is_env_name
+from torchstep.plan.rules.record import Recorder, Wording, is_int
 
 #: What a metadata field becomes on each target.
 BECOMES: dict[str, Wording] = {

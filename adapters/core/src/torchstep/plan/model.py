@@ -1,5 +1,5 @@
 """The plan's vocabulary: frozen dataclasses, data only (:func:`torchstep.build_plan`
-in :mod:`torchstep.spec.planner` fills them).
+in :mod:`torchstep.plan.planner` fills them).
 
 A :class:`StepPlan` is a TorchX AppDef validated and normalised for a target (``local``,
 ``kubernetes``, ``kfp``). Adapters and targets only map its fields to native calls; they
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.spec.limits import MAX_RETRIES
-from torchstep.spec.macros import Macro, substitute, substitute_nested
+from torchstep.plan.limits import MAX_RETRIES
+from torchstep.plan.macros import Macro, substitute, substitute_nested
 
 __all__ = [
     "APP_OPTIONS",
@@ -364,7 +364,7 @@ class StepPlan:
     """The whole AppDef normalised for one target.
 
     ``k8s_name`` is the DNS-1123 prefix of every object name (the run-unique suffix is
-    added at run time, :func:`torchstep.spec.names.run_name`); ``timeout_s`` the step timeout
+    added at run time, :func:`torchstep.plan.names.run_name`); ``timeout_s`` the step timeout
     (``app.metadata["torchstep.timeout"]``); ``decisions`` one row per field (what
     :func:`torchstep.explain` prints).
 

@@ -16,8 +16,8 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchstep.spec import component_cache
-from torchstep.spec.components import _materialize_resolved, _resolve, materialize
+from torchstep.components import cache as component_cache
+from torchstep.components.materialize import _materialize_resolved, _resolve, materialize
 
 #: Most (component, arguments, target) plans :func:`materialize_and_plan` keeps per process.
 MAX_PLANS = 512
@@ -64,7 +64,7 @@ def materialize_and_plan(
 
     from torchx.specs import AppDef
 
-    from torchstep.spec.planner import build_plan
+    from torchstep.plan.planner import build_plan
 
     if isinstance(component, AppDef):
         app = materialize(component, args)

@@ -9,7 +9,7 @@ happens when a replica starts.
 
 Example::
 
-    >>> from torchstep.spec.macros import Macro, find_macros, substitute
+    >>> from torchstep.plan.macros import Macro, find_macros, substitute
     >>> sorted(m.value for m in find_macros(["--id", "${app_id}", "r$replica_id", "$${img_root}"]))
     ['app_id', 'replica_id']
     >>> substitute("run-${app_id}-$${HOME}", {"app_id": "demo-1a2b"})

@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
-from torchstep.spec.limits import MAX_SECONDS, SHOW_MAX
-from torchstep.spec.model import Decision
+from torchstep.plan.limits import MAX_SECONDS, SHOW_MAX
+from torchstep.plan.model import Decision
 
 #: What a field becomes on each target: ``{"local": ..., "kubernetes": ..., "kfp": ...}``,
 #: each text a ``str.format`` template. Every rule module keeps its wording in one

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchstep.spec.cmdline import TorchrunCall, positive_int
-from torchstep.spec.limits import MAX_NPROC, MAX_REPLICAS
-from torchstep.spec.rules.metadata import agent_options
-from torchstep.spec.rules.record import Recorder, Wording, is_int
+from torchstep.plan.cmdline import TorchrunCall, positive_int
+from torchstep.plan.limits import MAX_NPROC, MAX_REPLICAS
+from torchstep.plan.rules.metadata import agent_options
+from torchstep.plan.rules.record import Recorder, Wording, is_int
 
 #: What num_replicas becomes on each target, for one replica and for several.
 BECOMES: dict[str, Wording] = {

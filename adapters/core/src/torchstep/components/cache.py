@@ -17,7 +17,7 @@ every builtin of TorchX first. Here each of those happens once:
 - a component function: its signature and its annotation-evaluated form are kept per
   function object.
 - :class:`LRU`: the bounded, thread-safe map behind the caches (and behind the plan cache
-  of :func:`torchstep.spec.plan_cache.materialize_and_plan`).
+  of :func:`torchstep.components.plan_cache.materialize_and_plan`).
 
 Errors are TorchX's own (``ComponentNotFoundException``, ``ComponentValidationException``,
 the file's exception) with TorchX's messages; failures are never cached.
@@ -343,7 +343,7 @@ def resolve_builtin(name: str) -> Callable[..., Any]:
 # -- per component function -------------------------------------------------------------------
 @dataclass(frozen=True)
 class FunctionInfo:
-    """What :mod:`torchstep.spec.components` reads from a component function every call."""
+    """What :mod:`torchstep.components.materialize` reads from a component function every call."""
 
     parameters: Mapping[str, inspect.Parameter] | None  # None: no readable signature (``error`` says why)
     error: str

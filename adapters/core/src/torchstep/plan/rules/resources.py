@@ -19,10 +19,10 @@ import os
 from typing import Any
 
 from torchstep.contract import ENV_PORT_PREFIX
-from torchstep.spec.limits import KNOWN_CAPABILITIES, MAX_CPU, MAX_GPU, MAX_MEM_MB
-from torchstep.spec.model import RDZV_PORT_NAMES, Mount, Port, Resources
-from torchstep.spec.names import env_suffix, is_dns_subdomain, is_extended_resource, is_label_value, is_port_name
-from torchstep.spec.rules.record import Recorder, Rejected, Wording, is_int, show
+from torchstep.plan.limits import KNOWN_CAPABILITIES, MAX_CPU, MAX_GPU, MAX_MEM_MB
+from torchstep.plan.model import RDZV_PORT_NAMES, Mount, Port, Resources
+from torchstep.plan.names import env_suffix, is_dns_subdomain, is_extended_resource, is_label_value, is_port_name
+from torchstep.plan.rules.record import Recorder, Rejected, Wording, is_int, show
 
 #: What a role's hardware fields become on each target.
 BECOMES: dict[str, Wording] = {

@@ -1,6 +1,6 @@
 """Rules for ``Role.max_retries`` and ``Role.retry_policy``: one retry budget per role,
-spent by exactly one layer (the table is :data:`torchstep.spec.model.RETRY_OWNERS`, applied
-by :func:`torchstep.spec.model.retry_budget`), and never two layers across roles or inside a
+spent by exactly one layer (the table is :data:`torchstep.plan.model.RETRY_OWNERS`, applied
+by :func:`torchstep.plan.model.retry_budget`), and never two layers across roles or inside a
 role's own torchrun. Part of the rule book behind :func:`torchstep.build_plan`.
 
 Example::
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchstep.spec.cmdline import TorchrunCall, positive_int
-from torchstep.spec.limits import MAX_RETRIES
-from torchstep.spec.model import (
+from torchstep.plan.cmdline import TorchrunCall, positive_int
+from torchstep.plan.limits import MAX_RETRIES
+from torchstep.plan.model import (
     RETRY_OWNERS,
     RetryBudget,
     RetryOwner,
@@ -30,7 +30,7 @@ from torchstep.spec.model import (
     policy_name,
     retry_budget,
 )
-from torchstep.spec.rules.record import Recorder, Wording, is_int
+from torchstep.plan.rules.record import Recorder, Wording, is_int
 
 #: What a role's retry budget becomes on each target, per owner.
 BECOMES: dict[str, Wording] = {

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchstep.components import cache as component_cache
 from torchstep.errors import SpecError
-from torchstep.spec import component_cache
 
 if TYPE_CHECKING:  # torchx is imported when a component is materialised, not with torchstep
     from torchx.specs import AppDef
@@ -154,7 +154,7 @@ def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             # TorchX's get_component, each step done once per file version / builtin name
-            # (see torchstep.spec.component_cache); a path with a ":" of its own goes to TorchX.
+            # (see torchstep.components.cache); a path with a ":" of its own goes to TorchX.
             if not sep:
                 found = component_cache.resolve_builtin(ref)
             elif ":" not in path:
