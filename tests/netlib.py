@@ -35,3 +35,90 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free loopback port below the ephemeral range ({lo})")
+
+
+class FaultyProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a real API (``upstream``, ``http://host:port``)
+    that makes the faults of a busy server or a flaky network happen on purpose:
+
+    * ``busy(n, retry_after)``: the next ``n`` requests are answered ``503`` with that
+      ``Retry-After`` (as Prefect's server answers while its SQLite is locked), not forwarded;
+    * ``lose_answer(method, path_regex)``: the next such request is forwarded and done by the
+      API, and its answer is lost (the connection closed without a response).
+
+    ``log`` lists ``(method, path, what happened)``; ``url`` replaces the API's host and port.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import http.client
+        import re
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(upstream)
+        self.log: list[tuple[str, str, str]] = []
+        self._busy: list[str] = []
+        self._lose: list[tuple[str, re.Pattern[str]]] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy._lock:
+                    busy = proxy._busy.pop(0) if proxy._busy else None
+                    lose = next((r for r in proxy._lose if r[0] == self.command and r[1].search(self.path)), None)
+                    if lose is not None and busy is None:
+                        proxy._lose.remove(lose)
+                if busy is not None:
+                    proxy.log.append((self.command, self.path, "busy"))
+                    answer = b'{"detail": "database busy"}'
+                    self.send_response(503)
+                    self.send_header("Retry-After", busy)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                    return
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                if lose is not None:  # done upstream; the caller never hears of it
+                    proxy.log.append((self.command, self.path, f"answer {resp.status} lost"))
+                    self.close_connection = True
+                    return
+                proxy.log.append((self.command, self.path, str(resp.status)))
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_PATCH = do_PUT = do_DELETE = do_GET
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}{parts.path}"
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def busy(self, n: int, retry_after: str = "1") -> None:
+        with self._lock:
+            self._busy += [retry_after] * n
+
+    def lose_answer(self, method: str, path_regex: str) -> None:
+        import re
+
+        with self._lock:
+            self._lose.append((method, re.compile(path_regex)))
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

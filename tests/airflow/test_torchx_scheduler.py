@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from netlib import free_port
+from netlib import FaultyProxy, free_port
 from proclib import procs_with_env, wait_for
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,7 @@ def test_echo_runs_as_a_dag_run_of_the_generic_dag_with_logs_and_status(airflow,
     # the argument reached the process as data: no shell, no Jinja rendering
     assert any("[echo/0] hi-$(id)-{{ ds }}" in line for line in lines), lines[-20:]
     assert all(line.endswith("\n") for line in lines)
+    assert not [line for line in lines if line.startswith("[torchstep-agent ") and " INFO] " in line]  # in agent.log
     run = airflow.call("GET", f"/api/v2/dags/torchstep_torchx/dagRuns/{app_id.split(':', 1)[1]}")
     assert run["conf"]["app"]["roles"][0]["args"] == ["hi-$(id)-{{ ds }}"] and run["conf"]["target"] == "local"
     assert any(a.app_id == app_id and a.state == AppState.SUCCEEDED for a in runner.list("airflow"))
@@ -119,3 +120,22 @@ def test_submit_errors_name_the_option_and_the_fix(airflow, runner):
     with pytest.raises(Exception, match="cannot reach the Airflow API"):
         runner.run_component("utils.echo", ["--msg", "x"], scheduler="airflow",
                              cfg={"endpoint": f"http://127.0.0.1:{free_port()}"})  # fmt: skip
+
+
+def test_a_busy_api_and_a_lost_answer_neither_fail_nor_repeat_a_submission(airflow, runner):
+    from torchx.specs import AppState
+
+    proxy = FaultyProxy(airflow.url)  # between the scheduler and the real api-server
+    try:
+        proxy.busy(1, retry_after="1")  # 503: waited for
+        proxy.lose_answer("POST", r"/dagRuns$")  # the DAG run is made, its answer never arrives
+        handle = runner.run_component("utils.echo", ["--msg", "once"], scheduler="airflow", cfg={"endpoint": proxy.url})
+        dag_run_id = handle.rsplit(":", 1)[1]
+        assert proxy.log[0][2] == "busy"
+        posts = [what for method, path, what in proxy.log if method == "POST" and path.endswith("/dagRuns")]
+        assert posts[0].startswith("answer 2") and posts[0].endswith(" lost") and posts[1:] == ["409"]
+        runs = airflow.call("GET", "/api/v2/dags/torchstep_torchx/dagRuns?limit=1000")["dag_runs"]
+        assert [r["dag_run_id"] for r in runs].count(dag_run_id) == 1  # the retry made no second run
+        assert _wait_final(runner, handle).state == AppState.SUCCEEDED
+    finally:
+        proxy.close()

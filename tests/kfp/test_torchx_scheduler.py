@@ -32,6 +32,7 @@ from torchx.specs import AppState
 
 pytest.importorskip("kfp")
 from torchstep.components.appjson import app_to_dict  # noqa: E402
+from torchstep.schedulers.base import SchedulerError  # noqa: E402
 from torchstep_kfp import torchx_scheduler as ks  # noqa: E402
 
 TOKEN = "tok-3c9f1e7a5b2d4f60a8e1c7d9b3f5a2e4"  # the secret that must never be written anywhere
@@ -302,14 +303,14 @@ def test_another_process_uses_the_record_or_the_environment(fake: FakeKfp, monke
     assert desc is not None and desc.state == AppState.RUNNING
     # a run submitted elsewhere: no record, so $KF_PIPELINES_ENDPOINT
     other = fake.add_run("SUCCEEDED", pipeline_spec={"pipeline_spec": {}, "platform_spec": {}})
-    with pytest.raises(ks.KfpEndpointError, match=r"no record\) and \$KF_PIPELINES_ENDPOINT is unset; fix: export"):
+    with pytest.raises(SchedulerError, match=r"no record\) and \$KF_PIPELINES_ENDPOINT is unset; fix: export"):
         ks.create_scheduler("torchx").describe(other)
     monkeypatch.setenv(ks.ENDPOINT_ENV, fake.url)
     desc = ks.create_scheduler("torchx").describe(other)
     assert desc is not None and desc.state == AppState.SUCCEEDED and desc.roles == []
     # the token variable must exist where the record is used
     monkeypatch.delenv(ks.TOKEN_ENV)
-    with pytest.raises(ks.KfpEndpointError, match=r"token variable \$KF_PIPELINES_TOKEN is not set.*fix: export"):
+    with pytest.raises(SchedulerError, match=r"token variable \$KF_PIPELINES_TOKEN is not set.*fix: export"):
         ks.create_scheduler("torchx").describe(app_id)
 
 
@@ -363,6 +364,29 @@ def test_bad_cfg_is_one_clear_line(env: Path, given: dict[str, Any], message: st
     assert "\n" not in text and "hunter2" not in text and "eyJhbGciOi" not in text and "ghp_16C7" not in text
 
 
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [({"token_env": "KFP_OTHER_TOKEN"}, "cfg['token_env']"),
+     ({"service_account": "Pipeline Runner"}, "cfg['service_account']"),
+     ({"pipeline_root": "gs://bucket/a b"}, "cfg['pipeline_root']"),
+     ({"experiment": "nightly\nrun"}, "cfg['experiment']"),
+     ({"launcher_image": "ghcr.io/a b:1"}, "cfg['launcher_image']"),
+     ({"image": ""}, "cfg['image']"),
+     ({"ui_endpoint": "ui.example.com"}, "cfg['ui_endpoint']")],
+)  # fmt: skip
+def test_the_dry_run_makes_every_check_the_submission_makes(
+    fake: FakeKfp, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], field: str
+) -> None:
+    monkeypatch.setenv(ks.TOKEN_ENV, TOKEN)
+    sched = ks.create_scheduler("torchx")
+    with pytest.raises(SpecError) as dry:
+        sched.submit_dryrun(echo_app(), cfg(fake, **given))
+    with pytest.raises(SpecError) as real:
+        sched.submit(echo_app(), cfg(fake, **given))
+    assert dry.value.field == real.value.field == field and str(dry.value) == str(real.value)
+    assert fake.requests == []  # refused before anything was sent
+
+
 def test_an_appdef_kfp_cannot_express(env: Path) -> None:
     app = echo_app()
     app.roles[0].mounts = [specs.BindMount(src_path="/data", dst_path="/data")]
@@ -373,18 +397,16 @@ def test_an_appdef_kfp_cannot_express(env: Path) -> None:
 def test_endpoint_errors(fake: FakeKfp, monkeypatch: pytest.MonkeyPatch) -> None:
     sched = ks.create_scheduler("torchx")
     down = {"endpoint": f"http://127.0.0.1:{free_port()}"}
-    with pytest.raises(ks.KfpEndpointError, match=r"is unreachable \(health check.*fix: check -cfg endpoint"):
+    with pytest.raises(SchedulerError, match=r"is unreachable \(health check.*fix: check -cfg endpoint"):
         sched.submit(echo_app(), down)
-    with pytest.raises(
-        ks.KfpEndpointError, match=r"refused health check \(HTTP 401\): Unauthenticated.*check the token"
-    ):
+    with pytest.raises(SchedulerError, match=r"refused health check \(HTTP 401\): Unauthenticated.*check the token"):
         sched.submit(echo_app(), {"endpoint": fake.url})  # no token
     monkeypatch.setenv("KFP_OTHER_TOKEN", "wrong-token")
-    with pytest.raises(ks.KfpEndpointError, match=r"HTTP 401.*\$KFP_OTHER_TOKEN"):
+    with pytest.raises(SchedulerError, match=r"HTTP 401.*\$KFP_OTHER_TOKEN"):
         sched.submit(echo_app(), {"endpoint": fake.url, "token_env": "KFP_OTHER_TOKEN"})
     fake.healthz_html = True
     monkeypatch.setenv(ks.TOKEN_ENV, TOKEN)
-    with pytest.raises(ks.KfpEndpointError, match=r"did not answer as the KFP API.*a login page"):
+    with pytest.raises(SchedulerError, match=r"did not answer as the KFP API.*a login page"):
         ks.create_scheduler("torchx").submit(echo_app(), cfg(fake))
     assert not fake.sent("POST", "/apis/v2beta1/runs")
 

@@ -37,8 +37,9 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
 
-    def torchx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TORCHX, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    def torchx(*args: str, timeout: float = 120, **more_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([TORCHX, *args], cwd=tmp_path, env={**env, **more_env}, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
 
     return torchx
 
@@ -68,9 +69,27 @@ def test_echo_runs_detached_and_status_log_and_list_work_from_other_processes(cl
     app_id = handle.rsplit("/", 1)[1]
     log = cli("log", f"{handle}/echo/0")
     assert log.returncode == 0, log.stderr
-    assert "[echo/0] hi $(id) {{ ds }}" in log.stdout  # as data: no shell, no template
+    assert log.stdout == "echo/0 hi $(id) {{ ds }}\n"  # as data: no shell, no template; prefixed once
     listed = cli("list", "-s", "torchstep_local")
     assert app_id in listed.stdout and "SUCCEEDED" in listed.stdout
+
+
+def test_log_shows_the_app_lines_as_local_cwd_does_and_leaves_the_agent_lines_in_its_log(cli, tmp_path: Path) -> None:
+    handle = handle_of(cli("run", "-s", "torchstep_local", "utils.echo", "--msg", "hello"))
+    assert wait_final(cli, handle) == "SUCCEEDED"
+    ours = cli("log", handle)
+    assert ours.returncode == 0 and ours.stdout == "echo/0 hello\n", ours.stdout + ours.stderr
+    # TorchX's own local scheduler gives the same line for the same component
+    from torchx.runner import get_runner
+
+    with get_runner() as runner:
+        theirs = runner.run_component("utils.echo", ["--msg", "hello"], "local_cwd", cfg={"log_dir": str(tmp_path)})
+        runner.wait(theirs, wait_interval=0.1)
+        assert list(runner.log_lines(theirs, "echo", 0)) == list(runner.log_lines(handle, "echo", 0)) == ["hello\n"]
+    # the agent's own lines are where they belong: its log beside the console
+    app_id = handle.rsplit("/", 1)[1]
+    agent_log = tmp_path / "state" / "torchstep" / app_id / "echo" / "0" / "agent.log"
+    assert "effective settings" in agent_log.read_text()
 
 
 def test_a_2x2_ddp_job_runs_every_rank_and_logs_per_replica(cli) -> None:
@@ -84,6 +103,8 @@ def test_a_2x2_ddp_job_runs_every_rank_and_logs_per_replica(cli) -> None:
     ]  # fmt: skip
     one = cli("log", f"{handle}/train/1").stdout
     assert one.count("] rank ") == 2  # replica 1's two ranks only
+    # two ranks in one replica: each line keeps the rank that wrote it; no line of the agent's
+    assert all(line.startswith("train/1 [train/") for line in one.splitlines()), one
     assert cli("log", f"{handle}/nope").returncode != 0
 
 
@@ -120,6 +141,24 @@ def test_a_killed_supervisor_is_reported_failed_and_leaves_no_process(cli, tmp_p
     wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "the app's processes to die", 0.2)
     assert state(cli, handle) == "FAILED"
     assert "ended without a result" in cli("status", handle).stdout
+
+
+@pytest.mark.parametrize("dryrun", [True, False], ids=["dryrun", "run"])
+def test_what_this_machine_cannot_run_is_refused_by_the_dry_run_before_anything_starts(
+    cli, tmp_path: Path, dryrun: bool
+) -> None:
+    run = ["run", *(["--dryrun"] if dryrun else []), "-s", "torchstep_local"]
+    out = cli(*run, "dist.spmd", "--script", "train.py", CUDA_VISIBLE_DEVICES="")  # one GPU asked, none here
+    assert out.returncode != 0
+    assert "SpecError: roles[0].resource.gpu (target 'local')" in out.stderr and "fix:" in out.stderr
+    assert not (tmp_path / "state" / "torchstep" / "torchx" / "torchstep_local").exists()  # nothing submitted
+    # a log directory another user owns: refused before the run, as the run itself would
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 12345, 12345)
+    out = cli(*run, "-cfg", f"log_dir={theirs}", "utils.echo", "--msg", "x")
+    assert out.returncode != 0 and "SpecError: log_dir (target 'local')" in out.stderr, out.stderr[-2000:]
+    assert "owned by uid 12345" in out.stderr
 
 
 def test_records_are_private_and_a_bad_option_or_handle_is_a_clear_error(cli, tmp_path: Path) -> None:

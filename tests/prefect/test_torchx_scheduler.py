@@ -13,19 +13,21 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from netlib import free_port
+from netlib import FaultyProxy, free_port
 from proclib import procs_with_env, wait_for
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("prefect")
 
 from torchstep.errors import SpecError  # noqa: E402
+from torchstep.schedulers.base import SchedulerError  # noqa: E402
 from torchstep_prefect import torchx_scheduler as ts  # noqa: E402
 from torchx.runner import get_runner  # noqa: E402
 from torchx.specs import AppDef, AppState, Role, is_terminal  # noqa: E402
@@ -105,6 +107,7 @@ def test_cfg_errors_name_the_option_and_the_fix(cfg: dict[str, Any], match: str)
 @pytest.mark.parametrize(
     ("cfg", "secret"),
     [({"api_key_env": "pnu_0123456789abcdef"}, "pnu_0123456789abcdef"),
+     ({"auth_string_env": "admin:hunter2"}, "hunter2"),
      ({"endpoint": "https://admin:hunter2@prefect.example/api"}, "hunter2")],
 )  # fmt: skip
 def test_a_secret_given_in_cfg_is_refused_and_never_echoed(cfg: dict[str, Any], secret: str) -> None:
@@ -121,9 +124,29 @@ def test_credentials_come_from_the_named_variables_and_an_unset_one_is_an_error(
     assert ts.PrefectAPI(ECHO_API, "TEAM_PREFECT_KEY").headers == {"Authorization": "Bearer pnu_abc"}
     monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:pass")  # as Prefect's client: Basic auth wins
     assert ts.PrefectAPI(ECHO_API, "TEAM_PREFECT_KEY").headers == {"Authorization": "Basic YWRtaW46cGFzcw=="}
-    with pytest.raises(ts.PrefectAPIError, match=r"cfg\['api_key_env'\] names \$MISSING_KEY, which is not set"):
+    with pytest.raises(SpecError, match=r"cfg\['api_key_env'\]: the variable \$MISSING_KEY is not set"):
         get_runner().run_component("utils.echo", ["--msg", "hi"], "prefect",
                                    cfg={"endpoint": ECHO_API, "api_key_env": "MISSING_KEY"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [({"endpoint": ECHO_API, "api_key_env": "TEAM_KEY"}, r"cfg\['api_key_env'\]: the variable \$TEAM_KEY is not set"),
+     ({"endpoint": ECHO_API, "auth_string_env": "TEAM_AUTH"}, r"cfg\['auth_string_env'\]: the variable \$TEAM_AUTH"),
+     ({}, r"cfg\['endpoint'\]: no Prefect API to submit to")],
+)  # fmt: skip
+def test_the_dry_run_makes_every_check_the_submission_makes(
+    monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any], match: str
+) -> None:
+    # before: the dry run printed a request that the submission then refused
+    import types
+
+    import prefect.settings
+
+    no_url = types.SimpleNamespace(api=types.SimpleNamespace(url=None))
+    monkeypatch.setattr(prefect.settings, "get_current_settings", lambda: no_url)
+    with pytest.raises(SpecError, match=match):
+        get_runner().dryrun_component("utils.echo", ["--msg", "hi"], "prefect", cfg=cfg)
 
 
 def test_torchx_cli_dryrun_shows_the_request() -> None:
@@ -144,12 +167,10 @@ def test_submit_without_an_endpoint_or_to_a_dead_server_says_how_to_fix_it(monke
     no_url = types.SimpleNamespace(api=types.SimpleNamespace(url=None))
     monkeypatch.setattr(prefect.settings, "get_current_settings", lambda: no_url)
     runner = get_runner()
-    with pytest.raises(
-        ts.PrefectAPIError, match=r"no Prefect API to submit to; fix: .*-cfg endpoint=.*PREFECT_API_URL"
-    ):
+    with pytest.raises(SpecError, match=r"no Prefect API to submit to; fix: .*-cfg endpoint=.*PREFECT_API_URL"):
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect")
     dead = f"http://127.0.0.1:{free_port()}/api"
-    with pytest.raises(ts.PrefectAPIError, match=r"cannot reach the Prefect API at .*fix: start the server"):
+    with pytest.raises(SchedulerError, match=r"cannot reach the Prefect API at .*fix: start the server"):
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": dead})
 
 
@@ -276,6 +297,25 @@ def _final(handle: str, timeout: float = 120) -> Any:
     return wait_for(done, timeout, f"{handle} to end", interval=0.5)
 
 
+def _http(method: str, url: str, **kwargs: Any) -> Any:
+    """The test's own call of the Prefect API, waiting as the scheduler's client does
+    (:class:`~torchstep.schedulers.rest.RetryPolicy`): the server answers 503 while its
+    SQLite is busy, and 429/502 are as passing. Only those answers are retried: the server
+    did not do the request."""
+    from torchstep.schedulers.rest import RetryPolicy, retry_after
+
+    policy = RetryPolicy()
+    retry = 0
+    while True:
+        r = httpx.request(method, url, timeout=30, **kwargs)
+        retry += 1
+        busy = r.status_code in policy.statuses
+        wait = policy.wait(retry, retry_after(r.headers.get("Retry-After"))) if busy else None
+        if wait is None:
+            return r
+        time.sleep(wait)
+
+
 @pytest.mark.slow
 def test_echo_runs_as_a_flow_run_and_status_log_list_work_from_other_processes(api: str, tmp_path: Path) -> None:
     word = f"hi-{uuid.uuid4().hex[:6]}"
@@ -313,7 +353,7 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
     assert _final(handle, 60).state == AppState.CANCELLED
     wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 60, "no process of the cancelled app")
     run_id = ts.records.load("prefect", handle.rsplit("/", 1)[1])["flow_run_id"]  # type: ignore[index]
-    wait_for(lambda: httpx.get(f"{api}/flow_runs/{run_id}").json()["state"]["type"] == "CANCELLED", 60, "Cancelled")
+    wait_for(lambda: _http("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"] == "CANCELLED", 60, "Cancelled")
     follower.join(timeout=60)
     assert not follower.is_alive(), "log_lines(should_tail=True) did not end with the run"
     assert any("sleeping 600.0 s" in line for line in followed)
@@ -322,11 +362,10 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
 
 @pytest.mark.slow
 def test_a_broken_appdef_fails_the_flow_run_at_once_naming_the_field(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    dep = httpx.get(f"{api}/deployments/name/torchstep-torchx/torchx", timeout=10).json()
+    dep = _http("GET", f"{api}/deployments/name/torchstep-torchx/torchx").json()
     name = f"broken-{uuid.uuid4().hex[:6]}"
     app = {"version": 1, "name": "broken", "roles": [{"name": "w", "image": "", "entrypoint": ["sh", "-c"]}]}
-    r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run",
-                   json={"name": name, "parameters": {"app": app}}, timeout=10)  # fmt: skip
+    r = _http("POST", f"{api}/deployments/{dep['id']}/create_flow_run", json={"name": name, "parameters": {"app": app}})
     assert r.status_code == 201, r.text
     monkeypatch.setenv("PREFECT_API_URL", api)  # no record: found by name
     sched = ts.create_scheduler("t")
@@ -338,17 +377,17 @@ def test_a_broken_appdef_fails_the_flow_run_at_once_naming_the_field(api: str, m
     desc = wait_for(ended, 120, "the broken run", interval=0.5)
     assert desc.state == AppState.FAILED
     assert "SpecError: app.roles[0].entrypoint (target 'local'): must be a string, got list" in desc.msg
-    assert httpx.get(f"{api}/flow_runs/{r.json()['id']}", timeout=10).json()["run_count"] == 1  # never retried
+    assert _http("GET", f"{api}/flow_runs/{r.json()['id']}").json()["run_count"] == 1  # never retried
 
 
 @pytest.mark.slow
 def test_submission_errors_against_a_real_server_say_what_to_do(api: str) -> None:
     runner = get_runner()
-    with pytest.raises(ts.PrefectAPIError, match=r"no deployment 'torchstep-torchx/nope' at .*fix: serve it "
+    with pytest.raises(SchedulerError, match=r"no deployment 'torchstep-torchx/nope' at .*fix: serve it "
                        r"\(`python -m torchstep_prefect.torchx_flow serve --name torchx`"):  # fmt: skip
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect",
                              cfg={"endpoint": api, "deployment": "torchstep-torchx/nope"})  # fmt: skip
-    with pytest.raises(ts.PrefectAPIError, match=r"not associated with a work pool.*fix: drop -cfg queue"):
+    with pytest.raises(SchedulerError, match=r"not associated with a work pool.*fix: drop -cfg queue"):
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": api, "queue": "gpu"})
     assert runner.list("prefect") == []  # nothing was recorded for the refused submissions
 
@@ -358,9 +397,9 @@ def test_a_work_pool_deployment_gets_the_queue_and_tags_and_a_waiting_run_cancel
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     for path, body in ((f"{api}/work_pools/", {"name": pool, "type": "process"}),
                        (f"{api}/work_pools/{pool}/queues", {"name": "gpu"})):  # fmt: skip
-        assert httpx.post(path, json=body, timeout=10).status_code == 201
-    flow_id = httpx.post(f"{api}/flows/", json={"name": "torchstep-torchx"}, timeout=10).json()["id"]
-    r = httpx.post(f"{api}/deployments/", timeout=10, json={
+        assert _http("POST", path, json=body).status_code == 201
+    flow_id = _http("POST", f"{api}/flows/", json={"name": "torchstep-torchx"}).json()["id"]
+    r = _http("POST", f"{api}/deployments/", json={
         "name": pool, "flow_id": flow_id, "work_pool_name": pool, "entrypoint": "torchstep_prefect.torchx_flow.torchx_app",
     })  # fmt: skip
     assert r.status_code in (200, 201), r.text
@@ -368,9 +407,30 @@ def test_a_work_pool_deployment_gets_the_queue_and_tags_and_a_waiting_run_cancel
     handle = runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={
         "endpoint": api, "deployment": f"torchstep-torchx/{pool}", "queue": "gpu", "tags": ["nightly"]})  # fmt: skip
     record = ts.records.load("prefect", handle.rsplit("/", 1)[1])
-    run = httpx.get(f"{api}/flow_runs/{record['flow_run_id']}", timeout=10).json()  # type: ignore[index]
+    run = _http("GET", f"{api}/flow_runs/{record['flow_run_id']}").json()  # type: ignore[index]
     assert run["work_queue_name"] == "gpu" and "nightly" in run["tags"]
     assert runner.status(handle).state == AppState.SUBMITTED  # type: ignore[union-attr]  # no worker polls the pool
     runner.cancel(handle)
     assert runner.status(handle).state == AppState.CANCELLED  # type: ignore[union-attr]
-    assert httpx.get(f"{api}/flow_runs/{run['id']}", timeout=10).json()["state"]["type"] == "CANCELLED"
+    assert _http("GET", f"{api}/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED"
+
+
+@pytest.mark.slow
+def test_a_busy_server_and_a_lost_answer_neither_fail_nor_repeat_a_submission(api: str) -> None:
+    proxy = FaultyProxy(api)  # between the scheduler and the real server
+    try:
+        proxy.busy(2, retry_after="1")  # 503 while the server's SQLite is busy: waited for
+        proxy.lose_answer("POST", r"/create_flow_run$")  # the run is made, its answer never arrives
+        runner = get_runner()
+        handle = runner.run_component("utils.echo", ["--msg", "once"], "prefect", cfg={"endpoint": proxy.url})
+        app_id = handle.rsplit("/", 1)[1]
+        assert [what for _, _, what in proxy.log[:2]] == ["busy", "busy"]
+        creates = [what for _, path, what in proxy.log if path.endswith("/create_flow_run")]
+        assert creates == ["answer 201 lost", "200"]  # retried with the same idempotency key: the same run
+        body = {"flow_runs": {"name": {"any_": [app_id]}}}
+        runs = _http("POST", f"{api}/flow_runs/filter", json=body).json()
+        assert len(runs) == 1 and ts.records.load("prefect", app_id)["flow_run_id"] == runs[0]["id"]  # type: ignore[index]
+        proxy.busy(1)
+        assert _final(handle).state == AppState.SUCCEEDED  # status through the proxy, busy once more
+    finally:
+        proxy.close()

@@ -2,8 +2,10 @@
 generic DAG (:mod:`torchstep_airflow.torchx_dag`), through Airflow's REST API.
 
 * ``submit``: ``POST /api/v2/dags/<dag_id>/dagRuns`` with the conf ``{"app": <AppDef as
-  JSON>, "target": ..., "cfg": ...}``; the dry run prints exactly that request. The app
-  id is ``<dag_id>:<dag_run_id>``.
+  JSON>, "target": ..., "cfg": ...}``; the dry run prints exactly that request, after every
+  check the task will make of it (the AppDef and ``step_cfg`` for the target). The app id is
+  ``<dag_id>:<dag_run_id>``; the ``dag_run_id`` is chosen here, so a submission whose answer
+  was lost is retried without a second run.
 * ``status``: the DAG run's state (``queued`` → PENDING, ``running`` → RUNNING,
   ``success`` → SUCCEEDED, ``failed`` → FAILED, or CANCELLED when ``torchx cancel`` failed
   it), the task's try number as restarts, and the step result's root cause as message.
@@ -27,18 +29,17 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
+import re
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.schedulers import base, records
-from torchx.schedulers.api import DescribeAppResponse, Stream
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
+from torchstep.schedulers import base, records, rest
+from torchx.schedulers.api import DescribeAppResponse
+from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus
 
 BACKEND = "airflow"
 #: Environment variable read when ``-cfg endpoint`` is not given.
@@ -47,87 +48,107 @@ CANCEL_NOTE = "cancelled by torchx"
 #: The generic DAG's default id and its one task (:mod:`torchstep_airflow.torchx_dag`).
 DAG_ID = "torchstep_torchx"
 TASK_ID = "app"
+#: Airflow's rule for a DAG id (``airflow.utils.helpers.KEY_REGEX``, at most 250 characters).
+_DAG_ID = re.compile(r"[\w.-]{1,250}", re.ASCII)
 _STATES = {
     "queued": AppState.PENDING,
     "running": AppState.RUNNING,
     "success": AppState.SUCCEEDED,
     "failed": AppState.FAILED,
 }
-_TASK_RUNNING = {"up_for_retry", "up_for_reschedule", "deferred", "restarting"}
 
-# name -> (type, default, help)
-_OPTS: dict[str, tuple[Any, Any, str]] = {
+
+# -- options ----------------------------------------------------------------------------
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "endpoint": (str, None, f"Airflow API server URL, e.g. http://127.0.0.1:8080 (default: ${ENDPOINT_ENV})"),
     "dag_id": (str, DAG_ID, "the generic DAG (python -m torchstep_airflow.torchx_dag DAGS_FOLDER)"),
     "queue": (str, None, "executor queue: runs DAG <dag_id>_<queue>, deployed with torchx_dag(queue=...)"),
     "target": (str, "local", "where the task runs the app: local (in the Airflow worker) or kubernetes"),
     "namespace": (str, None, "Kubernetes namespace (target kubernetes)"),
     "step_cfg": (dict, None, "options of the target (torchstep runopts local|kubernetes), k:v;k2:v2"),
-    "token_env": (str, "AIRFLOW_API_TOKEN", "environment variable holding a bearer token (the token is never stored)"),
+    "token_env": (str, "AIRFLOW_API_TOKEN", "NAME of the environment variable holding a bearer token (never the "
+                  "token itself)"),
     "username": (str, None, "user for POST /auth/token (password from password_env)"),
-    "password_env": (str, "AIRFLOW_PASSWORD", "environment variable holding the password of username"),
+    "password_env": (str, "AIRFLOW_PASSWORD", "NAME of the environment variable holding the password of username"),
     "timeout": (float, 30.0, "seconds per API request"),
-}
+}  # fmt: skip
 
 
-class AirflowApiError(RuntimeError):
-    """An Airflow API call failed; the message says which call and what to do."""
-
-
-@dataclass
-class Api:
-    """The few Airflow REST calls the scheduler makes (urllib: no extra dependency)."""
+@dataclass(frozen=True)
+class AirflowOptions:
+    """The checked ``cfg`` of one submission (see :data:`OPTIONS`)."""
 
     endpoint: str
+    dag_id: str = DAG_ID
+    queue: str | None = None
+    target: str = "local"
+    namespace: str | None = None
+    step_cfg: Mapping[str, str] = field(default_factory=dict)
     token_env: str = "AIRFLOW_API_TOKEN"
     username: str | None = None
     password_env: str = "AIRFLOW_PASSWORD"
     timeout: float = 30.0
-    _token: str | None = field(default=None, repr=False)
 
-    def call(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        req = urllib.request.Request(self.endpoint.rstrip("/") + path, method=method)
-        req.add_header("Content-Type", "application/json")
-        req.add_header("Accept", "application/json")
-        if auth:
-            req.add_header("Authorization", f"Bearer {self.token()}")
-        data = json.dumps(body).encode() if body is not None else None
-        try:
-            with urllib.request.urlopen(req, data=data, timeout=self.timeout) as resp:
-                text = resp.read().decode()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:500]
-            if e.code in (401, 403):
-                raise AirflowApiError(
-                    f"airflow: {method} {path}: not authorized ({e.code}); fix: export a token in "
-                    f"${self.token_env}, or set -cfg username=... with the password in ${self.password_env}"
-                ) from None
-            raise AirflowApiError(f"airflow: {method} {path}: HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise AirflowApiError(
-                f"airflow: cannot reach the Airflow API at {self.endpoint} ({reason}); "
-                f"fix: start `airflow api-server`, or set -cfg endpoint=... (or ${ENDPOINT_ENV})"
-            ) from None
-        return json.loads(text) if text else {}
-
-    def token(self) -> str:
-        if self._token is None:
-            if os.environ.get(self.token_env):
-                self._token = os.environ[self.token_env]
-            elif self.username:
-                password = os.environ.get(self.password_env)
-                if not password:
-                    raise AirflowApiError(
-                        f"airflow: -cfg username={self.username} needs its password in ${self.password_env}"
-                    )
-                got = self.call("POST", "/auth/token", {"username": self.username, "password": password}, auth=False)
-                self._token = got["access_token"]
-            else:  # simple auth manager with all_admins (development)
-                self._token = self.call("GET", "/auth/token", auth=False)["access_token"]
-        return self._token
+    @property
+    def api(self) -> dict[str, Any]:
+        """How to call the API: what the record keeps (variable names, never their values)."""
+        return {"token_env": self.token_env, "username": self.username, "password_env": self.password_env,
+                "timeout": self.timeout}  # fmt: skip
 
 
+def resolve(cfg: Mapping[str, Any]) -> AirflowOptions:
+    """``cfg`` (typed, or strings as ``-cfg`` gives them) checked: a SpecError naming
+    ``cfg['<key>']`` and the fix otherwise; a credential is never echoed."""
+    opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=None)
+    opts["endpoint"] = base.endpoint(
+        opts["endpoint"] or os.environ.get(ENDPOINT_ENV), api="Airflow API", target=None,
+        fix=f"-cfg endpoint=http://HOST:PORT (or export {ENDPOINT_ENV}); credentials go in token_env / password_env",
+    )  # fmt: skip
+    base.check_step_target(opts["target"], opts["namespace"])
+    for key, dag_id in (("dag_id", opts["dag_id"]), ("queue", dag_id_for(opts["queue"], opts["dag_id"]))):
+        if not _DAG_ID.fullmatch(dag_id):
+            raise SpecError(f"cfg[{key!r}]", None, f"{opts[key]!r} does not make a valid DAG id",
+                            fix="letters, digits, '_', '.' and '-' only (as the DAG deployed with torchx_dag)")  # fmt: skip
+    for key in ("token_env", "password_env"):
+        base.check_secret_var(opts, key, default=OPTIONS[key][1], target=None)
+    if opts["username"] is not None:
+        if not opts["username"].isprintable():
+            raise SpecError("cfg['username']", None, "must be a printable user name", fix="-cfg username=USER")
+        if base.secret(opts["token_env"]) is None and base.secret(opts["password_env"]) is None:
+            raise SpecError("cfg['username']", None, f"needs its password in ${opts['password_env']}, which is not set",
+                            fix=f"export {opts['password_env']}=<the password> (or name another with password_env)")  # fmt: skip
+    base.check_seconds(opts["timeout"], "timeout", target=None)
+    opts["step_cfg"] = dict(opts["step_cfg"] or {})
+    if opts["namespace"] not in (None, opts["step_cfg"].get("namespace", opts["namespace"])):
+        raise SpecError("cfg['namespace']", None, f"{opts['namespace']!r} conflicts with step_cfg's namespace "
+                        f"{opts['step_cfg']['namespace']!r}", fix="give the namespace once")  # fmt: skip
+    return AirflowOptions(**opts)
+
+
+def dag_id_for(queue: str | None = None, dag_id: str = DAG_ID) -> str:
+    """The DAG id serving ``queue`` (``torchstep_torchx_<queue>``; the plain id without one)."""
+    return f"{dag_id}_{queue}" if queue else dag_id
+
+
+def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str) -> None:
+    """What the generic DAG's task checks of its ``cfg`` before it starts the step: the
+    target's options, with the task's own step made here and never run; a SpecError naming
+    ``cfg['step_cfg'][<key>]`` otherwise."""
+    from torchstep.plan.planner import build_plan
+    from torchstep.steps import KubernetesStep, LocalStep
+
+    try:
+        if target == "local":
+            LocalStep(app, run_id=run_id, cfg=cfg)
+        else:
+            KubernetesStep(build_plan(app, "kubernetes"), run_id=run_id, cfg=cfg)
+    except SpecError as e:
+        if not e.field.startswith("cfg["):
+            raise
+        raise SpecError("cfg['step_cfg']" + e.field.removeprefix("cfg"), e.target, e.problem, fix=e.fix) from None
+
+
+# -- the request and the API ------------------------------------------------------------
 @dataclass
 class AirflowRequest:
     """The native request: the DAG run to create (what the dry run prints)."""
@@ -142,96 +163,108 @@ class AirflowRequest:
         return f"{path}\n{json.dumps(self.body, indent=2, sort_keys=True)}"
 
 
-def dag_id_for(queue: str | None = None, dag_id: str = DAG_ID) -> str:
-    """The DAG id serving ``queue`` (``torchstep_torchx_<queue>``; the plain id without one)."""
-    return f"{dag_id}_{queue}" if queue else dag_id
+class AirflowAPI(rest.RestClient):
+    """The Airflow REST API (``/api/v2``) with the credentials the named variables hold:
+    a bearer token, else a token for ``username`` from ``POST /auth/token``, else one from
+    ``GET /auth/token`` (simple auth manager, ``all_admins``)."""
+
+    backend = BACKEND
+    api = "Airflow API"
+
+    def __init__(
+        self,
+        endpoint: str,
+        token_env: str = "AIRFLOW_API_TOKEN",
+        username: str | None = None,
+        password_env: str = "AIRFLOW_PASSWORD",
+        timeout: float = 30.0,
+    ) -> None:
+        super().__init__(endpoint, timeout=timeout)
+        self.token_env, self.username, self.password_env = token_env, username, password_env
+
+    def unreachable_fix(self) -> str:
+        return f"start `airflow api-server`, or set -cfg endpoint=... (or ${ENDPOINT_ENV})"
+
+    def auth_fix(self) -> str:
+        return (
+            f"export a token in ${self.token_env}, or set -cfg username=... with the password in ${self.password_env}"
+        )
+
+    def auth_headers(self) -> dict[str, str]:
+        if not self.headers:
+            token = base.secret(self.token_env)
+            if token is None and self.username:
+                password = base.secret(self.password_env)
+                if password is None:
+                    raise base.SchedulerError(f"airflow: -cfg username={self.username} needs its password in "
+                                              f"${self.password_env}, which is not set in this process")  # fmt: skip
+                body = {"username": self.username, "password": password}
+                token = self.call("POST", "/auth/token", body, auth=False, idempotent=True)["access_token"]
+            elif token is None:  # simple auth manager with all_admins (development)
+                token = self.call("GET", "/auth/token", auth=False)["access_token"]
+            self.headers["Authorization"] = f"Bearer {token}"
+        return self.headers
 
 
-def _quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="")
-
-
+# -- the scheduler ----------------------------------------------------------------------
 class AirflowScheduler(base.TorchstepScheduler):
     """The ``airflow`` TorchX scheduler (see the module docstring)."""
 
-    unreachable = (AirflowApiError,)
-
-    def __init__(self, session_name: str, **_: Any) -> None:
-        super().__init__(BACKEND, session_name)
-
-    def _run_opts(self) -> runopts:
-        from torchstep.plan.options import to_runopts
-
-        return to_runopts(_OPTS)
-
-    def _options(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
-        from torchstep.plan.options import parse_options
-
-        opts = {k: v for k, v in _OPTS.items() if v[1] is not None}
-        out = {k: v[1] for k, v in opts.items()}
-        out.update(parse_options({k: v for k, v in cfg.items() if v is not None}, _OPTS, target=BACKEND))
-        out["endpoint"] = out.get("endpoint") or os.environ.get(ENDPOINT_ENV)
-        fix = f"-cfg endpoint=http://HOST:PORT (or export {ENDPOINT_ENV}); credentials go in token_env / password_env"
-        if not out["endpoint"]:
-            raise SpecError("cfg['endpoint']", BACKEND, "no Airflow API server given", fix=fix)
-        out["endpoint"] = base.check_endpoint(out["endpoint"], "cfg['endpoint']", BACKEND, fix=fix)
-        if out["target"] not in ("local", "kubernetes"):
-            raise SpecError("cfg['target']", BACKEND, f"unknown target {out['target']!r}", fix="local or kubernetes")
-        return out
+    BACKEND = BACKEND
+    OPTIONS = OPTIONS
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
-        opts = self._options(cfg)
-        step_cfg = dict(opts.get("step_cfg") or {})
-        if opts.get("namespace"):
-            if opts["target"] != "kubernetes":
-                raise SpecError("cfg['namespace']", BACKEND, "only the kubernetes target has one", fix="drop it")
-            step_cfg["namespace"] = opts["namespace"]
-        conf = {"app": base.app_payload(app, opts["target"]), "target": opts["target"], "cfg": step_cfg}
-        body = {"dag_run_id": base.new_app_id(app.name), "logical_date": None, "conf": conf, "note": "torchx run"}
-        api = {k: opts.get(k) for k in ("token_env", "username", "password_env", "timeout")}
-        request = AirflowRequest(opts["endpoint"], dag_id_for(opts.get("queue"), opts["dag_id"]), body, api)
-        return AppDryRunInfo(request, str)
+        opts = resolve(cfg)
+        run_id = base.new_app_id(app.name)
+        step_cfg = {**opts.step_cfg, **({"namespace": opts.namespace} if opts.namespace else {})}
+        conf = {"app": base.app_payload(app, opts.target), "target": opts.target, "cfg": step_cfg}
+        check_step_cfg(app, opts.target, step_cfg, run_id)
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": "torchx run"}
+        return AppDryRunInfo(AirflowRequest(opts.endpoint, dag_id_for(opts.queue, opts.dag_id), body, opts.api), str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         req: AirflowRequest = dryrun_info.request
-        api = Api(req.endpoint, **req.api)
-        try:
-            dag = api.call("GET", f"/api/v2/dags/{_quote(req.dag_id)}")
-        except AirflowApiError as e:
-            if "HTTP 404" in str(e):
-                raise AirflowApiError(
-                    f"airflow: the DAG {req.dag_id} is not deployed at {req.endpoint}; fix: "
-                    "python -m torchstep_airflow.torchx_dag DAGS_FOLDER (or torchx_dag(queue=...) for a queue)"
-                ) from None
-            raise
+        api = AirflowAPI(req.endpoint, **req.api)
+        dag = api.call("GET", f"/api/v2/dags/{_quote(req.dag_id)}", ok404=True)
+        if dag is None:
+            raise base.SchedulerError(
+                f"airflow: the DAG {req.dag_id} is not deployed at {req.endpoint}; fix: "
+                "python -m torchstep_airflow.torchx_dag DAGS_FOLDER (or torchx_dag(queue=...) for a queue)"
+            )
         if dag.get("is_paused"):
-            raise AirflowApiError(f"airflow: the DAG {req.dag_id} is paused; fix: airflow dags unpause {req.dag_id}")
-        run = api.call("POST", f"/api/v2/dags/{_quote(req.dag_id)}/dagRuns", req.body)
+            raise base.SchedulerError(
+                f"airflow: the DAG {req.dag_id} is paused; fix: airflow dags unpause {req.dag_id}"
+            )
+        runs = f"/api/v2/dags/{_quote(req.dag_id)}/dagRuns"
+        run_id = req.body["dag_run_id"]
+
+        def ours() -> Any:  # an earlier try made it (its answer was lost): the same run, not a second one
+            run = api.call("GET", f"{runs}/{_quote(run_id)}")
+            if run.get("conf") != req.body["conf"]:
+                raise base.SchedulerError(f"airflow: a DAG run {run_id} exists already and is not this submission; "
+                                          "fix: submit again (a new run id)")  # fmt: skip
+            return run
+
+        run = api.call("POST", runs, req.body, idempotent=True, on_conflict=ours)
         app_id = f"{req.dag_id}:{run['dag_run_id']}"
-        records.save(
-            BACKEND,
-            app_id,
-            {"endpoint": req.endpoint, "dag_id": req.dag_id, "dag_run_id": run["dag_run_id"], "api": req.api},
-        )
+        record = {"endpoint": req.endpoint, "dag_id": req.dag_id, "dag_run_id": run["dag_run_id"], "api": req.api}
+        records.save(BACKEND, app_id, record)
         return app_id
 
     # -- reading state ---------------------------------------------------------------------
-    def _locate(self, app_id: str) -> tuple[Api, str] | None:
+    def _locate(self, app_id: str) -> tuple[AirflowAPI, str] | None:
         """The API and the DAG run path of ``app_id`` (from the record; else the endpoint
         of the environment and the id itself, ``<dag_id>:<dag_run_id>``)."""
-        try:
-            rec = records.load(BACKEND, app_id)
-        except ValueError:  # not an id we hand out (a run triggered elsewhere): no record
-            rec = None
+        rec = self._record(app_id)
         if rec is not None:
-            api = Api(rec["endpoint"], **rec.get("api", {}))
+            api = AirflowAPI(rec["endpoint"], **rec.get("api", {}))
             dag_id, run_id = rec["dag_id"], rec["dag_run_id"]
         else:
             dag_id, sep, run_id = app_id.partition(":")
             endpoint = os.environ.get(ENDPOINT_ENV)
             if not sep or not endpoint:
                 return None
-            api = Api(endpoint)
+            api = AirflowAPI(endpoint)
         return api, f"/api/v2/dags/{_quote(dag_id)}/dagRuns/{_quote(run_id)}"
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
@@ -239,30 +272,26 @@ class AirflowScheduler(base.TorchstepScheduler):
         if found is None:
             return None
         api, path = found
-        try:
-            run = api.call("GET", path)
-        except AirflowApiError as e:
-            if "HTTP 404" in str(e):
-                return None
-            raise
+        run = api.call("GET", path, ok404=True)
+        if run is None:
+            return None
         state = _STATES.get(run.get("state"), AppState.UNKNOWN)
         if state == AppState.FAILED and (run.get("note") or "").startswith(CANCEL_NOTE):
             state = AppState.CANCELLED
         ti: dict[str, Any] = {}
         try:
             ti = api.call("GET", f"{path}/taskInstances/{TASK_ID}")
-        except AirflowApiError:
+        except base.SchedulerError:
             pass
         if state == AppState.RUNNING and ti.get("state") in (None, "scheduled", "queued"):
             state = AppState.PENDING  # the run started, the task waits for a worker slot
         msg = ti.get("state") or ""
         if state in (AppState.FAILED, AppState.SUCCEEDED):
             msg = self._result_message(api, path) or msg
-        ui = f"{api.endpoint.rstrip('/')}/dags/{_quote(run.get('dag_id', ''))}/runs/{_quote(run.get('dag_run_id', ''))}"
+        ui = f"{api.endpoint}/dags/{_quote(run.get('dag_id', ''))}/runs/{_quote(run.get('dag_run_id', ''))}"
         resp = base.response(app_id, state, msg, ui_url=ui)
         resp.num_restarts = max(0, int(ti.get("try_number") or 1) - 1)
-        conf = run.get("conf") or {}
-        resp.roles = base.roles_of(conf.get("app"))
+        resp.roles = base.roles_of((run.get("conf") or {}).get("app"))
         resp.roles_statuses = [
             RoleStatus(role.name, [ReplicaStatus(i, state, role.name, "airflow") for i in range(role.num_replicas)])
             for role in resp.roles
@@ -270,13 +299,13 @@ class AirflowScheduler(base.TorchstepScheduler):
         return resp
 
     @staticmethod
-    def _result_message(api: Api, path: str) -> str:
+    def _result_message(api: AirflowAPI, path: str) -> str:
         """The step result's summary (XCom ``return_value``), when the task pushed one."""
         try:
             xcom = api.call("GET", f"{path}/taskInstances/{TASK_ID}/xcomEntries/return_value?deserialize=true")
-        except AirflowApiError:
+        except base.SchedulerError:
             return ""
-        value = xcom.get("value")
+        value = (xcom or {}).get("value")
         if isinstance(value, str):
             try:
                 value = json.loads(value)
@@ -301,24 +330,15 @@ class AirflowScheduler(base.TorchstepScheduler):
         run = api.call("GET", path)
         if run.get("state") in ("success", "failed"):
             return
-        api.call("PATCH", path, {"state": "failed", "note": CANCEL_NOTE})
+        api.call("PATCH", path, {"state": "failed", "note": CANCEL_NOTE}, idempotent=True)
 
-    def log_iter(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
+    def _log_lines(
+        self, app_id: str, role_name: str, k: int, *, since: datetime | None, until: datetime | None, tail: bool
     ) -> Iterable[str]:
         """The Airflow task log of the latest try, the lines of ``role_name``: one task runs
         every replica, so replica 0's log holds every replica's lines (each prefixed
         ``[role/rank]``) and Airflow's own lines go with the first role; a replica ``k > 0``
         gets one line saying so (``torchx log`` asks for every replica in turn)."""
-        base.check_stream(streams, BACKEND)
         found = self._locate(app_id)
         desc = self.describe(app_id) if found else None
         if found is None or desc is None:
@@ -340,9 +360,11 @@ class AirflowScheduler(base.TorchstepScheduler):
             lines = [_log_line(e) for e in log.get("content") or []]
             return list(base.lines_of_role(lines[cursor:], role_name, names)), len(lines)
 
-        return base.select_lines(
-            base.follow(fetch, lambda: self.finished(app_id), tail=should_tail, until=until), regex
-        )
+        return base.follow(fetch, lambda: self.finished(app_id), tail=tail, until=until)
+
+
+def _quote(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
 
 
 def _log_line(entry: Any) -> str:

@@ -26,7 +26,6 @@ import copy
 import dataclasses
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -37,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from torchstep.errors import SpecError
+from torchstep.plan.names import is_dns_subdomain
 from torchstep.schedulers import base, records
-from torchx.schedulers.api import DescribeAppResponse, Stream
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus, runopts
+from torchx.schedulers.api import DescribeAppResponse
+from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus
 
 BACKEND = "kfp"
+TARGET = "kfp"  # the torchstep target the pipeline's step is planned for
 ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # kfp.Client's own variables
 UI_ENDPOINT_ENV = "KF_PIPELINES_UI_ENDPOINT"
 EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"
@@ -58,12 +59,22 @@ STATES: dict[str, tuple[AppState, str]] = {
     "CANCELING": (AppState.CANCELLED, "KFP is stopping the run (CANCELING)"), "CANCELED": (AppState.CANCELLED, ""),
     "PAUSED": (AppState.PENDING, "the run is paused (PAUSED)"),
 }  # fmt: skip
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-class KfpEndpointError(RuntimeError):
-    """The KFP endpoint is missing, unreachable, or refused a call (one line: what and the fix)."""
+# -- options ----------------------------------------------------------------------------
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "endpoint": (str, None, f"KFP API host, https://... (default: ${ENDPOINT_ENV})"),
+    "token_env": (str, None, f"NAME of the environment variable holding a bearer token (default: {TOKEN_ENV}, "
+                  "used when set); never the token itself"),
+    "namespace": (str, None, "KFP multi-user namespace (profile); none: single-user"),
+    "experiment": (str, None, f"experiment name (default: ${EXPERIMENT_ENV} or Default)"),
+    "image": (str, None, "image of every role (must hold torchstep-kfp); default: the AppDef's"),
+    "launcher_image": (str, None, "image of the launcher step of a multi-pod AppDef"),
+    "caching": (bool, False, "let KFP reuse a cached result of the step (training: no)"),
+    "service_account": (str, None, "Kubernetes service account of the run"),
+    "pipeline_root": (str, None, "root URI of the run's outputs (default: KFP's)"),
+    "ui_endpoint": (str, None, f"KFP UI host for links (default: ${UI_ENDPOINT_ENV} or endpoint)"),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +90,10 @@ class Connection:
     def token(self) -> str | None:
         if self.token_env is None:
             return None
-        value = os.environ.get(self.token_env, "")
-        if not value:
-            raise KfpEndpointError(
-                f"kfp: the token variable {_shown(self.token_env)} is not set in this process; "
+        value = base.secret(self.token_env)
+        if value is None:
+            raise base.SchedulerError(
+                f"kfp: the token variable ${self.token_env} is not set in this process; "
                 f"fix: export it (a bearer token for {self.endpoint})"
             )
         return value
@@ -91,6 +102,58 @@ class Connection:
         return f"{self.ui_endpoint or self.endpoint}/#/runs/details/{run_id}"
 
 
+@dataclasses.dataclass(frozen=True)
+class KfpOptions:
+    """The checked ``cfg`` of one submission (see :data:`OPTIONS`)."""
+
+    endpoint: str
+    token_env: str | None = None
+    namespace: str | None = None
+    experiment: str = "Default"
+    image: str | None = None
+    launcher_image: str | None = None
+    caching: bool = False
+    service_account: str | None = None
+    pipeline_root: str | None = None
+    ui_endpoint: str | None = None
+
+    @property
+    def connection(self) -> Connection:
+        return Connection(self.endpoint, self.token_env, self.namespace, self.ui_endpoint)
+
+
+def resolve(cfg: Mapping[str, Any]) -> KfpOptions:
+    """``cfg`` (typed, or strings as ``-cfg`` gives them) and kfp.Client's variables checked:
+    a SpecError naming ``cfg['<key>']`` and the fix otherwise; a token is never echoed."""
+    opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=TARGET)
+    fix = "-cfg {}=https://kfp.example.com (or export {}); a token goes in the variable named by token_env"
+    endpoint = opts["endpoint"] or os.environ.get(ENDPOINT_ENV)
+    opts["endpoint"] = base.endpoint(
+        endpoint, api="KFP endpoint", target=TARGET, fix=fix.format("endpoint", ENDPOINT_ENV)
+    )
+    if ui := opts["ui_endpoint"] or os.environ.get(UI_ENDPOINT_ENV):
+        opts["ui_endpoint"] = base.check_endpoint(
+            ui, "cfg['ui_endpoint']", TARGET, fix=fix.format("ui_endpoint", UI_ENDPOINT_ENV)
+        )
+    base.check_secret_var(opts, "token_env", default=None, target=TARGET)
+    if opts["token_env"] is None and base.secret(TOKEN_ENV):
+        opts["token_env"] = TOKEN_ENV
+    base.check_namespace(opts["namespace"], target=TARGET)
+    opts["experiment"] = opts["experiment"] or os.environ.get(EXPERIMENT_ENV) or "Default"
+    if not opts["experiment"].isprintable():
+        raise SpecError("cfg['experiment']", TARGET, "must be a printable name", fix="-cfg experiment=nightly")
+    for key in ("image", "launcher_image", "pipeline_root"):
+        if opts[key] is not None and any(c.isspace() for c in opts[key]):
+            raise SpecError(
+                f"cfg[{key!r}]", TARGET, f"{opts[key]!r} must be a value without spaces", fix=f"-cfg {key}=<value>"
+            )
+    if opts["service_account"] is not None and not is_dns_subdomain(opts["service_account"]):
+        raise SpecError("cfg['service_account']", TARGET, f"{opts['service_account']!r} is not a service account name",
+                        fix="lower-case letters, digits, '-' and '.': e.g. -cfg service_account=pipeline-runner")  # fmt: skip
+    return KfpOptions(**opts)
+
+
+# -- the request and the pipeline -------------------------------------------------------
 @dataclasses.dataclass
 class KfpRequest:
     """What ``schedule`` submits: the compiled pipeline and where and how to run it."""
@@ -110,82 +173,6 @@ class KfpRequest:
                 "token": f"${c.token_env}" if c.token_env else "(none)",
                 "service_account": self.service_account, "pipeline_root": self.pipeline_root}  # fmt: skip
         return "".join(f"# kfp {k}: {v}\n" for k, v in head.items() if v) + self.pipeline_yaml
-
-
-#: ``torchx runopts kfp``: name, type, default, help.
-OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
-    ("endpoint", str, None, f"KFP API host, https://... (default: ${ENDPOINT_ENV})"),
-    ("token_env", str, None, f"NAME of the environment variable holding a bearer token (default: {TOKEN_ENV}, "
-     "used when set); never the token itself"),
-    ("namespace", str, None, "KFP multi-user namespace (profile); none: single-user"),
-    ("experiment", str, None, f"experiment name (default: ${EXPERIMENT_ENV} or Default)"),
-    ("image", str, None, "image of every role (must hold torchstep-kfp); default: the AppDef's"),
-    ("launcher_image", str, None, "image of the launcher step of a multi-pod AppDef"),
-    ("caching", bool, False, "let KFP reuse a cached result of the step (training: no)"),
-    ("service_account", str, None, "Kubernetes service account of the run"),
-    ("pipeline_root", str, None, "root URI of the run's outputs (default: KFP's)"),
-    ("ui_endpoint", str, None, f"KFP UI host for links (default: ${UI_ENDPOINT_ENV} or endpoint)"),
-)  # fmt: skip
-
-
-def runopts_kfp() -> runopts:
-    """The options of ``torchx run -s kfp`` (``torchx runopts kfp``)."""
-    opts = runopts()
-    for name, type_, default, help in OPTIONS:
-        opts.add(name, type_=type_, default=default, help=help)
-    return opts
-
-
-def _shown(name: str) -> str:
-    """``$NAME`` when it looks like a variable name, else nothing: a token pasted by
-    mistake is never echoed."""
-    return f"${name}" if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", name) else "named by token_env (not shown)"
-
-
-def _bad(key: str, problem: str, fix: str) -> SpecError:
-    return SpecError(f"cfg['{key}']", BACKEND, problem, fix=fix)
-
-
-def _url(key: str, value: str, env: str) -> str:
-    fix = f"-cfg {key}=https://kfp.example.com (or ${env}); a token goes in the variable named by token_env"
-    return base.check_endpoint(value, f"cfg['{key}']", BACKEND, fix=fix)
-
-
-def resolve(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[Connection, dict[str, Any]]:
-    """The connection and the other options from ``cfg`` (``None``: unset) and the
-    environment; a SpecError naming ``cfg['<key>']`` and the fix otherwise."""
-    env = os.environ if environ is None else environ
-    known = {name for name, *_ in OPTIONS}
-    for key in cfg:
-        if key not in known:
-            raise _bad(key, "is not an option of the kfp scheduler", fix=f"use one of {sorted(known)}")
-    get: Callable[[str], Any] = lambda k: cfg.get(k) if cfg.get(k) not in (None, "") else None  # noqa: E731
-    endpoint = get("endpoint") or env.get(ENDPOINT_ENV)
-    if not endpoint:
-        raise _bad("endpoint", f"no KFP endpoint (-cfg endpoint, ${ENDPOINT_ENV})",
-                   fix=f"-cfg endpoint=https://kfp.example.com or export {ENDPOINT_ENV}=https://kfp.example.com")  # fmt: skip
-    endpoint = _url("endpoint", endpoint, ENDPOINT_ENV)
-    ui = get("ui_endpoint") or env.get(UI_ENDPOINT_ENV)
-    token_env = get("token_env")
-    if token_env is not None and not _ENV_NAME.fullmatch(token_env):
-        raise _bad("token_env", "must be the NAME of an environment variable (letters, digits, '_'), not the "
-                   "token itself (the value given is not shown)", fix=f"-cfg token_env={TOKEN_ENV}")  # fmt: skip
-    if token_env is not None and not env.get(token_env):
-        raise _bad("token_env", f"the variable {_shown(token_env)} is not set or empty",
-                   fix="export it (a bearer token for the endpoint) or drop token_env")  # fmt: skip
-    if token_env is None and env.get(TOKEN_ENV):
-        token_env = TOKEN_ENV
-    namespace = get("namespace")
-    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
-        raise _bad("namespace", f"{namespace!r} is not a Kubernetes namespace", fix="-cfg namespace=<your KFP profile>")
-    experiment = get("experiment") or env.get(EXPERIMENT_ENV) or "Default"
-    for key in ("image", "launcher_image", "service_account", "pipeline_root"):
-        if get(key) is not None and (not str(get(key)).strip() or any(c.isspace() for c in str(get(key)))):
-            raise _bad(key, f"{get(key)!r} must be a non-blank value without spaces", fix=f"-cfg {key}=<value>")
-    conn = Connection(endpoint, token_env, namespace, _url("ui_endpoint", ui, UI_ENDPOINT_ENV) if ui else None)
-    opts = {k: get(k) for k in ("image", "launcher_image", "service_account", "pipeline_root")}
-    opts.update(experiment=experiment, caching=bool(cfg.get("caching") or False))
-    return conn, opts
 
 
 def compile_pipeline(app: AppDef, *, name: str, caching: bool = False, launcher_image: str | None = None) -> str:
@@ -225,30 +212,29 @@ def app_of_pipeline_spec(spec: Any) -> dict[str, Any] | None:
     return None
 
 
+# -- the scheduler ----------------------------------------------------------------------
 class KfpScheduler(base.TorchstepScheduler):
     """The ``kfp`` TorchX scheduler (see the module docstring)."""
 
-    unreachable = (KfpEndpointError,)
+    BACKEND = BACKEND
+    OPTIONS = OPTIONS
 
-    def __init__(self, session_name: str, **_: Any) -> None:
-        super().__init__(BACKEND, session_name)
+    def __init__(self, session_name: str, **kwargs: Any) -> None:
+        super().__init__(session_name, **kwargs)
         self._clients: dict[Connection, Any] = {}
 
-    def _run_opts(self) -> runopts:
-        return runopts_kfp()
-
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
-        conn, opts = resolve(cfg)
-        if opts["image"]:
+        opts = resolve(cfg)
+        if opts.image:
             app = copy.deepcopy(app)
             for role in app.roles:
-                role.image = opts["image"]
-        payload = base.app_payload(app, BACKEND)  # SpecError naming the field KFP cannot express
+                role.image = opts.image
+        payload = base.app_payload(app, TARGET)  # SpecError naming the field KFP cannot express
         run_name = base.new_app_id(app.name)
-        pipeline_yaml = compile_pipeline(app, name=run_name.rsplit("-", 1)[0], caching=opts["caching"],
-                                         launcher_image=opts["launcher_image"])  # fmt: skip
-        request = KfpRequest(pipeline_yaml, run_name, opts["experiment"], conn, payload,
-                             opts["service_account"], opts["pipeline_root"])  # fmt: skip
+        pipeline_yaml = compile_pipeline(app, name=run_name.rsplit("-", 1)[0], caching=opts.caching,
+                                         launcher_image=opts.launcher_image)  # fmt: skip
+        request = KfpRequest(pipeline_yaml, run_name, opts.experiment, opts.connection, payload,
+                             opts.service_account, opts.pipeline_root)  # fmt: skip
         return AppDryRunInfo(request, str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
@@ -271,19 +257,20 @@ class KfpScheduler(base.TorchstepScheduler):
     # -- where a run lives ---------------------------------------------------------------
     def _where(self, app_id: str) -> tuple[Connection, dict[str, Any]] | None:
         try:
-            record = records.load(BACKEND, app_id)
+            records.check_app_id(app_id)
         except ValueError:
             return None  # not an id this scheduler hands out
+        record = self._record(app_id)
         if record is not None:
             fields = {f.name for f in dataclasses.fields(Connection)}
             return Connection(**{k: v for k, v in record.items() if k in fields}), record
         endpoint = os.environ.get(ENDPOINT_ENV)
         if not endpoint:
-            raise KfpEndpointError(
+            raise base.SchedulerError(
                 f"kfp: run {app_id} was not submitted from here (no record) and ${ENDPOINT_ENV} is unset; "
                 f"fix: export {ENDPOINT_ENV}=https://<kfp host> (and {TOKEN_ENV} if it needs a token)"
             )
-        return resolve({})[0], {}  # the endpoint, UI and token variable of this environment
+        return resolve({}).connection, {}  # the endpoint, UI and token variable of this environment
 
     def _client(self, conn: Connection) -> Any:
         if conn not in self._clients:
@@ -302,7 +289,7 @@ class KfpScheduler(base.TorchstepScheduler):
     @staticmethod
     def _call(conn: Connection, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False,
               **kwargs: Any) -> Any:  # fmt: skip
-        """``fn(*args, **kwargs)`` with the API's errors as one-line KfpEndpointErrors
+        """``fn(*args, **kwargs)`` with the API's errors as one-line SchedulerErrors
         (``missing_ok``: ``None`` for HTTP 404)."""
         import kfp_server_api
         import urllib3
@@ -314,8 +301,8 @@ class KfpScheduler(base.TorchstepScheduler):
                 return None
             raise api_error(conn, what, e.status, e.body or e.reason) from None
         except urllib3.exceptions.HTTPError as e:
-            raise KfpEndpointError(f"kfp: {conn.endpoint} is unreachable ({what}: {type(e).__name__}); "
-                                   f"fix: check -cfg endpoint / ${ENDPOINT_ENV} and the network") from None  # fmt: skip
+            raise base.SchedulerError(f"kfp: {conn.endpoint} is unreachable ({what}: {type(e).__name__}); "
+                                      f"fix: check -cfg endpoint / ${ENDPOINT_ENV} and the network") from None  # fmt: skip
 
     # -- state ---------------------------------------------------------------------------
     def describe(self, app_id: str) -> DescribeAppResponse | None:
@@ -343,12 +330,12 @@ class KfpScheduler(base.TorchstepScheduler):
             conn = where[0]
             self._call(conn, f"terminating run {app_id}", self._client(conn).terminate_run, app_id)
 
-    def log_iter(self, app_id: str, role_name: str, k: int = 0, regex: str | None = None,
-                 since: datetime | None = None, until: datetime | None = None, should_tail: bool = False,
-                 streams: Stream | None = None) -> Iterable[str]:  # fmt: skip
+    def _log_lines(
+        self, app_id: str, role_name: str, k: int, *, since: datetime | None, until: datetime | None, tail: bool
+    ) -> Iterable[str]:
         """KFP's API serves no logs: raises NotImplementedError saying where they are."""
         conn = None
-        with contextlib.suppress(KfpEndpointError):
+        with contextlib.suppress(base.SchedulerError):
             found = self._where(app_id)
             conn = found[0] if found else None
         namespace = conn.namespace if conn and conn.namespace else "kubeflow"
@@ -377,13 +364,13 @@ def probe(conn: Connection, token: str | None) -> None:
     with contextlib.suppress(ValueError):
         data = json.loads(resp.data)
     if not isinstance(data, dict):
-        raise KfpEndpointError(
+        raise base.SchedulerError(
             f"kfp: {conn.endpoint} did not answer as the KFP API (GET /apis/v2beta1/healthz gave no JSON: a "
             f"login page?); fix: point endpoint at the KFP API and put a bearer token in ${TOKEN_ENV} or -cfg token_env"
         )
 
 
-def api_error(conn: Connection, what: str, status: Any, body: Any) -> KfpEndpointError:
+def api_error(conn: Connection, what: str, status: Any, body: Any) -> base.SchedulerError:
     """A one-line error for an HTTP error of the KFP API (its ``message`` when JSON)."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
     with contextlib.suppress(ValueError, AttributeError):
@@ -397,7 +384,8 @@ def api_error(conn: Connection, what: str, status: Any, body: Any) -> KfpEndpoin
         fix = (
             "check the endpoint's TLS certificate" if status == 0 else "see the message; check namespace and experiment"
         )
-    return KfpEndpointError(f"kfp: {conn.endpoint} refused {what} (HTTP {status}): {text}; fix: {fix}")
+    return base.SchedulerError(f"kfp: {conn.endpoint} refused {what} (HTTP {status}): {text}; fix: {fix}",
+                               status=status if isinstance(status, int) else None)  # fmt: skip
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> KfpScheduler:

@@ -5,11 +5,19 @@ deployment of :func:`torchstep_prefect.torchx_flow.torchx_app` through the Prefe
 (``POST /deployments/{id}/create_flow_run``) with the AppDef as JSON data in its parameters;
 the flow run runs it through :func:`~torchstep_prefect.app_task` (retries, timeouts,
 cancellation, each rank's lines in the run's log). The flow run is named after the app id
-(``<app>-<6 chars>``) and a private record (:mod:`torchstep.schedulers.records`) keeps the
-endpoint, the flow run id and the *names* of the credential variables, so ``torchx status``,
-``log``, ``cancel`` and ``list`` work from any process; without a record (another machine)
-they look the run up by name on ``PREFECT_API_URL``. ``cancel`` sets the run Cancelling
-like ``prefect flow-run cancel``: the runner stops the flow and every process of the step.
+(``<app>-<6 chars>``), which is also its idempotency key: a submission whose answer was lost
+is retried without a second run. A private record (:mod:`torchstep.schedulers.records`) keeps
+the endpoint, the flow run id and the *names* of the credential variables, so ``torchx
+status``, ``log``, ``cancel`` and ``list`` work from any process; without a record (another
+machine) they look the run up by name on ``PREFECT_API_URL``. ``cancel`` sets the run
+Cancelling like ``prefect flow-run cancel``: the runner stops the flow and every process of
+the step.
+
+The REST calls are plain HTTP (:class:`torchstep.schedulers.rest.RestClient`) rather than
+Prefect's client: ``torchx status`` stays fast, and the endpoint and credentials are the
+scheduler's options, not Prefect's settings. Credentials are read from the environment
+variables the options *name*, as Prefect's own client sends them (an auth string as Basic
+auth wins over an API key as a Bearer token).
 
 Example (a server, the generic flow served, then TorchX)::
 
@@ -24,11 +32,12 @@ Example (a server, the generic flow served, then TorchX)::
 
 from __future__ import annotations
 
+import base64
 import json
-import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,23 +45,13 @@ from typing import Any
 from urllib.parse import quote
 
 from torchstep.errors import SpecError
-from torchstep.schedulers import base, records
-from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Stream
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, Role, RoleStatus, macros, runopts
-
-from torchstep_prefect.torchx_api import (
-    ENDPOINT_FIX,
-    PrefectAPI,
-    PrefectAPIError,
-    check_endpoint,
-    default_endpoint,
-    ui_url,
-)
+from torchstep.schedulers import base, records, rest
+from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
+from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, Role, RoleStatus, macros
 
 BACKEND = "prefect"
 FLOW_NAME = "torchstep-torchx"  # torchx_flow.FLOW_NAME (that module imports prefect)
 DEFAULT_DEPLOYMENT = f"{FLOW_NAME}/torchx"
-TARGETS = ("local", "kubernetes")
 #: Prefect state type -> TorchX AppState (a run being cancelled is already CANCELLED to TorchX).
 STATES = {
     "SCHEDULED": AppState.SUBMITTED, "PENDING": AppState.PENDING, "PAUSED": AppState.PENDING,
@@ -60,18 +59,20 @@ STATES = {
     "CRASHED": AppState.FAILED, "CANCELLING": AppState.CANCELLED, "CANCELLED": AppState.CANCELLED,
 }  # fmt: skip
 _FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # Prefect's final states: no more logs
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")  # upper case: a pasted key (pnu_...) is refused
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 #: Seconds after a flow run's end until its log is taken as complete (Prefect ships logs in
 #: batches every 2 s; the flow engine's "Finished in state" line ends it sooner).
 LOG_GRACE_S = 10.0
+#: The API's largest page.
+PAGE = 200
+ENDPOINT_FIX = "give the Prefect API URL: -cfg endpoint=http://HOST:4200/api, or export PREFECT_API_URL"
 _SERVE_FIX = (
     "serve it (`python -m torchstep_prefect.torchx_flow serve --name torchx` with PREFECT_API_URL set) "
     "or deploy the flow to a work pool, or name your deployment with -cfg deployment=FLOW/NAME"
 )
 
-# name -> (type, default, help); `torchx runopts prefect` prints them.
-OPTIONS: dict[str, tuple[type, Any, str]] = {
+
+# -- options ----------------------------------------------------------------------------
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "endpoint": (str, None, "Prefect API URL, e.g. http://127.0.0.1:4200/api (default: PREFECT_API_URL of the "
                  "environment, else of the active Prefect profile)"),
     "api_key_env": (str, "PREFECT_API_KEY", "NAME of the environment variable holding a Prefect Cloud API key "
@@ -88,65 +89,57 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
 
 
 @dataclass(frozen=True)
-class Options:
-    """The checked ``cfg`` of one submission."""
+class PrefectOptions:
+    """The checked ``cfg`` of one submission (see :data:`OPTIONS`)."""
 
-    endpoint: str | None
-    api_key_env: str
-    auth_string_env: str
-    deployment: str
-    queue: str | None
-    tags: list[str]
-    target: str
-    namespace: str | None
+    endpoint: str
+    api_key_env: str = "PREFECT_API_KEY"
+    auth_string_env: str = "PREFECT_API_AUTH_STRING"
+    deployment: str = DEFAULT_DEPLOYMENT
+    queue: str | None = None
+    tags: tuple[str, ...] = ()
+    target: str = "local"
+    namespace: str | None = None
 
 
-def resolve(cfg: Mapping[str, Any]) -> Options:
+def resolve(cfg: Mapping[str, Any]) -> PrefectOptions:
     """``cfg`` (typed, or strings as ``-cfg`` gives them) checked: a SpecError naming
     ``cfg['<key>']`` and the fix otherwise; a credential *value* is never echoed."""
-    given = {k: v for k, v in cfg.items() if v is not None}
-    for key, value in given.items():
-        if key not in OPTIONS:
-            raise SpecError(f"cfg[{key!r}]", None, "unknown option of the prefect scheduler",
-                            fix=f"use one of: {', '.join(OPTIONS)} (`torchx runopts prefect`)")  # fmt: skip
-        if OPTIONS[key][0] is str and (not isinstance(value, str) or not value or "\x00" in value):
-            raise SpecError(f"cfg[{key!r}]", None, "must be a non-empty string", fix="see `torchx runopts prefect`")
-    opts = {k: given.get(k, default) for k, (_, default, _) in OPTIONS.items()}
+    opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=None)
     for key in ("api_key_env", "auth_string_env"):
-        if not _ENV_NAME.fullmatch(opts[key]):  # maybe a secret pasted in: never repeat it
-            raise SpecError(f"cfg[{key!r}]", None, "must be the NAME of an environment variable, in upper case (the "
-                            "value given is not shown)", fix=f"export the secret and pass its name: -cfg {key}=MY_VAR")  # fmt: skip
-    if opts["target"] not in TARGETS:
-        raise SpecError("cfg['target']", None, f"unknown target {opts['target']!r}", fix="-cfg target=local|kubernetes")
-    if opts["namespace"] is not None:
-        if opts["target"] != "kubernetes":
-            raise SpecError("cfg['namespace']", None, "only applies to target=kubernetes",
-                            fix="add -cfg target=kubernetes, or drop namespace")  # fmt: skip
-        if not _DNS_LABEL.fullmatch(opts["namespace"]):
-            raise SpecError("cfg['namespace']", None, f"{opts['namespace']!r} is not a Kubernetes namespace name",
-                            fix="lower-case letters, digits and '-', at most 63")  # fmt: skip
+        base.check_secret_var(opts, key, default=OPTIONS[key][1], target=None)
+    base.check_step_target(opts["target"], opts["namespace"])
     flow, sep, name = opts["deployment"].partition("/")
     if not sep or not flow or not name or "/" in name:
         raise SpecError("cfg['deployment']", None, f"{opts['deployment']!r} is not FLOW/NAME",
                         fix=f"e.g. -cfg deployment={DEFAULT_DEPLOYMENT}")  # fmt: skip
-    tags = opts["tags"] or []
-    if isinstance(tags, str):
-        tags = [t.strip() for t in tags.replace(",", ";").split(";") if t.strip()]
-    if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
-        raise SpecError("cfg['tags']", None, "must be a list of strings", fix="-cfg tags=a;b")
-    endpoint = opts["endpoint"]
-    if endpoint is not None:
-        endpoint = check_endpoint(endpoint, "cfg['endpoint']")
-    return Options(endpoint, opts["api_key_env"], opts["auth_string_env"], opts["deployment"], opts["queue"],
-                   list(tags), opts["target"], opts["namespace"])  # fmt: skip
+    opts["endpoint"] = base.endpoint(opts["endpoint"] or default_endpoint(), api="Prefect API", target=None,
+                                     fix=f"{ENDPOINT_FIX}; credentials go in the variables named by api_key_env / "
+                                     "auth_string_env")  # fmt: skip
+    opts["tags"] = tuple(opts["tags"] or ())
+    return PrefectOptions(**opts)
 
 
+def default_endpoint() -> str | None:
+    """``PREFECT_API_URL`` of the environment, else of the active Prefect profile."""
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        try:
+            from prefect.settings import get_current_settings
+
+            url = get_current_settings().api.url
+        except Exception:  # no usable Prefect settings: no default
+            url = None
+    return base.check_endpoint(url, "PREFECT_API_URL", None, fix=ENDPOINT_FIX) if url else None
+
+
+# -- the request and the API ------------------------------------------------------------
 @dataclass
 class PrefectRequest:
     """What ``schedule`` sends: a flow run of ``deployment`` with these parameters."""
 
     app_id: str
-    endpoint: str | None
+    endpoint: str
     deployment: str
     parameters: dict[str, Any]
     queue: str | None
@@ -162,10 +155,74 @@ class PrefectRequest:
     def __str__(self) -> str:
         flow, _, name = self.deployment.partition("/")
         return (
-            f"prefect: POST {self.endpoint or '<' + ENDPOINT_FIX + '>'}/deployments/{{id of {self.deployment}}}"
-            f"/create_flow_run\n  (id from GET /deployments/name/{flow}/{name}; credentials: ${self.auth_string_env}"
-            f" or ${self.api_key_env} when set)\n{json.dumps(self.body(), indent=1, sort_keys=True)}"
+            f"prefect: POST {self.endpoint}/deployments/{{id of {self.deployment}}}/create_flow_run\n"
+            f"  (id from GET /deployments/name/{flow}/{name}; credentials: ${self.auth_string_env} or "
+            f"${self.api_key_env} when set)\n{json.dumps(self.body(), indent=1, sort_keys=True)}"
         )
+
+
+class PrefectAPI(rest.RestClient):
+    """The Prefect REST API with the credentials the named variables hold (read now)."""
+
+    backend = BACKEND
+    api = "Prefect API"
+
+    def __init__(self, endpoint: str, api_key_env: str | None = None, auth_string_env: str | None = None) -> None:
+        super().__init__(endpoint)
+        auth = base.secret(auth_string_env or OPTIONS["auth_string_env"][1])
+        key = base.secret(api_key_env or OPTIONS["api_key_env"][1])
+        if auth:  # as Prefect's own client: the auth string wins over an API key
+            self.headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+        elif key:
+            self.headers["Authorization"] = f"Bearer {key}"
+
+    def unreachable_fix(self) -> str:
+        return f"start the server (`prefect server start`) or {ENDPOINT_FIX}"
+
+    def auth_fix(self) -> str:
+        return ("export the key in the variable named by -cfg api_key_env (default PREFECT_API_KEY) or "
+                "auth_string_env (default PREFECT_API_AUTH_STRING)")  # fmt: skip
+
+    def flow_run(self, ref: str) -> dict[str, Any] | None:
+        """The flow run of id ``ref``, else the newest flow run named ``ref`` (``None``: none)."""
+        try:
+            run_id = uuid.UUID(ref)
+        except ValueError:  # not an id: a name we gave it
+            body = {"flow_runs": {"name": {"any_": [ref]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 1}
+            runs = self.call("POST", "/flow_runs/filter", body, idempotent=True)
+            return runs[0] if runs else None
+        return self.call("GET", f"/flow_runs/{run_id}", ok404=True)  # type: ignore[no-any-return]
+
+    def flow_runs(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The flow runs of these ids that exist."""
+        return [run for i in range(0, len(ids), PAGE) for run in self.call(
+            "POST", "/flow_runs/filter", {"flow_runs": {"id": {"any_": ids[i : i + PAGE]}}, "limit": PAGE},
+            idempotent=True)]  # fmt: skip
+
+    def logs(self, flow_run_id: str, after: datetime | None = None) -> list[dict[str, Any]]:
+        """Every log of the flow run (its tasks' too) from ``after`` on, oldest first."""
+        flt: dict[str, Any] = {"flow_run_id": {"any_": [flow_run_id]}}
+        if after is not None:
+            flt["timestamp"] = {"after_": after.isoformat()}
+        out: list[dict[str, Any]] = []
+        while True:
+            body = {"logs": flt, "sort": "TIMESTAMP_ASC", "offset": len(out), "limit": PAGE}
+            page = self.call("POST", "/logs/filter", body, idempotent=True)
+            out += page
+            if len(page) < PAGE:
+                return out
+
+
+def ui_url(endpoint: str, flow_run_id: str) -> str:
+    """The flow run's page in the Prefect UI (Prefect Cloud, or a server's ``/api`` sibling).
+
+    >>> ui_url("http://127.0.0.1:4200/api", "0b5c")
+    'http://127.0.0.1:4200/runs/flow-run/0b5c'
+    """
+    cloud = re.fullmatch(r"https://api\.prefect\.(cloud|dev)/api/accounts/([^/]+)/workspaces/([^/]+)", endpoint)
+    if cloud:
+        return f"https://app.prefect.{cloud[1]}/account/{cloud[2]}/workspace/{cloud[3]}/runs/flow-run/{flow_run_id}"
+    return f"{endpoint.removesuffix('/api')}/runs/flow-run/{flow_run_id}"
 
 
 def roles_of(parameters: Any) -> list[Role]:
@@ -180,19 +237,12 @@ def roles_of(parameters: Any) -> list[Role]:
     return out
 
 
+# -- the scheduler ----------------------------------------------------------------------
 class PrefectScheduler(base.TorchstepScheduler):
     """The ``prefect`` TorchX scheduler (see the module docstring)."""
 
-    def __init__(self, session_name: str, **_: Any) -> None:
-        super().__init__(BACKEND, session_name)
-        httpx_logger = logging.getLogger("httpx")
-        if httpx_logger.level == logging.NOTSET:  # not a line per API call in `torchx` output
-            httpx_logger.setLevel(logging.WARNING)
-
-    def _run_opts(self) -> runopts:
-        from torchstep.plan.options import to_runopts
-
-        return to_runopts(OPTIONS)  # type: ignore[no-any-return]
+    BACKEND = BACKEND
+    OPTIONS = OPTIONS
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         opts = resolve(cfg)
@@ -204,11 +254,11 @@ class PrefectScheduler(base.TorchstepScheduler):
                 role["env"]["TORCHX_JOB_ID"] = job_id.replace(macros.app_id, app_id)
         request = PrefectRequest(
             app_id=app_id,
-            endpoint=opts.endpoint or default_endpoint(),
+            endpoint=opts.endpoint,
             deployment=opts.deployment,
             parameters={"app": payload, "target": opts.target, "cfg": {"namespace": opts.namespace} if opts.namespace else {}},
             queue=opts.queue,
-            tags=opts.tags,
+            tags=list(opts.tags),
             api_key_env=opts.api_key_env,
             auth_string_env=opts.auth_string_env,
         )  # fmt: skip
@@ -216,22 +266,17 @@ class PrefectScheduler(base.TorchstepScheduler):
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         req: PrefectRequest = dryrun_info.request
-        if not req.endpoint:
-            raise PrefectAPIError(f"prefect: no Prefect API to submit to; fix: {ENDPOINT_FIX}")
-        for key, name in (("api_key_env", req.api_key_env), ("auth_string_env", req.auth_string_env)):
-            if name != OPTIONS[key][1] and not os.environ.get(name):
-                raise PrefectAPIError(f"prefect: cfg['{key}'] names ${name}, which is not set; fix: export {name}")
         api = PrefectAPI(req.endpoint, req.api_key_env, req.auth_string_env)
         flow, _, name = req.deployment.partition("/")
         dep = api.call("GET", f"/deployments/name/{quote(flow, safe='')}/{quote(name, safe='')}", ok404=True)
         if dep is None:
-            raise PrefectAPIError(f"prefect: no deployment {req.deployment!r} at {req.endpoint}; fix: {_SERVE_FIX}")
-        try:
-            run = api.call("POST", f"/deployments/{dep['id']}/create_flow_run", req.body())
-        except PrefectAPIError as e:
+            raise base.SchedulerError(f"prefect: no deployment {req.deployment!r} at {req.endpoint}; fix: {_SERVE_FIX}")
+        try:  # the idempotency key makes a repeated create return the run the first one made
+            run = api.call("POST", f"/deployments/{dep['id']}/create_flow_run", req.body(), idempotent=True)
+        except base.SchedulerError as e:
             if req.queue and ("work queue" in str(e).lower() or "work pool" in str(e).lower()):
-                raise PrefectAPIError(f"{e}; fix: drop -cfg queue (a served deployment has no work pool) or name "
-                                      "a queue of the deployment's work pool") from None  # fmt: skip
+                raise base.SchedulerError(f"{e}; fix: drop -cfg queue (a served deployment has no work pool) or "
+                                          "name a queue of the deployment's work pool") from None  # fmt: skip
             raise
         records.save(BACKEND, req.app_id, {
             "endpoint": req.endpoint, "flow_run_id": run["id"], "deployment": req.deployment,
@@ -243,17 +288,14 @@ class PrefectScheduler(base.TorchstepScheduler):
     # -- reading state ---------------------------------------------------------------------
     def _find(self, app_id: str) -> tuple[PrefectAPI, dict[str, Any] | None]:
         """The API that knows ``app_id`` and its flow run (``None``: no such run)."""
-        try:
-            record = records.load(BACKEND, app_id)
-        except ValueError:  # not an id we hand out (a '/' in it...): no record to read
-            record = None
+        record = self._record(app_id)
         if record is not None:
             api = PrefectAPI(record["endpoint"], record.get("api_key_env"), record.get("auth_string_env"))
             return api, api.flow_run(str(record["flow_run_id"]))
         endpoint = default_endpoint()
         if endpoint is None:
-            raise PrefectAPIError(f"prefect: no record of {app_id!r} on this machine and no Prefect API to look it "
-                                  f"up; fix: export PREFECT_API_URL=<the API it was submitted to>")  # fmt: skip
+            raise base.SchedulerError(f"prefect: no record of {app_id!r} on this machine and no Prefect API to look "
+                                      "it up; fix: export PREFECT_API_URL=<the API it was submitted to>")  # fmt: skip
         api = PrefectAPI(endpoint)
         return api, api.flow_run(app_id)
 
@@ -284,10 +326,9 @@ class PrefectScheduler(base.TorchstepScheduler):
         for (endpoint, key_env, auth_env), ids in by_api.items():
             states: dict[str, Any] = {}
             try:
-                api = PrefectAPI(endpoint, key_env or None, auth_env or None)
-                found = api.flow_runs(list(ids))
+                found = PrefectAPI(endpoint, key_env or None, auth_env or None).flow_runs(list(ids))
                 states = {r["id"]: (r.get("state") or {}).get("type") for r in found}
-            except PrefectAPIError:  # that server is gone: its runs are UNKNOWN
+            except base.SchedulerError:  # that server is gone: its runs are UNKNOWN
                 pass
             out += [ListAppResponse(app_id=a, state=STATES.get(states.get(i) or "", AppState.UNKNOWN))
                     for i, a in ids.items()]  # fmt: skip
@@ -298,29 +339,23 @@ class PrefectScheduler(base.TorchstepScheduler):
         if run is None or (run.get("state") or {}).get("type") in (*_FINAL, "CANCELLING"):
             return
         cancelling = {"type": "CANCELLING", "name": "Cancelling", "message": "cancelled with `torchx cancel`"}
-        answer = api.call("POST", f"/flow_runs/{run['id']}/set_state", {"state": cancelling, "force": False})
-        if (answer or {}).get("status") == "ABORT":
-            reason = ((answer or {}).get("details") or {}).get("reason", "")
-            raise PrefectAPIError(f"prefect: the server refused to cancel {app_id}: {reason}")
+        answer = api.call("POST", f"/flow_runs/{run['id']}/set_state", {"state": cancelling, "force": False},
+                          idempotent=True) or {}  # fmt: skip
+        if answer.get("status") == "ABORT":  # refused; or an earlier try of this call made it Cancelling
+            now = (api.flow_run(str(run["id"])) or {}).get("state") or {}
+            if now.get("type") not in (*_FINAL, "CANCELLING"):
+                reason = (answer.get("details") or {}).get("reason", "")
+                raise base.SchedulerError(f"prefect: the server refused to cancel {app_id}: {reason}")
 
     # -- logs ---------------------------------------------------------------------------
-    def log_iter(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
+    def _log_lines(
+        self, app_id: str, role_name: str, k: int, *, since: datetime | None, until: datetime | None, tail: bool
     ) -> Iterable[str]:
         """The flow run's log (one stream): role ``role_name``'s ``[role/rank]`` lines under
         replica 0 — every rank of the role, whatever its replica — with torchstep's events about
         its replicas, and the run's own lines under replica 0 of the first role (the one rule:
-        :func:`torchstep.schedulers.base.lines_of_role`); ``should_tail`` follows the
-        run until Prefect's state is final."""
-        base.check_stream(streams, BACKEND)
+        :func:`torchstep.schedulers.base.lines_of_role`); ``tail`` follows the run until
+        Prefect's state is final."""
         api, run = self._find(app_id)
         if run is None:
             raise ValueError(f"{BACKEND}: no flow run {app_id!r} at {api.endpoint}")
@@ -330,7 +365,8 @@ class PrefectScheduler(base.TorchstepScheduler):
         if k != 0:
             return iter(())  # the log does not keep replicas apart: all of a role's ranks are under replica 0
         seen: set[str] = set()
-        after = {"ts": _utc(since) if since else None}
+        after = {"ts": since.astimezone(UTC) if since else None}  # a naive time is this machine's local time
+        flushed = {"last": False}
 
         def fetch(cursor: int, final: bool) -> tuple[list[str], int]:
             logs = api.logs(run["id"], after["ts"])
@@ -343,8 +379,6 @@ class PrefectScheduler(base.TorchstepScheduler):
             text = [line for log in new for line in str(log.get("message", "")).splitlines()]
             return list(base.lines_of_role(text, role_name, names or [role_name])), cursor
 
-        flushed = {"last": False}
-
         def finished() -> bool:  # final, and its last lines are in (a flow process ships logs late)
             now = api.flow_run(str(run["id"]))
             if now is None or flushed["last"]:
@@ -354,12 +388,8 @@ class PrefectScheduler(base.TorchstepScheduler):
             end = now.get("end_time")
             return not end or datetime.now(UTC) - datetime.fromisoformat(end) > timedelta(seconds=LOG_GRACE_S)
 
-        tail = should_tail or (run.get("state") or {}).get("type") in _FINAL  # a just-ended run: its last lines
-        return base.select_lines(base.follow(fetch, finished, tail=tail, until=until), regex)
-
-
-def _utc(when: datetime) -> datetime:
-    return when.astimezone(UTC)  # a naive time is this machine's local time
+        tail = tail or (run.get("state") or {}).get("type") in _FINAL  # a just-ended run: its last lines
+        return base.follow(fetch, finished, tail=tail, until=until)
 
 
 def _is_last(log: Mapping[str, Any]) -> bool:

@@ -42,21 +42,27 @@ def to_runopts(table: OptionTable) -> Any:
     return opts
 
 
-def parse_options(cfg: Mapping[str, Any] | None, table: OptionTable, *, target: str) -> dict[str, Any]:
+def parse_options(
+    cfg: Mapping[str, Any] | None, table: OptionTable, *, target: str | None, scheduler: str | None = None
+) -> dict[str, Any]:
     """The options given in ``cfg``, converted to their types; ``None`` values are skipped.
-    Unknown keys and bad values raise a :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
+    Unknown keys and bad values raise a :class:`~torchstep.SpecError` naming ``cfg['<key>']``;
+    ``scheduler`` names the TorchX scheduler whose options they are (the fix then points
+    at ``torchx runopts <scheduler>``).
     """
     out: dict[str, Any] = {}
     for key, value in dict(cfg or {}).items():
         path = f"cfg[{key!r}]"
         if key not in table:
-            raise SpecError(path, target, "unknown option", fix=f"use one of: {', '.join(table)}")
+            owner = f": not an option of the {scheduler} scheduler" if scheduler else ""
+            where = f" (`torchx runopts {scheduler}`)" if scheduler else ""
+            raise SpecError(path, target, f"unknown option{owner}", fix=f"use one of: {', '.join(table)}{where}")
         if value is not None:
-            out[key] = convert(path, table[key][0], value, target=target)
+            out[key] = convert(path, table[key][0], value, target=target, scheduler=scheduler)
     return out
 
 
-def convert(path: str, typ: Any, value: Any, *, target: str) -> Any:
+def convert(path: str, typ: Any, value: Any, *, target: str | None, scheduler: str | None = None) -> Any:
     """``value`` as ``typ`` (see the module docstring), or a SpecError naming ``path``."""
     if typ is bool:
         if isinstance(value, bool):
@@ -91,7 +97,7 @@ def convert(path: str, typ: Any, value: Any, *, target: str) -> Any:
                 return {k.strip(): v.strip() for k, _, v in (p.partition(":") for p in pairs)}
         elif isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
-    kind = {list: "a list of strings", dict: "a mapping of strings (key:value;key2:value2)"}.get(
-        typ, f"a {getattr(typ, '__name__', typ)}"
-    )
-    raise SpecError(path, target, f"must be {kind}, got {value!r}", fix=f"see `torchstep runopts {target}`")
+    kinds = {str: "a non-empty string", list: "a list of strings", dict: "a mapping of strings (key:value;key2:value2)"}
+    kind = kinds.get(typ, f"a {getattr(typ, '__name__', typ)}")
+    runopts = f"torchx runopts {scheduler}" if scheduler else f"torchstep runopts {target}"
+    raise SpecError(path, target, f"must be {kind}, got {value!r}", fix=f"see `{runopts}`")

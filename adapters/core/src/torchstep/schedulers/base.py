@@ -1,7 +1,24 @@
-"""What every torchstep TorchX scheduler shares: AppDef validation against the target that
-will run it (a :class:`~torchstep.SpecError` naming the field, before anything is
-submitted), the AppDef as JSON for the orchestrator's run parameters, state mapping to
-TorchX ``AppState``, log-line helpers and a follow loop for ``torchx log -f``.
+"""The chassis of every torchstep TorchX scheduler: what ``torchstep_local``, ``airflow``,
+``prefect`` and ``kfp`` share, so that a scheduler module holds only what differs by backend.
+
+Every scheduler module has the same skeleton, in this order (as TorchX's own schedulers):
+its options (one table ``OPTIONS`` → :func:`parse` → a frozen options dataclass → ``runopts``),
+the request its dry run shows, its client of the orchestrator, the scheduler class (a
+:class:`TorchstepScheduler`) and ``create_scheduler``. This module holds:
+
+* :class:`SchedulerError`, the one error of a scheduler that could not do what was asked of
+  the orchestrator (unreachable, refused, not deployed); bad input is a
+  :class:`~torchstep.SpecError` naming the option, raised by the dry run before anything is
+  sent;
+* the option rules: :func:`parse`, :func:`check_endpoint`, the one rule for the *name* of a
+  credential variable (:func:`check_secret_var`, never the value, never repeated), the
+  namespace and target checks (DNS rules of :mod:`torchstep.plan.names`), and
+  :func:`secret`, the one place a credential is read from the variable an option names;
+* the AppDef as JSON data, the state mapping, the log helpers and the base class.
+
+Beside it, :mod:`torchstep.schedulers.rest` holds the small REST client of the Airflow and
+Prefect schedulers (KFP's uses ``kfp.Client``), which retries idempotent calls as Prefect's
+own client does.
 
 Example::
 
@@ -11,26 +28,177 @@ Example::
     ['hi']
     >>> app_state("SUCCEEDED").name, app_state("nonsense").name
     ('SUCCEEDED', 'UNKNOWN')
+    >>> check_secret_var({"token_env": "ghp_0123abcd"}, "token_env", default=None, target=None)
+    Traceback (most recent call last):
+    ...
+    torchstep.errors.SpecError: cfg['token_env']: must be the NAME of an environment variable ...
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
-from torchx.specs import AppDef, AppState
+from torchx.specs import AppDef, AppState, runopts
 
 from torchstep.errors import SpecError
-from torchstep.plan.names import short_id
+from torchstep.plan.limits import MAX_SECONDS
+from torchstep.plan.names import is_dns_label, short_id
+from torchstep.plan.options import OptionTable, parse_options, to_runopts
 
 #: How often a following ``log_iter`` / a waiting caller polls the orchestrator.
 POLL_INTERVAL_S = 1.0
+#: Where an orchestrator scheduler runs the step (the generic DAG's and flow's ``target``).
+STEP_TARGETS = ("local", "kubernetes")
+#: The one rule for the name of a variable holding a credential: upper case, as POSIX names
+#: the variables of the environment. A secret pasted in its place (``ghp_...``, ``pnu_...``,
+#: a JWT) has lower-case letters or dots and is refused without being repeated.
+SECRET_VAR = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
+class SchedulerError(RuntimeError):
+    """A torchstep TorchX scheduler could not do what was asked of the orchestrator: it is
+    unreachable, refused the credentials or the request, or lacks what the submission needs
+    (the generic DAG, a deployment). One line: the scheduler, what failed, and the fix.
+
+    ``status`` is the HTTP status of the answer that failed, if any.
+
+    Example::
+
+        >>> err = SchedulerError("prefect: POST /flow_runs/filter: HTTP 500: boom", status=500)
+        >>> err.status, isinstance(err, RuntimeError)
+        (500, True)
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- options ----------------------------------------------------------------------------
+def parse(cfg: Mapping[str, Any], table: OptionTable, *, scheduler: str, target: str | None) -> dict[str, Any]:
+    """The defaults of ``table`` overlaid with ``cfg`` converted to the options' types
+    (:func:`torchstep.plan.options.parse_options`).
+
+    Args:
+        cfg: the options as TorchX hands them over (``None``: not given).
+        table: ``name -> (type, default, help)``, the scheduler's ``OPTIONS``.
+        scheduler: the scheduler's name (``torchx runopts <scheduler>`` in the fixes).
+        target: the torchstep target the options belong to (``None``: the orchestrator's).
+
+    Returns:
+        Every option of the table, by name.
+
+    Raises:
+        SpecError: an unknown option or a value of the wrong type, naming ``cfg['<key>']``.
+    """
+    out = {key: default for key, (_, default, _) in table.items()}
+    out.update(parse_options(cfg, table, target=target, scheduler=scheduler))
+    return out
+
+
+def check_endpoint(url: str, field: str, target: str | None, *, fix: str) -> str:
+    """``url`` without its trailing ``/``; a SpecError naming ``field`` unless it is an
+    http(s) URL with a host and without credentials, query or fragment — a record or a dry
+    run must never hold a password (the URL itself is then not repeated either)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "http://[::1" and the like
+        raise SpecError(field, target, "is not an http(s) URL (not shown)", fix=fix) from None
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise SpecError(
+            field, target, "must be an http(s) URL with no credentials, query or fragment (a URL with credentials, "
+            "not shown)", fix=fix,
+        )  # fmt: skip
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise SpecError(field, target, f"{url!r} is not an http(s) URL", fix=fix)
+    return url.rstrip("/")
+
+
+def endpoint(url: str | None, *, api: str, target: str | None, fix: str) -> str:
+    """The checked ``cfg['endpoint']`` (:func:`check_endpoint`); a SpecError saying there is
+    no ``api`` to submit to when ``url`` is empty."""
+    if not url:
+        raise SpecError("cfg['endpoint']", target, f"no {api} to submit to", fix=fix)
+    return check_endpoint(url, "cfg['endpoint']", target, fix=fix)
+
+
+def check_secret_var(opts: Mapping[str, Any], key: str, *, default: str | None, target: str | None) -> None:
+    """Check ``opts[key]``, the NAME of the environment variable holding a credential.
+
+    Args:
+        opts: the parsed options.
+        key: the option (``token_env``, ``api_key_env``...); ``None`` as value: no variable.
+        default: the option's default: that variable may be unset (no credential); one named
+            explicitly must be set in this process.
+        target: the SpecError's target.
+
+    Raises:
+        SpecError: the value is not a name by :data:`SECRET_VAR` (a secret given in its place:
+            refused, never repeated), or a variable named explicitly is not set.
+    """
+    name = opts.get(key)
+    if name is None:
+        return
+    if not SECRET_VAR.fullmatch(name):
+        raise SpecError(
+            f"cfg[{key!r}]", target, "must be the NAME of an environment variable (upper-case letters, digits and "
+            f"'_'), never the secret itself: what was named by {key} (not shown) is not such a name",
+            fix=f"export the secret in a variable and pass its name: -cfg {key}=MY_VAR",
+        )  # fmt: skip
+    if name != default and secret(name) is None:
+        raise SpecError(f"cfg[{key!r}]", target, f"the variable ${name} is not set or empty",
+                        fix=f"export {name}=<the secret>, or drop {key}")  # fmt: skip
+
+
+def secret(name: str | None) -> str | None:
+    """The credential held by the environment variable ``name``: the one place a scheduler
+    reads one. It is sent to the endpoint, never printed, recorded or put in an error.
+
+    Args:
+        name: the variable an option names (checked by :func:`check_secret_var`).
+
+    Returns:
+        Its value; ``None`` when there is no name or the variable is unset or empty.
+    """
+    return (os.environ.get(name) or None) if name else None
+
+
+def check_step_target(target: str, namespace: str | None, *, where: str | None = None) -> None:
+    """``cfg['target']`` is one of :data:`STEP_TARGETS` and ``cfg['namespace']`` is given
+    only for ``kubernetes``, as a DNS label; SpecErrors name the option (target ``where``)."""
+    if target not in STEP_TARGETS:
+        raise SpecError("cfg['target']", where, f"unknown target {target!r}", fix="-cfg target=local|kubernetes")
+    if namespace is not None and target != "kubernetes":
+        raise SpecError("cfg['namespace']", where, "only applies to target=kubernetes (only the kubernetes target "
+                        "runs in a namespace)", fix="add -cfg target=kubernetes, or drop namespace")  # fmt: skip
+    check_namespace(namespace, target=where)
+
+
+def check_namespace(namespace: str | None, *, target: str | None) -> None:
+    """A SpecError naming ``cfg['namespace']`` unless it is ``None`` or a DNS-1123 label."""
+    if namespace is not None and not is_dns_label(namespace):
+        raise SpecError("cfg['namespace']", target, f"{namespace!r} is not a Kubernetes namespace name",
+                        fix="lower-case letters, digits and '-', at most 63: e.g. -cfg namespace=team-a")  # fmt: skip
+
+
+def check_seconds(value: float, key: str, *, target: str | None) -> float:
+    """``value`` when it is a positive, finite number of seconds (at most ten years): else
+    a SpecError naming ``cfg['<key>']`` (``nan``, ``inf`` and ``0`` included)."""
+    if not 0 < value <= MAX_SECONDS:
+        raise SpecError(f"cfg[{key!r}]", target, f"must be a positive, finite number of seconds, got {value}",
+                        fix=f"e.g. -cfg {key}=30")  # fmt: skip
+    return value
+
+
+# -- AppDefs and states ---------------------------------------------------------------------
 def app_payload(app: AppDef, target: str) -> dict[str, Any]:
     """``app`` as JSON data (:func:`torchstep.components.appjson.app_to_dict`), after checking it
     builds a plan for ``target``: the orchestrator checks it again on arrival."""
@@ -71,10 +239,15 @@ def roles_of(app: Any) -> list[Any]:
         return []
 
 
+# -- logs -------------------------------------------------------------------------------
 #: How a rank's line starts (``[role/rank] ...``, the agent's prefix) and how the launcher
 #: names a replica in its events (``torchstep: role/replica STATE``).
 _RANK_PREFIX = re.compile(r"\[([^/\]\s]+)/\d+\]")
 _EVENT = re.compile(r"torchstep: ([^/\s]+)/\d+ ")
+#: The agent's own informational line (``[torchstep-agent <date> <time> INFO] ...``): the
+#: agent's log (``agent.log``) holds it; its warnings and errors stay with the app's lines,
+#: as torchrun's own do under TorchX's ``local_cwd``.
+_AGENT_INFO = re.compile(r"\[torchstep-agent [^\]]* (?:DEBUG|INFO)\] ")
 
 
 def role_of_line(line: str, roles: list[str]) -> str | None:
@@ -91,29 +264,22 @@ def role_of_line(line: str, roles: list[str]) -> str | None:
 def lines_of_role(lines: Iterable[str], role: str, roles: list[str]) -> Iterator[str]:
     """The lines of ``role`` in an orchestrator's one log of the whole step (Airflow's task
     log, Prefect's flow-run log); the orchestrator's own lines go with the first role, so
-    ``torchx log`` over every role shows each line once."""
+    ``torchx log`` over every role shows each line once. The agent's informational lines
+    are left out (:func:`app_lines`)."""
     first = not roles or role == roles[0]
-    for line in lines:
+    for line in app_lines(lines):
         owner = role_of_line(line, roles)
         if owner == role or (owner is None and first):
             yield line
 
 
-def check_endpoint(url: str, field: str, target: str | None, *, fix: str) -> str:
-    """``url`` without its trailing ``/``; a SpecError naming ``field`` unless it is an
-    http(s) URL with a host and without credentials, query or fragment — a record or a dry
-    run must never hold a password (the URL itself is then not repeated either)."""
-    from urllib.parse import urlsplit
+def app_lines(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` without the agent's informational lines (they are in its ``agent.log``).
 
-    parts = urlsplit(url)
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise SpecError(
-            field, target, "must be an http(s) URL with no credentials, query or fragment (a URL with credentials, "
-            "not shown)", fix=fix,
-        )  # fmt: skip
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
-        raise SpecError(field, target, f"{url!r} is not an http(s) URL", fix=fix)
-    return url.rstrip("/")
+    >>> list(app_lines(["[torchstep-agent 2026-01-01 10:00:00,1 INFO] attempt 0", "[w/0] hi"]))
+    ['[w/0] hi']
+    """
+    return (line for line in lines if not _AGENT_INFO.match(line))
 
 
 def check_stream(streams: Stream | None, scheduler: str) -> None:
@@ -156,17 +322,42 @@ def follow(
         time.sleep(poll_s)
 
 
+# -- the scheduler class ----------------------------------------------------------------
 class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
-    """The base of our TorchX schedulers. TorchX's own pre-check (a resource on every role)
-    is not ours to impose — the local target runs without one — and the target that will
-    run the AppDef is only known from ``cfg``: ``_submit_dryrun`` checks the AppDef with
-    :func:`app_payload` instead, so a bad AppDef is a SpecError naming the field."""
+    """The base of our TorchX schedulers. A subclass sets ``BACKEND`` and ``OPTIONS`` and
+    implements ``_submit_dryrun`` (every check the submission runs without the orchestrator:
+    a SpecError naming the option or field), ``schedule``, ``describe``, ``_cancel_existing``
+    and :meth:`_log_lines`.
 
+    TorchX's own pre-check (a resource on every role) is not ours to impose — the local
+    target runs without one — and the target that will run the AppDef is only known from
+    ``cfg``: the dry run checks the AppDef with :func:`app_payload` instead.
+    """
+
+    BACKEND: ClassVar[str]
+    #: ``name -> (type, default, help)``: ``torchx runopts <BACKEND>``.
+    OPTIONS: ClassVar[OptionTable] = {}
     #: Errors that mean "this orchestrator cannot be reached now": ``list`` skips such an app.
-    unreachable: tuple[type[Exception], ...] = ()
+    unreachable: tuple[type[Exception], ...] = (SchedulerError,)
+
+    def __init__(self, session_name: str, **_: Any) -> None:
+        super().__init__(self.BACKEND, session_name)
+
+    def _run_opts(self) -> runopts:
+        return to_runopts(self.OPTIONS)  # type: ignore[no-any-return]
 
     def _validate(self, app: AppDef, scheduler: str) -> None:
         return None
+
+    def _record(self, app_id: str) -> dict[str, Any] | None:
+        """The private record of ``app_id`` (``None``: not submitted from here, or not an id
+        this scheduler hands out)."""
+        from torchstep.schedulers import records
+
+        try:
+            return records.load(self.BACKEND, app_id)
+        except ValueError:  # not an id we hand out (a '/' in it...): no record to read
+            return None
 
     def finished(self, app_id: str) -> bool:
         """Whether ``app_id`` is gone or in a final state (ends a following ``log_iter``)."""
@@ -181,7 +372,7 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
         from torchstep.schedulers import records
 
         out = []
-        for app_id in records.app_ids(self.backend):
+        for app_id in records.app_ids(self.BACKEND):
             try:
                 desc = self.describe(app_id)
             except self.unreachable:
@@ -189,3 +380,25 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
             if desc is not None:
                 out.append(ListAppResponse(app_id=app_id, state=desc.state))
         return out
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """The app's lines of replica ``k`` of ``role_name`` (:meth:`_log_lines`), each ending
+        in a newline, those matching ``regex``; ``should_tail`` follows them to the end.
+        ``streams``: only ``combined`` (stdout and stderr in the order they were written)."""
+        check_stream(streams, self.BACKEND)
+        return select_lines(self._log_lines(app_id, role_name, k, since=since, until=until, tail=should_tail), regex)
+
+    def _log_lines(
+        self, app_id: str, role_name: str, k: int, *, since: datetime | None, until: datetime | None, tail: bool
+    ) -> Iterable[str]:
+        raise NotImplementedError

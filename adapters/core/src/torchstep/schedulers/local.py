@@ -10,6 +10,12 @@ record. ``torchx status``, ``log``, ``cancel`` and ``list`` read those files, so
 from any process of the same user. ``cancel`` sends the supervisor SIGTERM: every process
 of the run is stopped within ``grace_period`` and the app ends CANCELLED.
 
+The dry run makes every check the supervisor's run makes before it starts anything (the
+options, the AppDef, this machine's GPUs, secret variables, mounts and directories), so a
+submission that passes it does not fail after ``torchx run`` returned. ``torchx log`` gives
+the app's lines: a replica of one process as it wrote them, one of several with each line's
+``[role/rank]`` prefix; the agent's own informational lines are in ``agent.log``.
+
 Example::
 
     torchx run -s torchstep_local utils.echo --msg hi
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,16 +36,23 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchx.schedulers.api import DescribeAppResponse, Stream
+from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppDef, AppDryRunInfo, ReplicaStatus, RoleStatus, runopts
 
+from torchstep.errors import SpecError
 from torchstep.files import open_private
 from torchstep.schedulers import base, records
 
+if TYPE_CHECKING:
+    from torchstep.local.options import LocalOptions
+
 BACKEND = "torchstep_local"
 _FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+# -- options: the local target's own (torchstep.local.options: one table, resolve() -> the
+# frozen LocalOptions, runopts()), the same as `torchstep run` takes.
 
 
 @dataclass
@@ -57,6 +71,24 @@ class LocalRequest:
             f"torchstep_local: {self.app_id} (detached), logs and result under {self.log_dir}/{self.app_id}/\n"
             f"cfg: {cfg}\n{self.explain}"
         )
+
+
+def check_machine(app: AppDef, opts: LocalOptions, app_id: str) -> None:
+    """What the supervisor's run checks on this machine before it starts anything (GPUs,
+    secret variables, mounts, ports: :func:`torchstep.local.prepare.prepare`; the log and
+    checkpoint directories when they exist), without creating anything."""
+    from torchstep.files import UnsafePathError, check_private_dir, private_root
+    from torchstep.local.prepare import prepare
+    from torchstep.plan.planner import build_plan
+
+    prepare(build_plan(app, "local"), opts, app_id=app_id)
+    for field, path, check in (("log_dir", opts.log_dir, private_root),
+                               ("cfg['checkpoint_dir']", opts.checkpoint_dir, check_private_dir)):  # fmt: skip
+        if path is not None and os.path.lexists(path):
+            try:
+                check(path)
+            except UnsafePathError as e:
+                raise SpecError(field, "local", f"{e.path}: {e.problem}", fix=e.fix) from None
 
 
 def status_path(app_id: str) -> str:
@@ -94,13 +126,12 @@ def process_start(pid: int) -> str | None:
 class TorchstepLocalScheduler(base.TorchstepScheduler):
     """The ``torchstep_local`` TorchX scheduler (see the module docstring)."""
 
-    def __init__(self, session_name: str, **_: Any) -> None:
-        super().__init__(BACKEND, session_name)
+    BACKEND = BACKEND
 
     def _run_opts(self) -> runopts:
         from torchstep.local.options import runopts as local_runopts
 
-        return local_runopts()
+        return local_runopts()  # type: ignore[no-any-return]
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         from torchstep.local.options import resolve
@@ -109,13 +140,9 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
         given = {k: v for k, v in cfg.items() if v is not None}
         opts = resolve(given)  # SpecError naming cfg['<key>'] for a bad option
         payload = base.app_payload(app, "local")
-        request = LocalRequest(
-            app_id=base.new_app_id(app.name),
-            app=payload,
-            cfg=given,
-            log_dir=opts.log_dir,
-            explain=explain(app, target="local"),
-        )
+        app_id = base.new_app_id(app.name)
+        check_machine(app, opts, app_id)  # what the supervisor would find only after `torchx run` returned
+        request = LocalRequest(app_id, payload, given, opts.log_dir, explain(app, target="local"))
         return AppDryRunInfo(request, str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
@@ -142,13 +169,8 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
 
     # -- reading state ---------------------------------------------------------------------
     def _state(self, app_id: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        try:
-            record = records.load(BACKEND, app_id)
-        except ValueError:
-            return None
-        if record is None:
-            return None
-        return record, read_status(app_id) or {}
+        record = self._record(app_id)
+        return None if record is None else (record, read_status(app_id) or {})
 
     @staticmethod
     def _alive(record: Mapping[str, Any]) -> bool:
@@ -209,27 +231,22 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
                 pass
 
     # -- logs ---------------------------------------------------------------------------
-    def log_iter(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
+    def _log_lines(
+        self, app_id: str, role_name: str, k: int, *, since: datetime | None, until: datetime | None, tail: bool
     ) -> Iterable[str]:
-        """The console of replica ``k`` of ``role_name`` (every rank's lines, prefixed
-        ``[role/rank]``) of the current attempt; ``should_tail`` follows it to the end."""
-        base.check_stream(streams, BACKEND)
+        """The app's lines of replica ``k`` of ``role_name`` in the current attempt (its
+        ``console.log`` without the agent's informational lines, which are in ``agent.log``
+        beside it). A replica of one process gives its lines as they were written; one of
+        several keeps each line's ``[role/rank]`` prefix, the only thing telling its ranks
+        apart (as torchrun's own prefix does under TorchX's ``local_cwd``)."""
         found = self._state(app_id)
         if found is None:
             raise ValueError(f"{BACKEND}: no app {app_id!r} was submitted by this user on this machine")
         record = found[0]
-        roles = {r["name"] for r in record["app"].get("roles", [])}
+        roles = {r["name"]: r for r in record["app"].get("roles", [])}
         if role_name not in roles:
             raise ValueError(f"{BACKEND}: app {app_id} has no role {role_name!r}; fix: use one of {sorted(roles)}")
+        prefix = re.compile(rf"\[{re.escape(role_name)}/\d+\] ") if _one_rank(record["app"], role_name) else None
 
         def path() -> str:
             run_dir = (read_status(app_id) or {}).get("run_dir") or os.path.join(record["log_dir"], app_id)
@@ -249,11 +266,22 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
                 f.seek(cursor)
                 data = f.read()
             cut = len(data) if final else data.rfind(b"\n") + 1  # whole lines while it runs
-            text = data[:cut].decode("utf-8", "replace")
-            return text.splitlines(keepends=True), cursor + cut
+            lines = base.app_lines(data[:cut].decode("utf-8", "replace").splitlines(keepends=True))
+            return [prefix.sub("", line, count=1) if prefix else line for line in lines], cursor + cut
 
-        lines = base.follow(fetch, lambda: self.finished(app_id), tail=should_tail, until=until)
-        return base.select_lines(lines, regex)
+        return base.follow(fetch, lambda: self.finished(app_id), tail=tail, until=until)
+
+
+def _one_rank(app: Mapping[str, Any], role_name: str) -> bool:
+    """Whether each replica of ``role_name`` in the recorded AppDef runs one process."""
+    from torchstep.components.appjson import app_from_dict
+    from torchstep.plan.planner import build_plan
+
+    try:
+        plan = build_plan(app_from_dict(app), "local")
+    except ValueError:  # a record planned on submit always plans: keep the prefixes if not
+        return False
+    return any(r.name == role_name and r.nproc_per_node == 1 for r in plan.roles)
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> TorchstepLocalScheduler:
