@@ -367,7 +367,7 @@ def test_bad_cfg_is_one_clear_line(env: Path, given: dict[str, Any], message: st
 @pytest.mark.parametrize(
     ("given", "field"),
     [({"token_env": "KFP_OTHER_TOKEN"}, "cfg['token_env']"),
-     ({"service_account": "Pipeline Runner"}, "cfg['service_account']"),
+     ({"service_account": "Pipeline_Runner"}, "cfg['service_account']"),
      ({"pipeline_root": "gs://bucket/a b"}, "cfg['pipeline_root']"),
      ({"experiment": "nightly\nrun"}, "cfg['experiment']"),
      ({"launcher_image": "ghcr.io/a b:1"}, "cfg['launcher_image']"),
