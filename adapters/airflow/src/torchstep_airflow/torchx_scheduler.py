@@ -39,7 +39,7 @@ from typing import Any
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, records, rest
 from torchx.schedulers.api import DescribeAppResponse
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus
+from torchx.specs import AppDef, AppDryRunInfo, AppState
 
 BACKEND = "airflow"
 #: Environment variable read when ``-cfg endpoint`` is not given.
@@ -292,10 +292,7 @@ class AirflowScheduler(base.TorchstepScheduler):
         resp = base.response(app_id, state, msg, ui_url=ui)
         resp.num_restarts = max(0, int(ti.get("try_number") or 1) - 1)
         resp.roles = base.roles_of((run.get("conf") or {}).get("app"))
-        resp.roles_statuses = [
-            RoleStatus(role.name, [ReplicaStatus(i, state, role.name, "airflow") for i in range(role.num_replicas)])
-            for role in resp.roles
-        ]
+        resp.roles_statuses = base.run_role_statuses(resp.roles, state, "airflow")
         return resp
 
     @staticmethod

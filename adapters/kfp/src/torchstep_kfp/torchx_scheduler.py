@@ -39,7 +39,7 @@ from torchstep.errors import SpecError
 from torchstep.plan.names import is_dns_subdomain
 from torchstep.schedulers import base, records
 from torchx.schedulers.api import DescribeAppResponse
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, RoleStatus
+from torchx.specs import AppDef, AppDryRunInfo, AppState
 
 BACKEND = "kfp"
 TARGET = "kfp"  # the torchstep target the pipeline's step is planned for
@@ -320,8 +320,7 @@ class KfpScheduler(base.TorchstepScheduler):
         resp = base.response(app_id, state, msg, ui_url=conn.run_url(app_id))
         resp.roles = base.roles_of(record.get("app") or app_of_pipeline_spec(run.pipeline_spec))
         if len(resp.roles) == 1 and resp.roles[0].num_replicas == 1:  # one pod: the step's state is the run's
-            name = resp.roles[0].name
-            resp.roles_statuses = [RoleStatus(name, [ReplicaStatus(0, state, name, "")])]
+            resp.roles_statuses = base.run_role_statuses(resp.roles, state)
         return resp
 
     def _cancel_existing(self, app_id: str) -> None:

@@ -47,7 +47,7 @@ from urllib.parse import quote
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, records, rest
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
-from torchx.specs import AppDef, AppDryRunInfo, AppState, ReplicaStatus, Role, RoleStatus, macros
+from torchx.specs import AppDef, AppDryRunInfo, AppState, Role, macros
 
 BACKEND = "prefect"
 FLOW_NAME = "torchstep-torchx"  # torchx_flow.FLOW_NAME (that module imports prefect)
@@ -308,10 +308,7 @@ class PrefectScheduler(base.TorchstepScheduler):
         resp = base.response(app_id, STATES.get(kind or "", AppState.UNKNOWN), f"{name}: {message}" if message else name,
                              ui_url=ui_url(api.endpoint, run["id"]))  # fmt: skip
         resp.roles = roles_of(run.get("parameters"))
-        resp.roles_statuses = [  # Prefect knows the run's state, not each replica's: the run's
-            RoleStatus(r.name, [ReplicaStatus(i, resp.state, r.name, "") for i in range(r.num_replicas)])
-            for r in resp.roles
-        ]
+        resp.roles_statuses = base.run_role_statuses(resp.roles, resp.state)  # Prefect knows the run's state only
         return resp
 
     def list(self) -> list[ListAppResponse]:

@@ -44,7 +44,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
-from torchx.specs import AppDef, AppState, runopts
+from torchx.specs import AppDef, AppState, ReplicaStatus, RoleStatus, runopts
 
 from torchstep.errors import SpecError
 from torchstep.plan.limits import MAX_SECONDS
@@ -226,6 +226,15 @@ def response(app_id: str, state: AppState, msg: str = "", *, ui_url: str | None 
     resp = DescribeAppResponse()
     resp.app_id, resp.state, resp.msg, resp.ui_url = app_id, state, msg, ui_url
     return resp
+
+
+def run_role_statuses(roles: Iterable[Any], state: AppState, hostname: str = "") -> list[RoleStatus]:
+    """Every replica of ``roles`` in the run's ``state``: what an orchestrator that knows
+    the state of the run, not of each replica, says of them."""
+    return [
+        RoleStatus(role.name, [ReplicaStatus(i, state, role.name, hostname) for i in range(role.num_replicas)])
+        for role in roles
+    ]
 
 
 def roles_of(app: Any) -> list[Any]:
