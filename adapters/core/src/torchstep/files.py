@@ -6,6 +6,12 @@ creates is private to the user who runs it: directories ``0700``, files ``0600``
 symlink followed when creating or opening them, and a directory owned by someone else is
 refused with one clear line (:class:`UnsafePathError`), never trusted.
 
+Nothing already on disk is trusted either: on every use, the directories torchstep keeps
+state in must be real directories owned by the caller that nobody else can write, and the
+directories above them must pass OpenSSH's ``StrictModes`` rule (:func:`check_ancestors`):
+owned by root or the caller, not writable by group or others unless sticky (``/tmp``).
+Otherwise another local user could rename a directory and put their own in its place.
+
 The default root is per user: ``$XDG_STATE_HOME/torchstep``, else
 ``~/.local/state/torchstep``; when no home directory is usable, ``$TMPDIR/torchstep-<uid>``
 created ``0700`` and verified to be owned by the caller.
@@ -33,10 +39,13 @@ __all__ = [
     "DIR_MODE",
     "FILE_MODE",
     "UnsafePathError",
+    "check_ancestors",
     "check_private_dir",
+    "check_private_tree",
     "open_private",
     "private_dir",
     "private_root",
+    "read_private",
     "state_root",
     "write_private",
 ]
@@ -90,14 +99,66 @@ def state_root(environ: os._Environ[str] | dict[str, str] | None = None) -> Path
     return Path(env.get("TMPDIR") or tempfile.gettempdir()) / f"torchstep-{os.getuid()}"
 
 
+def check_ancestors(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`UnsafePathError` unless every directory above ``path`` passes
+    OpenSSH's ``StrictModes`` rule: owned by root or the caller, and not writable by group
+    or others unless it is sticky (like ``/tmp``, where nobody may rename another's entry).
+
+    Both chains are checked: the directories of ``path`` as written (where a symlink among
+    them lives) and of ``path`` resolved (where they lead). ``path`` itself is not checked.
+
+    Example::
+
+        >>> check_ancestors("/tmp/anything")  # / and /tmp: root's, /tmp sticky
+    """
+    p = Path(os.path.abspath(os.fspath(path)))
+    parent = p.parent
+    chains = [*parent.parents, parent]
+    try:
+        resolved = Path(os.path.realpath(parent))
+        chains += [*resolved.parents, resolved]
+    except OSError:
+        pass
+    seen: set[Path] = set()
+    for d in chains:
+        if d in seen:
+            continue
+        seen.add(d)
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue  # not there yet: whoever creates it is checked when it is used
+        except OSError as e:
+            raise UnsafePathError(d, f"cannot be checked: {e.strerror}", "choose another directory") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(d, "is not a directory", "choose another directory")
+        if st.st_uid not in (0, os.geteuid()):
+            raise UnsafePathError(
+                d, f"is owned by uid {st.st_uid}, neither root nor you (uid {os.geteuid()}): its owner could replace "
+                "what torchstep keeps below it", f"choose a directory under one only you or root own (ask the owner "
+                f"of {d} otherwise)",
+            )  # fmt: skip
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePathError(
+                d, f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}) and not sticky: anyone who can "
+                "write it could replace what torchstep keeps below it",
+                f"chmod go-w {d} (or chmod +t for a shared directory), or choose another directory",
+            )  # fmt: skip
+
+
 def check_private_dir(path: str | os.PathLike[str]) -> None:
     """Raise :class:`UnsafePathError` unless ``path`` is a real directory (not a symlink)
-    owned by the caller. Group/other permissions are tightened when we own it."""
+    owned by the caller that neither group nor others can write. Its mode is never changed
+    here: a directory others can write is refused with the ``chmod`` that fixes it."""
     p = os.fspath(path)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
         raise UnsafePathError(p, "does not exist", "create it or choose another directory") from None
+    _check_own_dir(p, st)
+
+
+def _check_own_dir(p: str | os.PathLike[str], st: os.stat_result, *, others_may_write: bool = False) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise UnsafePathError(p, "is a symlink (torchstep never follows one)", "use the real directory path")
     if not stat.S_ISDIR(st.st_mode):
@@ -106,17 +167,71 @@ def check_private_dir(path: str | os.PathLike[str]) -> None:
         raise UnsafePathError(
             p, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})", "choose a directory you own"
         )
+    if not others_may_write and st.st_mode & 0o022:
+        raise UnsafePathError(
+            p, f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}): they could plant files in it",
+            f"chmod go-w {os.fspath(p)}",
+        )  # fmt: skip
 
 
-def private_dir(path: str | os.PathLike[str], *, mode: int = DIR_MODE) -> Path:
+def check_private_tree(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Raise :class:`UnsafePathError` unless every directory from ``base`` down to
+    ``path`` (both included, all existing) is a real directory owned by the caller that
+    neither group nor others can write, and the directories above ``base`` pass
+    :func:`check_ancestors`. Called on every use of state kept under ``base``.
+
+    Example::
+
+        >>> import tempfile
+        >>> base = private_dir(os.path.join(tempfile.mkdtemp(), "state"))
+        >>> check_private_tree(base, private_dir(base / "torchx" / "airflow", base=base))
+    """
+    top = Path(os.path.abspath(os.fspath(base)))
+    target = Path(os.path.abspath(os.fspath(path)))
+    if top != target and top not in target.parents:
+        raise ValueError(f"{target} is not inside {top}")
+    check_ancestors(top)
+    for d in _chain(top, target):
+        check_private_dir(d)
+
+
+def _chain(upper: Path, lower: Path) -> list[Path]:
+    """``upper``, the directories between, and ``lower`` (``upper`` is ``lower`` or above it)."""
+    return [upper, *[q for q in reversed(lower.parents) if upper in q.parents], *([lower] if lower != upper else [])]
+
+
+def _writers(mode: int) -> str:
+    return " and ".join(w for w, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit)
+
+
+def _mode(mode: int) -> str:
+    return f"{stat.S_IMODE(mode):04o}"
+
+
+def private_dir(
+    path: str | os.PathLike[str], *, mode: int = DIR_MODE, base: str | os.PathLike[str] | None = None
+) -> Path:
     """Create ``path`` and any missing parents (each new one ``0700``) and return it.
 
-    Existing parents are used as they are (``/home``, ``/tmp``); every directory this call
-    creates, and ``path`` itself, must be a real directory owned by the caller: a symlink
-    or a foreign-owned directory raises :class:`UnsafePathError`. ``path`` is made
-    ``0700`` (``mode``) even when it already existed.
+    Every directory from ``base`` (default: ``path`` itself) down to ``path``, whether it
+    existed or this call created it, must be a real directory (not a symlink) owned by the
+    caller that neither group nor others can write; every existing directory above those
+    must pass :func:`check_ancestors` (OpenSSH's ``StrictModes``: root's or the caller's,
+    not writable by others unless sticky, like ``/home`` and ``/tmp``). Anything else raises
+    :class:`UnsafePathError` before a directory is created under it. ``path`` is made
+    ``0700`` (``mode``) when it already existed with read or search bits for others.
+
+    Example::
+
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> private_dir(os.path.join(root, "state", "torchx", "airflow"), base=os.path.join(root, "state")).name
+        'airflow'
     """
     target = Path(os.path.abspath(os.fspath(path)))
+    top = target if base is None else Path(os.path.abspath(os.fspath(base)))
+    if top != target and top not in target.parents:
+        raise ValueError(f"{target} is not inside {top}")
     missing: list[Path] = []
     probe = target
     while True:
@@ -132,10 +247,12 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = DIR_MODE) -> Path:
             raise UnsafePathError(probe, "a parent is not a directory", "choose another directory") from None
         except PermissionError:
             raise UnsafePathError(probe, "permission denied", "choose a directory you can write") from None
-    if probe != target and probe not in missing:
-        st = os.lstat(probe)
-        if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError(probe, "is not a directory", "choose another directory")
+    # the shallowest directory that must be ours: `base`, or the first one this call creates
+    first_ours = missing[-1] if missing and (missing[-1] == top or missing[-1] in top.parents) else top
+    check_ancestors(first_ours)
+    if first_ours not in missing:  # existing directories from `base` down: checked before anything is made in them
+        for d in _chain(first_ours, probe):
+            check_private_dir(d)
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
@@ -148,8 +265,8 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = DIR_MODE) -> Path:
         except OSError as e:
             raise UnsafePathError(d, f"cannot be created: {e.strerror}", "choose another directory") from None
         check_private_dir(d)
-    check_private_dir(target)
     st = os.lstat(target)
+    _check_own_dir(target, st)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(target, mode)
     return target
@@ -157,8 +274,9 @@ def private_dir(path: str | os.PathLike[str], *, mode: int = DIR_MODE) -> Path:
 
 def private_root(path: str | os.PathLike[str]) -> Path:
     """A directory the user named (a log root): created like :func:`private_dir` when
-    missing; when it exists it must be a real directory owned by the caller, and its mode
-    is left as the user set it (what torchstep creates inside is ``0700``)."""
+    missing; when it exists it must be a real directory owned by the caller that neither
+    group nor others can write, under directories that pass :func:`check_ancestors`. Its
+    mode is otherwise left as the user set it (what torchstep creates inside is ``0700``)."""
     p = Path(os.path.abspath(os.fspath(path)))
     try:
         os.lstat(p)
@@ -168,6 +286,7 @@ def private_root(path: str | os.PathLike[str]) -> Path:
         raise UnsafePathError(p, "a parent is not a directory", "choose another directory") from None
     except PermissionError:
         raise UnsafePathError(p, "permission denied", "choose a directory you can write") from None
+    check_ancestors(p)
     check_private_dir(p)
     if not os.access(p, os.W_OK | os.X_OK):
         raise UnsafePathError(p, "is not writable", "choose a directory you can write")
@@ -194,6 +313,44 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_WRONLY | os.O_C
         os.close(fd)
         raise
     return fd
+
+
+def read_private(path: str | os.PathLike[str]) -> str:
+    """The text of a file torchstep wrote with :func:`write_private`, read through the
+    file descriptor it checked: opened with ``O_NOFOLLOW``, then ``fstat`` must show a
+    regular file owned by the caller with mode ``0600``. Anything else (a symlink, a file
+    another user planted, one others could have written) raises :class:`UnsafePathError`;
+    a missing file raises ``FileNotFoundError``. Check the directories above it first
+    (:func:`check_private_tree`).
+
+    Example::
+
+        >>> import tempfile
+        >>> read_private(write_private(os.path.join(tempfile.mkdtemp(), "r.json"), "{}"))
+        '{}'
+    """
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(p, "is a symlink (torchstep never follows one)", "remove it") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(p, "is not a regular file", "remove it")
+        if st.st_uid != os.geteuid():
+            raise UnsafePathError(
+                p, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}): torchstep did not write it, "
+                "another user may have planted it", "remove it (and check who can write its directory)",
+            )  # fmt: skip
+        if stat.S_IMODE(st.st_mode) != FILE_MODE:
+            raise UnsafePathError(
+                p, f"has mode {_mode(st.st_mode)}, not 0600: torchstep writes its files private",
+                f"remove it (or chmod 600 {p} if you wrote it yourself)",
+            )  # fmt: skip
+        return f.read().decode("utf-8")
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> str:

@@ -288,11 +288,20 @@ def checkpoint_dir() -> str | None:
 def last_checkpoint() -> str | None:
     """The newest complete checkpoint in :func:`checkpoint_dir` *now* (a worker restarted
     by the agent sees what its predecessor saved), else the one the launcher saw when the
-    replica started, else ``None``. See :mod:`torchstep.checkpoints` for what counts.
+    replica started, else ``None``. See :mod:`torchstep.checkpoints` for what counts: the
+    directory and the chosen entry are checked on every call, and an entry another user
+    owns (or could have written) is never returned (a ``CheckpointWarning`` says why).
 
     Example::
 
         start = load(path) if (path := torchstep.last_checkpoint()) else 0
+
+    Returns:
+        The path, or ``None``.
+
+    Raises:
+        torchstep.files.UnsafePathError: the checkpoint directory, or one above it, could be
+            written by someone else (the message names it and the fix).
     """
     directory = checkpoint_dir()
     if directory is not None:

@@ -35,7 +35,7 @@ from torchstep import contract
 from torchstep.checkpoints import latest_checkpoint
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
 from torchstep.errors import SpecError
-from torchstep.files import open_private
+from torchstep.files import UnsafePathError, open_private
 from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
@@ -62,15 +62,17 @@ AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
 #: Exit code of a run stopped by its timeout (as GNU ``timeout``).
 
 
-def _checkpoint_dir(path: str) -> None:
-    """Create the step's checkpoint directory (0700) or check the existing one is ours."""
-    from torchstep.files import UnsafePathError, private_dir
+def _checkpoint_dir(path: str) -> list[str]:
+    """Create the step's checkpoint directory (0700) or check the existing one and every
+    directory above it (:func:`torchstep.checkpoints.prepare_checkpoint_dir`); the
+    warnings to show."""
+    from torchstep.checkpoints import prepare_checkpoint_dir
+    from torchstep.files import UnsafePathError
 
     try:
-        private_dir(path)
+        return prepare_checkpoint_dir(path)
     except UnsafePathError as e:
-        raise SpecError("cfg['checkpoint_dir']", "local", str(e),
-                        fix="name a directory you own (not a symlink), the same for every try") from None  # fmt: skip
+        raise SpecError("cfg['checkpoint_dir']", "local", f"{e.path}: {e.problem}", fix=e.fix) from None
 
 
 def new_app_id(name: str) -> str:
@@ -138,7 +140,8 @@ class Launcher:
         starting anything when this machine cannot serve the plan."""
         prepared = prepare(self.plan, self.opts, app_id=self.app_id)
         if self.opts.checkpoint_dir is not None:
-            _checkpoint_dir(self.opts.checkpoint_dir)
+            for text in _checkpoint_dir(self.opts.checkpoint_dir):
+                self._warn(text)
         lock = claim_run_dir(self.opts.log_dir, self.dir, [spec.log_dir for spec in prepared.replicas], self.app_id)
         try:
             return self._run(prepared)
@@ -205,7 +208,7 @@ class Launcher:
         env[contract.ENV_RUN_DIR] = self.tmp
         if self.opts.checkpoint_dir is not None:  # looked up per start: a replaced replica resumes too
             env[contract.ENV_CHECKPOINT_DIR] = self.opts.checkpoint_dir
-            env[contract.ENV_LAST_CHECKPOINT] = latest_checkpoint(self.opts.checkpoint_dir) or ""
+            env[contract.ENV_LAST_CHECKPOINT] = self._last_checkpoint(self.opts.checkpoint_dir)
         env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
         if role.uses_torchrun:
             env.update(
@@ -274,11 +277,24 @@ class Launcher:
     def _log_lost(self, rep: _Replica, err: OSError) -> None:
         """A log that cannot be written is truncated, not fatal: the console keeps every
         line and the result says so."""
-        text = f"log truncated: {rep.spec.console_file}: {err.strerror or err}"
+        self._warn(f"log truncated: {rep.spec.console_file}: {err.strerror or err}")
+
+    def _warn(self, text: str) -> None:
+        """Say ``text`` once: on the console and in the result's warnings."""
         with self._warn_lock:
-            if text not in self.warnings:
-                self.warnings.append(text)
+            if text in self.warnings:
+                return
+            self.warnings.append(text)
         self.display.note(text)
+
+    def _last_checkpoint(self, directory: str) -> str:
+        """The newest checkpoint a starting replica resumes from (checked now: see
+        :mod:`torchstep.checkpoints`); ``""`` when none can be trusted, and a warning says why."""
+        try:
+            return latest_checkpoint(directory, warn=self._warn) or ""
+        except UnsafePathError as e:
+            self._warn(f"no checkpoint is resumed from: {e}")
+            return ""
 
     def _supervise(self, started: float) -> None:
         limits = [t for t in (self.opts.timeout, self.plan.timeout_s, *(r.timeout_s for r in self.plan.roles)) if t]

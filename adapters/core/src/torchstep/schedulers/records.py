@@ -4,7 +4,15 @@ directory, ``<state_root>/torchx/<backend>/<app_id>.json`` (directories 0700, fi
 no symlink followed — :mod:`torchstep.files`).
 
 A record holds where the app runs (endpoint, native ids, the *names* of the environment
-variables holding credentials) — never a secret.
+variables holding credentials) — never a secret. Since the scheduler sends the credential
+of the variable a record names to the endpoint it names, a record is trusted only when
+nobody else could have written it, checked on every read: every directory from the state
+root down is the caller's and nobody else can write it (those above pass OpenSSH's
+``StrictModes``), the file itself is the caller's with mode ``0600`` (``fstat`` of the
+descriptor read, opened without following a symlink), and its endpoints and variable names
+pass the rules they passed on submit. Anything else is a
+:class:`~torchstep.files.UnsafePathError` naming the file or directory and the fix; nothing
+is sent anywhere.
 
 Example::
 
@@ -24,12 +32,16 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from torchstep.files import private_dir, state_root, write_private
+from torchstep.files import UnsafePathError, check_private_tree, private_dir, read_private, state_root, write_private
 
 _APP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,250}")
+#: What a credential variable's name may be (the widest of the schedulers' submit rules).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def check_app_id(app_id: str) -> str:
@@ -42,8 +54,10 @@ def check_app_id(app_id: str) -> str:
 
 
 def records_dir(backend: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """``<state_root>/torchx/<backend>`` (created private on first use)."""
-    return private_dir(Path(root or state_root()) / "torchx" / check_app_id(backend))
+    """``<state_root>/torchx/<backend>`` (created private on first use; every directory
+    from the state root down checked on every use)."""
+    base = Path(root or state_root())
+    return private_dir(base / "torchx" / check_app_id(backend), base=base)
 
 
 def save(backend: str, app_id: str, record: dict[str, Any], *, root: str | os.PathLike[str] | None = None) -> None:
@@ -53,22 +67,92 @@ def save(backend: str, app_id: str, record: dict[str, Any], *, root: str | os.Pa
 
 
 def load(backend: str, app_id: str, *, root: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
-    """The record of ``app_id``, or ``None`` when this user never submitted it from here."""
-    path = Path(root or state_root()) / "torchx" / backend / f"{check_app_id(app_id)}.json"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except (FileNotFoundError, NotADirectoryError):
+    """The record of ``app_id``, or ``None`` when this user never submitted it from here.
+    Raises :class:`~torchstep.files.UnsafePathError` when the record, or a directory above
+    it, could have been written by someone else, or names an endpoint or a variable that no
+    scheduler would have stored (see the module docstring)."""
+    base = Path(root or state_root())
+    directory = base / "torchx" / check_app_id(backend)
+    path = directory / f"{check_app_id(app_id)}.json"
+    if not _exists(path):
         return None
-    with os.fdopen(fd) as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else None
+    check_private_tree(base, directory)
+    data = json.loads(read_private(path))
+    if not isinstance(data, dict):
+        return None
+    check_record(data, path)
+    return data
 
 
 def app_ids(backend: str, *, root: str | os.PathLike[str] | None = None) -> list[str]:
-    """Every recorded app id of ``backend``, oldest first."""
-    base = Path(root or state_root()) / "torchx" / backend
-    try:
-        entries = [e for e in os.scandir(base) if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
-    except FileNotFoundError:
+    """Every recorded app id of ``backend``, oldest first (after the directory checks of
+    :func:`load`: an unsafe directory raises instead of listing what someone planted)."""
+    base = Path(root or state_root())
+    directory = base / "torchx" / check_app_id(backend)
+    if not _exists(directory):
         return []
+    check_private_tree(base, directory)
+    entries = [e for e in os.scandir(directory) if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
     return [e.name[: -len(".json")] for e in sorted(entries, key=lambda e: e.stat(follow_symlinks=False).st_mtime)]
+
+
+def check_record(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """The checks a scheduler made before it stored ``record``, made again on reading it:
+    every ``endpoint`` / ``*_endpoint`` value is an http(s) URL with a host and without
+    credentials, query or fragment (``torchstep.schedulers.base.check_endpoint``'s rule);
+    every ``*_env`` value is the *name* of an environment variable. A record failing them
+    was not written by a scheduler: :class:`~torchstep.files.UnsafePathError` naming
+    ``path`` and the key (never the value: it may be a secret)."""
+    for key, value in _items(record):
+        if value is None:
+            continue
+        if key == "endpoint" or key.endswith("_endpoint"):
+            problem = _url_problem(value)
+        elif key.endswith("_env"):
+            ok = isinstance(value, str) and _ENV_NAME.fullmatch(value)
+            problem = None if ok else "is not the name of an environment variable (value not shown)"
+        else:
+            continue
+        if problem is not None:
+            raise UnsafePathError(
+                path, f"{key!r} {problem}: no torchstep scheduler stores that, so it is not trusted",
+                "remove the record (and submit again: records are written by `torchx run` only)",
+            )  # fmt: skip
+
+
+def _url_problem(value: Any) -> str | None:
+    """Why ``value`` is not an endpoint a scheduler accepts on submit (``None``: it is).
+    The rule of ``torchstep.schedulers.base.check_endpoint``, which this module cannot
+    import (``base`` imports this module)."""
+    if not isinstance(value, str) or any(c.isspace() for c in value):
+        return "is not an http(s) URL"
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        has_auth = bool(parts.username or parts.password)
+    except ValueError:
+        return "is not an http(s) URL"
+    if has_auth or parts.query or parts.fragment:
+        return "is a URL with credentials, a query or a fragment (not shown)"
+    if parts.scheme not in ("http", "https") or not host:
+        return "is not an http(s) URL"
+    return None
+
+
+def _items(value: Any) -> Iterator[tuple[str, Any]]:
+    """Every ``(key, value)`` of a JSON object, nested objects included."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key), item
+            yield from _items(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _items(item)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
