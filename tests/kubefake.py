@@ -9,6 +9,12 @@ objects (attribute access, snake_case fields) for the paths JobSet uses:
   reads, then terminates with its scripted exit code and termination message; an index
   scripted with several codes is *replaced* (a new pod, later ``creation_timestamp``)
   after each earlier code, as the Job controller does for ``backoffLimitPerIndex``;
+  every pod has its own ``uid`` and, as the Job controller sets it, an ``ownerReferences``
+  entry naming its Job (``controller: true``, the Job's uid); a bare Pod is its own;
+- :meth:`FakeKube.add_pod` puts a pod there as someone else would (an impostor with the
+  run's labels, its own lines and termination message, no owner unless given);
+  :meth:`FakeKube.impersonate` makes one with replica 0's labels as soon as the run's
+  workload exists (labels are predictable: the same as one made in advance);
 - ``read_namespaced_pod_log(follow=True, timestamps=True)`` streams the pod's scripted
   lines with RFC 3339 timestamps; ``drop_after`` makes a stream end early once, as a
   dropped connection does; ``since_seconds`` is honoured (with the overlap a real API
@@ -18,7 +24,8 @@ objects (attribute access, snake_case fields) for the paths JobSet uses:
 - creating an object whose name exists raises :class:`ApiError` 409 (as the API server's
   AlreadyExists); ``patch_namespaced_job/pod`` merge ``metadata.annotations`` and are
   recorded in ``patches``;
-- ``delete_*`` record what was deleted (and with which propagation policy).
+- ``delete_*`` record what was deleted (and with which propagation policy); a delete
+  restricted by ``field_selector`` (``metadata.name=...``) is recorded in ``deleted_names``.
 """
 
 from __future__ import annotations
@@ -89,6 +96,10 @@ class FakeKube:
         self.log_calls: list[dict[str, Any]] = []
         self.reads = 0
         self.fail_status_reads = 0  # raise on the next N job status reads (an API error)
+        self.extra_pods: list[Any] = []  # pods someone else created (add_pod)
+        self._impostor: tuple[list[str], str | None] | None = None
+        self.extra_lines: dict[str, list[str]] = {}
+        self.deleted_names: list[tuple[str, str]] = []  # (kind, field selector) of deletes by name
         self._dropped: set[str] = set()
         self._lock = threading.Lock()
 
@@ -124,8 +135,15 @@ class FakeKube:
         return self._patch("Pod", name, body)
 
     def delete_collection_namespaced_job(
-        self, namespace: str, label_selector: str, propagation_policy: str | None = None
+        self,
+        namespace: str,
+        label_selector: str,
+        propagation_policy: str | None = None,
+        field_selector: str | None = None,
     ):
+        if field_selector is not None:
+            self.deleted_names.append(("jobs", field_selector))
+            return
         self.deleted.append(("jobs", label_selector, propagation_policy))
 
     # -- core/v1 ----------------------------------------------------------------------------------
@@ -154,8 +172,11 @@ class FakeKube:
 
     def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any:
         self.log_calls.append({"name": name, **kwargs})
-        index, incarnation = self._parse(name)
-        lines = [f"{_ts(i, self.clock_offset)} {text}" for i, text in enumerate(self._lines(index, incarnation))]
+        if name in self.extra_lines:
+            texts = self.extra_lines[name]
+        else:
+            texts = self._lines(*self._parse(name))
+        lines = [f"{_ts(i, self.clock_offset)} {text}" for i, text in enumerate(texts)]
         if "since_seconds" in kwargs:  # second resolution, as the API server: an overlap the reader must skip
             cutoff = int(time.time() + self.clock_offset) - int(kwargs["since_seconds"])
             lines = [line for line in lines if _epoch(line) >= cutoff]
@@ -168,13 +189,56 @@ class FakeKube:
         return ns(stream=lambda: iter(chunks))
 
     def delete_collection_namespaced_pod(
-        self, namespace: str, label_selector: str, propagation_policy: str | None = None
+        self,
+        namespace: str,
+        label_selector: str,
+        propagation_policy: str | None = None,
+        field_selector: str | None = None,
     ):
+        if field_selector is not None:
+            self.deleted_names.append(("pods", field_selector))
+            return
         self.deleted.append(("pods", label_selector, propagation_policy))
+        wanted = dict(term.split("=", 1) for term in label_selector.split(",") if "=" in term)
+        self.extra_pods = [p for p in self.extra_pods if not wanted.items() <= dict(p.metadata.labels).items()]
 
     def list_namespaced_service(self, namespace: str, label_selector: str) -> Any:
-        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"], labels=o["metadata"].get("labels", {})))
+        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"], labels=o["metadata"].get("labels", {}),
+                                        owner_references=[ns(**r) for r in o["metadata"].get("ownerReferences") or []]))
                          for o in self.objects if o["kind"] == "Service"])  # fmt: skip
+
+    def add_pod(
+        self,
+        name: str,
+        labels: dict[str, str],
+        *,
+        lines: list[str],
+        message: str | None,
+        exit_code: int = 0,
+        index: int = 0,
+        owner_uid: str | None = None,
+    ) -> None:
+        """A pod someone else created in the namespace (not by a Job of ours): ``labels``
+        (copied from ours, say), its own log ``lines`` and its termination ``message``;
+        ``owner_uid`` gives it an ``ownerReferences`` controller entry."""
+        refs = (
+            [ns(api_version="batch/v1", kind="Job", name="other", uid=owner_uid, controller=True)]
+            if owner_uid
+            else None
+        )
+        self.extra_pods.append(ns(
+            metadata=ns(name=name, uid=f"uid-{name}", labels=dict(labels), owner_references=refs,
+                        annotations={"batch.kubernetes.io/job-completion-index": str(index)},
+                        creation_timestamp="2026-11-24T00:59:59Z"),
+            status=ns(phase="Succeeded" if exit_code == 0 else "Failed", conditions=[],
+                      container_statuses=[ns(name="main", state=ns(terminated=ns(exit_code=exit_code, message=message)))]),
+        ))  # fmt: skip
+        self.extra_lines[name] = list(lines)
+
+    def impersonate(self, lines: list[str], message: str | None) -> None:
+        """Once the run's first workload exists, a bare pod ``<workload>-0-evil`` with replica
+        0's labels, ``lines`` and the termination ``message`` (a forged result) is there too."""
+        self._impostor = (lines, message)
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self.deleted.append(("service", name, None))
@@ -190,6 +254,13 @@ class FakeKube:
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.objects)}"}}
         self.objects.append(obj)
         self.started.setdefault(body["metadata"]["name"], time.time())
+        if self._impostor is not None and body["kind"] in ("Job", "Pod"):
+            lines, message = self._impostor
+            self._impostor = None
+            labels = (
+                body["metadata"]["labels"] if body["kind"] == "Pod" else body["spec"]["template"]["metadata"]["labels"]
+            )
+            self.add_pod(f"{body['metadata']['name']}-0-evil", labels, lines=lines, message=message)
         return obj
 
     def _patch(self, kind: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -214,9 +285,12 @@ class FakeKube:
     def _pod_list(self) -> list[Any]:
         job = self._job()
         if job is None or self._job_deleted() or any(kind == "pods" for kind, _, _ in self.deleted):
-            return []
+            return list(self.extra_pods)
         bare = job["kind"] == "Pod"
         labels = job["metadata"]["labels"] if bare else job["spec"]["template"]["metadata"]["labels"]
+        # as the Job controller sets it: the pod's controller is its Job (a bare Pod has no owner)
+        owner = None if bare else [ns(api_version="batch/v1", kind="Job", name=job["metadata"]["name"],
+                                      uid=job["metadata"]["uid"], controller=True, block_owner_deletion=True)]  # fmt: skip
         pods = []
         for index, script in sorted(self.scripts.items()):
             # incarnation k exists after k * polls reads; it is terminated after (k + 1) * polls
@@ -228,13 +302,14 @@ class FakeKube:
                     script.messages[k] if k < len(script.messages) else f"[torchstep-agent] replica {index} exit {code}"
                 )
                 term = ns(exit_code=code, message=message) if finished else None
+                name = job["metadata"]["name"] if bare else f"{job['metadata']['name']}-{index}-{'abcde'[k % 5]}"
                 pods.append(
                     ns(
                         metadata=ns(
-                            name=job["metadata"]["name"]
-                            if bare
-                            else f"{job['metadata']['name']}-{index}-{'abcde'[k % 5]}",
+                            name=name,
+                            uid=job["metadata"]["uid"] if bare else f"uid-{name}",
                             labels=labels,
+                            owner_references=owner,
                             annotations={"batch.kubernetes.io/job-completion-index": str(index)},
                             creation_timestamp=f"2026-11-24T00:00:{10 * k + index:02d}Z",
                         ),
@@ -245,7 +320,7 @@ class FakeKube:
                         ),
                     )
                 )
-        return pods
+        return pods + list(self.extra_pods)
 
     def _parse(self, name: str) -> tuple[int, int]:
         if any(o["kind"] == "Pod" and o["metadata"]["name"] == name for o in self.objects):

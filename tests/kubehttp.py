@@ -18,6 +18,11 @@ completion index (a bare Pod is its own), each writes ``lines`` one every ``line
 seconds (RFC 3339 timestamps of the moment each "appeared"), runs ``run_s`` seconds, then
 terminates with ``codes[index]`` and ``messages[index]`` as its termination message (the
 agent's result summary). A followed log streams lines as they appear until the pod ends.
+Every object gets a ``metadata.uid``; a Job's pods get the ``ownerReferences`` entry the Job
+controller sets (``controller: true``, the Job's uid). A pod created directly can replace
+what the scenario says for it with two test-only annotations (an impostor's forged result):
+``kubehttp/message`` (its termination message) and ``kubehttp/line`` (the text of its lines).
+Delete-collection honours ``fieldSelector=metadata.name=...``.
 
     server = start_server(tmp_path, Scenario(replicas=2, run_s=5))
     kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
@@ -110,12 +115,20 @@ class Cluster:
             self.counters[{"Job": "jobs_created", "Pod": "pods_created", "Service": "services_created"}[kind]] += 1
             if kind == "Job":
                 template = obj["spec"]["template"]
+                owner = {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": name,
+                    "uid": obj["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }  # as the Job controller sets it
                 for index in range(int(obj["spec"].get("completions") or 1)):
                     pod = {"apiVersion": "v1", "kind": "Pod",
                            "metadata": {"name": f"{name}-{index}-{uuid.uuid4().hex[:5]}", "namespace": ns,
                                         "labels": {**template["metadata"].get("labels", {}), "job-name": name},
                                         "annotations": {INDEX: str(index)}, "uid": str(uuid.uuid4()),
-                                        "creationTimestamp": _now()},
+                                        "creationTimestamp": _now(), "ownerReferences": [owner]},
                            "spec": template["spec"]}  # fmt: skip
                     self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
                     self.started[pod["metadata"]["name"]] = time.time()
@@ -149,17 +162,21 @@ class Cluster:
                 }
             return 200, self.view(kind, obj)
 
-    def delete(self, kind: str, ns: str, name: str | None, selector: str | None) -> dict[str, Any]:
+    def delete(
+        self, kind: str, ns: str, name: str | None, selector: str | None, field: str | None = None
+    ) -> dict[str, Any]:
+        only = field.partition("metadata.name=")[2] if field else None
         with self.lock:
             doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
-                      and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))]  # fmt: skip
+                      and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))
+                      and (only is None or key[2] == only)]  # fmt: skip
             for key in doomed:
                 uid = self.objects.pop(key)["metadata"]["uid"]
                 self.deleted.append(f"{kind}/{key[2]}")
                 if kind == "Job":  # foreground propagation: its pods and the Services it owns go too
                     for other, o in list(self.objects.items()):
                         owned = any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
-                        if owned or (other[0] == "Pod" and o["metadata"].get("labels", {}).get("job-name") == key[2]):
+                        if owned:
                             self.objects.pop(other)
                             self.deleted.append(f"{other[0]}/{other[2]}")
         return _status(200, "", "deleted", status="Success")
@@ -179,7 +196,8 @@ class Cluster:
             return {"phase": "Running", "conditions": [], "containerStatuses": [status]}
         code = self.scenario.code(index)
         status["ready"] = False
-        status["state"] = {"terminated": {"exitCode": code, "message": self.scenario.message(index)}}
+        message = (pod["metadata"].get("annotations") or {}).get("kubehttp/message", self.scenario.message(index))
+        status["state"] = {"terminated": {"exitCode": code, "message": message}}
         return {"phase": "Succeeded" if code == 0 else "Failed", "conditions": [], "containerStatuses": [status]}
 
     def view(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -190,8 +208,9 @@ class Cluster:
         if kind == "Pod":
             out["status"] = self._pod_status(obj)
         elif kind == "Job":
+            uid = obj["metadata"]["uid"]  # the Job controller counts the pods it owns
             pods = [self._pod_status(p) for (k, n, _), p in self.objects.items()
-                    if k == "Pod" and p["metadata"].get("labels", {}).get("job-name") == obj["metadata"]["name"]]  # fmt: skip
+                    if k == "Pod" and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]  # fmt: skip
             phases = [p["phase"] for p in pods]
             conditions = []
             if "Failed" in phases:
@@ -210,9 +229,10 @@ class Cluster:
             start = self.started[name]
             index = self._index(pod)
             role = (pod["metadata"].get("labels") or {}).get("torchstep/role", "role")
+            text = (pod["metadata"].get("annotations") or {}).get("kubehttp/line", f"[{role}/{index}] line")
         s = self.scenario
         now = time.time()
-        written = [(start + (k + 1) * s.line_interval_s, f"[{role}/{index}] line {k}") for k in range(s.lines)]
+        written = [(start + (k + 1) * s.line_interval_s, f"{text} {k}") for k in range(s.lines)]
         return [(t, text) for t, text in written if t <= now], now - start >= s.run_s, s.lines
 
 
@@ -260,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
             c = self.cluster
             with c.lock:
                 objects = [{"kind": k, "name": n, "labels": o["metadata"].get("labels") or {},
-                            "annotations": o["metadata"].get("annotations") or {}}
+                            "annotations": o["metadata"].get("annotations") or {}, "uid": o["metadata"]["uid"]}
                            for (k, _, n), o in c.objects.items()]  # fmt: skip
                 self._send(200, {**c.counters, "deleted": list(c.deleted), "objects": objects})
             return
@@ -292,7 +312,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, _status(404, "NotFound", self.path))
         kind, ns, name, _, query = route
         self._body()
-        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector")))
+        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector")))
 
     def _log(self, name: str, query: dict[str, str]) -> None:
         c = self.cluster

@@ -49,6 +49,8 @@ class FakeApi(FakeHook):
     # pod manager
     def create_pod(self, pod):
         self.created.append(pod)
+        pod.metadata.uid = f"uid-{pod.metadata.name}"  # the API answers with the created pod, uid included
+        return pod
 
     def await_pod_completion(self, pod, istio_enabled=False, container_name="main"):
         return self.finished(pod)

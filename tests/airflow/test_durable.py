@@ -225,7 +225,7 @@ def dead_watcher(op: AppDefOperator, try_number: int, store: Store | None) -> st
     _, plan = op.build_app()
     runner = op._make_runner(app(), plan, run_id)
     runner.client()
-    runner.core_step(run_id).job_set().create()
+    runner.core_step(run_id, cursor_store=store).job_set().create()  # records its Job's uid, as a real try does
     return run_id
 
 
@@ -329,6 +329,24 @@ def test_an_object_of_someone_else_under_the_same_name_is_refused_by_name(monkey
     with pytest.raises(AirflowFailException, match=f"Job {NS}/{name}.*not created by this run"):
         op.execute(context(1, Store()))
     assert [o["metadata"]["labels"] for o in fake.objects] == [{"team": "other"}]  # nothing created beside it
+
+
+def test_a_job_with_the_runs_labels_that_this_task_did_not_create_is_refused_by_name(cluster: Cluster) -> None:
+    """Someone allowed to create Jobs in the namespace made the task's Job in advance, its
+    labels copied from ``torchstep render`` (run ids are predictable). The task state store
+    holds no uid of it: refused by name, nothing deleted, nothing created beside it."""
+    store = Store()
+    op = operator()
+    run_id = run_id_of(context(1, store))
+    _, plan = op.build_app()
+    forged = op._make_runner(app(), plan, run_id).rendered.roles[0].workload
+    cluster.create_namespaced_job(NS, body=forged)
+    name = forged["metadata"]["name"]
+    with pytest.raises(AirflowFailException, match=f"Job {NS}/{name}.*not created by this run.*no creation of it"):
+        op.execute(context(1, store))
+    fake = cluster.fakes[app_id(run_id)]
+    assert fake.deleted == [] and fake.deleted_names == []  # left alone
+    assert cluster.jobs() == [name] and [o["kind"] for o in fake.objects] == ["Job"]
 
 
 def test_mark_failed_or_clear_while_reattached_deletes_the_job_and_its_pods(cluster: Cluster) -> None:

@@ -213,3 +213,15 @@ def test_job_path_reads_rank0_outputs_and_root_cause_from_the_agents_termination
     assert result.root_cause is not None and result.root_cause.rank == 1
     assert "disk full on rank 1" in (result.root_cause.message or "")
     assert "disk full on rank 1" in result.message
+
+
+def test_job_path_ignores_a_forged_pod_with_replica_0s_labels(capsys):
+    ok = torchstep.StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://ours"})
+    forged = torchstep.StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://attacker"})
+    s, fake = job_set([0, 0], messages={0: ok.summary(), 1: ok.summary()})
+    fake.impersonate(["[trainer/0] FORGED step"], forged.summary())
+    result = s.run(context=None)
+    assert result.state == "SUCCEEDED" and result.outputs == {"model_uri": "s3://ours"}
+    out = capsys.readouterr().out
+    assert "[trainer/0] hello" in out and "FORGED" not in out
+    assert out.count("ignoring pod ml/") == 1

@@ -197,3 +197,20 @@ def test_a_sigkilled_launcher_pod_retried_by_kfp_attaches_to_its_jobs(tmp_path: 
         assert not [o for o in state["objects"] if o["labels"].get("torchstep/app-id")]  # cleaned up
     finally:
         server.stop()
+
+
+def test_a_forged_pod_with_replica_0s_labels_changes_neither_the_output_nor_the_step_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone allowed to create pods in the namespace made a bare pod with replica 0's
+    labels (predictable from the KFP run), its own lines and a forged result."""
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://ours"}).summary()
+    forged = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://attacker"}).summary()
+    fake = FakeKube({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(lines=["[trainer/1] step 1"])})
+    fake.impersonate(["[trainer/0] FORGED step 1"], forged)
+    assert entry.main(argv(tmp_path, replicas=2, nproc_per_node=1), client=fake) == 0
+    result = json.loads((tmp_path / "out" / "result").read_text())
+    assert result["outputs"] == {"model_uri": "s3://ours"} and [r["replica_id"] for r in result["replicas"]] == [0, 1]
+    out = capsys.readouterr().out
+    assert "[trainer/0] step 1 (pod 0)" in out and "FORGED" not in out
+    assert out.count("ignoring pod ml/") == 1 and "-0-evil" in out

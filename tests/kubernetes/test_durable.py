@@ -23,20 +23,39 @@ from torchstep.result import StepResult
 pytest.importorskip("kubernetes")
 
 WATCHER = r"""
-import json, signal, sys
+import json, os, signal, sys
 import torchstep
 from torchstep.kubernetes import OfficialClient
 from torchstep.steps import KubernetesStep
 from torchx import specs
 
 kubeconfig, out, result_file = sys.argv[1:4]
+store_file = sys.argv[4] if len(sys.argv) > 4 else None
+
+
+class FileStore:  # an orchestrator's state between tries (Airflow's task state store), in a JSON file
+
+    def get(self, key, default=None):
+        try:
+            return json.load(open(store_file)).get(key, default)
+        except FileNotFoundError:
+            return default
+
+    def set(self, key, value):
+        data = json.load(open(store_file)) if os.path.exists(store_file) else {}
+        data[key] = value
+        open(store_file + ".tmp", "w").write(json.dumps(data))
+        os.replace(store_file + ".tmp", store_file)
+
+
 role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
                   num_replicas=2, metadata={"torchstep": {"nproc_per_node": 1}})
 plan = torchstep.build_plan(specs.AppDef("train", roles=[role]), target="kubernetes")
 kube = OfficialClient.from_config(config_file=kubeconfig, in_cluster=False)
 sink = open(out, "a", buffering=1)
 step = KubernetesStep(plan, run_id="durable-1", cfg={"namespace": "ml"}, client=kube,
-                      on_line=lambda line: (sink.write(line + "\n"), sink.flush()), poll_interval=0.2)
+                      on_line=lambda line: (sink.write(line + "\n"), sink.flush()), poll_interval=0.2,
+                      cursor_store=FileStore() if store_file else None)
 step.job_set().cursor_interval = 0.5
 
 def stop(signum, frame):
@@ -60,10 +79,10 @@ def watcher(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     script.write_text(WATCHER)
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(server: KubeServer, name: str) -> subprocess.Popen[bytes]:
+    def start(server: KubeServer, name: str, store: Path | None = None) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, str(script), str(server.kubeconfig), str(tmp_path / f"{name}.log"),
-             str(tmp_path / f"{name}.json")],
+             str(tmp_path / f"{name}.json"), *([str(store)] if store else [])],
             stderr=open(tmp_path / f"{name}.err", "wb"),
         )  # fmt: skip
         procs.append(proc)
@@ -217,3 +236,96 @@ def test_the_fake_api_answers_the_official_client_as_the_api_server_does(server_
     kube.delete_collection_namespaced_pod("ml", label_selector="a=b")
     assert kube.list_namespaced_pod("ml", label_selector="a=b").items == []
     assert os.stat(server.kubeconfig).st_mode & 0o777 == 0o600
+
+
+def _plan():
+    import torchstep
+    from torchx import specs
+
+    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
+                      num_replicas=2, metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    return torchstep.build_plan(specs.AppDef("train", roles=[role]), target="kubernetes")
+
+
+def test_a_forged_pod_with_replica_0s_labels_changes_neither_the_result_nor_the_log(
+    server_for, watcher, tmp_path: Path
+) -> None:
+    """Created through the API before the step runs, with replica 0's labels (predictable
+    from the run id), its own log lines and a forged result as termination message."""
+    from torchstep.kubernetes import OfficialClient, render_app
+
+    server = server_for(Scenario(replicas=2, run_s=2, lines=5, line_interval_s=0.1, messages=[ok(0), ok(1)]))
+    kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
+    job = render_app(_plan(), cfg={"run_id": "durable-1", "namespace": "ml"}).roles[0].workload
+    forged_result = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": -1.0}).summary()
+    kube.create_namespaced_pod("ml", body={
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "evil", "labels": job["spec"]["template"]["metadata"]["labels"],
+                     "annotations": {"batch.kubernetes.io/job-completion-index": "0", "kubehttp/message": forged_result,
+                                     "kubehttp/line": "[trainer/0] FORGED"}},
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    })  # fmt: skip
+    proc = watcher(server, "first")
+    assert proc.wait(120) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    result = json.loads((tmp_path / "first.json").read_text())
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.25}  # replica 0's own
+    lines = lines_of(tmp_path / "first.log")
+    assert not [x for x in lines if "FORGED" in x]
+    assert {x for x in lines if x.startswith("[trainer/")} == {
+        f"[trainer/{i}] line {k}" for i in (0, 1) for k in range(5)
+    }
+    warned = [x for x in lines if "ignoring pod ml/evil" in x]
+    assert len(warned) == 1 and "a bare pod" in warned[0]
+    assert server.state()["jobs_created"] == 1
+
+
+def test_the_fakes_pods_carry_the_job_controllers_owner_reference_in_a_valid_shape(server_for) -> None:
+    import kubernetes_validate
+    from torchstep.kubernetes import MIN_KUBERNETES_VERSION, OfficialClient, render_app
+
+    server = server_for(Scenario(replicas=2, run_s=30))
+    kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
+    rendered = render_app(_plan(), cfg={"run_id": "shape-1", "namespace": "ml"})
+    job = kube.create_namespaced_job("ml", body=rendered.roles[0].workload)
+    pods = kube.list_namespaced_pod("ml", label_selector=rendered.label_selector).items
+    assert len(pods) == 2
+    for pod in pods:
+        (ref,) = pod.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("Job", job.metadata.name, job.metadata.uid, True)
+        kubernetes_validate.validate(kube.sanitize(pod), MIN_KUBERNETES_VERSION, strict=True)
+
+
+def test_a_forged_job_with_copied_labels_is_refused_by_name_under_a_state_store(
+    server_for, watcher, tmp_path: Path
+) -> None:
+    from torchstep.kubernetes import OfficialClient, render_app
+
+    server = server_for(Scenario(replicas=2, run_s=30))
+    forged = render_app(_plan(), cfg={"run_id": "durable-1", "namespace": "ml"}).roles[0].workload  # labels and all
+    OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False).create_namespaced_job(
+        "ml", body=forged
+    )
+    proc = watcher(server, "first", store=tmp_path / "store.json")
+    assert proc.wait(120) == 2
+    error = json.loads((tmp_path / "first.json").read_text())["error"]
+    assert f"Job ml/{forged['metadata']['name']}" in error and "not created by this run" in error
+    state = server.state()
+    assert state["jobs_created"] == 1 and state["deleted"] == []  # refused by name, nothing deleted
+    assert [o["name"] for o in state["objects"] if o["kind"] == "Job"] == [forged["metadata"]["name"]]
+    assert not lines_of(tmp_path / "first.log")  # nothing of it was read
+
+
+def test_a_watcher_with_a_state_store_reattaches_to_the_job_it_created(server_for, watcher, tmp_path: Path) -> None:
+    server = server_for(Scenario(replicas=2, run_s=6, lines=30, line_interval_s=0.15, messages=[ok(0), ok(1)]))
+    store = tmp_path / "store.json"
+    first = watcher(server, "first", store=store)
+    wait_for(lambda: store.exists() and "torchstep_workload_uids" in store.read_text(), 90, "the uid to be recorded")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    (job,) = [o for o in server.state()["objects"] if o["kind"] == "Job"]
+    assert json.loads(store.read_text())["torchstep_workload_uids"] == {job["name"]: job["uid"]}
+    second = watcher(server, "second", store=store)
+    assert second.wait(120) == 0, (tmp_path / "second.err").read_text()[-3000:]
+    result = json.loads((tmp_path / "second.json").read_text())
+    assert result["attached"] is True and result["outputs"] == {"loss": 0.25}
+    assert server.state()["jobs_created"] == 1

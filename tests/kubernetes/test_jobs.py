@@ -164,13 +164,14 @@ def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> Non
     """creationTimestamp has whole seconds: the pod that finished last (or still runs) wins."""
     from types import SimpleNamespace as ns
 
-    from torchstep.kubernetes.jobs import COMPLETION_INDEX
+    from torchstep.kubernetes.collect import COMPLETION_INDEX
 
     def pod(name: str, phase: str, code: int | None, finished: str | None, message: str | None = None):
         term = None if code is None else ns(exit_code=code, message=message, finished_at=finished)
         return ns(
             metadata=ns(name=name, labels=dict(rendered(2).roles[0].workload["spec"]["template"]["metadata"]["labels"]),
-                        annotations={COMPLETION_INDEX: "0"}, creation_timestamp="2026-11-24T00:00:05Z"),
+                        annotations={COMPLETION_INDEX: "0"}, creation_timestamp="2026-11-24T00:00:05Z",
+                        owner_references=[ns(kind="Job", uid="uid-job", controller=True)]),
             status=ns(phase=phase, conditions=[], container_statuses=[ns(name="main", state=ns(terminated=term))]),
         )  # fmt: skip
 
@@ -187,6 +188,7 @@ def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> Non
                 return ns(items=pods)
 
         js = JobSet(rendered(2), Listing(), poll_interval=0.01)
+        js.owners.add("Job", rendered(2).roles[0].name, "uid-job")  # as create() does
         result = js.collect("SUCCEEDED", time.time())
         assert result.replicas[0].exit_code != 137, pods[0].status.phase
         if pods[0].status.phase == "Succeeded":

@@ -127,8 +127,8 @@ def test_the_cursor_is_saved_on_the_workload_for_watchers_without_a_store() -> N
 
 def test_a_malformed_saved_cursor_means_reading_from_the_start_not_a_failure() -> None:
     fake = FakeKube(scripts(1, 3))
-    JobSet(rendered(), fake).create()
     store = Store()
+    JobSet(rendered(), fake, cursor_store=store).create()  # the dead watcher: the same task, the same store
     store.values[CURSOR_KEY] = {"pods": {"x": ["not a time", -1], "y": "junk"}}
     lines: list[str] = []
     result = JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
@@ -159,11 +159,11 @@ def test_a_watcher_that_died_midway_delivers_exactly_the_lines_after_its_cursor(
     from torchstep.kubernetes.logcursor import _ts_key
 
     fake = FakeKube(scripts(1, 8))
-    JobSet(rendered(), fake).create()
+    store = Store()
+    JobSet(rendered(), fake, cursor_store=store).create()
     pod = fake._pod_list()[0].metadata.name
     # the dead watcher had delivered lines 0..4: line 4 shares its timestamp with line 5
     key = _ts_key(_ts(4))
-    store = Store()
     store.values[CURSOR_KEY] = {"pods": {pod: [key, 1]}}
     lines: list[str] = []
     JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()

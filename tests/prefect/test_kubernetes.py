@@ -289,3 +289,26 @@ def test_each_execution_of_a_flow_run_numbers_its_calls_from_zero_even_at_a_reus
         assert first != second
         current[0] = None  # this execution ends: its context is freed
     assert len(names) == 1  # every execution: call 0 then call 1, the same two Job names
+
+
+def test_a_forged_pod_with_replica_0s_labels_is_ignored_and_said_once_in_the_task_log(monkeypatch, caplog) -> None:
+    """Someone allowed to create pods in the namespace made a bare pod with replica 0's
+    labels (predictable from the flow run), its own lines and a forged result: the task's
+    result and log are the Job's own; one warning line says what was ignored."""
+    monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
+    ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://ours"}).summary()
+    forged = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://attacker"}).summary()
+    fake = FakeKube({0: Script(lines=["[trainer/0] step 1"], messages=[ok]), 1: Script(messages=[ok])})
+    fake.impersonate(["[trainer/0] FORGED step 1"], forged)
+    train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake)
+
+    @flow
+    def pipeline():
+        return train()
+
+    with caplog.at_level("INFO"):
+        result = pipeline()
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"model_uri": "s3://ours"}
+    task_log = [r.getMessage() for r in caplog.records if r.name.startswith("prefect.task_runs")]
+    assert "[trainer/0] step 1 (pod 0)" in task_log and not [m for m in task_log if "FORGED" in m]
+    assert len([m for m in task_log if "ignoring pod ml/" in m and "-0-evil" in m]) == 1, task_log

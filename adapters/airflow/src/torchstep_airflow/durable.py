@@ -6,7 +6,10 @@ With Airflow's ``ResumableJobMixin`` (3.3+) and a ``task_state_store`` in the co
 kept in the task state store under :data:`RUN_ID_KEY`. The mixin decides from it:
 
 - ``RUNNING`` on the cluster → reattach (logs continue after the cursor core's ``JobSet``
-  saves in the same store under ``torchstep_log_cursor``);
+  saves in the same store under ``torchstep_log_cursor``). Reattaching, like collecting a
+  finished Job's result, requires the uid ``JobSet`` recorded in the same store when it
+  created the Job (``torchstep_workload_uids``): a Job with the run's labels and another uid
+  (made by someone else, in advance) is refused by name, and nothing is deleted;
 - ``SUCCEEDED`` → its result, collected without running anything again (same XCom);
 - ``PENDING`` (nothing of it exists: never created, or deleted) → attach-or-create under
   that id. The id is stored *before* anything is created, so the mixin's documented

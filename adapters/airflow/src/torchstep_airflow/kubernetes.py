@@ -17,6 +17,12 @@ KubernetesPodOperator's own ``reattach_on_restart`` (it finds the earlier try's 
 task's labels); the Job path goes through :mod:`torchstep_airflow.durable` (Airflow's
 ``ResumableJobMixin`` and the task state store).
 
+A pod is this task's by uid, not by labels (:mod:`torchstep.kubernetes.ownership`): the pod
+path records the uid of the pod it creates in the task state store at once, follows and
+reads only that pod, and reattaches only to a pod whose uid a try of this task recorded;
+any other pod carrying the task's labels is ignored and reported once in the task log. The
+Job path does the same through core's ``JobSet`` (the store is its ``cursor_store``).
+
 Example::
 
     AppDefOperator(task_id="train", app=trainer, target="kubernetes",
@@ -32,9 +38,12 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from airflow.sdk.exceptions import AirflowException
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE
 from torchstep.errors import SpecError
 from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp
+from torchstep.kubernetes.apiobj import uid_of
+from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
 from torchstep.plan.model import StepPlan
 from torchstep.result import FAILED, StepResult
 from torchstep.steps import KubernetesStep as CoreKubernetesStep
@@ -66,10 +75,14 @@ def is_single_pod(rendered: RenderedApp) -> bool:
 
 class StepPodOperator(KubernetesPodOperator):
     """A KubernetesPodOperator running one rendered torchstep pod; it keeps the agent's
-    result (read by the XCom sidecar) and the finished pod for the adapter."""
+    result (read by the XCom sidecar) and the finished pod for the adapter, and uses only
+    the pod it created (or, reattaching, one a try of this task recorded): see the module
+    docstring."""
 
     step_result: dict[str, Any] | None = None
     final_pod: Any = None
+    pod_uid: str | None = None  # the uid of the pod this execution created or reattached to
+    _ignored: frozenset[str] = frozenset()
 
     def extract_xcom(self, pod: Any) -> dict[Any, Any] | None:
         self.step_result = super().extract_xcom(pod)
@@ -78,6 +91,55 @@ class StepPodOperator(KubernetesPodOperator):
     def cleanup(self, pod: Any, remote_pod: Any) -> Any:
         self.final_pod = remote_pod
         return super().cleanup(pod, remote_pod)
+
+    def get_or_create_pod(self, pod_request_obj: Any, context: Any) -> Any:
+        """KubernetesPodOperator's, recording the created pod's uid in the task state store
+        before anything else happens (a retry reattaches only to a recorded pod)."""
+        if self.reattach_on_restart:
+            pod = self.find_pod(pod_request_obj.metadata.namespace, context=context)
+            if pod is not None:
+                return pod
+        created = self.pod_manager.create_pod(pod=pod_request_obj)
+        self.pod_uid = uid_of(created)
+        store = _store(context)
+        if self.pod_uid is None:
+            raise SpecError(f"Pod {pod_request_obj.metadata.namespace}/{pod_request_obj.metadata.name}", TARGET,
+                            "the API server answered its creation without a uid", fix="check the Kubernetes API")  # fmt: skip
+        if store is not None and self.reattach_on_restart:
+            record_uid(store, pod_request_obj.metadata.name, self.pod_uid)
+        return pod_request_obj
+
+    def find_pod(self, namespace: str, context: Any, *, exclude_checked: bool = True) -> Any:
+        """The pod of this task among those carrying its labels: the one this execution
+        created, else (reattaching) one whose uid a try of this task recorded. Without a
+        task state store and before creating, KubernetesPodOperator's own choice by labels
+        (Airflow < 3.3: docs/security.md)."""
+        store = _store(context)
+        if self.pod_uid is None and store is None:
+            return super().find_pod(namespace, context, exclude_checked=exclude_checked)
+        trusted = {self.pod_uid} if self.pod_uid is not None else set(recorded_uids(store).values())
+        selector = self._build_find_pod_label_selector(context, exclude_checked=exclude_checked)
+        ours = []
+        for pod in self.client.list_namespaced_pod(namespace=namespace, label_selector=selector).items:
+            if uid_of(pod) in trusted:
+                ours.append(pod)
+            elif pod.metadata.name not in self._ignored:
+                self._ignored = self._ignored | {pod.metadata.name}
+                why = f"this task did not create it (uid {uid_of(pod)})"
+                self.log.warning("%s", impostor_warning(namespace, pod.metadata.name, selector, why))
+        if not ours:
+            return None
+        if len(ours) > 1 and self.reattach_on_restart:  # two tries' pods both unreported: KPO's own rule
+            raise AirflowException(f"More than one pod running with labels {selector}")
+        pod = ours[0] if len(ours) == 1 else self.process_duplicate_label_pods(ours)
+        self.log_matching_pod(pod=pod, context=context)
+        self.pod_uid = uid_of(pod)
+        return pod
+
+
+def _store(context: Any) -> Any:
+    """The task state store of ``context`` (Airflow 3.3+), else ``None``."""
+    return context.get("task_state_store") if context is not None else None
 
 
 def pod_operator(

@@ -289,7 +289,10 @@ class KubernetesStep(_Runner):
     ``cfg`` holds the kubernetes run options (``torchstep runopts kubernetes``);
     ``client`` the Kubernetes client (default, set on first use: the official client from
     the kubeconfig or the in-cluster config); ``on_line`` receives every pod's lines;
-    ``cursor_store`` (optional, ``get``/``set``) keeps the log position across crashes.
+    ``cursor_store`` (optional, ``get``/``set``: the orchestrator's state between tries)
+    keeps the log position across crashes and the uid of every workload the step creates;
+    with it, a rerun attaches only to a workload whose uid it recorded (another one with
+    the step's labels is refused by name: :mod:`torchstep.kubernetes.ownership`).
 
     Running is *attach or create* (:class:`~torchstep.kubernetes.JobSet`): the objects'
     names come from ``run_id``, so running the same ``run_id`` again after the watcher

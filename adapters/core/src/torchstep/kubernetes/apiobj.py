@@ -22,6 +22,25 @@ def http_status(error: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+def uid_of(obj: Any) -> str | None:
+    """An object's ``metadata.uid`` (``None`` when it has none)."""
+    uid = get(obj, "metadata", "uid")
+    return str(uid) if uid else None
+
+
+def controller_uid(obj: Any) -> str | None:
+    """The uid of the object's controller (its ``ownerReferences`` entry with
+    ``controller: true``: the Job of a Job's pod), ``None`` for a bare object.
+
+    >>> controller_uid({"metadata": {"ownerReferences": [{"kind": "Job", "uid": "u1", "controller": True}]}})
+    'u1'
+    """
+    for ref in get(obj, "metadata", "owner_references") or []:
+        if get(ref, "controller") is True and get(ref, "uid"):
+            return str(get(ref, "uid"))
+    return None
+
+
 def terminated(pod: Any) -> Any:
     """The main container's ``state.terminated`` (``None`` while it runs)."""
     for cs in get(pod, "status", "container_statuses") or []:

@@ -15,6 +15,13 @@ gang of pods; its log followers continue after the cursor the first watcher save
 workload as the :data:`CURSOR_ANNOTATION` annotation, and in ``cursor_store`` when given).
 An object of that name without our labels is someone else's: a :class:`SpecError` naming it.
 
+Ownership is decided by uid (:mod:`torchstep.kubernetes.ownership`): only pods that the
+run's own Jobs made (``ownerReferences``), or its own bare Pods, are followed and collected;
+another pod carrying the run's labels is ignored and reported once in the step log (through
+``on_line``). Given a ``cursor_store`` (the orchestrator's state between tries), every
+created workload's uid is recorded there at once, and attaching requires it: an object with
+our labels and another uid is refused by name and left alone, like one without our labels.
+
 The Kubernetes client is injected (:class:`~torchstep.kubernetes.client.KubernetesClient`),
 so Airflow's hook, a KFP launcher pod's in-cluster config or a Prefect worker's kubeconfig
 all drive the same code.
@@ -32,22 +39,22 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from torchstep.errors import SpecError
-from torchstep.kubernetes.apiobj import age_order, began, get, http_status, termination
+from torchstep.kubernetes.apiobj import began, get, http_status, uid_of
 from torchstep.kubernetes.client import KubernetesClient
-from torchstep.kubernetes.failure import FailureKind, classify_exit
-from torchstep.kubernetes.logcursor import Cursor, cursor_value
+from torchstep.kubernetes.collect import collect
+from torchstep.kubernetes.logcursor import Cursor, cursor_value, lines_of
+from torchstep.kubernetes.ownership import Owners, record_uid, recorded_uids, refusal
 from torchstep.kubernetes.pod import CONTAINER_NAME
-from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, LABEL_ROLE, RenderedApp, owned_by
-from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, ReplicaResult, StepResult, merge
+from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, RenderedApp, owned_by
+from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, StepResult
 
 #: What happens to the objects when the run ends: always deleted, deleted only after
 #: success (failed pods stay for inspection), or kept.
 ON_FINISH = ("delete", "delete_succeeded", "keep")
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: How often a dropped log stream of a running pod is reattached before giving up on it.
 MAX_REATTACH = 100
 #: Seconds added to a log stream's ``since_seconds`` (the time since the last line seen,
@@ -65,8 +72,9 @@ LineCallback = Callable[[str], None]
 
 
 class CursorStore(Protocol):
-    """Where a watcher keeps its log position across crashes (``get``/``set`` of JSON
-    values: Airflow's ``task_state_store`` is one)."""
+    """Where a watcher keeps its state across crashes (``get``/``set`` of JSON values:
+    Airflow's ``task_state_store`` is one): its log position, and the uids of the
+    workloads its run created (:data:`torchstep.kubernetes.ownership.UIDS_KEY`)."""
 
     def get(self, key: str) -> Any: ...
     def set(self, key: str, value: Any) -> Any: ...
@@ -76,11 +84,14 @@ class JobSet:
     """Every object of one run of a rendered app (see the module docstring).
 
     ``on_line(text)`` receives every line of every pod's main container (the agent already
-    prefixes ``[role/rank]``); ``on_finish`` is one of :data:`ON_FINISH`; ``poll_interval``
-    the seconds between status reads; ``cursor_store`` (optional) keeps the log position
-    too, saved at most every ``cursor_interval`` seconds and when the run ends.
-    After :meth:`create`, ``attached`` says whether this run found its workloads running
-    (or finished) instead of creating them.
+    prefixes ``[role/rank]``), and the warning about any impostor pod; ``on_finish`` is one
+    of :data:`ON_FINISH`; ``poll_interval`` the seconds between status reads;
+    ``cursor_store`` (optional: the orchestrator's state between tries) keeps the log
+    position too, saved at most every ``cursor_interval`` seconds and when the run ends, and
+    the uid of every workload this run creates, recorded as soon as it exists; with it,
+    attaching requires that uid. After :meth:`create`, ``attached`` says whether this run
+    found its workloads running (or finished) instead of creating them, and ``owners`` holds
+    the uids of its workloads.
     """
 
     def __init__(
@@ -118,6 +129,9 @@ class JobSet:
         self._saved: dict[str, tuple[str, int]] = {}
         self._saved_at = 0.0
         self._began: float | None = None  # when an attached workload started on the cluster
+        self.owners = Owners()
+        self._created: list[tuple[str, str]] = []  # (kind, name) of what this object created
+        self._refused = False  # an existing object was refused: delete only what was created here
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> StepResult:
@@ -150,8 +164,9 @@ class JobSet:
 
     def create(self) -> None:
         """Attach or create each role's workload, then its Service owned by it (deleted
-        with it). A workload that already exists with this run's labels is attached to (see
-        the module docstring); one without them stops the run with a :class:`SpecError`."""
+        with it). A workload that already exists with this run's labels (and, given a
+        ``cursor_store``, the uid recorded there) is attached to (see the module docstring);
+        any other stops the run with a :class:`SpecError` and is left alone."""
         for role in self.rendered.roles:
             body = dict(role.workload)
             kind, name = body["kind"], body["metadata"]["name"]
@@ -160,11 +175,11 @@ class JobSet:
                     created = self.client.create_namespaced_job(self.ns, body=body)
                 else:
                     created = self.client.create_namespaced_pod(self.ns, body=body)
-                self.log.info("torchstep: created %s %s/%s", kind, self.ns, name)
             except Exception as e:
                 if http_status(e) != 409:
                     raise
                 created = self._read_ours(kind, name)
+                self.owners.add(kind, name, self._attachable_uid(kind, name, created))
                 self.attached = True
                 self._resume_from(created)
                 start = began(created)
@@ -172,6 +187,10 @@ class JobSet:
                     self._began = start if self._began is None else min(self._began, start)
                 self.log.info("torchstep: attached to the running %s %s/%s (created earlier for this run)",
                               kind, self.ns, name)  # fmt: skip
+            else:
+                self._created.append((kind, name))
+                self._own(kind, name, created)
+                self.log.info("torchstep: created %s %s/%s", kind, self.ns, name)
             if role.service is not None:
                 service = owned_by(role.service, self.client.sanitize(created))
                 try:
@@ -179,9 +198,37 @@ class JobSet:
                 except Exception as e:
                     if http_status(e) != 409:
                         raise
-                    self._check_ours("Service", service["metadata"]["name"], self._service_labels(service))
+                    self._check_service(service["metadata"]["name"], kind, name)
         if self.attached and self.cursor_store is not None:
             self._resume_merge(cursor_value(self._store_get()))
+
+    def _own(self, kind: str, name: str, created: Any) -> None:
+        """Keep the uid of a workload this run just created, and record it in the store
+        before anything else happens (a failure to record stops the run: everything it
+        created is deleted, as on any error)."""
+        uid = uid_of(created)
+        if uid is None:
+            raise RuntimeError(f"the API server answered the creation of {kind} {self.ns}/{name} without a uid")
+        self.owners.add(kind, name, uid)
+        if self.cursor_store is not None:
+            record_uid(self.cursor_store, name, uid)
+
+    def _attachable_uid(self, kind: str, name: str, existing: Any) -> str:
+        """The uid of an existing workload with our labels, when this run may attach to it:
+        with a store, only the uid recorded there when this run created it."""
+        uid = uid_of(existing)
+        if self.cursor_store is None:
+            if uid is None:
+                raise RuntimeError(f"the API server answered {kind} {self.ns}/{name} without a uid")
+            return uid
+        recorded = recorded_uids(self.cursor_store).get(name)
+        if uid is None or uid != recorded:
+            self._refused = True
+            raise refusal(
+                kind, self.ns, name, f"it carries this run's labels but has uid {uid}, and this task recorded "
+                + (f"uid {recorded} when it created it" if recorded else "no creation of it"),
+            )  # fmt: skip
+        return uid
 
     def state(self) -> str | None:
         """The run's state on the cluster without changing anything: ``None`` when none of
@@ -207,7 +254,7 @@ class JobSet:
         return RUNNING
 
     def _read_ours(self, kind: str, name: str) -> Any:
-        """The existing workload ``name``, checked to be this run's."""
+        """The existing workload ``name``, checked to carry this run's labels."""
         if kind == "Job":
             obj = self.client.read_namespaced_job_status(name, self.ns)
         else:
@@ -219,21 +266,25 @@ class JobSet:
         labels = dict(labels or {})
         if labels.get(LABEL_APP_ID) == self.rendered.app_id and labels.get(LABEL_MANAGED_BY) == "torchstep":
             return
-        raise SpecError(
-            f"{kind} {self.ns}/{name}",
-            "kubernetes",
-            f"already exists and was not created by this run (labels {LABEL_APP_ID}={labels.get(LABEL_APP_ID)!r}, "
-            f"{LABEL_MANAGED_BY}={labels.get(LABEL_MANAGED_BY)!r}; expected {self.rendered.app_id!r}, 'torchstep')",
-            fix="delete that object, or give this step another name or namespace; torchstep never adopts "
-            "or deletes objects that are not its own",
-        )
+        self._refused = True
+        raise refusal(
+            kind, self.ns, name, f"labels {LABEL_APP_ID}={labels.get(LABEL_APP_ID)!r}, {LABEL_MANAGED_BY}="
+            f"{labels.get(LABEL_MANAGED_BY)!r}; expected {self.rendered.app_id!r}, 'torchstep'",
+        )  # fmt: skip
 
-    def _service_labels(self, service: dict[str, Any]) -> Any:
-        for svc in get(self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector),
-                        "items") or []:  # fmt: skip
-            if get(svc, "metadata", "name") == service["metadata"]["name"]:
-                return get(svc, "metadata", "labels") or {}
-        return {}
+    def _check_service(self, name: str, owner_kind: str, owner: str) -> None:
+        """An existing Service of a role's name is used only when it carries our labels
+        and is owned by the role's workload (by uid): another one could point the
+        rendezvous somewhere else."""
+        listed = self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector)
+        found = [svc for svc in get(listed, "items") or [] if get(svc, "metadata", "name") == name]
+        self._check_ours("Service", name, get(found[0], "metadata", "labels") if found else {})
+        uid = self.owners.uid(owner)
+        refs = get(found[0], "metadata", "owner_references") or []
+        if not any(get(r, "uid") == uid for r in refs):
+            self._refused = True
+            raise refusal("Service", self.ns, name, f"it carries this run's labels but is not owned by {owner_kind} "
+                          f"{owner} (uid {uid})")  # fmt: skip
 
     def wait(self) -> str:
         """Poll until every workload finished, one failed, or a cancel; the step's state."""
@@ -263,7 +314,26 @@ class JobSet:
 
     # -- logs ---------------------------------------------------------------------------------
     def _pods(self) -> list[Any]:
-        return list(get(self.client.list_namespaced_pod(self.ns, label_selector=self.rendered.label_selector), "items"))
+        """The run's own pods (see the module docstring); an impostor is reported once."""
+        sel = self.rendered.label_selector
+        ours = []
+        for pod in get(self.client.list_namespaced_pod(self.ns, label_selector=sel), "items") or []:
+            if self.owners.owns(pod):
+                ours.append(pod)
+                continue
+            warning = self.owners.impostor(pod, self.ns, sel)
+            if warning is not None:
+                self.log.warning("%s", warning)
+                self._say(warning)
+        return ours
+
+    def _say(self, text: str) -> None:
+        """A line of torchstep's own in the step log (``on_line``)."""
+        with self._emit_lock:
+            try:
+                self.on_line(text)
+            except Exception as e:
+                self.log.warning("torchstep: on_line raised %s: %s", type(e).__name__, e)
 
     def _follow_new_pods(self) -> None:
         for pod in self._pods():
@@ -313,7 +383,7 @@ class JobSet:
         stream = self.client.read_namespaced_pod_log(name, self.ns, **kwargs)
         first = True
         try:
-            for raw in _lines(stream.stream()):
+            for raw in lines_of(stream.stream()):
                 if first and since is not None and cursor.is_after(raw.decode("utf-8", "replace")):
                     return False
                 first = False
@@ -345,7 +415,8 @@ class JobSet:
 
     def _finish_logs(self) -> None:
         """Let the followers read the last lines of finished pods, then stop them."""
-        self._follow_new_pods_quietly()
+        if not self._refused:  # refused: nothing of this run's to follow
+            self._follow_new_pods_quietly()
         self._stop_logs.set()
         deadline = time.time() + 10.0
         for t in self._threads:
@@ -411,58 +482,19 @@ class JobSet:
 
     # -- result and cleanup ------------------------------------------------------------------------
     def collect(self, state: str, started: float) -> StepResult:
-        """The step result from the latest pod of every replica: its agent's result summary
-        (termination message) or, without one, its exit code; merged with ``merge``."""
-        by_k8s = {r.role.k8s_name: r.role.name for r in self.rendered.roles}
-        order = [r.role.name for r in self.rendered.roles]
-        latest: dict[tuple[str, int], Any] = {}
-        for pod in sorted(self._pods(), key=age_order):
-            labels = get(pod, "metadata", "labels") or {}
-            idx = int((get(pod, "metadata", "annotations") or {}).get(COMPLETION_INDEX, 0))
-            latest[(by_k8s.get(labels.get(LABEL_ROLE, ""), "?"), idx)] = pod
-        per_replica = [
-            self._replica_result(role, idx, pod, state)
-            for (role, idx), pod in sorted(latest.items(), key=lambda kv: (_index(order, kv[0][0]), kv[0][1]))
-        ]
-        merged = merge(self.rendered.app_id, per_replica, started_at=started, ended_at=time.time(), state=state)
-        merged.retryable = merged.retryable and state != CANCELLED
-        if state == CANCELLED and not merged.message:
-            merged.message = "cancelled: every object of the run was deleted"
-        return merged
-
-    def _replica_result(self, role: str, idx: int, pod: Any, state: str) -> StepResult:
-        code, message = termination(pod)
-        disrupted = any(
-            get(c, "type") == "DisruptionTarget" and get(c, "status") == "True"
-            for c in get(pod, "status", "conditions") or []
-        )
-        kind = classify_exit(code, disrupted=disrupted)
-        summary = StepResult.from_summary(message)
-        if summary is not None:
-            rep = ReplicaResult(
-                role, idx, summary.state, summary.exit_code, restarts=summary.restarts, message=summary.message
-            )
-            out = StepResult(
-                self.rendered.app_id, summary.state, summary.exit_code, summary.retryable,
-                restarts=summary.restarts, root_cause=summary.root_cause, outputs=summary.outputs,
-            )  # fmt: skip
-        else:
-            rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
-            rep = ReplicaResult(role, idx, rep_state, code, message=message)
-            out = StepResult(self.rendered.app_id, rep_state, code)
-        out.replicas = [rep]
-        out.retryable = out.retryable and kind is not FailureKind.NON_RETRYABLE
-        if rep.state == FAILED:
-            detail = rep.message.strip().splitlines()[-1] if rep.message and rep.message.strip() else ""
-            out.message = f"{role}/{idx} exited {code} ({kind.value})" + (f": {detail}" if detail else "")
-        else:
-            out.message = None
-        return out
+        """The step result from the latest pod of every replica of this run (only its own
+        pods: see the module docstring), merged (:func:`torchstep.kubernetes.collect.collect`)."""
+        return collect(self.rendered, self._pods(), state, started)
 
     def delete(self) -> None:
         """Delete every object of the run: Jobs and Pods with foreground propagation (their
-        pods, and the Services they own, go first), then any Service left."""
+        pods, and the Services they own, go first), then any Service left. After a refusal
+        (an existing object that is not this run's), only what this object created is
+        deleted, by name: the refused object is left alone."""
         sel = self.rendered.label_selector
+        if self._refused:
+            self._delete_created(sel)
+            return
         calls: list[tuple[str, Callable[[], Any]]] = [
             ("jobs", lambda: self.client.delete_collection_namespaced_job(self.ns, label_selector=sel, propagation_policy="Foreground")),
             ("pods", lambda: self.client.delete_collection_namespaced_pod(self.ns, label_selector=sel, propagation_policy="Foreground")),
@@ -474,26 +506,26 @@ class JobSet:
             except Exception as e:  # keep deleting the rest
                 self.log.warning("torchstep: cleanup of %s (%s): %s", what, sel, e)
 
+    def _delete_created(self, sel: str) -> None:
+        for kind, name in self._created:
+            field = f"metadata.name={name}"
+            try:
+                if kind == "Job":
+                    self.client.delete_collection_namespaced_job(
+                        self.ns, label_selector=sel, field_selector=field, propagation_policy="Foreground"
+                    )
+                else:
+                    self.client.delete_collection_namespaced_pod(
+                        self.ns, label_selector=sel, field_selector=field, propagation_policy="Foreground"
+                    )
+            except Exception as e:  # keep deleting the rest
+                self.log.warning("torchstep: cleanup of %s %s: %s", kind, name, e)
+
     def _delete_services(self) -> None:
         for svc in get(
             self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector), "items"
         ):
             self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
-
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a byte stream's chunks (a line may span chunks; the last may lack its newline)."""
-    buf = b""
-    for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        yield from lines
-    if buf:
-        yield buf
-
-
-def _index(names: list[str], name: str) -> int:
-    return names.index(name) if name in names else len(names)
 
 
 def _print_line(text: str) -> None:

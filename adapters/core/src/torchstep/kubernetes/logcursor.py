@@ -16,6 +16,7 @@ timestamp delivered and how many lines carried it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -70,6 +71,21 @@ class Cursor:
 
     def position(self) -> tuple[str, int] | None:
         return None if self.last is None else (self.last, self.at_last)
+
+
+def lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a byte stream's chunks (a line may span chunks; the last may lack its newline).
+
+    >>> list(lines_of([b"a\\nb", b"c\\nd"]))
+    [b'a', b'bc', b'd']
+    """
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        yield from lines
+    if buf:
+        yield buf
 
 
 def cursor_value(value: Any) -> dict[str, tuple[str, int]]:

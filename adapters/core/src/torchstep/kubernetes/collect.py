@@ -1,0 +1,82 @@
+"""The step result of a run on Kubernetes, from its pods: the latest pod of every replica
+gives its agent's result summary (the container's termination message) or, without one,
+its exit code; one :class:`~torchstep.result.StepResult` through
+:func:`torchstep.result.merge`. The caller hands in only the run's own pods
+(:mod:`torchstep.kubernetes.ownership`).
+
+    >>> import torchstep
+    >>> from torchx import specs
+    >>> role = specs.Role("w", image="i", entrypoint="python", args=["-m", "w"], num_replicas=2)
+    >>> rendered = torchstep.kubernetes.render_app(specs.AppDef("a", roles=[role]), cfg={"run_id": "r"})
+    >>> collect(rendered, [], "SUCCEEDED", 0.0).state
+    'SUCCEEDED'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from torchstep.kubernetes.apiobj import age_order, get, termination
+from torchstep.kubernetes.failure import FailureKind, classify_exit
+from torchstep.kubernetes.render import LABEL_ROLE, RenderedApp
+from torchstep.result import CANCELLED, FAILED, SUCCEEDED, ReplicaResult, StepResult, merge
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: float) -> StepResult:
+    """The step result of ``rendered`` from ``pods`` (the run's own), the run being in
+    ``state`` (the workloads' state, or CANCELLED) since ``started`` (epoch seconds)."""
+    by_k8s = {r.role.k8s_name: r.role.name for r in rendered.roles}
+    order = [r.role.name for r in rendered.roles]
+    latest: dict[tuple[str, int], Any] = {}
+    for pod in sorted(pods, key=age_order):
+        labels = get(pod, "metadata", "labels") or {}
+        idx = int((get(pod, "metadata", "annotations") or {}).get(COMPLETION_INDEX, 0))
+        latest[(by_k8s.get(labels.get(LABEL_ROLE, ""), "?"), idx)] = pod
+    per_replica = [
+        replica_result(rendered.app_id, role, idx, pod, state)
+        for (role, idx), pod in sorted(latest.items(), key=lambda kv: (_index(order, kv[0][0]), kv[0][1]))
+    ]
+    merged = merge(rendered.app_id, per_replica, started_at=started, ended_at=time.time(), state=state)
+    merged.retryable = merged.retryable and state != CANCELLED
+    if state == CANCELLED and not merged.message:
+        merged.message = "cancelled: every object of the run was deleted"
+    return merged
+
+
+def replica_result(app_id: str, role: str, idx: int, pod: Any, state: str) -> StepResult:
+    """The result of replica ``idx`` of ``role`` from its latest ``pod``."""
+    code, message = termination(pod)
+    disrupted = any(
+        get(c, "type") == "DisruptionTarget" and get(c, "status") == "True"
+        for c in get(pod, "status", "conditions") or []
+    )
+    kind = classify_exit(code, disrupted=disrupted)
+    summary = StepResult.from_summary(message)
+    if summary is not None:
+        rep = ReplicaResult(
+            role, idx, summary.state, summary.exit_code, restarts=summary.restarts, message=summary.message
+        )
+        out = StepResult(
+            app_id, summary.state, summary.exit_code, summary.retryable,
+            restarts=summary.restarts, root_cause=summary.root_cause, outputs=summary.outputs,
+        )  # fmt: skip
+    else:
+        rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
+        rep = ReplicaResult(role, idx, rep_state, code, message=message)
+        out = StepResult(app_id, rep_state, code)
+    out.replicas = [rep]
+    out.retryable = out.retryable and kind is not FailureKind.NON_RETRYABLE
+    if rep.state == FAILED:
+        detail = rep.message.strip().splitlines()[-1] if rep.message and rep.message.strip() else ""
+        out.message = f"{role}/{idx} exited {code} ({kind.value})" + (f": {detail}" if detail else "")
+    else:
+        out.message = None
+    return out
+
+
+def _index(names: list[str], name: str) -> int:
+    return names.index(name) if name in names else len(names)
