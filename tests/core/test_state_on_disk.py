@@ -179,7 +179,8 @@ def test_a_state_root_under_a_parent_anyone_can_replace_is_refused(tmp_path: Pat
         ({"endpoint": "http://user:pw@127.0.0.1:1"}, "endpoint"),
         ({"endpoint": "file:///etc/passwd"}, "endpoint"),
         ({"endpoint": "http://127.0.0.1:1", "ui_endpoint": "http://x/?token=1"}, "ui_endpoint"),
-        ({"endpoint": "http://127.0.0.1:1", "api": {"token_env": "ghp_0123456789abcdef"}}, None),
+        ({"endpoint": "http://127.0.0.1:1", "api": {"token_env": "GHP_0123456789ABCDEF"}}, None),
+        ({"endpoint": "http://127.0.0.1:1", "api": {"token_env": "ghp_0123456789abcdef"}}, "token_env"),
         ({"endpoint": "http://127.0.0.1:1", "api": {"token_env": "A B"}}, "token_env"),
         ({"endpoint": "http://127.0.0.1:1", "api_key_env": 12}, "api_key_env"),
     ],
@@ -225,3 +226,30 @@ def test_private_dir_checks_the_directories_that_already_exist(tmp_path: Path, w
     assert not os.path.lexists(middle / "airflow") and not os.listdir(
         tmp_path / "elsewhere" if what == "symlink" else middle
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8080", "https://kfp.example.com/", "http://u:p@h", "http://h/?a=1", "http://h/#f", "ftp://h",
+     "http://", "http://[::1", "http://h x", "https://[::1]:8443/api", "file:///etc/passwd", "h:80"],
+)  # fmt: skip
+def test_a_records_endpoint_rule_is_the_submit_rule(url: str) -> None:
+    """records cannot call ``base.check_endpoint`` (base imports records): the two agree."""
+    from torchstep.errors import SpecError
+    from torchstep.schedulers import base
+
+    try:
+        base.check_endpoint(url, "cfg['endpoint']", None, fix="-")
+        on_submit = True
+    except SpecError:
+        on_submit = False
+    assert (records._url_problem(url) is None) == on_submit
+
+
+@pytest.mark.parametrize(
+    "name", ["AIRFLOW_API_TOKEN", "_X", "X1", "x", "ghp_abc", "A-B", "1A", "A" * 128, "A" * 129, ""]
+)
+def test_a_records_variable_name_rule_is_the_submit_rule(name: str) -> None:
+    from torchstep.schedulers import base
+
+    assert bool(records._ENV_NAME.fullmatch(name)) == bool(base.SECRET_VAR.fullmatch(name))

@@ -40,8 +40,10 @@ from urllib.parse import urlsplit
 from torchstep.files import UnsafePathError, check_private_tree, private_dir, read_private, state_root, write_private
 
 _APP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,250}")
-#: What a credential variable's name may be (the widest of the schedulers' submit rules).
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: What a credential variable's name may be: ``torchstep.schedulers.base.SECRET_VAR``, the
+#: rule every scheduler checks on submit (this module cannot import ``base``, which imports
+#: it; tests/core/test_state_on_disk.py checks that the two rules agree).
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
 def check_app_id(app_id: str) -> str:
@@ -100,7 +102,8 @@ def check_record(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """The checks a scheduler made before it stored ``record``, made again on reading it:
     every ``endpoint`` / ``*_endpoint`` value is an http(s) URL with a host and without
     credentials, query or fragment (``torchstep.schedulers.base.check_endpoint``'s rule);
-    every ``*_env`` value is the *name* of an environment variable. A record failing them
+    every ``*_env`` value is the *name* of an environment variable (``base.SECRET_VAR``'s
+    rule). A record failing them
     was not written by a scheduler: :class:`~torchstep.files.UnsafePathError` naming
     ``path`` and the key (never the value: it may be a secret)."""
     for key, value in _items(record):
