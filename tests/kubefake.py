@@ -367,13 +367,13 @@ class DyingOnce(FakeKube):
             raise WatcherDies()
         return super().read_namespaced_job_status(name, namespace)
 
-    def delete_collection_namespaced_job(self, namespace: str, label_selector: str, propagation_policy=None):
+    def delete_collection_namespaced_job(self, namespace: str, label_selector: str, propagation_policy=None, **kw):
         if not self.dead:
-            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy)
+            super().delete_collection_namespaced_job(namespace, label_selector, propagation_policy, **kw)
 
-    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy=None):
+    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy=None, **kw):
         if not self.dead:
-            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy)
+            super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy, **kw)
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         if not self.dead:
