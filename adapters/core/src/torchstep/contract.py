@@ -52,6 +52,8 @@ ENV_RUN_DIR = "TORCHSTEP_RUN_DIR"
 ENV_LOG_PREFIX = "TORCHSTEP_LOG_PREFIX"
 #: ``TORCHSTEP_PORT_<NAME>``: a role's declared port on the local target.
 ENV_PORT_PREFIX = "TORCHSTEP_PORT_"
+#: ``1``: Python workers are forked from a pre-imported zygote (the agent's ``--zygote``).
+ENV_ZYGOTE = "TORCHSTEP_ZYGOTE"
 
 # -- environment variables set by the agent for its workers ---------------------------------
 #: torch's name: where ``record`` writes the worker's error file.

@@ -167,7 +167,7 @@ class Launcher:
             for role in self.plan.roles:  # one replica: its agent hosts the store on a free port
                 self.rdzv.setdefault(role.name, (f"{LOCALHOST}:0", ""))
             if multi:
-                store.start({**os.environ, procs.ENV_TOKEN: f"{self.token}/store"})
+                store.start({**prepared.env, procs.ENV_TOKEN: f"{self.token}/store"})
             for rep in self.replicas.values():
                 self._emit(rep, PENDING)
             for rep in self.replicas.values():

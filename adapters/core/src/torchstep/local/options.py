@@ -74,6 +74,13 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
         "every rank gets it as TORCHSTEP_CHECKPOINT_DIR and the newest checkpoint in it as "
         "TORCHSTEP_LAST_CHECKPOINT (torchstep.last_checkpoint()), so a retried step resumes",
     ),
+    "inherit_env": (
+        bool,
+        True,
+        "the step inherits this process's environment (true), or gets only PATH, HOME, LANG, LC_*, TZ, "
+        "TMPDIR, USER, CUDA_VISIBLE_DEVICES and TORCHSTEP_ZYGOTE from it plus the AppDef's own env (false: "
+        "what the generic DAG and flow use for AppDefs from the network)",
+    ),
 }
 
 
@@ -101,6 +108,7 @@ class LocalOptions:
     cpu_affinity: bool = True
     tee: bool = True
     checkpoint_dir: str | None = None
+    inherit_env: bool = True
 
 
 def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> LocalOptions:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchstep import contract
+from torchstep.errors import SpecError
 from torchstep.local import mounts, resources
 from torchstep.local.options import LocalOptions
 from torchstep.plan import agent_command
@@ -28,6 +29,11 @@ from torchstep.plan.model import RolePlan, StepPlan
 
 #: The rank-0 host of every role on this machine.
 LOCALHOST = "127.0.0.1"
+#: What a step that does not inherit this process's environment (``inherit_env=False``)
+#: still gets from it: what every program expects, the GPUs this process may use (a
+#: restriction that must not widen) and the zygote switch. Nothing else: no credentials.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "TZ", "TMPDIR", "USER", "CUDA_VISIBLE_DEVICES", contract.ENV_ZYGOTE)
+INHERITED_ENV_PREFIXES = ("LC_",)
 
 
 @dataclass
@@ -62,6 +68,25 @@ class ReplicaSpec:
 class Prepared:
     replicas: list[ReplicaSpec]
     notes: list[str]  # worth telling the user (oversubscribed CPUs, advisory settings)
+    env: dict[str, str]  # the environment of the run's own helper processes (the rendezvous store)
+
+
+def base_env(parent: Mapping[str, str], inherit: bool) -> dict[str, str]:
+    """The environment a run starts from: all of ``parent``, or (``inherit`` False) only
+    :data:`INHERITED_ENV` and ``LC_*``, plus the ``PYTHONPATH`` entry that holds torchstep
+    itself when that is how this interpreter finds it (the agent must import itself).
+
+    >>> sorted(base_env({"PATH": "/bin", "LC_ALL": "C", "AWS_SECRET_ACCESS_KEY": "x"}, inherit=False))
+    ['LC_ALL', 'PATH']
+    """
+    if inherit:
+        return dict(parent)
+    out = {k: v for k, v in parent.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(contract.__file__)))
+    own = [p for p in parent.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) == root]
+    if own:
+        out["PYTHONPATH"] = own[0]
+    return out
 
 
 def app_dir(opts: LocalOptions, app_id: str) -> str:
@@ -78,6 +103,7 @@ def prepare(
     """Validate what only this machine can tell (SpecError naming the field) and build
     every replica's spec. Starts nothing."""
     parent = dict(os.environ if parent_env is None else parent_env)
+    start = base_env(parent, opts.inherit_env)
     roles = [mounts.apply(r, i) for i, r in enumerate(plan.roles)]
     gpus = resources.gpu_slices(roles, list(opts.gpus) if opts.gpus is not None else resources.detect_gpus(parent))
     notes = []
@@ -98,7 +124,13 @@ def prepare(
         for r in range(role.num_replicas):
             key = (role.name, r)
             log_dir = os.path.join(app_dir(opts, app_id), role.name, str(r))
-            env = dict(parent)
+            env = dict(start)
+            if role.secret_env and not opts.inherit_env:
+                raise SpecError(
+                    f"roles[{role.index}].metadata['torchstep']['secret_env']", "local",
+                    "inherit_env=False: the step reads nothing from this process's environment, secrets included",
+                    fix="run on the kubernetes target (Secrets by reference), or with inherit_env=True",
+                )  # fmt: skip
             env.update(role.secret_values(parent))  # SpecError naming a missing secret variable
             env.update(
                 agent_command.replica_env(role, app_id=app_id, replica_id=r, rank0_host=LOCALHOST, img_root=img_root)
@@ -132,7 +164,7 @@ def prepare(
                     img_root=img_root,
                 )
             )
-    return Prepared(out, notes)
+    return Prepared(out, notes, start)
 
 
 def with_restarts(role: RolePlan, restarts: int) -> RolePlan:
