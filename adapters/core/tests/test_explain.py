@@ -177,6 +177,13 @@ SPEC_MODULES = [
     "torchstep.plan.rules.resources",
     "torchstep.plan.rules.retry",
     "torchstep.steps",
+    "torchstep.policy",
+    "torchstep.policy.checks",
+    "torchstep.policy.overlay",
+    "torchstep.policy.rules",
+    "torchstep.runopts",
+    "torchstep.local.prepare",
+    "torchstep.local.options",
 ]
 
 

@@ -1,0 +1,237 @@
+"""What an AppDef that arrives over the network may do: the deployment's :class:`Policy`.
+
+The generic DAG (``torchstep_airflow.torchx_dag``) and the generic flow
+(``torchstep_prefect.torchx_flow``) run an AppDef, a target and run options that anyone
+allowed to trigger a run sends. Before anything is created they check it against the
+deployment owner's policy; what the policy does not allow is a :class:`PolicyError` (a
+:class:`~torchstep.SpecError`) naming the field and what the policy allows. The policy is
+the one passed to the entry point, else the TOML file named by ``TORCHSTEP_POLICY``, else
+:data:`DEFAULT` (docs/security.md).
+
+:data:`DEFAULT` refuses what turns a step into a way onto the host or into the cluster:
+bind mounts, device mounts, a pod overlay that sets a host-level or privilege field,
+environment variables that change how programs load, a namespace, service account,
+Secret or trust-changing run option the deployment did not list. It allows any image.
+
+Example::
+
+    >>> from torchx import specs
+    >>> role = specs.Role("w", image="python:3.11", entrypoint="python",
+    ...                   mounts=[specs.BindMount(src_path="/data/../etc", dst_path="/etc")])
+    >>> DEFAULT.check(specs.AppDef("a", roles=[role]), "kubernetes", {})
+    Traceback (most recent call last):
+    ...
+    torchstep.policy.PolicyError: app.roles[0].mounts[0].src_path (target 'kubernetes'): a bind mount of host path '/etc' is not allowed by the deployment's policy; fix: ...
+    >>> Policy(bind_mounts=("/data",)).check(specs.AppDef("a", roles=[role]), "kubernetes", {})
+    Traceback (most recent call last):
+    ...
+    torchstep.policy.PolicyError: app.roles[0].mounts[0].src_path (target 'kubernetes'): a bind mount of host path '/etc' ...
+    >>> DEFAULT.check(specs.AppDef("a", roles=[specs.Role("w", image="python:3.11", entrypoint="python")]),
+    ...               "kubernetes", {"namespace": "kube-system"})
+    Traceback (most recent call last):
+    ...
+    torchstep.policy.PolicyError: cfg['namespace'] (target 'kubernetes'): namespace 'kube-system' is not allowed ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torchstep.policy.rules import (
+    CFG_RULES,
+    DEFAULT_ENV_DENIED,
+    ENV_POLICY,
+    OVERLAY_MODES,
+    PolicyError,
+    norm_path,
+)
+
+PolicyError.__module__ = __name__  # its public home (tracebacks say torchstep.policy.PolicyError)
+
+__all__ = ["DEFAULT", "ENV_POLICY", "OVERLAY_MODES", "Policy", "PolicyError", "load", "resolve", "untrusted_cfg"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a deployment allows an AppDef from a DAG-run conf or flow-run parameters to do.
+
+    Name lists (``namespaces``, ``service_accounts``, ``volume_mounts``, ``secrets``,
+    ``env_denied``) hold names or ``fnmatch`` patterns (``team-*``); ``env_denied`` matches
+    regardless of case. Path lists (``bind_mounts``, ``device_mounts``) hold host path
+    prefixes, compared whole component by component on normalised paths (``/data`` allows
+    ``/data/x``, not ``/data2`` nor ``/data/../etc``). ``images`` holds image prefixes,
+    compared on normalised references (``python`` is ``docker.io/library/python``; an
+    entry ending in ``/`` allows every repository under it; empty: any image).
+
+    Args:
+        targets: the targets a network AppDef may run on.
+        images: allowed image prefixes (empty: any image).
+        namespaces: the namespaces ``cfg['namespace']`` may name (absent: the deployment's).
+        service_accounts: the service accounts ``cfg`` or an overlay may name (absent: the deployment's).
+        bind_mounts: host path prefixes a BindMount (and the local ``log_dir``/``checkpoint_dir``) may use.
+        volume_mounts: persistent volume claims a VolumeMount may use (default ``*``: any).
+        device_mounts: device paths a DeviceMount may use.
+        overlay: ``unprivileged`` | ``none`` | ``any`` (see :data:`OVERLAY_MODES`).
+        env_denied: environment variable names no env may set.
+        secrets: Kubernetes Secrets ``secret_env``, image pull secrets or an overlay may read.
+        options: trust-changing run options a network cfg may set (``gpus``, ``priority_class``,
+            ``queue``, ``labels``, ``annotations``).
+        replicas: most replicas per role; gpu, cpu, memMB: most per replica (None: no limit).
+
+    Example::
+
+        >>> p = Policy(targets=("kubernetes",), namespaces=("ml",), gpu=8)
+        >>> p.namespaces, p.gpu
+        (('ml',), 8)
+    """
+
+    targets: tuple[str, ...] = ("local", "kubernetes")
+    images: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    service_accounts: tuple[str, ...] = ()
+    bind_mounts: tuple[str, ...] = ()
+    volume_mounts: tuple[str, ...] = ("*",)
+    device_mounts: tuple[str, ...] = ()
+    overlay: str = "unprivileged"
+    env_denied: tuple[str, ...] = DEFAULT_ENV_DENIED
+    secrets: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    replicas: int | None = None
+    gpu: int | None = None
+    cpu: float | None = None
+    memMB: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("replicas", "gpu", "cpu", "memMB"):
+                ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
+                if not ok or (f.name != "cpu" and value is not None and not isinstance(value, int)):
+                    kind = "a number" if f.name == "cpu" else "an integer"
+                    raise PolicyError(f.name, None, f"must be {kind} >= 0 or unset, got {value!r}", fix="e.g. 8")
+            elif f.name == "overlay":
+                if value not in OVERLAY_MODES:
+                    raise PolicyError(
+                        "overlay", None, f"unknown mode {value!r}", fix=f"one of {', '.join(OVERLAY_MODES)}"
+                    )
+            else:
+                if (
+                    isinstance(value, str)
+                    or not isinstance(value, list | tuple)
+                    or not all(isinstance(v, str) and v and "\x00" not in v for v in value)
+                ):
+                    raise PolicyError(f.name, None, f"must be a list of non-empty strings, got {value!r}",
+                                      fix='e.g. ["ml"]')  # fmt: skip
+                object.__setattr__(self, f.name, tuple(value))
+        for name in ("bind_mounts", "device_mounts"):
+            for p in getattr(self, name):
+                if norm_path(p) is None:
+                    raise PolicyError(name, None, f"{p!r} is not an absolute path", fix="e.g. /data")
+        unknown = [t for t in self.targets if t not in CFG_RULES]
+        if unknown:
+            raise PolicyError("targets", None, f"unknown target {unknown[0]!r}", fix="local and/or kubernetes")
+        bad = [o for o in self.options if not any(CFG_RULES[t].get(o) == "option" for t in CFG_RULES)]
+        if bad:
+            opts = sorted({o for t in CFG_RULES.values() for o, r in t.items() if r == "option"})
+            raise PolicyError("options", None, f"{bad[0]!r} is not a run option a policy can allow",
+                              fix=f"one of {', '.join(opts)} (the others are free, value-checked or never allowed)")  # fmt: skip
+
+    def check(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> None:
+        """Raise :class:`PolicyError` for the first field of ``app`` (a ``torchx.specs.AppDef``),
+        ``target`` or ``cfg`` (its run options) that this policy does not allow.
+
+        Args:
+            app: the AppDef as it arrived (checked before it is planned or run).
+            target: ``local`` or ``kubernetes``.
+            cfg: the run options that came with it.
+
+        Raises:
+            PolicyError: naming the field and what the policy allows.
+        """
+        for problem in self.problems(app, target, cfg):
+            raise problem
+
+    def problems(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> list[PolicyError]:
+        """Every field :meth:`check` would refuse, in order (empty: allowed).
+
+        >>> from torchx import specs
+        >>> role = specs.Role("w", image="x", entrypoint="sh", env={"LD_PRELOAD": "/x.so", "ld_audit": "y"})
+        >>> [e.field for e in DEFAULT.problems(specs.AppDef("a", roles=[role]), "local")]
+        ["app.roles[0].env['LD_PRELOAD']", "app.roles[0].env['ld_audit']"]
+        """
+        from torchstep.policy.checks import Checker
+
+        return list(Checker(self, target).run(app, cfg))
+
+
+#: The policy for network-borne AppDefs when the deployment names none.
+DEFAULT = Policy()
+
+
+def load(path: str | os.PathLike[str]) -> Policy:
+    """The policy in the TOML file ``path``: top-level keys are :class:`Policy`'s fields
+    (a list given replaces the default: ``env_denied`` included).
+
+    Raises:
+        PolicyError: an unreadable file, bad TOML, an unknown key or a bad value (naming it).
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        ...     _ = f.write('targets = ["kubernetes"]\\nnamespaces = ["ml"]\\ngpu = 8\\n')
+        >>> load(f.name).namespaces
+        ('ml',)
+    """
+    where = os.fspath(path)
+    try:
+        with open(where, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise PolicyError(ENV_POLICY, None, f"cannot read the policy file {where}: {e.strerror or e}",
+                          fix="name a readable TOML file (docs/security.md)") from None  # fmt: skip
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(ENV_POLICY, None, f"{where} is not valid TOML: {e}", fix="see docs/security.md") from None
+    known = [f.name for f in dataclasses.fields(Policy)]
+    for key in data:
+        if key not in known:
+            raise PolicyError(
+                key, None, f"unknown key in the policy file {where}", fix=f"use one of: {', '.join(known)}"
+            )
+    try:
+        return Policy(**data)
+    except PolicyError as e:
+        raise PolicyError(e.field, None, f"in the policy file {where}: {e.problem}", fix=e.fix) from None
+
+
+def resolve(policy: Policy | str | os.PathLike[str] | None = None) -> Policy:
+    """The policy an entry point applies: ``policy`` itself, the file it names, else the
+    file named by ``TORCHSTEP_POLICY``, else :data:`DEFAULT`.
+
+    >>> resolve(DEFAULT) is DEFAULT
+    True
+    """
+    if isinstance(policy, Policy):
+        return policy
+    if policy is not None:
+        return load(policy)
+    named = os.environ.get(ENV_POLICY, "")
+    return load(named) if named.strip() else DEFAULT
+
+
+def untrusted_cfg(target: str, cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The run options a network-borne AppDef runs with (after :meth:`Policy.check`): on
+    the local target the step does not inherit the caller's environment.
+
+    >>> untrusted_cfg("local", {"timeout": 60})
+    {'timeout': 60, 'inherit_env': False}
+    """
+    out = dict(cfg or {})
+    if target == "local":
+        out["inherit_env"] = False
+    return out

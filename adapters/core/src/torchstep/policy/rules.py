@@ -1,0 +1,161 @@
+"""The policy's vocabulary: :class:`PolicyError`, who may set each run option, and how
+names, host paths and image references are compared (normalised first, so ``/data/../etc``,
+``/data2`` and ``docker.io/x`` mean what the kernel and the container runtime make of them).
+
+Example::
+
+    >>> norm_path("/data/./x/../../etc/"), under("/data2", ("/data",)), under("/data/x", ("/data/",))
+    ('/etc', False, True)
+    >>> image_ref("python:3.11"), image_allowed("docker.io/library/python", ("python",))
+    (('docker.io/library/python', ':3.11'), True)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import re
+from typing import Any
+
+from torchstep.errors import SpecError
+
+#: The environment variable naming the deployment's policy file (a served flow, a worker).
+ENV_POLICY = "TORCHSTEP_POLICY"
+#: ``overlay``: ``unprivileged`` refuses host-level and privilege fields (and checks images,
+#: service accounts, Secrets, claims and env names in it like the AppDef's own);
+#: ``none`` refuses any overlay; ``any`` trusts the overlay entirely.
+OVERLAY_MODES = ("unprivileged", "none", "any")
+#: Environment variables that change how programs load (the default ``env_denied``).
+DEFAULT_ENV_DENIED = (
+    "LD_*", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "BASH_ENV", "ENV", "PATH",
+    "GCONV_PATH", "GLIBC_TUNABLES", "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "JAVA_TOOL_OPTIONS",
+)  # fmt: skip
+
+# Run options per target: who may set each in a network-borne cfg.
+#   free:   any value (the target checks it)
+#   option: only when the policy lists it in `options` (it changes what the step may use)
+#   entry:  never (the entry point sets it)
+#   and the value-checked ones: namespace, service_account, secrets, path, inherit_env
+CFG_RULES: dict[str, dict[str, str]] = {
+    "local": {
+        "log_dir": "path", "checkpoint_dir": "path", "run_id": "entry", "inherit_env": "inherit_env",
+        "gpus": "option", "retries": "free", "retry_delay": "free", "grace_period": "free", "timeout": "free",
+        "cpu_affinity": "free", "tee": "free",
+    },
+    "kubernetes": {
+        "namespace": "namespace", "service_account": "service_account", "image_pull_secrets": "secrets",
+        "run_id": "entry", "result_file": "entry", "priority_class": "option", "queue": "option",
+        "labels": "option", "annotations": "option", "image_pull_policy": "free",
+        "ttl_seconds_after_finished": "free", "active_deadline": "free", "pod": "free", "shm_size": "free",
+        "rdzv_port": "free", "join_timeout": "free", "cluster_domain": "free",
+    },
+}  # fmt: skip
+#: Annotations that lift a container's confinement (refused unless ``overlay = "any"``).
+PRIVILEGE_ANNOTATIONS = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+
+
+class PolicyError(SpecError):
+    """A field of a network-borne AppDef, target or run option that the deployment's
+    policy does not allow; ``field`` is its path (``app.roles[0].mounts[1].src_path``,
+    ``cfg['namespace']``), ``fix`` says what the policy allows."""
+
+    def __reduce__(self):  # keep pickling (Airflow, Prefect) working: a PolicyError stays one
+        return (_rebuild_policy_error, (self.field, self.target, self.problem, self.fix))
+
+
+def _rebuild_policy_error(field: str, target: str | None, problem: str, fix: str | None) -> PolicyError:
+    return PolicyError(field, target, problem, fix=fix)
+
+
+def named(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+
+
+def listed(values: tuple[str, ...]) -> str:
+    return ", ".join(values) if values else "none"
+
+
+def norm_path(value: Any) -> str | None:
+    """An absolute path, normalised lexically (``..``, ``.``, ``//`` and trailing ``/`` gone)."""
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        return None
+    return "/" + posixpath.normpath(value).lstrip("/")
+
+
+def under(path: str, prefixes: tuple[str, ...], *, real: bool = False) -> bool:
+    for prefix in prefixes:
+        norm = norm_path(prefix)
+        if norm is None:
+            continue
+        for base in (norm, os.path.realpath(norm)) if real else (norm,):
+            if base == "/" or path == base or path.startswith(base + "/"):
+                return True
+    return False
+
+
+_DOMAIN = re.compile(r"^(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]+)?$")
+_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+_DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+
+
+def image_ref(ref: str, *, namespace: bool = False) -> tuple[str, str] | None:
+    """``(repository, tag-or-digest suffix)`` of an image reference, normalised as the
+    container runtime resolves it (``python`` → ``docker.io/library/python``); ``None`` if it
+    is not a valid reference. ``namespace``: ``ref`` names a registry path (``docker.io/acme``),
+    not one repository, so Docker Hub's ``library/`` is not added."""
+    rest, _, digest = ref.partition("@")
+    if digest and not _DIGEST.match(digest):
+        return None
+    head, _, last = rest.rpartition("/")
+    name, _, tag = last.partition(":")
+    if tag and not _TAG.match(tag):
+        return None
+    parts = [*(head.split("/") if head else []), name]
+    first = parts[0].lower()
+    if len(parts) > 1 and ("." in first or ":" in first or first == "localhost"):
+        domain, path = ("docker.io" if first == "index.docker.io" else first), parts[1:]
+    else:
+        domain, path = "docker.io", parts
+    if not _DOMAIN.match(domain) or not all(_COMPONENT.match(p) for p in path):
+        return None
+    if domain == "docker.io" and len(path) == 1 and not namespace:
+        path = ["library", *path]
+    suffix = (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+    return f"{domain}/{'/'.join(path)}", suffix
+
+
+def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
+    if image.startswith("/"):  # a directory image (local target)
+        norm = norm_path(image)
+        return norm is not None and under(norm, tuple(p for p in prefixes if p.startswith("/")))
+    ref = image_ref(image)
+    if ref is None:
+        return False
+    repo, suffix = ref
+    for entry in prefixes:
+        if entry.startswith("/"):
+            continue
+        if entry.endswith("/"):  # every repository under a registry or a registry path
+            stripped = entry.rstrip("/").lower()
+            if "/" not in stripped and ("." in stripped or ":" in stripped or stripped == "localhost"):
+                base: tuple[str, str] | None = ("docker.io" if stripped == "index.docker.io" else stripped, "")
+            else:
+                base = image_ref(entry.rstrip("/"), namespace=True)
+            if base is not None and not base[1] and repo.startswith(base[0] + "/"):
+                return True
+            continue
+        allowed = image_ref(entry)
+        if allowed is None:
+            continue
+        if allowed[1]:  # a pinned tag or digest: that one only
+            if repo + suffix == allowed[0] + allowed[1] or (repo + suffix).startswith(allowed[0] + allowed[1] + "@"):
+                return True
+        elif repo == allowed[0] or repo.startswith(allowed[0] + "/"):
+            return True
+    return False
