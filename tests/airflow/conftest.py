@@ -98,6 +98,28 @@ class DagTester:
         summary["output"] = proc.stdout + proc.stderr
         return summary
 
+    def run_many(self, dag_id: str, confs: list[dict], *, timeout: float = 600) -> list[dict]:
+        """One ``dag.test()`` per conf, all in one process; each summary's ``output`` holds
+        the lines of its own run."""
+        files = [f for f in (self.home / "dags").glob("*.py") if f'"{dag_id}"' in f.read_text()]
+        assert files, f"no DAG file defines {dag_id!r}"
+        argv = [sys.executable, str(DRIVER), str(files[0]), dag_id, json.dumps(confs)]
+        # one stream, in the order it was written: each run's task log lines follow its mark
+        proc = subprocess.run(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)  # fmt: skip
+        runs = proc.stdout.split("DAG_TEST_BEGIN ")[1:]
+        summaries = []
+        for text in runs:
+            marks = [x for x in text.splitlines() if x.startswith("DAG_TEST_SUMMARY ")]
+            if not marks:
+                break
+            summary = json.loads(marks[-1].split(" ", 1)[1])
+            summary["output"] = text
+            summaries.append(summary)
+        if proc.returncode or len(summaries) != len(confs):
+            raise AssertionError(f"dag.test of {dag_id} broke ({proc.returncode}):\n{proc.stdout[-8000:]}")
+        return summaries
+
 
 @pytest.fixture(scope="session")
 def dag_tester():

@@ -3,7 +3,9 @@
 Usage: ``python dag_test_driver.py DAG_FILE DAG_ID [RUN_CONF_JSON]``. The caller sets
 AIRFLOW_HOME (a migrated metadata DB) and AIRFLOW__CORE__DAGS_FOLDER (holding DAG_FILE)
 in the environment before this imports Airflow. The summary: the run's state and, per
-task, its state, try number and XCom ``return_value``.
+task, its state, try number and XCom ``return_value``. A JSON *list* of confs runs the DAG
+once per conf in this one process (Airflow imported once), each run's lines after a
+``DAG_TEST_BEGIN <i>`` line and followed by its summary.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import sys
 
 MARK = "DAG_TEST_SUMMARY "
+BEGIN = "DAG_TEST_BEGIN "
 
 
 def main() -> None:
@@ -27,8 +30,12 @@ def main() -> None:
     from airflow.sdk import DAG
 
     dag = next(v for v in vars(module).values() if isinstance(v, DAG) and v.dag_id == dag_id)
-    dr = dag.test(run_conf=conf)
+    for i, one in enumerate(conf if isinstance(conf, list) else [conf]):
+        print(f"{BEGIN}{i}", flush=True)
+        summarize(dag, dag_id, dag.test(run_conf=one))
 
+
+def summarize(dag, dag_id: str, dr) -> None:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 

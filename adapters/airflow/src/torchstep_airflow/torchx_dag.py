@@ -5,7 +5,12 @@ Put it in the dags folder once (``python -m torchstep_airflow.torchx_dag DAGS_FO
 writes the two-line file below); the ``airflow`` TorchX scheduler then triggers runs of it
 through the REST API with the conf ``{"app": <AppDef as JSON>, "target": "local", "cfg":
 {...}}``. The conf is checked on arrival: anything that is not a valid AppDef for the
-target fails the run (no retry) with the field and the fix in the task log.
+target, or that the deployment's policy does not allow (:mod:`torchstep.policy`: the
+``policy`` given to :func:`torchx_dag`, else the file ``TORCHSTEP_POLICY`` names in the
+worker, else ``torchstep.policy.DEFAULT``), fails the run at once (no retry) with the field
+and the rule in the task log, before anything is created. Whoever may trigger this DAG
+chooses what runs: restrict that with Airflow's ``access_control`` (docs/security.md). On
+the local target the step does not inherit the worker's environment (``inherit_env=False``).
 
 Retries: a DAG's retries are fixed when it is parsed, so the generic task has none and
 retries the whole app itself, as the AppDef asks (APPLICATION ``max_retries`` and the
@@ -17,6 +22,8 @@ Example (``dags/torchstep_torchx.py``)::
 
     dag = torchx_dag()                      # dag_id "torchstep_torchx"
     gpu = torchx_dag(queue="gpu")           # dag_id "torchstep_torchx_gpu", tasks on queue "gpu"
+    ml = torchx_dag("ml_torchx", policy="/etc/torchstep/ml.toml",
+                    access_control={"ml-engineers": {"DAG Runs": {"can_create"}}})
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import Any
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from torchstep.errors import SpecError
+from torchstep.policy import Policy, untrusted_cfg
+from torchstep.policy import resolve as resolve_policy
 
 from torchstep_airflow.operators import TARGETS, AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
@@ -44,9 +53,28 @@ dag = torchx_dag()
 '''
 
 
-def app_from_conf(conf: Mapping[str, Any] | None) -> tuple[Any, str, dict[str, Any]]:
-    """``(AppDef, target, cfg)`` from a DAG run conf; a :class:`~torchstep.SpecError` names
-    the bad field (``conf['app'].roles[0].entrypoint``...)."""
+def app_from_conf(
+    conf: Mapping[str, Any] | None, policy: Policy | str | None = None
+) -> tuple[Any, str, dict[str, Any]]:
+    """``(AppDef, target, cfg)`` from a DAG run conf, checked against the deployment's policy.
+
+    Args:
+        conf: the DAG run's conf (``{"app": <AppDef as JSON>, "target": ..., "cfg": {...}}``).
+        policy: a :class:`torchstep.policy.Policy` or the path of its TOML file; ``None``:
+            the file ``TORCHSTEP_POLICY`` names, else ``torchstep.policy.DEFAULT``.
+
+    Returns:
+        The AppDef, its target and its run options, as sent.
+
+    Raises:
+        SpecError: a bad field (``conf['app'].roles[0].entrypoint``...).
+        torchstep.policy.PolicyError: a field the policy does not allow
+            (``app.roles[0].mounts[0].src_path``, ``cfg['namespace']``...).
+
+    Example::
+
+        app, target, cfg = app_from_conf(context["dag_run"].conf)
+    """
     from torchstep.components.appjson import app_from_dict
 
     if not isinstance(conf, Mapping) or "app" not in conf:
@@ -69,6 +97,7 @@ def app_from_conf(conf: Mapping[str, Any] | None) -> tuple[Any, str, dict[str, A
         app = app_from_dict(conf["app"])
     except SpecError as e:  # e.field is "app.roles[0]...": say where it is in the conf
         raise SpecError("conf['app']" + e.field.removeprefix("app"), None, e.problem, fix=e.fix) from None
+    resolve_policy(policy).check(app, target, cfg)
     return app, target, dict(cfg)
 
 
@@ -78,14 +107,18 @@ class TorchxAppOperator(AppDefOperator):
 
     template_fields: Sequence[str] = ()
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, policy: Policy | None = None, **kwargs: Any) -> None:
         # No AppDef exists at parse time: skip AppDefOperator's parse-time planning.
         BaseOperator.__init__(self, retries=0, **kwargs)
+        self.policy = policy  # None: the worker's TORCHSTEP_POLICY, read when a run arrives
         self.app: Any = None
         self.app_args = None
         self.target = "local"
         self.cfg: dict[str, Any] = {}
         self.kubernetes_kwargs: dict[str, Any] = {}
+        # retries=0: Airflow never retries this task (it retries the app itself, each try
+        # with its own run id), so there is no earlier try to reattach to
+        self.durable = False
         self._user = UserSettings()
         self._parsed = None
         self._runner: Any = None
@@ -97,7 +130,8 @@ class TorchxAppOperator(AppDefOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         try:
-            self.app, self.target, self.cfg = app_from_conf(context["dag_run"].conf)
+            self.app, self.target, cfg = app_from_conf(context["dag_run"].conf, policy=self.policy)
+            self.cfg = untrusted_cfg(self.target, cfg)
             app, plan = self.build_app()
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
@@ -124,18 +158,44 @@ class TorchxAppOperator(AppDefOperator):
         raise AssertionError("unreachable")
 
 
-def torchx_dag(dag_id: str = DAG_ID, *, queue: str | None = None, **dag_kwargs: Any) -> DAG:
-    """The generic DAG (see the module docstring). ``queue`` sets the executor queue of its
-    task and names the DAG ``<dag_id>_<queue>`` (``torchx run -s airflow -cfg queue=...``
-    picks it). Unscheduled, never paused at creation; ``dag_kwargs`` go to ``DAG``."""
+def torchx_dag(
+    dag_id: str = DAG_ID,
+    *,
+    queue: str | None = None,
+    policy: Policy | str | None = None,
+    access_control: Mapping[str, Any] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The generic DAG (see the module docstring). Unscheduled, never paused at creation.
+
+    Args:
+        dag_id: the DAG's id (``torchx run -s airflow -cfg dag_id=...`` picks it).
+        queue: the executor queue of its task; the DAG is then ``<dag_id>_<queue>``
+            (``-cfg queue=...`` picks it).
+        policy: what a run's AppDef may do: a :class:`torchstep.policy.Policy` or the path of
+            its TOML file (read now: a bad file is an import error of the DAG file); ``None``:
+            the file ``TORCHSTEP_POLICY`` names in the worker, else ``torchstep.policy.DEFAULT``.
+        access_control: Airflow's DAG-level permissions, e.g. ``{"ml-engineers": {"DAG Runs":
+            {"can_create"}}}``: who may trigger it, hence who chooses what runs (docs/torchx.md).
+        dag_kwargs: anything else ``DAG`` takes.
+
+    Returns:
+        The DAG.
+
+    Raises:
+        torchstep.policy.PolicyError: the policy file cannot be read or is not a policy.
+    """
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("is_paused_upon_creation", False)
     dag_kwargs.setdefault("max_active_runs", 16)
     dag_kwargs.setdefault("tags", ["torchstep", "torchx"])
     dag_kwargs.setdefault("doc_md", __doc__)
+    if access_control is not None:
+        dag_kwargs["access_control"] = access_control
+    checked = resolve_policy(policy) if policy is not None else None
     with DAG(dag_id_for(queue, dag_id), **dag_kwargs) as dag:
-        TorchxAppOperator(task_id=TASK_ID, **({"queue": queue} if queue else {}))
+        TorchxAppOperator(task_id=TASK_ID, policy=checked, **({"queue": queue} if queue else {}))
     return dag
 
 

@@ -3,14 +3,20 @@
 The ``prefect`` TorchX scheduler (:mod:`torchstep_prefect.torchx_scheduler`) submits an
 AppDef as a flow run of a deployment of this flow, ``torchstep-torchx``, with the AppDef as
 JSON data (``torchstep.components.appjson``) in the ``app`` parameter. On arrival the flow checks
-the AppDef again (bad data fails the flow run at once, without retry, with a
-``SpecError`` naming the field) and runs it as one step through :func:`~torchstep_prefect.app_task`:
-retries from the AppDef, timeouts, cancellation that stops every process, each rank's lines
-in the run's log, the ranks table and outputs artifacts.
+the AppDef again and against the deployment's policy (:mod:`torchstep.policy`: the file
+``serve --policy`` or ``TORCHSTEP_POLICY`` names, else ``torchstep.policy.DEFAULT``): bad data
+or a field the policy does not allow fails the flow run at once, without retry, with a
+``SpecError`` naming the field, before anything is created. Then it runs the AppDef as one
+step through :func:`~torchstep_prefect.app_task`: retries from the AppDef, timeouts,
+cancellation that stops every process, each rank's lines in the run's log, the ranks table
+and outputs artifacts. On the local target the step does not inherit the flow run's
+environment (``inherit_env=False``). Whoever may create flow runs of the deployment chooses
+what runs (docs/security.md).
 
 Serve it (a long-lived process that runs the flow runs on this machine)::
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m torchstep_prefect.torchx_flow serve --name torchx
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m torchstep_prefect.torchx_flow serve --name torchx \
+        --policy /etc/torchstep/policy.toml
 
 or deploy it to a work pool (its flow-run image needs ``torchstep-prefect`` and
 ``torchstep[agent]``; the entrypoint is the module path, found in any image that has them)::
@@ -27,12 +33,15 @@ No ``from __future__ import annotations`` here: Prefect reads the flow's paramet
 """
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefect import flow
 from torchstep.errors import SpecError
+from torchstep.policy import ENV_POLICY, Policy, PolicyError, untrusted_cfg
+from torchstep.policy import resolve as resolve_policy
 
 #: The flow's name: deployments are ``torchstep-torchx/<deployment name>``.
 FLOW_NAME = "torchstep-torchx"
@@ -41,9 +50,30 @@ DEPLOYMENT_NAME = "torchx"
 TARGETS = ("local", "kubernetes")
 
 
-def load_app(data: Any, target: str) -> Any:
-    """The ``torchx.specs.AppDef`` of the JSON data ``data``, checked for ``target``; a
-    :class:`~torchstep.SpecError` naming the field (``app.roles[1].entrypoint``) otherwise."""
+def load_app(
+    data: Any, target: str, policy: Policy | str | None = None, *, cfg: Mapping[str, Any] | None = None
+) -> Any:
+    """The ``torchx.specs.AppDef`` of the JSON data ``data``, checked for ``target`` and
+    against the deployment's policy.
+
+    Args:
+        data: the AppDef as JSON data (``torchstep.components.appjson``).
+        target: ``local`` or ``kubernetes``.
+        policy: a :class:`torchstep.policy.Policy` or the path of its TOML file; ``None``:
+            the file ``TORCHSTEP_POLICY`` names, else ``torchstep.policy.DEFAULT``.
+        cfg: the run options sent with it (checked by the policy too).
+
+    Returns:
+        The AppDef.
+
+    Raises:
+        SpecError: a bad field (``app.roles[1].entrypoint``).
+        torchstep.policy.PolicyError: a field the policy does not allow.
+
+    Example::
+
+        app = load_app(parameters["app"], "kubernetes", cfg={"namespace": "ml"})
+    """
     from torchstep.components.appjson import app_from_dict
     from torchstep.plan.planner import build_plan
 
@@ -57,6 +87,7 @@ def load_app(data: Any, target: str) -> Any:
         raise SpecError("app", target, f"is not a valid AppDef ({type(e).__name__}: {e})",
                         fix="submit it with `torchx run -s prefect` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
     build_plan(app, target)
+    resolve_policy(policy).check(app, target, cfg)
     return app
 
 
@@ -72,14 +103,17 @@ def torchx_app(app: dict[str, Any], target: str = "local", cfg: dict[str, Any] |
     """
     from torchstep_prefect.tasks import app_task
 
-    app_def = load_app(app, target)
-    step = app_task(app_def, target=target, cfg=cfg or {})
+    app_def = load_app(app, target, cfg=cfg)
+    step = app_task(app_def, target=target, cfg=untrusted_cfg(target, cfg))
     result: dict[str, Any] = step()
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m torchstep_prefect.torchx_flow serve [--name torchx] [--limit N]``."""
+    """``python -m torchstep_prefect.torchx_flow serve [--name torchx] [--limit N] [--policy FILE]``.
+
+    ``--policy FILE`` is read at once (a bad file: exit status 2, nothing served) and handed
+    to every flow run as ``TORCHSTEP_POLICY``."""
     parser = argparse.ArgumentParser(
         prog="python -m torchstep_prefect.torchx_flow",
         description=f"Serve the {FLOW_NAME} flow that `torchx run -s prefect` submits to "
@@ -89,7 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the flow until interrupted")
     serve.add_argument("--name", default=DEPLOYMENT_NAME, help=f"deployment name (default {DEPLOYMENT_NAME})")
     serve.add_argument("--limit", type=int, default=None, help="flow runs at once (default: Prefect's)")
+    serve.add_argument("--policy", default=None, metavar="FILE",
+                       help=f"what a flow run's AppDef may do (TOML, docs/security.md; default: ${ENV_POLICY}, "
+                       "else torchstep.policy.DEFAULT)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.policy is not None:  # the flow runs (child processes) read it from their environment
+        os.environ[ENV_POLICY] = os.path.abspath(args.policy)
+    try:
+        resolve_policy()
+    except PolicyError as e:
+        print(f"torchx_flow serve: error: {e}", file=sys.stderr)
+        return 2
+    named = os.environ.get(ENV_POLICY, "").strip()
+    print(f"torchx_flow: every flow run is checked against the policy {named or 'torchstep.policy.DEFAULT'}",
+          flush=True)  # fmt: skip
     from prefect.deployments.runner import EntrypointType
 
     from torchstep_prefect.torchx_flow import torchx_app as served  # its real module, also under -m

@@ -1,0 +1,89 @@
+"""The generic DAG under the deployment's policy (issue 24), with Airflow's real
+``dag.test()``: a stranger who may trigger runs sends AppDefs that reach the host or the
+cluster's trust; each run fails at once, without a retry, with the field and the rule in the
+task log, and nothing is created — no process runs, no Job or Pod reaches the cluster.
+The controls (an allowed AppDef on each target) show the same harness sees what is created."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from torchstep.components.appjson import app_to_dict
+from torchx import specs
+
+DAG_ID = "torchstep_policy_test"
+pytestmark = pytest.mark.slow
+
+
+def role(marker: Path, **kw) -> specs.Role:
+    """The stranger's payload: it would leave ``marker`` behind if it ever ran."""
+    kw.setdefault("resource", specs.Resource(cpu=1, gpu=0, memMB=256))
+    return specs.Role("payload", image="ghcr.io/acme/tool:1", entrypoint="sh", args=["-c", f"touch {marker}"], **kw)
+
+
+def conf(r: specs.Role, target: str = "local", cfg: dict | None = None) -> dict:
+    return {"app": app_to_dict(specs.AppDef("payload", roles=[r])), "target": target, "cfg": cfg or {}}
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory):
+    """A fake Kubernetes API (tests/kubehttp.py) as Airflow's default kubernetes connection."""
+    kubehttp = pytest.importorskip("kubehttp")
+    pytest.importorskip("airflow.providers.cncf.kubernetes")
+    server = kubehttp.start_server(tmp_path_factory.mktemp("kube"), kubehttp.Scenario(replicas=2, run_s=1, lines=2))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tester(dag_tester, kube):
+    t = type(dag_tester)(dag_tester.home)  # the session's Airflow home, with its own environment
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube.kubeconfig), "namespace": "ml"}}
+    t.env = {**dag_tester.env, "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(connection)}
+    t.env.pop("TORCHSTEP_POLICY", None)  # the deployment names none: DEFAULT
+    return t
+
+
+def stranger_confs(marker: Path) -> list[tuple[str, dict]]:
+    overlay = {"hostPID": True, "containers": [{"name": "main", "securityContext": {"privileged": True}}]}
+    return [
+        ("app.roles[0].mounts[0].src_path", conf(role(marker, mounts=[specs.BindMount(src_path="/", dst_path="/host")]))),
+        ("app.roles[0].mounts[0].src_path",
+         conf(role(marker, mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]))),
+        ("app.roles[0].env['LD_PRELOAD']", conf(role(marker, env={"LD_PRELOAD": "/tmp/evil.so"}))),
+        ("app.roles[0].metadata['kubernetes']['hostPID']",
+         conf(role(marker, num_replicas=2, metadata={"kubernetes": overlay}), "kubernetes")),
+        ("cfg['namespace']", conf(role(marker, num_replicas=2), "kubernetes", {"namespace": "kube-system"})),
+        ("cfg['service_account']", conf(role(marker, num_replicas=2), "kubernetes", {"service_account": "admin"})),
+    ]  # fmt: skip
+
+
+def test_a_strangers_runs_are_refused_at_once_and_create_nothing(tester, kube, tmp_path):
+    marker = tmp_path / f"ran-{uuid.uuid4().hex[:6]}"
+    cases = stranger_confs(marker)
+    runs = tester.run_many(DAG_ID, [c for _, c in cases])
+    for (field, c), run in zip(cases, runs, strict=True):
+        task, out = run["tasks"]["app"], run["output"]
+        assert run["state"] == "failed" and task["state"] == "failed", (field, out[-3000:])
+        assert task["try_number"] == 1 and task["max_tries"] == 0  # AirflowFailException: never retried
+        said = f"torchstep: {field} (target '{c['target']}')"
+        assert said in out, (field, out[-3000:])
+        assert "the deployment's policy" in out[out.index(said) :][:800], out[out.index(said) :][:800]
+    assert not marker.exists(), "the payload ran"
+    state = kube.state()
+    assert (state["jobs_created"], state["pods_created"]) == (0, 0), state
+
+
+def test_the_same_harness_sees_what_an_allowed_run_creates(tester, kube, tmp_path):
+    """The controls: allowed AppDefs do run — the local payload leaves its marker, the
+    kubernetes one creates its Job on the fake cluster."""
+    marker = tmp_path / "ran-local"
+    before = kube.state()["jobs_created"]
+    local, remote = tester.run_many(DAG_ID, [conf(role(marker)), conf(role(tmp_path / "unused", num_replicas=2),
+                                                                      "kubernetes")])  # fmt: skip
+    assert local["state"] == "success", local["output"][-3000:]
+    assert marker.exists()
+    assert kube.state()["jobs_created"] == before + 1, remote["output"][-3000:]
