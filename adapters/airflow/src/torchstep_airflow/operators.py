@@ -292,3 +292,8 @@ def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:
         )
     if cfg is not None and not isinstance(cfg, Mapping):
         raise SpecError("cfg", target, f"must be a mapping, got {type(cfg).__name__}", fix='cfg={"log_dir": "/data"}')
+    if cfg is not None:
+        from torchstep.runopts import check_cfg
+
+        # every key now; a templated value once it is rendered (a None stands in for it)
+        check_cfg({k: None if _templated(v) else v for k, v in cfg.items()}, target)

@@ -114,6 +114,9 @@ def check_user_retries(
     torchstep.errors.SpecError: roles[0].max_retries (target 'local'): the AppDef gives Prefect 2 retries of the step (APPLICATION policy) but the task sets retries=5; fix: set the count in one place: drop the task's retries or change max_retries
     """
     target = plan.target
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < 0):
+        raise SpecError("retries", target, f"the task's retries must be a whole number >= 0, got {retries!r}",
+                        fix="e.g. retries=2, or leave it out: the AppDef's max_retries decides")  # fmt: skip
     step = plan.step_retry
     if step.count:
         i = step.role_index if step.role_index is not None else 0

@@ -192,20 +192,31 @@ class StepComponent(ContainerComponent):
 def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
            *, default_name: str, description: str) -> StepComponent:  # fmt: skip
     from kfp import dsl
+    from torchstep.runopts import check_cfg
 
-    name = _identifier(options.get("name") or default_name)
+    name = _component_name(options.get("name"), default_name)
     metrics = _artifact_name(options.get("metrics", False), METRICS_OUTPUT, "metrics")
     model = _artifact_name(options.get("model", False), MODEL_OUTPUT, "model")
     outputs = _outputs(options.get("outputs"), {n for n in (metrics, model) if n})
     role = options.get("role", 0)
     launcher = is_launcher(plan)
     r = role_of(plan, role)
-    image = options.get("launcher_image") or r.image if launcher else r.image
+    caching = options.get("caching", False)
+    if not isinstance(caching, bool):  # "false" would turn caching on
+        raise SpecError("caching", TARGET, f"must be True or False, got {caching!r}",
+                        fix="caching=False (the default: a training step has side effects) or caching=True")  # fmt: skip
+    launcher_image = options.get("launcher_image")
+    if launcher_image is not None and (not isinstance(launcher_image, str) or not launcher_image.strip()):
+        raise SpecError("launcher_image", TARGET, f"must be an image reference (a string), got {launcher_image!r}",
+                        fix='e.g. launcher_image="ghcr.io/acme/torchstep:1"')  # fmt: skip
+    # the step's run options: the local target in its one container, kubernetes for a launcher's Jobs
+    cfg = check_cfg(options.get("cfg"), "kubernetes" if launcher else "local")
+    image = launcher_image or r.image if launcher else r.image
     spec.update({
         "version": 1, "name": name, "role": r.index, "launcher": launcher, "image": image,
         "inputs": {p.name: p.type.__name__ for p, _ in inputs},
         "variadic": [p.name for p, _ in inputs if p.variadic],
-        "outputs": outputs, "metrics": metrics, "model": model, "cfg": dict(options.get("cfg") or {}),
+        "outputs": outputs, "metrics": metrics, "model": model, "cfg": cfg,
         # what set_retry says (kfp.local spends it in the step); the default: no retries
         "step_retry": {k: v for k, v in dataclasses.asdict(plan.step_retry).items() if v is not None and k != "role_index"}
         if plan.step_retry.count else None,
@@ -252,7 +263,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     body.__name__ = body.__qualname__ = name
     body.__doc__ = _docstring(description, inputs, outputs, metrics, model)
     component = dsl.container_component(body)
-    return StepComponent(component, plan, r.index, bool(options.get("caching", False)))
+    return StepComponent(component, plan, r.index, caching)
 
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
@@ -315,6 +326,18 @@ def _reference(component: Any, fn: Any) -> str:
                         fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
     rel = os.path.relpath(source)
     return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
+
+
+def _component_name(given: Any, default: str) -> str:
+    """The component's Python name; KFP names the component and its tasks by an ASCII slug
+    of it, so a name whose letters that slug would drop ("ünï 名前" → "n") is refused."""
+    name = given or default
+    dropped = "".join(c for c in str(name) if c.isalnum() and not c.isascii())
+    if dropped:
+        field = "name" if given else "name (the default: the AppDef's or the function's name)"
+        raise SpecError(field, TARGET, f"{name!r}: KFP names components by an ASCII slug, which drops {dropped!r}",
+                        fix="name='train-model' (ASCII letters, digits, '-' and '_')")  # fmt: skip
+    return _identifier(name)
 
 
 def _identifier(name: str) -> str:

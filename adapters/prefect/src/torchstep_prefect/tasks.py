@@ -71,10 +71,12 @@ def app_task(
     from prefect.cache_policies import NO_CACHE
     from torchstep.components.materialize import static_values
     from torchstep.plan.planner import build_plan
+    from torchstep.runopts import check_cfg
     from torchx.specs import AppDef
 
     if target not in TARGETS:
         raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
+    cfg = check_cfg(cfg, target)  # now, not when the flow runs
     options = dict(task_options)
     defaults = options.pop("defaults", None)
     if isinstance(app, AppDef):
@@ -86,7 +88,7 @@ def app_task(
         name = getattr(_component_fn(app), "__name__", static.name)
     plan = build_plan(static, target)
     _apply_retries(plan, options)
-    body = _step_function(app, params, target, dict(cfg or {}), name, client)
+    body = _step_function(app, params, target, cfg, name, client)
     options.setdefault("name", name)
     options.setdefault("cache_policy", NO_CACHE)  # a training step has side effects: never skip it
     options.setdefault("persist_result", False)
