@@ -34,3 +34,18 @@ def test_a_templated_value_waits_for_rendering_but_its_key_is_checked_now():
 def test_retries_must_be_a_whole_number():
     with pytest.raises(SpecError, match=r"^retries \(target 'local'\): the task's retries must be a whole number"):
         AppDefOperator(task_id="t", app=app(), retries=-1)
+
+
+def test_a_secret_looking_env_value_is_said_when_the_dag_is_parsed():
+    import uuid
+
+    from torchstep.plan.secrets import InlinedSecretWarning
+
+    a = app()
+    a.name = f"sec-{uuid.uuid4().hex[:6]}"
+    a.roles[0].env["WANDB_API_KEY"] = "wandb_live_value_42"
+    with pytest.warns(
+        InlinedSecretWarning, match=r"env\['WANDB_API_KEY'\].*Airflow's rendered fields.*secret_env"
+    ) as w:
+        AppDefOperator(task_id="k", app=a, target="kubernetes")
+    assert "wandb_live_value_42" not in str(w[0].message)

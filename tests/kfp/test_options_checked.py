@@ -55,3 +55,26 @@ def test_a_name_kfp_would_slug_to_almost_nothing_is_refused():
     refused("name (the default: the AppDef's or the function's name)", lambda: component_from_app(app(name="ünï")))
     assert component_from_app(app(name="ünï"), name="uni").name == "uni"
     assert component_from_app(app(), name="Train Model 2").name == "train-model-2"
+
+
+def test_a_secret_looking_env_value_is_said_once_when_the_component_is_made(tmp_path):
+    import uuid
+    import warnings
+
+    from kfp import compiler, dsl
+    from torchstep.plan.secrets import InlinedSecretWarning
+
+    a = app(name=f"sec-{uuid.uuid4().hex[:6]}")
+    a.roles[0].env["HF_TOKEN"] = "hf_live_value_42"
+    with pytest.warns(InlinedSecretWarning, match=r"roles\[0\]\.env\['HF_TOKEN'\].*the compiled pipeline.*secret_env"):
+        op = component_from_app(a)
+
+    @dsl.pipeline
+    def pipeline():
+        op()
+
+    out = tmp_path / "p.yaml"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InlinedSecretWarning)  # once per step: compiling it says nothing new
+        compiler.Compiler().compile(pipeline, str(out))
+    assert "hf_live_value_42" in out.read_text()  # what it warned about: the value is in the YAML

@@ -182,6 +182,7 @@ SPEC_MODULES = [
     "torchstep.policy.overlay",
     "torchstep.policy.rules",
     "torchstep.runopts",
+    "torchstep.plan.secrets",
     "torchstep.local.prepare",
     "torchstep.local.options",
 ]

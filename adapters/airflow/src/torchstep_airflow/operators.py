@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep.errors import SpecError
+from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 from torchstep.steps import failure_summary
 
 from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
@@ -107,6 +108,8 @@ class AppDefOperator(BaseOperator):
         # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
         # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
         plan = self._parse_time_plan()
+        if plan is not None and target == "kubernetes":  # the pod spec becomes the task's rendered fields
+            warn_inlined(plan, INLINED_INTO[target])
         self._parsed: dict[str, Any] | None = task_settings(plan, self._user, target) if plan else None
         given: dict[str, Any] = {
             "retries": retries,

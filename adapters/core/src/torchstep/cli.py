@@ -30,7 +30,7 @@ SUBCOMMANDS = {
 
 def explain_main(argv: Sequence[str]) -> int:
     from torchstep.components.materialize import materialize
-    from torchstep.plan.explain import render_table
+    from torchstep.plan.explain import notes_of, render_table
     from torchstep.plan.model import TARGETS
     from torchstep.plan.planner import plan_decisions
 
@@ -41,7 +41,8 @@ def explain_main(argv: Sequence[str]) -> int:
     ns = p.parse_args(opts)
     app = materialize(ns.ref, comp_args)
     decisions = plan_decisions(app, ns.target)
-    sys.stdout.write(render_table(decisions, app_name=getattr(app, "name", "?"), target=ns.target))
+    notes = notes_of(app, ns.target)
+    sys.stdout.write(render_table(decisions, app_name=getattr(app, "name", "?"), target=ns.target, notes=notes))
     return 2 if any(d.action == "rejected" for d in decisions) else 0
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
 from torchstep.plan.model import StepPlan
+from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
 from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
@@ -209,6 +210,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     if launcher_image is not None and (not isinstance(launcher_image, str) or not launcher_image.strip()):
         raise SpecError("launcher_image", TARGET, f"must be an image reference (a string), got {launcher_image!r}",
                         fix='e.g. launcher_image="ghcr.io/acme/torchstep:1"')  # fmt: skip
+    warn_inlined(plan, INLINED_INTO[TARGET])  # env values travel in the component (and the AppDef in its spec)
     # the step's run options: the local target in its one container, kubernetes for a launcher's Jobs
     cfg = check_cfg(options.get("cfg"), "kubernetes" if launcher else "local")
     image = launcher_image or r.image if launcher else r.image

@@ -29,6 +29,7 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.plan.model import RolePlan, StepPlan
+from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
 from torchstep_kfp.entry import NAMESPACE_ENV, POD_NAME_ENV  # what the step reads, defined where it is read
 
@@ -65,6 +66,7 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     """
     plan = plan_of(app)
     r = role_of(plan, role)
+    warn_inlined(plan, INLINED_INTO[TARGET])
     if launcher:
         return _launcher(task, plan, caching)
     res = r.resources

@@ -31,6 +31,7 @@ from torchstep.kubernetes.pod import CONTAINER_NAME, Endpoint, pod_spec
 from torchstep.plan.model import RetryOwner, RolePlan, StepPlan
 from torchstep.plan.names import JOB_NAME_MAX, dns_label, run_name, short_id
 from torchstep.plan.planner import build_plan
+from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
 TARGET = "kubernetes"
 #: The oldest Kubernetes release the rendered objects are meant for (``backoffLimitPerIndex``,
@@ -221,6 +222,9 @@ def render_plan(
     rid = opts.run_id or short_id(12)
     app_id = run_name(plan.k8s_name, rid)
     roles = tuple(_render_role(plan, i, role, app_id, rid, opts) for i, role in enumerate(plan.roles))
+    warn_inlined(
+        plan, INLINED_INTO[TARGET]
+    )  # a plain HF_TOKEN in env ends up in the objects, readable by all who read them
     return RenderedApp(plan=plan, app_id=app_id, namespace=opts.namespace, options=opts, roles=roles)
 
 

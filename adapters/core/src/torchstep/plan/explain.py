@@ -11,10 +11,12 @@ Example::
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from torchstep.plan.model import Decision
 from torchstep.plan.planner import plan_decisions
+from torchstep.plan.secrets import INLINED_INTO, inlined_secrets_note
 
 ACTIONS = {"honoured": "yes", "ignored": "ignored", "rejected": "REJECTED"}
 
@@ -34,11 +36,28 @@ def explain(app: Any, target: str, *, width: int = 120) -> str:
     """
     decisions = plan_decisions(app, target)
     name = getattr(app, "name", "?")
-    return render_table(decisions, app_name=name if isinstance(name, str) else repr(name), target=target, width=width)
+    return render_table(decisions, app_name=name if isinstance(name, str) else repr(name), target=target,
+                        width=width, notes=notes_of(app, target))  # fmt: skip
 
 
-def render_table(decisions: list[Decision], *, app_name: str, target: str, width: int = 120) -> str:
-    """The table of :func:`explain` for decisions already made."""
+def notes_of(app: Any, target: str) -> list[str]:
+    """What :func:`explain` says below the table: secret-looking plain env values and where
+    they end up on ``target``.
+
+    >>> from torchx.specs import AppDef, Role
+    >>> notes_of(AppDef("x", [Role("r", image="i", entrypoint="e", env={"DB_PASSWORD": "p"})]), "kfp")[0][:60]
+    "roles[0].env['DB_PASSWORD'] looks like a secret and is writt"
+    """
+    roles = getattr(app, "roles", None)
+    where = INLINED_INTO.get(target, "the AppDef wherever it travels")
+    note = inlined_secrets_note([(i, getattr(r, "env", None)) for i, r in enumerate(roles or [])], where)
+    return [note] if note else []
+
+
+def render_table(
+    decisions: list[Decision], *, app_name: str, target: str, width: int = 120, notes: Sequence[str] = ()
+) -> str:
+    """The table of :func:`explain` for decisions already made; ``notes`` follow it."""
     rejected = [d for d in decisions if d.action == "rejected"]
     status = "OK" if not rejected else f"{len(rejected)} field(s) rejected"
     head = f"torchstep explain: app {_one_line(app_name)!r} on target {_one_line(str(target))!r} — {status}"
@@ -59,6 +78,7 @@ def render_table(decisions: list[Decision], *, app_name: str, target: str, width
             a = ACTIONS[d.action] if i == 0 else ""
             b = bcol[i] if i < len(bcol) else ""
             lines.append(f"{f:<{fw}} | {v:<{vw}} | {a:<{aw}} | {b}".rstrip())
+    lines += [f"\nwarning: {_one_line(note)}" for note in notes]
     return "\n".join(lines) + "\n"
 
 

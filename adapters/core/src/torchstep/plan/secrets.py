@@ -1,0 +1,99 @@
+"""Plain ``env`` values that look like secrets: the one rule behind the warning that a
+token, secret, password or key is about to be written by value into a compiled KFP
+pipeline, rendered Kubernetes objects or Airflow's rendered fields (and ``explain``).
+
+A name looks like a secret when it matches ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*`` or
+``*_KEY`` in any case (``TOKENIZERS_*``, a Hugging Face switch, does not). The fix is
+``role.metadata["torchstep"]["secret_env"]``: a Kubernetes Secret, by reference.
+
+Example::
+
+    >>> looks_like_secret("HF_TOKEN"), looks_like_secret("wandb_api_key"), looks_like_secret("TOKENIZERS_PARALLELISM")
+    (True, True, False)
+    >>> print(inlined_secrets_note([(0, {"HF_TOKEN": "hf_abc", "LOGLEVEL": "INFO"})], "the compiled pipeline"))
+    roles[0].env['HF_TOKEN'] looks like a secret and is written by value into the compiled pipeline; fix: \
+role.metadata['torchstep']['secret_env'] = {'HF_TOKEN': '<secret-name>/<key>'} (a Kubernetes Secret, by reference)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "INLINED_INTO",
+    "SECRET_NAME_PATTERNS",
+    "InlinedSecretWarning",
+    "inlined_secrets_note",
+    "looks_like_secret",
+    "warn_inlined",
+]
+
+#: Names that look like secrets (matched in upper case).
+SECRET_NAME_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
+#: Names that match a pattern but are known switches, not secrets.
+NOT_SECRETS = ("TOKENIZERS_*",)
+
+#: Where a role's plain env values are written on each target (besides the processes' env).
+INLINED_INTO = {
+    "local": "the AppDef (a DAG-run conf or flow-run parameters when it is sent to a scheduler)",
+    "kubernetes": "the rendered Kubernetes objects (and Airflow's rendered fields of the task)",
+    "kfp": "the compiled pipeline",
+}
+
+_warned: set[tuple[str, str]] = set()
+_lock = threading.Lock()
+
+
+class InlinedSecretWarning(UserWarning):
+    """A plain ``env`` value that looks like a secret is written by value where others can read it."""
+
+
+def looks_like_secret(name: str) -> bool:
+    """Whether the environment variable ``name`` looks like it holds a secret."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_NAME_PATTERNS) and not any(
+        fnmatch.fnmatchcase(upper, p) for p in NOT_SECRETS
+    )
+
+
+def inlined_secrets_note(roles: Iterable[tuple[int, Any]], where: str) -> str | None:
+    """One line naming every secret-looking, non-empty ``env`` value of ``roles`` (pairs of
+    the role's index and its env), what it is written into (``where``) and the fix; ``None``
+    when there is none."""
+    fields = [
+        f"roles[{i}].env[{name!r}]"
+        for i, env in roles
+        for name, value in (env.items() if isinstance(env, Mapping) else ())
+        if isinstance(name, str) and value not in ("", None) and looks_like_secret(name)
+    ]
+    if not fields:
+        return None
+    first = fields[0].split("'")[1]
+    what = (
+        f"{fields[0]} looks like a secret and is"
+        if len(fields) == 1
+        else f"{', '.join(fields)} look like secrets and are"
+    )
+    return (
+        f"{what} written by value into {where}; fix: role.metadata['torchstep']['secret_env'] = "
+        f"{{{first!r}: '<secret-name>/<key>'}} (a Kubernetes Secret, by reference)"
+    )
+
+
+def warn_inlined(plan: Any, where: str) -> str | None:
+    """Warn (:class:`InlinedSecretWarning`) once per step and ``where`` in this process when
+    ``plan`` (a :class:`~torchstep.StepPlan`) inlines secret-looking env values there;
+    returns the note (``None``: nothing to say)."""
+    note = inlined_secrets_note([(r.index, r.env) for r in plan.roles], where)
+    if note is None:
+        return None
+    with _lock:
+        if (note, plan.app_name) in _warned:
+            return note
+        _warned.add((note, plan.app_name))
+    warnings.warn(f"torchstep: app {plan.app_name!r}: {note}", InlinedSecretWarning, stacklevel=3)
+    return note
