@@ -15,7 +15,6 @@ from torchstep.components.appjson import app_to_dict
 from torchx import specs
 
 DAG_ID = "torchstep_policy_test"
-pytestmark = pytest.mark.slow
 
 
 def role(marker: Path, **kw) -> specs.Role:
@@ -61,6 +60,7 @@ def stranger_confs(marker: Path) -> list[tuple[str, dict]]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_strangers_runs_are_refused_at_once_and_create_nothing(tester, kube, tmp_path):
     marker = tmp_path / f"ran-{uuid.uuid4().hex[:6]}"
     cases = stranger_confs(marker)
@@ -77,6 +77,7 @@ def test_a_strangers_runs_are_refused_at_once_and_create_nothing(tester, kube, t
     assert (state["jobs_created"], state["pods_created"]) == (0, 0), state
 
 
+@pytest.mark.slow
 def test_the_same_harness_sees_what_an_allowed_run_creates(tester, kube, tmp_path):
     """The controls: allowed AppDefs do run — the local payload leaves its marker, the
     kubernetes one creates its Job on the fake cluster."""
@@ -87,3 +88,30 @@ def test_the_same_harness_sees_what_an_allowed_run_creates(tester, kube, tmp_pat
     assert local["state"] == "success", local["output"][-3000:]
     assert marker.exists()
     assert kube.state()["jobs_created"] == before + 1, remote["output"][-3000:]
+
+
+def test_torchx_dag_takes_a_policy_and_passes_access_control_through(tmp_path, monkeypatch):
+    from torchstep.policy import Policy, PolicyError
+    from torchstep_airflow.torchx_dag import app_from_conf, torchx_dag
+
+    access = {"ml-engineers": {"DAGs": {"can_read"}, "DAG Runs": {"can_read", "can_create"}}}
+    file = tmp_path / "policy.toml"
+    file.write_text('namespaces = ["ml"]\n')
+    dag = torchx_dag("policy_unit", policy=str(file), access_control=access)
+    assert dag.access_control == access
+    assert dag.get_task("app").policy == Policy(namespaces=("ml",))  # read when the DAG file is parsed
+    file.write_text('namespace = ["ml"]\n')
+    with pytest.raises(PolicyError, match="namespace: unknown key"):  # an import error of the DAG file
+        torchx_dag("policy_unit_bad", policy=str(file))
+
+    # app_from_conf: the policy given, else the worker's TORCHSTEP_POLICY, else DEFAULT
+    request = conf(role(tmp_path / "m", num_replicas=2), "kubernetes", {"namespace": "ml"})
+    monkeypatch.delenv("TORCHSTEP_POLICY", raising=False)
+    with pytest.raises(
+        PolicyError, match=r"^cfg\['namespace'\] \(target 'kubernetes'\): namespace 'ml' is not allowed"
+    ):
+        app_from_conf(request)
+    assert app_from_conf(request, policy=Policy(namespaces=("ml",)))[2] == {"namespace": "ml"}
+    file.write_text('namespaces = ["ml"]\n')
+    monkeypatch.setenv("TORCHSTEP_POLICY", str(file))
+    assert app_from_conf(request)[1] == "kubernetes"
