@@ -278,3 +278,20 @@ def test_a_policy_file_with_an_unknown_key_or_a_bad_value_is_an_error_naming_it(
     with pytest.raises(PolicyError, match="cannot read"):  # fail closed: a named file that is gone stops every run
         resolve()
     assert os.environ["TORCHSTEP_POLICY"]
+
+
+def test_a_policy_file_another_user_can_change_is_refused(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('namespaces = ["ml"]\n')
+    path.chmod(0o644)
+    assert load(path).namespaces == ("ml",)
+    (tmp_path / "link.toml").symlink_to(path)  # a ConfigMap mounts its files as symlinks
+    assert load(tmp_path / "link.toml").namespaces == ("ml",)
+    path.chmod(0o666)
+    with pytest.raises(PolicyError, match=r"can be changed by another user .*mode 0666.*fix: chown"):
+        load(path)
+    path.chmod(0o644)
+    if os.geteuid() == 0:  # play another user: the file is theirs now
+        os.chown(path, 12345, 12345)
+        with pytest.raises(PolicyError, match="owner uid 12345"):
+            load(path)

@@ -76,6 +76,13 @@ def base_env(parent: Mapping[str, str], inherit: bool) -> dict[str, str]:
     :data:`INHERITED_ENV` and ``LC_*``, plus the ``PYTHONPATH`` entry that holds torchstep
     itself when that is how this interpreter finds it (the agent must import itself).
 
+    Args:
+        parent: the caller's environment.
+        inherit: the run option ``inherit_env``.
+
+    Returns:
+        A new mapping.
+
     >>> sorted(base_env({"PATH": "/bin", "LC_ALL": "C", "AWS_SECRET_ACCESS_KEY": "x"}, inherit=False))
     ['LC_ALL', 'PATH']
     """

@@ -53,7 +53,14 @@ class InlinedSecretWarning(UserWarning):
 
 
 def looks_like_secret(name: str) -> bool:
-    """Whether the environment variable ``name`` looks like it holds a secret."""
+    """Whether the environment variable ``name`` looks like it holds a secret.
+
+    Args:
+        name: an environment variable name.
+
+    Returns:
+        True for ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY`` (any case) but ``TOKENIZERS_*``.
+    """
     upper = name.upper()
     return any(fnmatch.fnmatchcase(upper, p) for p in SECRET_NAME_PATTERNS) and not any(
         fnmatch.fnmatchcase(upper, p) for p in NOT_SECRETS
@@ -61,9 +68,16 @@ def looks_like_secret(name: str) -> bool:
 
 
 def inlined_secrets_note(roles: Iterable[tuple[int, Any]], where: str) -> str | None:
-    """One line naming every secret-looking, non-empty ``env`` value of ``roles`` (pairs of
-    the role's index and its env), what it is written into (``where``) and the fix; ``None``
-    when there is none."""
+    """One line naming every secret-looking, non-empty ``env`` value of ``roles``, what it
+    is written into and the fix.
+
+    Args:
+        roles: pairs of a role's index and its ``env`` mapping.
+        where: what the values are written into (``the compiled pipeline``).
+
+    Returns:
+        The line, or ``None`` when there is nothing to say. It never holds a value.
+    """
     fields = [
         f"roles[{i}].env[{name!r}]"
         for i, env in roles
@@ -86,8 +100,15 @@ def inlined_secrets_note(roles: Iterable[tuple[int, Any]], where: str) -> str | 
 
 def warn_inlined(plan: Any, where: str) -> str | None:
     """Warn (:class:`InlinedSecretWarning`) once per step and ``where`` in this process when
-    ``plan`` (a :class:`~torchstep.StepPlan`) inlines secret-looking env values there;
-    returns the note (``None``: nothing to say)."""
+    ``plan`` inlines secret-looking env values there.
+
+    Args:
+        plan: a :class:`~torchstep.StepPlan`.
+        where: what its env values are written into (:data:`INLINED_INTO`).
+
+    Returns:
+        The note (:func:`inlined_secrets_note`), or ``None``.
+    """
     note = inlined_secrets_note([(r.index, r.env) for r in plan.roles], where)
     if note is None:
         return None

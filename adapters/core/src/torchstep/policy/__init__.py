@@ -159,6 +159,14 @@ class Policy:
     def problems(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> list[PolicyError]:
         """Every field :meth:`check` would refuse, in order (empty: allowed).
 
+        Args:
+            app: the AppDef as it arrived.
+            target: ``local`` or ``kubernetes``.
+            cfg: the run options that came with it.
+
+        Returns:
+            One :class:`PolicyError` per refused field.
+
         >>> from torchx import specs
         >>> role = specs.Role("w", image="x", entrypoint="sh", env={"LD_PRELOAD": "/x.so", "ld_audit": "y"})
         >>> [e.field for e in DEFAULT.problems(specs.AppDef("a", roles=[role]), "local")]
@@ -177,8 +185,19 @@ def load(path: str | os.PathLike[str]) -> Policy:
     """The policy in the TOML file ``path``: top-level keys are :class:`Policy`'s fields
     (a list given replaces the default: ``env_denied`` included).
 
+    Whoever can write the file decides what every run request may do, so the file must be
+    owned by root or the caller and writable by nobody else (a symlink to such a file, as a
+    Kubernetes ConfigMap mounts it, is fine).
+
+    Args:
+        path: the TOML file.
+
+    Returns:
+        The policy.
+
     Raises:
-        PolicyError: an unreadable file, bad TOML, an unknown key or a bad value (naming it).
+        PolicyError: an unreadable or unsafe file, bad TOML, an unknown key or a bad value
+            (naming it).
 
     Example::
 
@@ -191,6 +210,11 @@ def load(path: str | os.PathLike[str]) -> Policy:
     where = os.fspath(path)
     try:
         with open(where, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                raise PolicyError(ENV_POLICY, None, f"the policy file {where} can be changed by another user "
+                                  f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                                  fix="chown it to root or yourself and chmod go-w it")  # fmt: skip
             data = tomllib.load(f)
     except OSError as e:
         raise PolicyError(ENV_POLICY, None, f"cannot read the policy file {where}: {e.strerror or e}",
@@ -213,6 +237,16 @@ def resolve(policy: Policy | str | os.PathLike[str] | None = None) -> Policy:
     """The policy an entry point applies: ``policy`` itself, the file it names, else the
     file named by ``TORCHSTEP_POLICY``, else :data:`DEFAULT`.
 
+    Args:
+        policy: a :class:`Policy`, the path of its TOML file, or ``None``.
+
+    Returns:
+        The policy.
+
+    Raises:
+        PolicyError: the file named cannot be used (see :func:`load`); never a silent
+            fallback to :data:`DEFAULT`.
+
     >>> resolve(DEFAULT) is DEFAULT
     True
     """
@@ -227,6 +261,13 @@ def resolve(policy: Policy | str | os.PathLike[str] | None = None) -> Policy:
 def untrusted_cfg(target: str, cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     """The run options a network-borne AppDef runs with (after :meth:`Policy.check`): on
     the local target the step does not inherit the caller's environment.
+
+    Args:
+        target: ``local`` or ``kubernetes``.
+        cfg: the run options that came with the AppDef.
+
+    Returns:
+        A copy of ``cfg`` to run with.
 
     >>> untrusted_cfg("local", {"timeout": 60})
     {'timeout': 60, 'inherit_env': False}
