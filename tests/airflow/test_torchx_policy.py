@@ -62,9 +62,14 @@ def stranger_confs(marker: Path) -> list[tuple[str, dict]]:
 
 @pytest.mark.slow
 def test_a_strangers_runs_are_refused_at_once_and_create_nothing(tester, kube, tmp_path):
+    """Six refused requests, then the controls: allowed AppDefs do run — the local payload
+    leaves its marker, the kubernetes one creates its Job on the fake cluster (all in one
+    process: Airflow starts once)."""
     marker = tmp_path / f"ran-{uuid.uuid4().hex[:6]}"
     cases = stranger_confs(marker)
-    runs = tester.run_many(DAG_ID, [c for _, c in cases])
+    allowed = tmp_path / "ran-local"
+    controls = [conf(role(allowed)), conf(role(tmp_path / "unused", num_replicas=2), "kubernetes")]
+    *runs, local, remote = tester.run_many(DAG_ID, [c for _, c in cases] + controls)
     for (field, c), run in zip(cases, runs, strict=True):
         task, out = run["tasks"]["app"], run["output"]
         assert run["state"] == "failed" and task["state"] == "failed", (field, out[-3000:])
@@ -73,21 +78,12 @@ def test_a_strangers_runs_are_refused_at_once_and_create_nothing(tester, kube, t
         assert said in out, (field, out[-3000:])
         assert "the deployment's policy" in out[out.index(said) :][:800], out[out.index(said) :][:800]
     assert not marker.exists(), "the payload ran"
-    state = kube.state()
-    assert (state["jobs_created"], state["pods_created"]) == (0, 0), state
-
-
-@pytest.mark.slow
-def test_the_same_harness_sees_what_an_allowed_run_creates(tester, kube, tmp_path):
-    """The controls: allowed AppDefs do run — the local payload leaves its marker, the
-    kubernetes one creates its Job on the fake cluster."""
-    marker = tmp_path / "ran-local"
-    before = kube.state()["jobs_created"]
-    local, remote = tester.run_many(DAG_ID, [conf(role(marker)), conf(role(tmp_path / "unused", num_replicas=2),
-                                                                      "kubernetes")])  # fmt: skip
+    # the controls ran after the refusals: only they created anything
     assert local["state"] == "success", local["output"][-3000:]
-    assert marker.exists()
-    assert kube.state()["jobs_created"] == before + 1, remote["output"][-3000:]
+    assert allowed.exists()
+    state = kube.state()  # what the kubernetes control creates: its Job and its headless Service, nothing more
+    created = (state["jobs_created"], state["pods_created"], state["services_created"])
+    assert created == (1, 0, 1), (state, remote["output"][-3000:])
 
 
 def test_torchx_dag_takes_a_policy_and_passes_access_control_through(tmp_path, monkeypatch):
