@@ -11,6 +11,7 @@ from typing import Any
 import torchstep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torchstep.errors import SpecError
 from torchstep.plan.limits import KNOWN_CAPABILITIES
 from torchstep.plan.model import ROLE_OPTIONS, StepPlan
 from torchstep.plan.planner import plan_decisions
@@ -371,3 +372,61 @@ def test_any_value_in_any_one_field(path: str, value: Any, target: str, missing_
     if plan is not None:
         assert missing_rows(app, plan.decisions) == set()
         assert plan.roles[0].args == tuple(app.roles[0].args) and dict(plan.roles[0].env) == app.roles[0].env
+
+
+# -- the deployment's policy (issue 24): any value anywhere is allowed or refused, never a crash
+_STRICT = None
+
+
+def _policies() -> list[Any]:
+    from torchstep.policy import DEFAULT, Policy
+
+    global _STRICT
+    if _STRICT is None:
+        _STRICT = Policy(images=("ghcr.io/acme/",), bind_mounts=("/data",), volume_mounts=("ckpt",), replicas=2,
+                         gpu=1, cpu=2, memMB=100, secrets=("s",), options=("labels",))  # fmt: skip
+    return [DEFAULT, _STRICT]
+
+
+OVERLAY_SHAPES = [
+    lambda v: v,
+    lambda v: {"spec": v},
+    lambda v: {"metadata": v},
+    lambda v: {"containers": [v]},
+    lambda v: {"initContainers": v},
+    lambda v: {"containers": [{"name": "main", "securityContext": v}]},
+    lambda v: {"containers": [{"name": "main", "env": [v]}]},
+    lambda v: {"volumes": [v]},
+    lambda v: {"volumes": [{"name": "p", "projected": {"sources": [v]}}]},
+    lambda v: {"hostPID": v},
+    lambda v: {"serviceAccountName": v},
+    lambda v: {"imagePullSecrets": v},
+]
+
+
+@BOUNDED
+@given(path=st.sampled_from(FIELD_PATHS), value=ANY_VALUE, target=st.sampled_from(["local", "kubernetes"]))
+def test_the_policy_allows_or_refuses_any_value_in_any_field(path: str, value: Any, target: str) -> None:
+    app = valid_app()
+    set_path(app, path, value)
+    for policy in _policies():
+        try:
+            problems = policy.problems(app, target, {})
+        except SpecError:  # a value that is not even a value of its type: named, as by build_plan
+            continue
+        assert all(isinstance(p, SpecError) and p.field and p.fix for p in problems)
+
+
+@BOUNDED
+@given(shape=st.sampled_from(range(len(OVERLAY_SHAPES))), value=ANY_VALUE, cfg_value=ANY_VALUE,
+       key=st.sampled_from(["namespace", "labels", "annotations", "log_dir", "inherit_env", "gpus", "nope"]))  # fmt: skip
+def test_the_policy_walks_any_overlay_and_any_cfg_value_without_crashing(shape: int, value: Any, cfg_value: Any,
+                                                                         key: str) -> None:  # fmt: skip
+    app = valid_app()
+    app.roles[0].metadata["kubernetes"] = OVERLAY_SHAPES[shape](value)
+    for target in ("local", "kubernetes"):
+        for policy in _policies():
+            try:
+                policy.problems(app, target, {key: cfg_value})
+            except SpecError:
+                continue

@@ -49,8 +49,9 @@ def notes_of(app: Any, target: str) -> list[str]:
     "roles[0].env['DB_PASSWORD'] looks like a secret and is writt"
     """
     roles = getattr(app, "roles", None)
-    where = INLINED_INTO.get(target, "the AppDef wherever it travels")
-    note = inlined_secrets_note([(i, getattr(r, "env", None)) for i, r in enumerate(roles or [])], where)
+    where = (INLINED_INTO.get(target) if isinstance(target, str) else None) or "the AppDef wherever it travels"
+    pairs = [(i, getattr(r, "env", None)) for i, r in enumerate(roles if isinstance(roles, list | tuple) else [])]
+    note = inlined_secrets_note(pairs, where)
     return [note] if note else []
 
 

@@ -107,7 +107,8 @@ class Checker:
         for name in env if isinstance(env, Mapping) else ():
             yield from self.env_name(f"{p}.env[{name!r}]", name)
         yield from self.limits(p, role)
-        for j, m in enumerate(getattr(role, "mounts", None) or ()):
+        mounts = getattr(role, "mounts", None)
+        for j, m in enumerate(mounts if isinstance(mounts, list | tuple) else ()):
             yield from self.mount(f"{p}.mounts[{j}]", m)
         md = getattr(role, "metadata", None)
         md = md if isinstance(md, Mapping) else {}
