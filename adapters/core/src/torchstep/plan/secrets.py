@@ -44,6 +44,8 @@ INLINED_INTO = {
     "kfp": "the compiled pipeline",
 }
 
+#: How many steps' notes a process remembers (not to say one twice) before it forgets them all.
+_REMEMBERED = 1024
 _warned: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
@@ -115,6 +117,8 @@ def warn_inlined(plan: Any, where: str) -> str | None:
     with _lock:
         if (note, plan.app_name) in _warned:
             return note
+        if len(_warned) >= _REMEMBERED:  # a long-lived process (a served flow) sees many steps
+            _warned.clear()
         _warned.add((note, plan.app_name))
     warnings.warn(f"torchstep: app {plan.app_name!r}: {note}", InlinedSecretWarning, stacklevel=3)
     return note
