@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,11 @@ class ReplicaResult:
 class StepResult:
     """The result of a whole step (one agent, or every replica of every role).
 
-    ``root_cause`` is the earliest failure (by timestamp) or ``None``; ``retryable`` is
-    ``False`` when any failure was a :class:`torchstep.NonRetryableError` (or the reserved
-    exit code). A CANCELLED step stays retryable: an agent cannot tell a preemption (which an
-    orchestrator should retry) from a deliberate stop (which orchestrators do not retry anyway).
+    ``root_cause`` is the earliest failure (by timestamp) or ``None``; ``retryable`` follows
+    :func:`is_retryable`: never for a SUCCEEDED step, ``False`` when any failure was a
+    :class:`torchstep.NonRetryableError` (or the reserved exit code). A CANCELLED agent stays
+    retryable: it cannot tell a preemption (which an orchestrator should retry) from a
+    deliberate stop (which orchestrators do not retry anyway).
     """
 
     app_id: str
@@ -113,6 +115,9 @@ class StepResult:
     #: What went wrong beside the outcome and did not change it (a log that could not be
     #: written: ``"log truncated: <path>: No space left on device"``).
     warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.retryable = is_retryable(self.state, non_retryable=not self.retryable)
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -148,7 +153,7 @@ class StepResult:
             )
         msg = self.message or ""
         if self.root_cause is not None and not msg:
-            msg = self.root_cause.message or f"exit code {self.root_cause.exit_code}"
+            msg = root_cause_line(self.root_cause)
         return AppStatus(
             state=state_of(self.state),
             num_restarts=self.restarts,
@@ -216,8 +221,11 @@ class StepResult:
                 "reason": rc.reason,
                 "timestamp": rc.timestamp,
                 "message": cut(rc.message, 600),
+                "line": cut(root_cause_line(rc), 600),
+                "log_file": rc.log_file,
             },
             "outputs": self.outputs,
+            "warnings": [cut(w, 600) for w in self.warnings[:10]],
         }
         if len(text(data).encode()) > max_bytes:
             data["outputs"], data["outputs_truncated"] = {}, True
@@ -225,8 +233,10 @@ class StepResult:
             if len(text(data).encode()) <= max_bytes:
                 break
             data["message"] = cut(self.message, n)
+            data["warnings"] = [cut(w, n) for w in self.warnings[:3]]
             if data["root_cause"] is not None:
                 data["root_cause"]["message"] = cut(rc.message if rc else None, n)
+                data["root_cause"]["line"] = cut(root_cause_line(rc), n) if rc else None
         return text(data)
 
     @classmethod
@@ -240,6 +250,12 @@ class StepResult:
         if not isinstance(data, dict) or data.get(SUMMARY_KEY) != SCHEMA_VERSION:
             return None
         rc = data.get("root_cause")
+        root = None
+        if isinstance(rc, dict):
+            root = _rank_from(rc)
+            if rc.get("line"):  # the root cause's meaningful line stands in for its tail
+                root.tail = [str(rc["line"])]
+        warnings = data.get("warnings")
         return cls(
             app_id=str(data.get("app_id", "")),
             state=str(data.get("state", UNKNOWN)),
@@ -248,8 +264,9 @@ class StepResult:
             restarts=int(data.get("restarts") or 0),
             duration_s=float(data.get("duration_s") or 0.0),
             message=data.get("message"),
-            root_cause=_rank_from(rc) if isinstance(rc, dict) else None,
+            root_cause=root,
             outputs=data.get("outputs") or {},
+            warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [],
         )
 
     @classmethod
@@ -285,6 +302,94 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     if not os.path.isdir(parent):
         private_dir(parent)
     write_private(path, text)
+
+
+def is_retryable(state: str, *, non_retryable: bool = False) -> bool:
+    """The one rule for a result's ``retryable``: whether an orchestrator may run the step
+    again. Never after SUCCEEDED (nothing to retry), never after a non-retryable failure
+    (``NonRetryableError``, exit 82, a usage error); otherwise yes.
+
+    >>> is_retryable("SUCCEEDED"), is_retryable("FAILED"), is_retryable("FAILED", non_retryable=True)
+    (False, True, False)
+    """
+    return state != SUCCEEDED and not non_retryable
+
+
+def replica_state(exit_code: int | None, *, reported: str | None = None, stopped: bool = False) -> str:
+    """The one rule for the final state of a replica (one agent process), used by the live
+    status lines and by the result alike.
+
+    The state the agent itself wrote in its final result (``reported``: SUCCEEDED, FAILED
+    or CANCELLED) wins: it knows whether its workers failed on their own or were stopped.
+    Without it: exit 0 is SUCCEEDED; a replica its launcher ``stopped`` (cancel, timeout, a
+    failure elsewhere) that ended by a signal (``-S`` or ``128+S``) is CANCELLED; anything
+    else is FAILED.
+
+    >>> replica_state(2, reported="FAILED", stopped=True), replica_state(143, stopped=True)
+    ('FAILED', 'CANCELLED')
+    >>> replica_state(0), replica_state(2, stopped=True)
+    ('SUCCEEDED', 'FAILED')
+    """
+    if reported in TERMINAL_STATES:
+        return reported
+    if exit_code == 0:
+        return SUCCEEDED
+    if stopped and exit_code is not None and (exit_code < 0 or 128 < exit_code < 128 + 65):
+        return CANCELLED
+    return FAILED
+
+
+#: Reasons whose message the agent or launcher wrote from what it saw (a timer, a lost
+#: replica, a signal...): that message says more than the rank's last log line.
+_OBSERVED_REASONS = ("timer_expired", "heartbeat_timeout", "stopped", "cancelled", "replica_lost", "signal")
+#: torch's own glog-style lines (``W1125 11:53:21.620000 ...``, ``[rank0]:[W1125 ...]``):
+#: warnings printed at exit, never the cause.
+_NOISE = re.compile(r"^(\[rank\d+\]:)?\[?[IWE]\d{4} \d\d:\d\d:\d\d")
+
+
+def last_meaningful_line(lines: list[str]) -> str | None:
+    """The line of a log tail that says what went wrong: the exception line of its last
+    Python traceback, else its last non-empty line (torch's own warning lines skipped).
+
+    >>> last_meaningful_line(["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
+    ...                       "ValueError: bad lr", "[W1125 11:53:21.62 ProcessGroup.cpp] destroy not called"])
+    'ValueError: bad lr'
+    >>> last_meaningful_line(["starting", "python: can't open file '/x/missing.py': [Errno 2] No such file", ""])
+    "python: can't open file '/x/missing.py': [Errno 2] No such file"
+    """
+    text = [line.rstrip() for line in lines]
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        for line in text[starts[-1] + 1 :]:
+            if line and not line[0].isspace():  # frames and carets are indented; the exception is not
+                return line
+    for line in reversed(text):
+        if line.strip() and not _NOISE.match(line):
+            return line.strip()
+    return None
+
+
+def root_cause_line(rank: RankResult) -> str:
+    """The one line that says why ``rank`` failed, on every surface (``torchstep run``, the
+    agent's last line, Airflow, Prefect, KFP): what the agent observed (a timer, a heartbeat,
+    a lost replica, a stop), else the exception the worker recorded (error file), else the
+    rank's last meaningful log line (:func:`last_meaningful_line` of its ``tail``), else its
+    message.
+
+    >>> root_cause_line(RankResult("train", 0, 0, "FAILED", 2, message="exited with code 2",
+    ...                            tail=["python: can't open file '/x/missing.py': [Errno 2] No such file"]))
+    "python: can't open file '/x/missing.py': [Errno 2] No such file"
+    """
+    message = (rank.message or "").strip()
+    said = message.splitlines()[0] if message else ""
+    if said and (rank.reason in _OBSERVED_REASONS or rank.traceback):
+        return said  # observed by the agent, or the exception the worker recorded
+    line = last_meaningful_line(rank.tail)
+    if line:
+        return line
+    if said:
+        return said
+    return f"killed by {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
 
 
 def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
@@ -348,7 +453,7 @@ def merge(
         app_id=app_id,
         state=state,
         exit_code=exit_code,
-        retryable=all(r.retryable for r in replicas),
+        retryable=is_retryable(state, non_retryable=any(not r.retryable for r in replicas if r.state != SUCCEEDED)),
         restarts=sum(r.restarts for r in replicas),
         duration_s=(t1 - t0) if (t0 is not None and t1 is not None) else 0.0,
         started_at=t0,

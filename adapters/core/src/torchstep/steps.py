@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from torchstep.errors import SpecError
 from torchstep.local.status import PlainDisplay, ReplicaEvent
 from torchstep.plan.model import RetryOwner, StepPlan
+from torchstep.result import root_cause_line
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
@@ -170,7 +171,8 @@ def check_user_retries(
 
 def failure_summary(result: StepResult) -> str:
     """One line: state, exit code and root cause of a failed step (what adapters log and
-    raise with).
+    raise with). The root cause is named by :func:`torchstep.result.root_cause_line`: the
+    rank's last meaningful line (its exception, else its last log line), as everywhere.
 
     >>> from torchstep.result import StepResult
     >>> failure_summary(StepResult("train-1", "FAILED", 82, message="worker/1 exited 82 (non-retryable)"))
@@ -182,8 +184,7 @@ def failure_summary(result: StepResult) -> str:
     rc = result.root_cause
     if rc is not None:
         where = f"{rc.role}/{rc.replica_id if rc.replica_id is not None else '?'} rank {rc.rank}"
-        how = rc.message or (f"signal {rc.signal}" if rc.signal else f"exit code {rc.exit_code}")
-        text += f"; root cause: {where}: {how}"
+        text += f"; root cause: {where}: {root_cause_line(rc)}"
     elif result.message:
         text += f"; {result.message}"
     return text
