@@ -138,7 +138,77 @@ def test_torchrun_console_keeps_streams_apart_and_the_tail_is_the_traceback(agen
 
 def test_usage_error_exits_2_and_still_writes_a_result(agents: Agents, tmp_path) -> None:
     result = tmp_path / "r.json"
-    a = agents.run(["--nnodes", "x:y", WORKER], env={"TORCHSTEP_RESULT_FILE": str(result)}, files=False)
-    assert a.returncode == 2
+    a = agents.run(["--grace-period", "-1", WORKER], env={"TORCHSTEP_RESULT_FILE": str(result)}, files=False)
+    assert a.returncode == 2 and "--grace-period must be >= 0" in a.stderr
     data = json.loads(result.read_text())
     assert data["state"] == "FAILED" and data["exit_code"] == 2 and data["retryable"] is False
+
+
+def test_a_flag_torchrun_refuses_ends_with_torchruns_line_and_status_and_still_a_result(
+    agents: Agents, tmp_path
+) -> None:
+    """torchrun's own checks end as under torchrun (its exception line last, exit 1); the
+    launcher still finds a result (side by side with torchrun: test_torchrun_compat.py)."""
+    result = tmp_path / "r.json"
+    a = agents.run(["--nnodes", "x:y", WORKER], env={"TORCHSTEP_RESULT_FILE": str(result)}, files=False)
+    assert a.returncode == 1
+    assert a.stderr.strip().splitlines()[-1] == "ValueError: invalid literal for int() with base 10: 'x'"
+    data = json.loads(result.read_text())
+    assert data["state"] == "FAILED" and data["exit_code"] == 1 and data["retryable"] is False
+    assert "ValueError: invalid literal" in data["message"]
+
+
+def agent_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("[torchstep-agent ")]
+
+
+def test_by_hand_the_console_gets_one_line_of_ours_and_loglevel_info_gets_the_rest(agents: Agents) -> None:
+    """As quiet as torchrun: one settings line on stderr at the default level; the attempt,
+    the outcome and the result's paths in agent.log, and on stderr with torchrun's LOGLEVEL=INFO."""
+    quiet = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"], name="quiet")
+    loud = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"], name="loud",
+                      env={"LOGLEVEL": "INFO"})  # fmt: skip
+    assert quiet.returncode == loud.returncode == 0, quiet.diagnostics() + loud.diagnostics()
+    (line,) = agent_lines(quiet.stderr)
+    assert "effective settings: nnodes 1:1, nproc_per_node 1" in line and "agent.log" in line
+    log = (quiet.log_dir / "agent.log").read_text()
+    for said in ("attempt 0: ranks [0]", "SUCCEEDED (exit 0, restarts 0)", "result: "):
+        assert said in log and said not in quiet.stderr
+        assert said in loud.stderr
+    assert "rdzv_conf.join_timeout" in loud.stderr and "rdzv_conf.join_timeout" not in quiet.stderr
+
+
+def test_the_result_line_names_each_result_file_once(agents: Agents, tmp_path) -> None:
+    """Under a launcher the result file is ``<log-dir>/result.json``: named (and written) once."""
+    logs = tmp_path / "launcher-logs"
+    a = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"],
+                   env={"TORCHSTEP_LOG_DIR": str(logs), "TORCHSTEP_RESULT_FILE": str(logs / "result.json"),
+                        "LOGLEVEL": "INFO"}, files=False)  # fmt: skip
+    assert a.returncode == 0, a.diagnostics()
+    (named,) = re.findall(r"result: (.*); logs: ", a.stderr)
+    assert named == str(logs / "result.json")
+    assert json.loads((logs / "result.json").read_text())["state"] == "SUCCEEDED"
+
+
+def test_the_agents_last_line_names_the_ranks_last_meaningful_line(agents: Agents, tmp_path) -> None:
+    """A missing script: the last line says python's "can't open file", not "exited with code 2"."""
+    missing = tmp_path / "missing.py"
+    a = agents.run(["--nproc-per-node", "1", str(missing)])
+    assert a.returncode == 2, a.diagnostics()
+    last = agent_lines(a.stderr)[-1]
+    assert "FAILED (exit 2, restarts 0): rank 0 worker_failed (exit 2)" in last
+    assert f"can't open file '{missing}'" in last
+    assert f"can't open file '{missing}'" in a.result["message"]
+
+
+def test_when_every_rank_fails_the_report_names_the_root_cause_the_result_names(agents: Agents, tmp_path) -> None:
+    """Four ranks fail within milliseconds (the last rank first): torch's ChildFailedError
+    table, the agent's last line and result.json name the same first failure."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a = agents.run(["--nproc-per-node", "4", WORKER, "--mode", "all-fail", "--dir", str(marks), "--code", "3"])
+    assert a.returncode == 3, a.diagnostics()
+    root = a.result["root_cause"]["rank"]
+    report = a.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank +: (\d+) \(local_rank", report).group(1) == str(root), a.stderr[-3000:]
+    assert f"rank {root} worker_failed (exit 3): failing on purpose: rank {root}" in agent_lines(a.stderr)[-1]

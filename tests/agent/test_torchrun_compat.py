@@ -141,7 +141,25 @@ def test_logs_specs_loads_a_torchrun_entry_point_as_torchrun_does(tmp_path: Path
     assert found["agent"] == found["torchrun"] == ["mine-out.log", "mine-out.log"]
 
     done, _ = launch("agent", ["--logs-specs", "nope", "--nproc-per-node", "1"], [ENVDUMP, str(tmp_path)], tmp_path)
-    assert done.returncode == 2 and "nope" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "nope" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "flags",
+    [["--no-python", "--module"], ["--nproc-per-node=unknown"], ["--logs-specs", "nosuch"], ["--nnodes", "x:y"]],
+    ids=["no-python-with-module", "nproc-unknown", "unknown-logs-specs", "bad-nnodes"],
+)
+def test_a_flag_combination_torchrun_refuses_ends_as_torchrun_ends(tmp_path: Path, flags: list[str]) -> None:
+    """The exception line torchrun ends with (``ValueError: ...``) is the agent's last line
+    too, with torchrun's exit status: scripts and tests written for torchrun see the same."""
+    runs = both(tmp_path, flags, lambda out: [ENVDUMP, str(out)])
+    (t_done, t_ranks), (a_done, a_ranks) = runs["torchrun"], runs["agent"]
+    t_last, a_last = (done.stderr.strip().splitlines()[-1] for done in (t_done, a_done))
+    assert t_last.startswith("ValueError: ") and a_last == t_last, (t_done.stderr[-800:], a_done.stderr[-800:])
+    assert a_done.returncode == t_done.returncode == 1
+    assert t_ranks == a_ranks == {}  # no worker started
+    assert "Traceback" not in a_done.stderr
 
 
 @pytest.mark.timeout(600)

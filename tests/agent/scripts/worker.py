@@ -89,6 +89,14 @@ def main() -> None:
         if me:
             sys.exit(a.code)
         time.sleep(30)  # the agent stops us
+    elif a.mode == "all-fail":  # every rank fails within milliseconds, the last rank first
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        open(os.path.join(a.dir, f"ready.{RANK}"), "w").close()
+        while len([n for n in os.listdir(a.dir) if n.startswith("ready.")]) < world:
+            time.sleep(0.001)
+        time.sleep((world - 1 - RANK) * 0.004)
+        print(f"failing on purpose: rank {RANK}", flush=True)
+        os._exit(a.code)
     elif a.mode == "selfkill":
         if me:
             os.kill(os.getpid(), a.code)

@@ -38,6 +38,7 @@ from pathlib import Path
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
+    "LossyFile",
     "UnsafePathError",
     "check_ancestors",
     "check_private_dir",
@@ -375,3 +376,53 @@ def write_private(path: str | os.PathLike[str], text: str) -> str:
             pass
         raise
     return p
+
+
+class LossyFile:
+    """An append-only log file that survives write errors (disk full, file too large, I/O
+    error): the first failure closes it and :attr:`lost` says why — ``log truncated:
+    <path>: <reason>`` (or ``log not written: …`` when it could not even be opened) — and
+    later writes are dropped, so a log never costs the run its outcome. Opened ``0600``
+    with :func:`open_private` (a symlink is still refused: :class:`UnsafePathError`). One
+    writer at a time (callers hold their own lock).
+
+    Example::
+
+        >>> import tempfile, os
+        >>> log = LossyFile(os.path.join(tempfile.mkdtemp(), "agent.log"))
+        >>> log.write(b"hello\\n"), log.lost
+        (True, None)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> None:
+        self.path = os.fspath(path)
+        self.lost: str | None = None
+        self._fd: int | None = None
+        try:
+            self._fd = open_private(self.path, flags)
+        except UnsafePathError:
+            raise
+        except OSError as e:
+            self.lost = f"log not written: {self.path}: {e.strerror or e}"
+
+    def write(self, data: bytes) -> bool:
+        """Append ``data`` (all of it, or up to the failure); ``False`` once the file is lost."""
+        if self._fd is None:
+            return False
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as e:
+            self.lost = f"log truncated: {self.path}: {e.strerror or e}"
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -18,12 +18,12 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from torchstep.agent import signals
-from torchstep.contract import AGENT_ERROR_EXIT_CODE
-from torchstep.files import open_private
+from torchstep.contract import AGENT_ERROR_EXIT_CODE, ENV_TERMINATION_LOG
+from torchstep.files import LossyFile
 
 if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
@@ -33,14 +33,64 @@ log = logging.getLogger("torchstep.agent")
 _FORMAT = "[torchstep-agent %(asctime)s %(levelname)s] %(message)s"
 
 
+def console_level(environ: Mapping[str, str] | None = None) -> int:
+    """The level of the agent's console (stderr): torchrun's own variable ``LOGLEVEL``
+    (default ``WARNING``, as torch's elastic logger), so a run by hand is as quiet as
+    torchrun's; ``<log-dir>/agent.log`` gets every ``INFO`` line whatever the level.
+
+    Example: ``console_level({"LOGLEVEL": "INFO"})`` is ``logging.INFO``; ``console_level({})``
+    is ``logging.WARNING``.
+    """
+    name = (os.environ if environ is None else environ).get("LOGLEVEL", "").strip().upper()
+    level = logging.getLevelName(name) if name else logging.WARNING
+    return level if isinstance(level, int) else logging.WARNING
+
+
+def _console() -> logging.Handler | None:
+    return next((h for h in log.handlers if getattr(h, "torchstep_console", False)), None)
+
+
 def _setup_logging() -> None:
-    if log.handlers:
+    if _console() is not None:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.setLevel(console_level())
+    handler.torchstep_console = True  # type: ignore[attr-defined]
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(min(logging.INFO, handler.level))
     log.propagate = False
+
+
+def _to(handler: logging.Handler | None, level: int, text: str) -> None:
+    """One record to ``handler`` alone, whatever its level."""
+    if handler is not None:
+        handler.handle(log.makeRecord(log.name, level, __file__, 0, "%s", (text,), None))
+
+
+class _LossyHandler(logging.Handler):
+    """``agent.log``: every record, until a write fails (a full disk): then the file is
+    left as it is and the result's warnings say ``log truncated: <path>: <reason>``."""
+
+    def __init__(self, sink: LossyFile, warnings: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.sink = sink
+        self.warnings = warnings
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + "\n"
+        except Exception:
+            self.handleError(record)
+            return
+        if not self.sink.write(text.encode("utf-8", "replace")) and self.sink.lost:
+            if self.sink.lost not in self.warnings:  # said once, on the console; the file stays as it is
+                self.warnings.append(self.sink.lost)
+                log.warning("%s", self.sink.lost)
+
+    def close(self) -> None:
+        self.sink.close()
+        super().close()
 
 
 def _check_paths(settings: AgentSettings) -> None:
@@ -62,16 +112,40 @@ def _check_paths(settings: AgentSettings) -> None:
             raise UsageError(f"--result-file {e}") from None
 
 
-def _log_to_file(log_dir: str) -> logging.Handler | None:
+def _log_to_file(log_dir: str, warnings: list[str]) -> logging.Handler | None:
     try:
-        fd = open_private(os.path.join(log_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8"))
-    except OSError as e:
+        sink = LossyFile(os.path.join(log_dir, "agent.log"))
+    except OSError as e:  # a symlink planted there (UnsafePathError)
         log.warning("cannot write %s/agent.log: %s", log_dir, e)
+        warnings.append(f"log not written: {os.path.join(log_dir, 'agent.log')}: {e}")
         return None
+    if sink.lost:
+        log.warning("%s", sink.lost)
+        warnings.append(sink.lost)
+        return None
+    handler = _LossyHandler(sink, warnings)
     handler.setFormatter(logging.Formatter(_FORMAT))
     log.addHandler(handler)
     return handler
+
+
+def settings_line(settings: AgentSettings, notes: Sequence[str] = ()) -> str:
+    """The agent's one console line at the default level (every setting and its source:
+    ``LOGLEVEL=INFO`` or ``agent.log``). ``notes``: short fragments that belong on it — e.g.
+    how workers start when they cannot come from the zygote.
+
+    Example: ``settings_line(settings)`` starts ``torchstep-agent effective settings: nnodes 1:1, ...``.
+    """
+    more = "".join(f"; {note}" for note in notes if note)
+    return f"{settings.summary()}{more} (every setting and its source: LOGLEVEL=INFO or {settings.log_dir}/agent.log)"
+
+
+def _print_line(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _usage_result(message: str, code: int, *, started_at: float) -> None:
@@ -159,11 +233,15 @@ def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -
     """:func:`run` once the zygote (if any) is starting: parse, then run or report."""
     settings = None
     try:
-        from torchstep.agent.settings import UsageError, resolve
+        from torchstep.agent.settings import TorchrunError, UsageError, resolve
 
         try:
             settings = resolve(args)
             _check_paths(settings)
+        except TorchrunError as e:  # torchrun's own check: its line and its exit status
+            _print_line(e.line)
+            _usage_result(f"usage error: {e.line}", e.exit_code, started_at=started_at)
+            return e.exit_code
         except UsageError as e:
             log.error("%s", e)
             _usage_result(f"usage error: {e}", 2, started_at=started_at)
@@ -192,10 +270,11 @@ def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -
 def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | None = None) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
-    from torchstep.agent.outcome import Outcome, build_result, write_all
+    from torchstep.agent.outcome import Outcome, build_result, result_paths, write_all
     from torchstep.agent.runner import AgentRun
 
     run = None
+    warnings: list[str] = []  # the result's: files a full disk truncated or kept from being written
     try:
         for name in settings.consumed_env:
             os.environ.pop(name, None)  # launcher settings are for this agent, not a nested one
@@ -204,15 +283,14 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
             sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except (AttributeError, ValueError):
             pass
-        to_file = _log_to_file(settings.log_dir)
-        if os.environ.get("LOGLEVEL", "").upper() in ("INFO", "DEBUG"):
+        to_file = _log_to_file(settings.log_dir, warnings)
+        console = _console()
+        if console is not None and console.level <= logging.INFO:  # LOGLEVEL=INFO: everything, everywhere
             log.info("%s", settings.describe())
-        else:  # like torchrun: one line on the console; the full list in agent.log
-            log.info("%s (every setting and its source: LOGLEVEL=INFO or %s/agent.log)", settings.summary(),
-                     settings.log_dir)  # fmt: skip
-            if to_file is not None:
-                to_file.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (settings.describe(),), None))
-        run = AgentRun(settings, started_at=started_at, zygote=zygote)
+        else:  # like torchrun: one line on the console; every setting and its source in agent.log
+            _to(console, logging.INFO, settings_line(settings))
+            _to(to_file, logging.INFO, settings.describe())
+        run = AgentRun(settings, started_at=started_at, zygote=zygote, warnings=warnings)
         outcome = run.execute()
     except (signals.Cancelled, SignalException) as e:
         signals.enter_late_mode()
@@ -223,11 +301,12 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
         outcome = Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
     if run is not None:
         result = run.finish(outcome)
-        paths = run.result_paths
+        paths, unwritten = run.result_paths, run.unwritten
     else:
-        result = build_result(settings, None, outcome, started_at=started_at)
-        paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
-        write_all(result, paths)
+        result = build_result(settings, None, outcome, started_at=started_at, warnings=warnings)
+        paths = result_paths(settings)
+        unwritten = write_all(result, paths)
+    # the agent's last line: INFO (agent.log only, unless LOGLEVEL=INFO) when all is well
     level = logging.INFO if result.state == "SUCCEEDED" else logging.ERROR
     log.log(
         level,
@@ -237,10 +316,13 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
         result.restarts,
         result.message or "all workers succeeded",
     )
-    log.info("result: %s; logs: %s", ", ".join(paths), settings.log_dir)
+    written = [p for p in paths if p not in unwritten]
+    log.info("result: %s; logs: %s", ", ".join(written) or "not written", settings.log_dir)
     code = result.exit_code if result.exit_code is not None else 1
-    lost = [p for p in (run.unwritten if run is not None else []) if p in settings.result_files]
-    if lost and code == 0:  # a caller that reads the result file must not see success without it
+    lost = [p for p in unwritten if p in settings.result_files]
+    termination_log = os.environ.get(ENV_TERMINATION_LOG)
+    delivered = bool(termination_log) and termination_log not in unwritten  # the launcher reads it there
+    if lost and code == 0 and not delivered:  # a caller that reads the result file must not see success without it
         log.error("the result could not be written to %s: exiting %d", ", ".join(lost), AGENT_ERROR_EXIT_CODE)
         return AGENT_ERROR_EXIT_CODE
     return code

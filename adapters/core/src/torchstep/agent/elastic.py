@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -68,6 +69,8 @@ class WorkerRecord:
     dead_before_stop: bool = False  # already dead when the agent began stopping the group
     reason: str | None = None  # timer_expired | heartbeat_timeout (set when the agent kills it)
     detail: str | None = None
+    #: The last lines of its stdout and stderr as the tee saw them (whatever the log files kept).
+    tails: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +115,7 @@ class TorchstepAgent(LocalElasticAgent):
         reaper: Reaper,
         exits: ExitWatcher,
         watchdog: ProgressWatchdog,
+        warnings: list[str] | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -137,6 +141,17 @@ class TorchstepAgent(LocalElasticAgent):
         self._worker_store: Any = None
         self._agent_hosts_store = False
         self._heartbeats = HeartbeatWatch(settings.heartbeat_timeout) if settings.heartbeat_timeout > 0 else None
+        #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
+        self.warnings: list[str] = warnings if warnings is not None else []
+        self._warn_lock = threading.Lock()
+
+    def warn(self, text: str) -> None:
+        """Note ``text`` in the result's warnings (once) and on the console."""
+        with self._warn_lock:
+            if text in self.warnings:
+                return
+            self.warnings.append(text)
+        log.warning("%s", text)
 
     # -- views used by the runner, the watchdog and the result --------------------------
     @property
@@ -286,13 +301,23 @@ class TorchstepAgent(LocalElasticAgent):
             if self._specs.inner is not None:  # a --logs-specs of the user's decided where the streams go
                 w.paths = self._specs.dests.get(local_rank, w.paths)
                 continue  # ... and tees them itself (torch's TailLog), as under torchrun
-            sources.append(TeeSource(w.paths.log, prefix if out_prefixed else "", echo))
+            pipes = self._specs.pipes.pop(local_rank, {})
+            out = TeeSource(w.paths.log, prefix if out_prefixed else "", echo, pipe=pipes.get("out"))
+            sources.append(out)
+            w.tails["out"] = out.tail
             if w.paths.stderr:
-                sources.append(TeeSource(w.paths.stderr, prefix if err_prefixed else "", echo, to_stderr=True))
+                err = TeeSource(
+                    w.paths.stderr, prefix if err_prefixed else "", echo, to_stderr=True, pipe=pipes.get("err")
+                )
+                sources.append(err)
+                w.tails["err"] = err.tail
+        self._specs.close_pipes()  # none left unless a worker did not start
         filters = list(worker_group.spec.duplicate_stdout_filters or []) + list(
             worker_group.spec.duplicate_stderr_filters or []
         )
-        self._tee = LogTee(sources, filters=filters, filter_file=os.path.join(attempt.log_dir, "filtered.log")).start()
+        self._tee = LogTee(
+            sources, filters=filters, filter_file=os.path.join(attempt.log_dir, "filtered.log"), on_warning=self.warn
+        ).start()
         self._watchdog.phase("monitoring")
         return pids
 

@@ -13,6 +13,14 @@ Layout under ``--log-dir`` (one directory per agent)::
 changes). Directories are claimed with ``mkdir``, so a reused or shared log dir continues
 the numbering instead of overwriting anything.
 
+A worker never writes its log file itself: its stdout (and stderr) is a pipe — a FIFO in the
+agent's private run directory that torch opens like a file — and :class:`LogTee` copies
+what comes through into the log file, onto the console and into the rank's in-memory tail.
+So a log that cannot be written (a full disk, a file too large, an I/O error) is truncated
+(the result's ``warnings`` say so) while the worker, the console and the root cause's tail
+go on as if nothing happened. Without a pipe (none could be made) the worker writes the
+file and the tee reads it back, as torchrun does.
+
 Example::
 
     >>> import tempfile
@@ -28,10 +36,16 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import errno
+import fcntl
 import os
+import select
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from string import Template
 from typing import TextIO
@@ -39,7 +53,16 @@ from typing import TextIO
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
 from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
-from torchstep.files import DIR_MODE, open_private, private_dir, private_root
+from torchstep.files import DIR_MODE, LossyFile, UnsafePathError, open_private, private_dir, private_root
+from torchstep.result import TAIL_LINES
+
+#: Called with one line (``log truncated: <path>: <reason>``) when a log cannot be written.
+WarningCallback = Callable[[str], None]
+#: Capacity asked for each worker's pipe (the kernel may give less): a chatty worker runs
+#: ahead of the tee by this much before a write of its waits.
+_PIPE_SIZE = 1 << 20
+#: The tee drains what the workers left in their pipes for at most this long at its stop.
+_DRAIN_S = 20.0
 
 #: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "
@@ -90,6 +113,59 @@ def rank_paths(
     )
 
 
+@dataclass
+class RankPipe:
+    """One worker stream as a pipe: the FIFO torch opens for the worker, the agent's ends
+    of it (``read_fd``, and ``keep_fd``, a write end that keeps the pipe from reporting
+    end-of-file between workers), and the log file the tee copies it into (``sink``).
+
+    Example: ``specs.pipes[0]["out"].sink.path`` is ``".../attempt_0/rank0.log"``.
+    """
+
+    fifo: str
+    read_fd: int
+    keep_fd: int
+    sink: LossyFile
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.keep_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.sink.close()
+
+
+def open_pipe(fifo: str, log_path: str) -> RankPipe | None:
+    """A :class:`RankPipe` at ``fifo`` (made ``0600``) copied into ``log_path``, or ``None``
+    when no FIFO can be made there (the worker then writes ``log_path`` itself). Raises
+    :class:`~torchstep.files.UnsafePathError` for a symlink planted at ``log_path``.
+
+    Example: ``open_pipe("/run/agent-x/attempt_0.0.out", "/logs/attempt_0/rank0.log")``.
+    """
+    read_fd = keep_fd = -1
+    try:
+        os.mkfifo(fifo, 0o600)
+        read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        for fd in (read_fd, keep_fd):
+            if fd >= 0:
+                os.close(fd)
+        return None
+    try:
+        fcntl.fcntl(read_fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+    except OSError:  # over the per-user pipe budget: the default 64 KiB still works
+        pass
+    try:
+        sink = LossyFile(log_path)
+    except BaseException:
+        os.close(read_fd)
+        os.close(keep_fd)
+        raise
+    return RankPipe(fifo, read_fd, keep_fd, sink)
+
+
 class TorchstepLogsSpecs(LogsSpecs):
     """torch ``LogsSpecs`` with a predictable layout that never deletes a file.
 
@@ -109,6 +185,8 @@ class TorchstepLogsSpecs(LogsSpecs):
         layout: str = "torchstep",
         run_id: str | None = None,
         inner: LogsSpecs | None = None,
+        pipe_dir: str | None = None,
+        on_warning: WarningCallback | None = None,
     ) -> None:
         private_root(log_dir)  # created 0700 when missing; a symlink or another user's dir is refused
         if layout == "torchrun":  # torchrun's <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/
@@ -120,6 +198,12 @@ class TorchstepLogsSpecs(LogsSpecs):
         #: (and tees them itself, as under torchrun); the agent reads what it returns.
         self.inner = inner
         self.dests: dict[int, RankPaths] = {}
+        #: Where the workers' FIFOs go (the agent's private run directory); ``None``: no pipes.
+        self.pipe_dir = pipe_dir
+        #: The last :meth:`reify`'s pipes per local rank (``"out"``, and ``"err"`` for split
+        #: streams): the agent hands them to its :class:`LogTee`.
+        self.pipes: dict[int, dict[str, RankPipe]] = {}
+        self._warn = on_warning or (lambda _text: None)
         self._next = 0
         self._pending: str | None = None
 
@@ -136,6 +220,8 @@ class TorchstepLogsSpecs(LogsSpecs):
                 os.mkdir(path, DIR_MODE)
             except FileExistsError:
                 continue
+            except OSError as e:  # a full disk: the run goes on, its logs are not written
+                self._warn(f"log not written: {path}: {e.strerror or e}")
             self._pending = path
             return path
 
@@ -146,18 +232,56 @@ class TorchstepLogsSpecs(LogsSpecs):
             return self._reify_inner(attempt_dir, envs)
         # --duplicate-*-filters are applied by LogTee (into filtered.log): torch's copies are unused
         dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
+        self.close_pipes()  # a previous start that never reached the tee
+        tag = os.path.basename(attempt_dir)
         for local_rank in range(len(envs)):
             paths = self.paths(attempt_dir, envs[local_rank].get("RANK", local_rank), local_rank)
-            private_dir(os.path.dirname(paths.log))
-            dest.stdouts[local_rank] = paths.log
+            self._log_dir_of(paths.log)
+            pipes: dict[str, RankPipe] = {}
+            for stream, path in (("out", paths.log), ("err", paths.stderr)):
+                if not path:
+                    continue
+                pipe = (
+                    open_pipe(os.path.join(self.pipe_dir, f"{tag}.{local_rank}.{stream}"), path)
+                    if self.pipe_dir
+                    else None
+                )
+                if pipe is not None:
+                    pipes[stream] = pipe
+                    if pipe.sink.lost:
+                        self._warn(pipe.sink.lost)
+                else:  # the worker writes the file: created 0600 first, torch opens it "w" and keeps the mode
+                    self._create(path)
+            self.pipes[local_rank] = pipes
+            dest.stdouts[local_rank] = pipes["out"].fifo if "out" in pipes else paths.log
             # "" = inherit the agent's stderr: the exec wrapper then points it at the log
-            dest.stderrs[local_rank] = paths.stderr or ""
+            dest.stderrs[local_rank] = pipes["err"].fifo if "err" in pipes else (paths.stderr or "")
             dest.error_files[local_rank] = paths.error
-            for path in (paths.log, paths.stderr):
-                if path:  # created 0600 first: torch then opens it "w" and keeps the mode
-                    os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
             envs[local_rank][ERROR_FILE_ENV] = paths.error
         return dest
+
+    def _log_dir_of(self, path: str) -> None:
+        try:
+            private_dir(os.path.dirname(path))
+        except UnsafePathError as e:
+            if not e.problem.startswith("cannot be created"):
+                raise  # a symlink, another user's directory: refused, never written through
+            self._warn(f"log not written: {path}: {e.problem}")
+
+    def _create(self, path: str) -> None:
+        try:
+            os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
+        except UnsafePathError:
+            raise
+        except OSError as e:
+            self._warn(f"log not written: {path}: {e.strerror or e}")
+
+    def close_pipes(self) -> None:
+        """Close the pipes no tee took over."""
+        for pipes in self.pipes.values():
+            for pipe in pipes.values():
+                pipe.close()
+        self.pipes = {}
 
     def _reify_inner(self, attempt_dir: str, envs: dict[int, dict[str, str]]) -> LogsDest:
         assert self.inner is not None
@@ -223,7 +347,9 @@ def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
 
 @dataclass
 class TeeSource:
-    """One rank's log file to copy to the console.
+    """One rank's stream to copy to the console: its :class:`RankPipe` (copied into the log
+    file as well), or, without one, its log file (read back as the worker writes it).
+    ``tail`` keeps its last lines, whatever became of the file.
 
     Example: ``TeeSource("/logs/attempt_0/rank1.log", "[trainer/1] ", echo=True)``.
     """
@@ -232,6 +358,8 @@ class TeeSource:
     prefix: str
     echo: bool = True
     to_stderr: bool = False  # copied to the console's stderr (a worker's own stderr)
+    pipe: RankPipe | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     _fd: int | None = field(default=None, repr=False)
     _buf: bytes = field(default=b"", repr=False)
 
@@ -265,6 +393,7 @@ class LogTee:
         interval: float = 0.1,
         filters: list[str] | None = None,
         filter_file: str | None = None,
+        on_warning: WarningCallback | None = None,
     ) -> None:
         self._sources = sources
         self._dst = dst if dst is not None else sys.stdout
@@ -273,7 +402,11 @@ class LogTee:
         self._interval = interval
         self._filters = filters or []
         self._filter_file = filter_file if self._filters else None
+        self._filtered: LossyFile | None = None
+        self._warn = on_warning or (lambda _text: None)
+        self._warned: set[str] = set()
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
         self._thread: threading.Thread | None = None
         self._dst_ok = True
 
@@ -283,24 +416,66 @@ class LogTee:
         return self
 
     def stop(self) -> None:
-        """Drain every file to its end and stop (idempotent)."""
+        """Drain every stream to its end and stop (idempotent)."""
         self._stop.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        elif self._wake_r >= 0:  # never started: nothing else closes these
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._wake_r = self._wake_w = -1
+
+    def _wait(self) -> None:
+        """Until a pipe has data, :meth:`stop` is called, or the interval passed (files)."""
+        poll = select.poll()
+        poll.register(self._wake_r, select.POLLIN)
+        for src in self._sources:
+            if src.pipe is not None:
+                poll.register(src.pipe.read_fd, select.POLLIN)
+        files = any(src.pipe is None for src in self._sources)
+        try:
+            poll.poll(1000 * (self._interval if files else 1.0))
+        except OSError:
+            time.sleep(self._interval)
 
     def _run(self) -> None:
         try:
-            while not self._stop.wait(self._interval):
-                self._pump(final=False)
-            while self._pump(final=False):  # drain to EOF: a rank may have written MiBs just before it died
+            while not self._stop.is_set():
+                self._wait()
+                self._pump_safely()
+            deadline = time.monotonic() + _DRAIN_S  # drain to the end: a rank may have written MiBs just before it died
+            while self._pump_safely() and time.monotonic() < deadline:
                 pass
-            self._pump(final=True)
+            self._pump_safely(final=True)
         finally:
             for src in self._sources:
                 if src._fd is not None:
                     os.close(src._fd)
                     src._fd = None
+                if src.pipe is not None:
+                    src.pipe.close()  # a writer left behind (a daemon) gets EPIPE, never blocks us
+            if self._filtered is not None:
+                self._filtered.close()
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+
+    def _warn_once(self, text: str | None) -> None:
+        if text and text not in self._warned:
+            self._warned.add(text)
+            self._warn(text)
+
+    def _pump_safely(self, *, final: bool = False) -> bool:
+        """:meth:`_pump`, never raising: a worker blocks on a full pipe if the tee stops reading."""
+        try:
+            return self._pump(final=final)
+        except Exception as e:  # a bug here must not hang the workers
+            self._warn_once(f"the console copy of the rank logs failed: {type(e).__name__}: {e}")
+            return False
 
     def _write(self, dst: TextIO, lines: list[str]) -> None:
         """Write whole lines in pieces of at most ``PIPE_BUF`` bytes straight to the fd:
@@ -325,24 +500,44 @@ class LogTee:
         if piece:
             _write_all(fd, b"".join(piece))
 
+    def _read(self, src: TeeSource) -> bool:
+        """Take what ``src`` holds now (a bounded amount) into its buffer; whether any was read.
+        A pipe's bytes go to its log file first (truncated, with a warning, once it fails)."""
+        got = False
+        if src.pipe is not None:
+            fd = src.pipe.read_fd
+        else:
+            if src._fd is None:
+                try:
+                    src._fd = os.open(src.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    return False
+            fd = src._fd
+        for _ in range(64):  # bounded per pass: one chatty rank cannot starve the others
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                raise
+            if not chunk:
+                break
+            got = True
+            src._buf += chunk
+            if src.pipe is not None and not src.pipe.sink.write(chunk):
+                self._warn_once(src.pipe.sink.lost)
+        return got
+
     def _pump(self, *, final: bool) -> bool:
-        """Copy what the files hold now (a bounded amount per file); whether any was read."""
+        """Copy what the streams hold now (a bounded amount per stream); whether any was read."""
         got = False
         out: list[str] = []
         err: list[str] = []
         filtered: list[str] = []
         for src in self._sources:
-            if src._fd is None:
-                try:
-                    src._fd = os.open(src.path, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue
-            for _ in range(64):  # bounded per pass: one chatty rank cannot starve the others
-                chunk = os.read(src._fd, 1 << 16)
-                if not chunk:
-                    break
-                got = True
-                src._buf += chunk
+            got = self._read(src) or got
             lines = src._buf.split(b"\n")
             src._buf = lines.pop()
             if src._buf and (final or len(src._buf) > _MAX_PARTIAL):
@@ -353,6 +548,7 @@ class LogTee:
                 if b"\r" in raw:
                     raw = next((seg for seg in reversed(raw.split(b"\r")) if seg), b"")
                 text = raw.decode("utf-8", "replace")
+                src.tail.append(text)
                 if src.echo:
                     (err if src.to_stderr else out).append(f"{src.prefix}{text}\n")
                 if self._filter_file and any(needle in text for needle in self._filters):
@@ -368,8 +564,11 @@ class LogTee:
             except (BrokenPipeError, ValueError, OSError):
                 self._err_ok = False
         if filtered and self._filter_file:
-            with open(self._filter_file, "a") as f:
-                f.write("".join(filtered))
+            if self._filtered is None:
+                self._filtered = LossyFile(self._filter_file)
+            if not self._filtered.write("".join(filtered).encode("utf-8", "replace")):
+                self._warn_once(self._filtered.lost)
+                self._filter_file = None
         return got
 
 

@@ -51,6 +51,8 @@ from torchstep.result import (
     ReplicaResult,
     StepResult,
     earliest_failure,
+    is_retryable,
+    root_cause_line,
 )
 
 if TYPE_CHECKING:
@@ -165,9 +167,17 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
 
 
 def _tail(w: WorkerRecord) -> list[str]:
+    """The last lines of a worker: what the tee saw (complete even when a full disk
+    truncated the log file), else the log file's end (a ``--logs-specs`` of the user's)."""
+    if w.tails:
+        for stream in ("err", "out"):  # split streams: the traceback is on stderr
+            lines = list(w.tails.get(stream) or [])
+            if lines:
+                return lines[-TAIL_LINES:]
+        return []
     from torchstep.agent.logs import tail_lines
 
-    if w.paths.stderr:  # split streams: the traceback is in the stderr log
+    if w.paths.stderr:
         lines = tail_lines(w.paths.stderr, TAIL_LINES)
         if lines:
             return lines
@@ -176,7 +186,7 @@ def _tail(w: WorkerRecord) -> list[str]:
 
 def _summary(rank: RankResult) -> str:
     what = rank.reason or "failed"
-    return f"rank {rank.rank} {what} ({rank.signal or f'exit {rank.exit_code}'}): {rank.message}"
+    return f"rank {rank.rank} {what} ({rank.signal or f'exit {rank.exit_code}'}): {root_cause_line(rank)}"
 
 
 def _outputs(attempts: list[Attempt]) -> dict[str, Any]:
@@ -214,8 +224,10 @@ def build_result(
     started_at: float,
     ended_at: float | None = None,
     app_id: str = "unknown",
+    warnings: list[str] | None = None,
 ) -> StepResult:
-    """The final step result of this agent (one replica: itself).
+    """The final step result of this agent (one replica: itself). ``warnings``: what went
+    wrong beside the outcome (a log truncated by a full disk...), see ``StepResult.warnings``.
 
     Example::
 
@@ -238,7 +250,6 @@ def build_result(
             if first is not None:
                 history.append(f"attempt {attempt.index}: {_summary(first)}; restarted")
     non_retryable = bool(last and last.non_retryable)
-    retryable = True
     message: str | None
     if outcome.kind == "cancelled":
         state, code = CANCELLED, 128 + (outcome.signal or signal.SIGTERM)
@@ -249,12 +260,12 @@ def build_result(
     elif outcome.kind == "workers":
         state = FAILED
         if non_retryable:
-            code, retryable = NON_RETRYABLE_EXIT_CODE, False
+            code = NON_RETRYABLE_EXIT_CODE
         else:
             code = exit_code_for(exit_code=root.exit_code) if root is not None else AGENT_ERROR_EXIT_CODE
         message = outcome.message or (_summary(root) if root is not None else "the worker group failed")
     elif outcome.kind == "usage":
-        state, code, retryable, message = FAILED, USAGE_EXIT_CODE, False, outcome.message
+        state, code, message, non_retryable = FAILED, USAGE_EXIT_CODE, outcome.message, True
     else:
         state, code, message = FAILED, AGENT_ERROR_EXIT_CODE, outcome.message
     restarts = agent.failure_restarts if agent is not None else 0
@@ -275,7 +286,7 @@ def build_result(
         app_id=settings.app_id if settings else app_id,
         state=state,
         exit_code=code,
-        retryable=retryable,
+        retryable=is_retryable(state, non_retryable=non_retryable),
         restarts=restarts,
         duration_s=max(0.0, ended - started_at),
         started_at=started_at,
@@ -285,30 +296,63 @@ def build_result(
         outputs=_outputs(attempts),
         message=message,
         log_dir=settings.log_dir if settings else None,
+        warnings=list(warnings or []),
     )
 
 
-def write_all(result: StepResult, paths: list[str]) -> list[str]:
-    """Write ``result`` to every path (atomically); returns the paths that failed.
+def result_paths(settings: AgentSettings) -> list[str]:
+    """Where the agent writes its result: ``--result-file``, ``TORCHSTEP_RESULT_FILE`` and
+    ``<log-dir>/result.json``, each once (a launcher's result file is often the last one).
 
-    Example: ``write_all(result, ["/out/result.json", "/logs/result.json"])`` is ``[]``.
+    Example: ``result_paths(resolve(["t.py"], environ={"TORCHSTEP_LOG_DIR": "/l",
+    "TORCHSTEP_RESULT_FILE": "/l/result.json"}))`` is ``["/l/result.json"]``.
     """
-    failed = []
+    paths: list[str] = []
+    for path in [*settings.result_files, os.path.join(settings.log_dir, "result.json")]:
+        if os.path.abspath(path) not in paths:
+            paths.append(os.path.abspath(path))
+    return paths
+
+
+def write_all(result: StepResult, paths: list[str]) -> dict[str, str]:
+    """Write ``result`` to every path (atomically), and its summary to the termination log
+    (``TORCHSTEP_TERMINATION_LOG``) once it is final; returns each path that could not be
+    written with the reason (``{"/out/result.json": "No space left on device"}``).
+
+    When a path fails, the result gets a warning ``result not written: <path>: <reason>``
+    and the paths that worked are written again with it, so every copy that exists says
+    which one is missing.
+
+    Example: ``write_all(result, ["/out/result.json", "/logs/result.json"])`` is ``{}``.
+    """
+    failed = _write_each(result, paths)
+    if failed:
+        for path, why in failed.items():
+            note = f"result not written: {path}: {why}"
+            if note not in result.warnings:
+                result.warnings.append(note)
+        failed.update(_write_each(result, [p for p in paths if p not in failed]))
+    return failed
+
+
+def _write_each(result: StepResult, paths: list[str]) -> dict[str, str]:
+    failed: dict[str, str] = {}
     for path in paths:
         try:
             parent = os.path.dirname(path) or "."
             if not os.path.isdir(parent):
                 private_dir(parent)
             result.write(path)
-        except OSError:
-            failed.append(path)
+        except OSError as e:
+            failed[path] = e.strerror or str(e)
     termination_log = os.environ.get(ENV_TERMINATION_LOG)
     if termination_log and result.state in TERMINAL_STATES:
         # Kubernetes shows this file as the container's termination message: Job watchers
-        # read each replica's final result (outputs included) from the pod status.
+        # (and the local launcher, when the result file could not be written) read each
+        # replica's final result (outputs included) from it.
         try:
             with open(termination_log, "w") as f:
                 f.write(result.summary())
-        except OSError:
-            failed.append(termination_log)
+        except OSError as e:
+            failed[termination_log] = e.strerror or str(e)
     return failed

@@ -23,7 +23,7 @@ import traceback
 from typing import Any
 
 from torchstep.agent import signals
-from torchstep.agent.outcome import Outcome, build_result, running_result, write_all
+from torchstep.agent.outcome import Outcome, build_result, result_paths, running_result, write_all
 from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, OrphanSweeper, Reaper, become_subreaper
 from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings
 from torchstep.agent.watchdog import ProgressWatchdog
@@ -37,13 +37,18 @@ class AgentRun:
     """See the module docstring.
 
     Example: ``AgentRun(settings, started_at=time.time()).result_paths`` lists
-    ``--result-file``, ``TORCHSTEP_RESULT_FILE`` and ``<log-dir>/result.json``.
+    ``--result-file``, ``TORCHSTEP_RESULT_FILE`` and ``<log-dir>/result.json`` (each once).
     """
 
-    def __init__(self, settings: AgentSettings, *, started_at: float, zygote: Any = None) -> None:
+    def __init__(
+        self, settings: AgentSettings, *, started_at: float, zygote: Any = None, warnings: list[str] | None = None
+    ) -> None:
         self.settings = settings
         self.started_at = started_at
-        self.result_paths = [*settings.result_files, os.path.join(settings.log_dir, "result.json")]
+        self.result_paths = result_paths(settings)
+        #: What went wrong beside the outcome (logs a full disk truncated...): the result's
+        #: ``warnings``. Shared with the CLI (agent.log) and the agent (rank logs).
+        self.warnings: list[str] = warnings if warnings is not None else []
         # FIFO, heartbeats: not logs. Under the launcher's directory when it gives one (it
         # removes it at its end, whatever killed us); mkdtemp makes it 0700
         parent = settings.run_dir_parent
@@ -61,7 +66,8 @@ class AgentRun:
         self._prestarted = zygote  # a ZygoteProcess the CLI started at the agent's start
         self._write_lock = threading.Lock()
         self._final = False
-        self.unwritten: list[str] = []  # result paths the last write could not write
+        self.unwritten: dict[str, str] = {}  # result paths the last write could not write: why
+        self._failures: dict[int, Any] = {}  # torch's failures of the last attempt (global rank -> failure)
 
     # -- result file -------------------------------------------------------------------------
     def write(self, result: StepResult, *, final: bool) -> bool:
@@ -69,11 +75,23 @@ class AgentRun:
             if self._final:
                 return False
             failed = write_all(result, self.result_paths)
-            for path in failed:
-                log.error("cannot write the result to %s", path)
+            for path, why in failed.items():
+                if path not in self.unwritten:  # once per path, not at every write
+                    log.error("cannot write the result to %s: %s", path, why)
             self.unwritten = failed
             self._final = final
             return True
+
+    def _warn(self, text: str) -> None:
+        if self.agent is not None:
+            self.agent.warn(text)
+        elif text not in self.warnings:
+            self.warnings.append(text)
+            log.warning("%s", text)
+
+    def _build(self, outcome: Outcome, *, full: bool = True) -> StepResult:
+        agent = self.agent if full else None
+        return build_result(self.settings, agent, outcome, started_at=self.started_at, warnings=self.warnings)
 
     def _any_alive(self) -> bool:
         return self.agent is not None and self.agent.any_worker_alive()
@@ -84,10 +102,10 @@ class AgentRun:
             self.agent.kill_all_workers()
         outcome = Outcome("watchdog", message=f"watchdog: {reason}")
         try:
-            result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+            result = self._build(outcome)
         except Exception:
             log.exception("watchdog: building the full result failed; writing a minimal one")
-            result = build_result(self.settings, None, outcome, started_at=self.started_at)
+            result = self._build(outcome, full=False)
         self.write(result, final=True)
         self._stop_zygote()
         self.orphans.kill_all()
@@ -173,6 +191,8 @@ class AgentRun:
                 settings.log_dir, merge_streams=merge, run_id=config.run_id,
                 layout="torchstep" if settings.merge_streams else "torchrun",
                 inner=config.logs_specs if settings.custom_logs_specs else None,
+                # torch's redirect of a function worker (--run-path) seeks in its file: no pipe there
+                pipe_dir=self.run_dir if isinstance(settings.entrypoint, str) else None, on_warning=self._warn,
             )  # fmt: skip
             self.agent = TorchstepAgent(
                 spec,
@@ -182,12 +202,13 @@ class AgentRun:
                 reaper=self.reaper,
                 exits=self.exits,
                 watchdog=self.watchdog,
+                warnings=self.warnings,
             )
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
             result = self.agent.run()
             events.record(self.agent.get_event_succeeded(), config.event_log_handler)
             if result.is_failed() and not self.agent.graceful_exit:
-                report_child_failure(self.settings, result.failures)
+                self._failures = dict(result.failures)  # reported by finish(), from the result's root cause
             if self.agent.graceful_exit:
                 return Outcome("workers", succeeded=True, message=f"rendezvous closed: {self.agent.graceful_exit}")
             return Outcome("workers", succeeded=not result.is_failed())
@@ -260,11 +281,14 @@ class AgentRun:
         """Write the final result and stop the watchdog and the reaper."""
         self.watchdog.stop()
         try:
-            result = build_result(self.settings, self.agent, outcome, started_at=self.started_at)
+            result = self._build(outcome)
         except Exception:  # a bug here must not cost the result: write what is certain
             log.exception("building the full result failed; writing a minimal one")
-            result = build_result(self.settings, None, outcome, started_at=self.started_at)
+            result = self._build(outcome, full=False)
         self.write(result, final=True)
+        if self._failures:
+            root = result.root_cause.rank if result.root_cause is not None else None
+            report_child_failure(self.settings, self._failures, root_rank=root)
         self._stop_zygote()
         self.orphans.kill_all()
         self.reaper.finish()
@@ -290,16 +314,28 @@ def fast_keep_alive(handler: Any, period_s: float) -> bool:
     return True
 
 
-def report_child_failure(settings: AgentSettings, failures: dict[int, Any]) -> None:
+def report_child_failure(settings: AgentSettings, failures: dict[int, Any], *, root_rank: int | None = None) -> None:
     """torchrun's root-cause report on stderr (``ChildFailedError``: first observed
     failure with time, host, rank, exit code, error file, traceback), so what a torchrun
-    user greps for is there; the result file says the same in JSON."""
+    user greps for is there; the result file says the same in JSON.
+
+    ``root_rank``: the global rank the result names as the root cause (exact exit times):
+    the report's "Root Cause" is that rank too. torch picks the smallest timestamp in whole
+    seconds, so ranks that fail within the same second would otherwise tie and the report
+    would name the lowest rank, not the first failure.
+    """
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import _get_entrypoint_name
 
+        class _Report(ChildFailedError):
+            def get_first_failure(self) -> tuple[int, Any]:
+                if root_rank is not None and root_rank in self.failures:
+                    return root_rank, self.failures[root_rank]
+                return super().get_first_failure()
+
         name = _get_entrypoint_name(settings.entrypoint, list(settings.entry_args))
-        report = ChildFailedError(name=name, failures=failures).format_msg()
+        report = _Report(name=name, failures=failures).format_msg()
     except Exception as e:  # a report must never cost the result
         log.warning("could not format the failure report: %s: %s", type(e).__name__, e)
         return

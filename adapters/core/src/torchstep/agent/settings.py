@@ -96,6 +96,29 @@ class UsageError(ValueError):
     """
 
 
+class TorchrunError(UsageError):
+    """A command line torchrun's own checks refuse (``--no-python`` with ``--module``,
+    ``--nproc-per-node=unknown``, an unknown ``--logs-specs``...): the agent ends as torchrun
+    does, with torchrun's exception line (:attr:`line`, e.g. ``ValueError: Unsupported
+    nproc_per_node value: unknown``) last on stderr and torchrun's exit status 1.
+
+    Example: ``resolve(["--nproc-per-node=unknown", "t.py"], environ={})`` raises it; ``str(err)``
+    is torchrun's message, ``err.line`` adds the exception's type.
+    """
+
+    #: torchrun's exit status for an exception raised while it parses its arguments.
+    exit_code = 1
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.kind = type(error).__name__
+
+    @property
+    def line(self) -> str:
+        text = str(self)
+        return f"{self.kind}: {text}" if text else self.kind
+
+
 @dataclass(frozen=True)
 class Flag:
     """A torchstep flag with its environment variable and default.
@@ -440,7 +463,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     try:
         _, max_nodes = parse_min_max_nnodes(args.nnodes)
     except (ValueError, RuntimeError) as e:
-        raise UsageError(f"--nnodes {args.nnodes!r}: {e}") from None
+        raise TorchrunError(e) from None
 
     # torchrun's own run() does this; config_from_args does not
     if args.standalone or (
@@ -525,8 +548,10 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
                 conf[key] = value
                 sources[f"rdzv_conf.{key}"] = f"env {ENV_RDZV_CONF}"
         echo = _echo_filter(args, config.nproc_per_node)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+        if config.nproc_per_node < 1:  # torch asserts it later, deep in the agent
+            raise AssertionError(f"--nproc-per-node must be at least 1, got {config.nproc_per_node}")
+    except (ValueError, AssertionError, RuntimeError) as e:  # torchrun's own checks of its flags
+        raise TorchrunError(e) from None
     config.rdzv_configs = conf
 
     process_env = {}
