@@ -54,7 +54,20 @@ def test_application_retries(tmp_path: Path, log_dir: Path, fail_until: int, cod
     assert result["attempts"] == attempts
     assert len(counter.read_text().splitlines()) == attempts  # the app really ran that often
     assert result["state"] == ("SUCCEEDED" if rc == 0 else "FAILED")
-    assert result["retryable"] is (code != 82)
+    assert result["retryable"] is (rc != 0 and code != 82)  # a SUCCEEDED run is never retryable
+
+
+def test_the_summary_names_the_root_cause_by_its_last_meaningful_line(tmp_path: Path, log_dir: Path) -> None:
+    """A missing script: python's "can't open file", not "exited with code 2" (issue 23, item 8)."""
+    missing = tmp_path / "missing.py"
+    app = specs.AppDef("missing", roles=[specs.Role("trainer", image="x", entrypoint="python", args=[str(missing)])])
+    p = subprocess.run(cli("--app", write_app(tmp_path / "app.json", app), "--log-dir", str(log_dir)),
+                       capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("root cause: trainer/0 rank 0 exit 2"))
+    assert f"can't open file '{missing}'" in lines[at + 1], p.stdout
+    assert "exited with code 2" not in p.stdout
 
 
 def test_sigterm_stops_every_process(tmp_path: Path, log_dir: Path) -> None:

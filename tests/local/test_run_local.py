@@ -90,6 +90,36 @@ def test_two_roles_each_form_their_own_world(tmp_path: Path, log_dir: Path, caps
 
 
 @pytest.mark.slow
+def test_a_replica_whose_workers_failed_on_their_own_is_failed_live_and_in_the_result(
+    tmp_path: Path, log_dir: Path
+) -> None:
+    """Two roles whose workers both exit 2 at once: the launcher ends the run on the first
+    exit it sees, while the other agent has already failed on its own. One rule
+    (``torchstep.result.replica_state``) names both in the live lines and in the result:
+    FAILED (exit 2), never CANCELLED in one place and FAILED in the other."""
+    roles = [role(name, ["attempts", str(tmp_path / name), "9", "2"]) for name in ("alpha", "beta")]
+    events: list[ReplicaEvent] = []
+
+    def final(ev: ReplicaEvent, name: str) -> bool:
+        path = log_dir / ev.app_id / name / "0" / "result.json"
+        return path.exists() and json.loads(path.read_text() or "{}").get("state") in ("FAILED", "CANCELLED")
+
+    def on_status(ev: ReplicaEvent) -> None:
+        events.append(ev)
+        if ev.state == "FAILED" and sum(e.state == "FAILED" for e in events) == 1:
+            # hold the launcher until the other agent has failed by itself: the stop that
+            # follows reaches an agent that is writing its own result, or already gone
+            other = "beta" if ev.role == "alpha" else "alpha"
+            wait_for(lambda: final(ev, other), 60, f"{other}'s own result")
+
+    result = run_local(specs.AppDef("both-fail", roles=roles), log_dir=str(log_dir), on_status=on_status)
+    assert result.state == "FAILED" and result.exit_code == 2 and result.retryable is True
+    last = {(e.role, e.replica_id): e for e in events}  # each replica's last live line
+    for rep in result.replicas:
+        ev = last[(rep.role, rep.replica_id)]
+        assert (ev.state, ev.exit_code) == (rep.state, rep.exit_code) == ("FAILED", 2), [e.describe() for e in events]
+
+
 def test_torchx_builtins_run_unchanged(tmp_path: Path, log_dir: Path) -> None:
     """dist.ddp (its own torchrun, via the shim), utils.sh and utils.python, as TorchX builds them."""
     out = tmp_path / "out"

@@ -110,8 +110,10 @@ def run_plan(
             f"retrying in {delays[attempt - 1]:g} s"
         )
         if cancel.wait(delays[attempt - 1]):
+            from torchstep.local.launcher import write_run_result
+
             result.state, result.retryable, result.message = CANCELLED, False, "cancelled while waiting to retry"
-            result.write(f"{launcher.dir}/result.json")
+            write_run_result(result, f"{launcher.dir}/result.json", display)
             return result
         attempt += 1
 

@@ -150,7 +150,11 @@ def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
 
 
 def summary(result: Any, *, retries: int = 0) -> str:
-    """What happened, where the logs are — printed at the end of ``torchstep run``."""
+    """What happened, where the logs are — printed at the end of ``torchstep run``. The
+    root cause is named by :func:`torchstep.result.root_cause_line`, as on every surface;
+    a log or result file that could not be written is one ``warning:`` line each."""
+    from torchstep.result import root_cause_line
+
     lines = [
         f"torchstep: {result.app_id} {result.state} in {result.duration_s:.1f} s "
         f"(attempt {result.attempts} of at most {retries + 1}, {result.restarts} restart(s), {len(result.ranks)} rank(s))"
@@ -162,15 +166,19 @@ def summary(result: Any, *, retries: int = 0) -> str:
         )
     rc = result.root_cause
     if rc is not None and not result.succeeded:
-        where = f"{rc.role}/{rc.rank}" if rc.rank >= 0 else f"{rc.role} replica {rc.replica_id}"
+        where = f"{rc.role}/{rc.replica_id} rank {rc.rank}" if rc.rank >= 0 else f"{rc.role}/{rc.replica_id}"
         lines.append(f"  root cause: {where} exit {rc.exit_code}" + (f" ({rc.signal})" if rc.signal else ""))
-        if rc.message:
-            lines.append(f"    {rc.message.strip().splitlines()[-1]}")
+        lines.append(f"    {root_cause_line(rc)}")
         if rc.log_file:
             lines.append(f"    log: {rc.log_file}")
     elif result.message and not result.succeeded:
         lines.append(f"  {result.message}")
     if result.outputs:
         lines.append(f"  outputs: {json.dumps(result.outputs, default=str)}")
-    lines.append(f"  result: {result.log_dir}/result.json")
+    lines += [f"  warning: {w}" for w in result.warnings]
+    path = f"{result.log_dir}/result.json"
+    lost = any(w.startswith(f"result not written: {path}:") for w in result.warnings)
+    lines.append(
+        f"  result: {path}" + (" (not written: the disk is full or the file cannot be written)" if lost else "")
+    )
     return "\n".join(lines)

@@ -14,6 +14,12 @@ What it owns (the agent owns the rest — worker restarts, per-rank logs, signal
 * stop: cancel / timeout / a failed replica → SIGTERM to every agent's process group, the
   grace period, then SIGKILL of every process tagged with the run's token;
 * the aggregated :class:`~torchstep.StepResult`, written to ``<log_dir>/<app_id>/result.json``.
+
+Nothing a full disk does to a file changes the outcome: each agent also leaves its result's
+summary in the launcher's private temporary directory (``TORCHSTEP_TERMINATION_LOG``), read
+when its replica's ``result.json`` could not be written; a run result that cannot be written
+is still returned (and printed), its ``warnings`` naming every file that was truncated or
+not written.
 """
 
 from __future__ import annotations
@@ -50,10 +56,13 @@ from torchstep.result import (
     PENDING,
     RUNNING,
     SUCCEEDED,
+    TERMINAL_STATES,
     RankResult,
     ReplicaResult,
     StepResult,
     merge,
+    replica_state,
+    root_cause_line,
 )
 
 #: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
@@ -73,6 +82,21 @@ def _checkpoint_dir(path: str) -> list[str]:
         return prepare_checkpoint_dir(path)
     except UnsafePathError as e:
         raise SpecError("cfg['checkpoint_dir']", "local", f"{e.path}: {e.problem}", fix=e.fix) from None
+
+
+def write_run_result(result: StepResult, path: str, display: PlainDisplay) -> bool:
+    """Write the run's result to ``path``; when a full disk (or any write error) stops it,
+    the result in memory says so (``result not written: <path>: <reason>``) and the run
+    still ends with its own outcome. Whether it was written."""
+    try:
+        result.write(path)
+        return True
+    except OSError as e:
+        note = f"result not written: {path}: {e.strerror or e}"
+        if note not in result.warnings:
+            result.warnings.append(note)
+        display.note(note)
+        return False
 
 
 def new_app_id(name: str) -> str:
@@ -186,9 +210,11 @@ class Launcher:
             for rep in self.replicas.values():
                 for t in rep.threads:
                     t.join(timeout=5)
+        try:
+            result = self._result(started, time.time())
+        finally:  # after the result: the agents' summaries are in there
             shutil.rmtree(self.tmp, ignore_errors=True)
-        result = self._result(started, time.time())
-        result.write(os.path.join(self.dir, "result.json"))
+        write_run_result(result, os.path.join(self.dir, "result.json"), self.display)
         if interrupted is not None:
             raise interrupted
         return result
@@ -231,8 +257,11 @@ class Launcher:
             replica_args=agent_command.macro_values(self.app_id, spec.replica_id, img_root=spec.img_root),
             extra=extra,
         )
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(spec.result_file)  # a result left by a lost predecessor is not ours
+        # the agent's result summary, here as well: read when its result.json cannot be written
+        env[contract.ENV_TERMINATION_LOG] = self._summary_file(rep)
+        for stale in (spec.result_file, self._summary_file(rep)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)  # a result left by a lost predecessor is not ours
         proc = procs.spawn(argv, env=env, cwd=spec.cwd, cpus=spec.cpus)
         rep.proc, rep.state, rep.exit_code = proc, RUNNING, None
         inc = rep.incarnation
@@ -317,8 +346,8 @@ class Launcher:
             tag = f"{self.token}/r/{key[0]}/{key[1]}/{incarnation}"
             procs.kill_tagged(tag)  # its workers die with it, even when it was SIGKILLed
             if rc == 0:
-                rep.state, rep.exit_code = SUCCEEDED, 0
-                self._emit(rep, SUCCEEDED, exit_code=0)
+                rep.state, rep.exit_code = replica_state(0, reported=self._reported_state(rep)), 0
+                self._emit(rep, rep.state, exit_code=0)
                 if self._all_done():
                     return
             elif self._restart_role(rep, rc):
@@ -327,9 +356,9 @@ class Launcher:
                 if not self._replace(rep, rc, ts):
                     return
             else:
-                rep.state, rep.exit_code = FAILED, rc
+                rep.state, rep.exit_code = replica_state(rc, reported=self._reported_state(rep)), rc
                 self.failure = rep
-                self._emit(rep, FAILED, exit_code=rc)
+                self._emit(rep, rep.state, exit_code=rc)
                 return
 
     def _restart_role(self, rep: _Replica, rc: int) -> bool:
@@ -425,15 +454,18 @@ class Launcher:
             time.sleep(0.1)
         for tag in tags:
             procs.kill_tagged(tag)
-        for rep in live:
-            assert rep.proc is not None
+        for rep in reps:  # every agent that ended without its own status line yet (stopped or not)
+            if rep.proc is None or (rep not in live and (not emit or rep.state != RUNNING)):
+                continue
             try:
                 rc = rep.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 continue
             if rep.state == RUNNING and emit:
-                state = CANCELLED if rc != 0 else SUCCEEDED
                 code = rc if rc >= 0 else 128 - rc
+                # the result's rule: workers that failed on their own before the stop reached
+                # their agent make the replica FAILED, not CANCELLED
+                state = replica_state(code, reported=self._reported_state(rep), stopped=rep in live)
                 rep.state, rep.exit_code = state, code
                 self._emit(rep, state, exit_code=code)
 
@@ -468,7 +500,13 @@ class Launcher:
                     self.display.note(f"on_status callback raised {type(e).__name__}: {e} (ignored)")
 
     # -- result ---------------------------------------------------------------------------
-    def _replica_result(self, rep: _Replica) -> StepResult:
+    def _summary_file(self, rep: _Replica) -> str:
+        spec = rep.spec
+        return os.path.join(self.tmp, f"{spec.role_index}.{spec.replica_id}.{rep.incarnation}.summary")
+
+    def _reported(self, rep: _Replica) -> StepResult | None:
+        """The agent's own word on ``rep``: its ``result.json``, unless that is missing or not
+        final and the summary it left in the launcher's directory is (a full disk)."""
         spec = rep.spec
         loaded: StepResult | None = None
         if os.path.exists(spec.result_file):
@@ -476,6 +514,33 @@ class Launcher:
                 loaded = StepResult.load(spec.result_file)
             except (OSError, ValueError, TypeError, KeyError):
                 loaded = None
+        if loaded is not None and loaded.replicas and loaded.state in TERMINAL_STATES:
+            return loaded
+        try:
+            with open(self._summary_file(rep)) as f:
+                summary = StepResult.from_summary(f.read())
+        except (OSError, ValueError, TypeError):
+            summary = None
+        if summary is None or summary.state not in TERMINAL_STATES:
+            return loaded
+        root = summary.root_cause
+        summary.replicas = [
+            ReplicaResult(
+                role=spec.role.name, replica_id=spec.replica_id, state=summary.state, exit_code=summary.exit_code,
+                restarts=summary.restarts, ranks=[root] if root is not None else [], log_dir=spec.log_dir,
+                message=summary.message,
+            )
+        ]  # fmt: skip
+        summary.log_dir = spec.log_dir
+        return summary
+
+    def _reported_state(self, rep: _Replica) -> str | None:
+        reported = self._reported(rep)
+        return reported.state if reported is not None else None
+
+    def _replica_result(self, rep: _Replica) -> StepResult:
+        spec = rep.spec
+        loaded = self._reported(rep)
         state = rep.state if rep.state in (SUCCEEDED, FAILED, CANCELLED) else FAILED
         final = loaded is not None and loaded.replicas and loaded.state in (SUCCEEDED, FAILED, CANCELLED)
         if loaded is not None and loaded.replicas and (not final or rep.lost):
@@ -542,9 +607,9 @@ class Launcher:
             # failure of any replica (merge's pick), else the replica that ended the run
             result.root_cause = failed.lost or result.root_cause or part.root_cause
             rc = result.root_cause
-            result.message = (rc.message if rc is not None else None) or part.message
+            result.message = root_cause_line(rc) if rc is not None else part.message
         elif self._all_done():
-            result.state, result.exit_code, result.retryable = SUCCEEDED, 0, True
+            result.state, result.exit_code, result.retryable = SUCCEEDED, 0, False
             dropped = [r.lost.message for r in self.replicas.values() if r.dropped and r.lost and r.lost.message]
             result.message = "; ".join(dropped) or None
         if result.state == SUCCEEDED:

@@ -27,7 +27,12 @@ from torchstep.schedulers import local, records
 
 
 class StatusWriter:
-    """Keeps the status file of one app current (atomically rewritten on every change)."""
+    """Keeps the status file of one app current (atomically rewritten on every change).
+
+    A write that fails (a full disk) never stops the run: the status stays complete in
+    memory, :attr:`lost` says why the file is behind (also on stderr, once), and the next
+    change rewrites the whole file.
+    """
 
     def __init__(self, app_id: str, log_dir: str) -> None:
         self.app_id = app_id
@@ -35,11 +40,12 @@ class StatusWriter:
         self.lock = threading.Lock()
         self.status: dict[str, Any] = {"state": "PENDING", "replicas": {}, "restarts": 0}
         self.log_dir = log_dir
+        self.lost: str | None = None
 
     def update(self, **fields: Any) -> None:
         with self.lock:
             self.status.update(fields)
-            write_private(self.path, json.dumps(self.status, default=str))
+            self._save()
 
     def on_status(self, ev: ReplicaEvent) -> None:
         with self.lock:
@@ -50,7 +56,20 @@ class StatusWriter:
             self.status["replicas"][f"{ev.role}/{ev.replica_id}"] = ev.state
             if ev.state == "RUNNING":
                 self.status["state"] = "RUNNING"
+            self._save()
+
+    def _save(self) -> None:
+        try:
             write_private(self.path, json.dumps(self.status, default=str))
+            self.lost = None
+        except OSError as e:
+            first = self.lost is None
+            self.lost = f"status not written: {self.path}: {e.strerror or e}"
+            if first:
+                try:  # the console file may be on the same full disk
+                    print(f"torchstep_local: {self.lost}", file=sys.stderr, flush=True)
+                except (OSError, ValueError):
+                    pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,8 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     msg = result.message or ""
     if result.root_cause is not None and not result.succeeded:
+        from torchstep.result import root_cause_line
+
         rc = result.root_cause
-        msg = f"root cause {rc.role}/{rc.rank} exit {rc.exit_code}" + (f": {rc.message.strip()}" if rc.message else "")
+        msg = f"root cause {rc.role}/{rc.replica_id} rank {rc.rank} exit {rc.exit_code}: {root_cause_line(rc)}"
     writer.update(
         state=result.state,
         message=msg or writer.status.get("message", ""),
