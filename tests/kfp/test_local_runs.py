@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parents[1] / "apps"
 ECHO = f"{APPS / 'steps.py'}:echo"
 FLAKY = f"{APPS / 'steps.py'}:flaky"
-TEXT = "{{$.inputs.parameters['lr']}} $(touch /tmp/pwned) `id` ; python3 {{ ds }}"
+#: The canary an injected shell would create: unique to this session, so a file some other
+#: run on the machine left in the shared temporary directory is never taken for ours.
+PWNED = Path(tempfile.gettempdir()) / f"torchstep-pwned-{uuid.uuid4().hex[:12]}"
+TEXT = "{{$.inputs.parameters['lr']}} $(touch " + str(PWNED) + ") `id` ; python3 {{ ds }}"
 
 
 @pytest.fixture
@@ -62,7 +67,7 @@ def test_pipeline_parameters_reach_the_step_at_run_time_and_outputs_flow_on(kfp_
     assert result["outputs"]["tags"] == ["a b", "c"]
     assert result["outputs"]["extra"] == {"k": "v w"}
     assert result["outputs"]["debug"] == "True"
-    assert not Path("/tmp/pwned").exists()
+    assert not PWNED.exists()
 
 
 def test_a_step_that_fails_once_recovers_exactly_once(kfp_local: Path) -> None:

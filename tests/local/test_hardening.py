@@ -338,15 +338,17 @@ def test_a_rank_that_writes_20_mib_and_dies_loses_no_line(log_dir: Path) -> None
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory(log_dir: Path) -> None:
-    import glob
+def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory(
+    log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
-    def ours() -> set[str]:
-        tmp = tempfile.gettempdir()
-        return set(glob.glob(f"{tmp}/torchstep-run-*")) | set(glob.glob(f"{tmp}/torchstep-launch-*"))
-
-    before = ours()
+    # this run's own temporary directory (the launcher's and every agent's): what other
+    # torchstep runs on the machine leave in the shared one is not this run's leftover
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     code = "import os, signal, time\ntime.sleep(1)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(60)\n"
     r = specs.Role("w", image="x", entrypoint="python", args=["-c", code])
     result = torchstep.run_local(specs.AppDef("killed", roles=[r]), log_dir=str(log_dir))
@@ -354,7 +356,7 @@ def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory
     (replica_file,) = list((log_dir / result.app_id).glob("w/0/result.json"))
     saved = json.loads(replica_file.read_text())
     assert saved["state"] == "FAILED" and saved["replicas"][0]["state"] == "FAILED"
-    assert ours() - before == set()
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("torchstep-")) == []
 
 
 @pytest.mark.timeout(300)

@@ -5,6 +5,7 @@ non-retryable failure), a timeout that leaves no process behind, the artifacts' 
 
 # No `from __future__ import annotations`: Prefect reads the flows' annotations.
 import json
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -21,7 +22,10 @@ from torchstep_prefect import StepFailed, app_task, torchstep_task  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ROOT / "tests" / "apps" / "steps.py"
 ECHO, FLAKY, SLEEPER = (f"{STEPS}:{name}" for name in ("echo", "flaky", "sleeper"))
-TEXT = "{{ params.lr }} $(touch /tmp/pwned) `id` ; python3"
+#: The canary an injected shell would create: unique to this session, so a file some other
+#: run on the machine left in the shared temporary directory is never taken for ours.
+PWNED = Path(tempfile.gettempdir()) / f"torchstep-pwned-{uuid.uuid4().hex[:12]}"
+TEXT = "{{ params.lr }} $(touch " + str(PWNED) + ") `id` ; python3"
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -54,7 +58,7 @@ def test_flow_parameters_reach_the_component_and_the_artifacts_show_the_step() -
     assert result["state"] == "SUCCEEDED"
     out = result["outputs"]
     assert out["lr"] == 0.7 and out["name"] == TEXT and out["tags"] == ["a b", "c"] and out["extra"] == {"k": "v w"}
-    assert not Path("/tmp/pwned").exists()
+    assert not PWNED.exists()
     ranks = Artifact.get("echo-step-ranks")
     rows = json.loads(ranks.data) if isinstance(ranks.data, str) else ranks.data
     assert [(r["role"], r["replica"], r["rank"], r["state"], r["exit_code"]) for r in rows] == [
