@@ -55,6 +55,16 @@ def flaky(marker: str, fail_times: int = 1, max_retries: int = 1, non_retryable:
     return specs.AppDef("flaky", roles=[role])
 
 
+def missing_script(path: str) -> specs.AppDef:
+    """Run a script that does not exist: python says so on stderr and exits 2 (no traceback).
+
+    Args:
+        path: the script that is not there
+    """
+    role = specs.Role("trainer", image="python:3.11", entrypoint=sys.executable, args=[path])
+    return specs.AppDef("missing", roles=[role])
+
+
 def nodes(replicas: int = 2, nproc_per_node: int = 1, image: str = "ghcr.io/acme/train:1") -> specs.AppDef:
     """A multi-node job (a KFP launcher step).
 

@@ -109,6 +109,24 @@ def test_a_non_retryable_failure_fails_the_pipeline_without_a_second_attempt(kfp
     assert marker.read_text().count("attempt") == 1
 
 
+def test_a_failed_step_logs_its_root_cause_by_its_last_meaningful_line(
+    kfp_local: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A missing script: the step's log says python's "can't open file", not "exited with code 2"."""
+    missing = component_from_fn(f"{APPS / 'steps.py'}:missing_script", path="")
+    script = kfp_local / "missing.py"
+
+    @dsl.pipeline
+    def pipe(path: str):
+        missing(path=path)
+
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        pipe(path=str(script))
+    out, err = capfd.readouterr()
+    (line,) = [x for x in (out + err).splitlines() if "FAILED (exit code 2); root cause: trainer/0 rank 0: " in x]
+    assert f"can't open file '{script}'" in line
+
+
 def test_the_example_pipeline_trains_with_two_ddp_processes_and_evaluates(tmp_path: Path) -> None:
     root = tmp_path / "root"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -116,6 +116,21 @@ def test_a_non_retryable_failure_is_not_retried(tmp_path: Path) -> None:
     assert marker.read_text().count("attempt") == 1
 
 
+def test_step_failed_names_the_root_cause_by_its_last_meaningful_line(tmp_path: Path) -> None:
+    """A missing script: StepFailed says python's "can't open file", not "exited with code 2"."""
+    missing = app_task(f"{STEPS}:missing_script", defaults={"path": ""})
+
+    @flow
+    def pipeline(path: str) -> dict:
+        return missing(path=path)
+
+    with pytest.raises(StepFailed) as e:
+        pipeline(path=str(tmp_path / "missing.py"))
+    text = str(e.value)
+    assert "FAILED (exit code 2); root cause: trainer/0 rank 0: " in text
+    assert f"can't open file '{tmp_path / 'missing.py'}'" in text
+
+
 def test_a_task_timeout_stops_every_process_and_the_run_ends_timed_out() -> None:
     mark = f"prefect-timeout-{uuid.uuid4().hex[:8]}"
     # long enough for both replicas to start all their processes on a loaded 2-core machine

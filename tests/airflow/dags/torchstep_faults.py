@@ -52,3 +52,16 @@ with DAG("torchstep_failing", schedule=None, params={"state_dir": ""}, tags=["to
 
 with DAG("torchstep_hang", schedule=None, params={"state_dir": ""}, tags=["torchstep-test"]) as hang:
     AppDefOperator(task_id="hang", app=faulty, app_args={"mode": "hang", "state_dir": STATE, "nproc": 2})
+
+
+def missing_script(path: str) -> specs.AppDef:
+    """A step whose script does not exist: python says so on stderr and exits 2 (no traceback).
+
+    Args:
+        path: the script that is not there
+    """
+    return specs.AppDef("missing", roles=[specs.Role("trainer", image="", entrypoint="python", args=[path])])
+
+
+with DAG("torchstep_missing_script", schedule=None, params={"state_dir": ""}, tags=["torchstep-test"]) as missing:
+    AppDefOperator(task_id="missing", app=missing_script, app_args={"path": STATE + "/missing.py"})
