@@ -191,6 +191,29 @@ def test_log_tee_prefixes_whole_lines_and_drains_at_stop(tmp_path) -> None:
     assert dst.getvalue() == "[r/0] hello world\n[r/0] progress 100%\n[r/0] no newline at the end\n"
 
 
+def test_a_worker_being_started_is_never_taken_for_an_adopted_orphan() -> None:
+    """Between torch's fork of a worker and the agent watching its pid, the orphan sweeper
+    (the agent is a subreaper) must not adopt it (it did under load: a WARNING "adopted 2
+    orphaned process(es)" naming the two workers of a replica)."""
+    from torchstep.agent.procs import ExitWatcher, OrphanSweeper, Reaper
+
+    exits = ExitWatcher()
+    sweeper = OrphanSweeper(Reaper(results=[], run_dir=None), exits)
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        with exits.starting():
+            children.append(subprocess.Popen(["sleep", "30"]))  # forked, not watched yet
+            assert children[0].pid not in sweeper.sweep()
+            exits.watch(children[0].pid)
+        assert children[0].pid not in sweeper.sweep()  # watched: a worker
+        children.append(subprocess.Popen(["sleep", "30"]))  # nobody watches it: an orphan
+        assert children[1].pid in sweeper.sweep()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
 def test_torchrun_shim_runs_the_agent() -> None:
     from torchstep.agent import shims_dir
 

@@ -266,7 +266,10 @@ class TorchstepAgent(LocalElasticAgent):
         )
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        pids = super()._start_workers(worker_group)
+        with self._exits.starting():  # until each new worker is watched, none is taken for an adopted orphan
+            pids = super()._start_workers(worker_group)
+            for pid in pids.values():
+                self._exits.watch(pid)
         attempt = self.attempts[-1]
         pcontext = self._pcontext
         if pcontext is not None:
@@ -283,7 +286,6 @@ class TorchstepAgent(LocalElasticAgent):
         for local_rank, pid in pids.items():
             w = attempt.workers[local_rank]
             w.pid = pid
-            self._exits.watch(pid)
             try:
                 w.own_group = os.getpgid(pid) == pid
             except ProcessLookupError:

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,12 +166,30 @@ class ExitWatcher:
     def __init__(self) -> None:
         self._exits: dict[int, ExitInfo] = {}
         self._watched: set[int] = set()
+        self._starting = 0
         self._cond = threading.Condition()
 
     def watched(self, pid: int) -> bool:
         """Whether ``pid`` is one of ours (a worker), as opposed to an adopted orphan."""
         with self._cond:
             return pid in self._watched
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Workers are being started and not all of them watched yet: meanwhile no child is
+        taken for an adopted orphan (:meth:`busy`)."""
+        with self._cond:
+            self._starting += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._starting -= 1
+
+    def busy(self) -> bool:
+        """Whether workers are being started right now (see :meth:`starting`)."""
+        with self._cond:
+            return self._starting > 0
 
     def watch(self, pid: int) -> None:
         with self._cond:
@@ -261,7 +281,9 @@ class OrphanSweeper:
 
     def sweep(self) -> list[int]:
         """Register the adopted children not seen before; returns them."""
-        new = []
+        new: list[int] = []
+        if self._exits.busy():  # a worker just forked and not watched yet is no orphan
+            return new
         me = os.getpid()
         with self._lock:
             for pid in children_of(me):
