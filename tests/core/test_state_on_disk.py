@@ -228,28 +228,34 @@ def test_private_dir_checks_the_directories_that_already_exist(tmp_path: Path, w
     )
 
 
-@pytest.mark.parametrize(
-    "url",
-    ["http://127.0.0.1:8080", "https://kfp.example.com/", "http://u:p@h", "http://h/?a=1", "http://h/#f", "ftp://h",
-     "http://", "http://[::1", "http://h x", "https://[::1]:8443/api", "file:///etc/passwd", "h:80"],
-)  # fmt: skip
-def test_a_records_endpoint_rule_is_the_submit_rule(url: str) -> None:
-    """records cannot call ``base.check_endpoint`` (base imports records): the two agree."""
-    from torchstep.errors import SpecError
-    from torchstep.schedulers import base
+def test_every_schedulers_credential_option_is_checked_again_in_its_record() -> None:
+    """A record is re-checked on the keys that name credential variables: each scheduler's
+    option of that kind must be one of them (a new one missed here would be sent unchecked)."""
+    import importlib
 
-    try:
-        base.check_endpoint(url, "cfg['endpoint']", None, fix="-")
-        on_submit = True
-    except SpecError:
-        on_submit = False
-    assert (records._url_problem(url) is None) == on_submit
+    from torchstep.schedulers.rules import CREDENTIAL_VARS
+
+    tables = {}
+    for module in ("torchstep_airflow.torchx_scheduler", "torchstep_prefect.torchx_scheduler",
+                   "torchstep_kfp.torchx_scheduler"):  # fmt: skip
+        try:
+            tables[module] = importlib.import_module(module).OPTIONS
+        except ImportError:  # an adapter not installed (isolated installs)
+            continue
+    named = {
+        key
+        for table in tables.values()
+        for key, (_, _, text) in table.items()
+        if "NAME of the environment variable" in text
+    }
+    assert named and named <= CREDENTIAL_VARS
 
 
-@pytest.mark.parametrize(
-    "name", ["AIRFLOW_API_TOKEN", "_X", "X1", "x", "ghp_abc", "A-B", "1A", "A" * 128, "A" * 129, ""]
-)
-def test_a_records_variable_name_rule_is_the_submit_rule(name: str) -> None:
-    from torchstep.schedulers import base
-
-    assert bool(records._ENV_NAME.fullmatch(name)) == bool(base.SECRET_VAR.fullmatch(name))
+def test_a_record_whose_step_options_end_in_env_is_still_read(tmp_path: Path) -> None:
+    """Only credential options are variable names: ``inherit_env`` (a bool the local
+    scheduler stores) is not refused as one."""
+    records.save("torchstep_local", "echo-1", {"cfg": {"inherit_env": False}, "token_env": "MY_TOKEN"}, root=tmp_path)
+    assert records.load("torchstep_local", "echo-1", root=tmp_path)["cfg"] == {"inherit_env": False}
+    records.save("airflow", "echo-2", {"endpoint": "http://127.0.0.1:1", "token_env": "ghp_abc"}, root=tmp_path)
+    with pytest.raises(UnsafePathError, match="token_env"):
+        records.load("airflow", "echo-2", root=tmp_path)

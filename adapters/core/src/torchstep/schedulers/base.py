@@ -50,15 +50,12 @@ from torchstep.errors import SpecError
 from torchstep.plan.limits import MAX_SECONDS
 from torchstep.plan.names import is_dns_label, short_id
 from torchstep.plan.options import OptionTable, parse_options, to_runopts
+from torchstep.schedulers.rules import SECRET_VAR, url_problem
 
 #: How often a following ``log_iter`` / a waiting caller polls the orchestrator.
 POLL_INTERVAL_S = 1.0
 #: Where an orchestrator scheduler runs the step (the generic DAG's and flow's ``target``).
 STEP_TARGETS = ("local", "kubernetes")
-#: The one rule for the name of a variable holding a credential: upper case, as POSIX names
-#: the variables of the environment. A secret pasted in its place (``ghp_...``, ``pnu_...``,
-#: a JWT) has lower-case letters or dots and is refused without being repeated.
-SECRET_VAR = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
 class SchedulerError(RuntimeError):
@@ -104,21 +101,12 @@ def parse(cfg: Mapping[str, Any], table: OptionTable, *, scheduler: str, target:
 
 def check_endpoint(url: str, field: str, target: str | None, *, fix: str) -> str:
     """``url`` without its trailing ``/``; a SpecError naming ``field`` unless it is an
-    http(s) URL with a host and without credentials, query or fragment — a record or a dry
-    run must never hold a password (the URL itself is then not repeated either)."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # "http://[::1" and the like
-        raise SpecError(field, target, "is not an http(s) URL (not shown)", fix=fix) from None
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise SpecError(
-            field, target, "must be an http(s) URL with no credentials, query or fragment (a URL with credentials, "
-            "not shown)", fix=fix,
-        )  # fmt: skip
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
-        raise SpecError(field, target, f"{url!r} is not an http(s) URL", fix=fix)
+    http(s) URL with a host and without credentials, query or fragment
+    (:func:`torchstep.schedulers.rules.url_problem`) — a record or a dry run must never hold
+    a password (the URL itself is then not repeated either)."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise SpecError(field, target, problem, fix=fix)
     return url.rstrip("/")
 
 

@@ -35,15 +35,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from torchstep.files import UnsafePathError, check_private_tree, private_dir, read_private, state_root, write_private
+from torchstep.schedulers.rules import CREDENTIAL_VARS, SECRET_VAR, url_problem
 
 _APP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,250}")
-#: What a credential variable's name may be: ``torchstep.schedulers.base.SECRET_VAR``, the
-#: rule every scheduler checks on submit (this module cannot import ``base``, which imports
-#: it; tests/core/test_state_on_disk.py checks that the two rules agree).
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
 def check_app_id(app_id: str) -> str:
@@ -101,18 +97,19 @@ def app_ids(backend: str, *, root: str | os.PathLike[str] | None = None) -> list
 def check_record(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """The checks a scheduler made before it stored ``record``, made again on reading it:
     every ``endpoint`` / ``*_endpoint`` value is an http(s) URL with a host and without
-    credentials, query or fragment (``torchstep.schedulers.base.check_endpoint``'s rule);
-    every ``*_env`` value is the *name* of an environment variable (``base.SECRET_VAR``'s
-    rule). A record failing them
+    credentials, query or fragment, and every credential option (``token_env``,
+    ``api_key_env``... :data:`~torchstep.schedulers.rules.CREDENTIAL_VARS`) holds the *name*
+    of an environment variable — the rules of :mod:`torchstep.schedulers.rules` that every
+    scheduler checks on submit. A record failing them
     was not written by a scheduler: :class:`~torchstep.files.UnsafePathError` naming
     ``path`` and the key (never the value: it may be a secret)."""
     for key, value in _items(record):
         if value is None:
             continue
         if key == "endpoint" or key.endswith("_endpoint"):
-            problem = _url_problem(value)
-        elif key.endswith("_env"):
-            ok = isinstance(value, str) and _ENV_NAME.fullmatch(value)
+            problem = url_problem(value)
+        elif key in CREDENTIAL_VARS:
+            ok = isinstance(value, str) and SECRET_VAR.fullmatch(value)
             problem = None if ok else "is not the name of an environment variable (value not shown)"
         else:
             continue
@@ -121,25 +118,6 @@ def check_record(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
                 path, f"{key!r} {problem}: no torchstep scheduler stores that, so it is not trusted",
                 "remove the record (and submit again: records are written by `torchx run` only)",
             )  # fmt: skip
-
-
-def _url_problem(value: Any) -> str | None:
-    """Why ``value`` is not an endpoint a scheduler accepts on submit (``None``: it is).
-    The rule of ``torchstep.schedulers.base.check_endpoint``, which this module cannot
-    import (``base`` imports this module)."""
-    if not isinstance(value, str) or any(c.isspace() for c in value):
-        return "is not an http(s) URL"
-    try:
-        parts = urlsplit(value)
-        host = parts.hostname
-        has_auth = bool(parts.username or parts.password)
-    except ValueError:
-        return "is not an http(s) URL"
-    if has_auth or parts.query or parts.fragment:
-        return "is a URL with credentials, a query or a fragment (not shown)"
-    if parts.scheme not in ("http", "https") or not host:
-        return "is not an http(s) URL"
-    return None
 
 
 def _items(value: Any) -> Iterator[tuple[str, Any]]:
