@@ -24,8 +24,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
     "AppDefOperator": "torchstep_airflow.operators",
@@ -42,6 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # written once, in pyproject.toml
+        from importlib.metadata import version
+
+        return version("torchstep-airflow")
     if name not in _LAZY:
         raise AttributeError(f"module 'torchstep_airflow' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,7 +1,9 @@
 """Airflow provider metadata of torchstep-airflow (entry point ``apache_airflow_provider``).
 
 Import-free on purpose: Airflow calls this in every process that discovers providers
-(scheduler, dag-processor, workers, ``airflow providers list``).
+(scheduler, dag-processor, workers, ``airflow providers list``). No ``versions`` key:
+Airflow takes the provider's version from the distribution's metadata (written once, in
+pyproject.toml).
 
 Example::
 
@@ -17,7 +19,6 @@ def get_provider_info() -> dict:
         "name": "torchstep",
         "description": "Run TorchX AppDefs as Airflow tasks under torchstep's embedded elastic agent "
         "(locally in the worker or on Kubernetes).",
-        "versions": ["0.1.0"],
         "operators": [
             {
                 "integration-name": "torchstep",

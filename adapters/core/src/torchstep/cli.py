@@ -5,6 +5,7 @@
     torchstep render REF --namespace NS [-- component args]
     torchstep runopts {local,kubernetes}
     torchstep builtins
+    torchstep --version
 
 REF is anything :func:`torchstep.materialize` takes: ``path/file.py:fn``,
 ``package.module:fn`` or a TorchX builtin such as ``dist.ddp``.
@@ -63,9 +64,26 @@ def builtins_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def version_line(prog: str) -> str:
+    """What ``--version`` prints: the program and the version of the installed ``torchstep``
+    distribution (read from its metadata; the version is written once, in pyproject.toml).
+
+    Example::
+
+        >>> version_line("torchstep").split()[0]
+        'torchstep'
+    """
+    from importlib.metadata import version
+
+    return f"{prog} {version('torchstep')}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"explain": explain_main, "runopts": runopts_main, "builtins": builtins_main}
+    if argv == ["--version"]:
+        print(version_line("torchstep"))
+        return 0
     if not argv or argv[0] in ("-h", "--help") or (argv[0] not in commands and argv[0] not in SUBCOMMANDS):
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2

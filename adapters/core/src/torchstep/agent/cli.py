@@ -180,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     The exit skips the interpreter's teardown (with torch loaded it takes 0.3-1 s of the
     step's wall time); everything is flushed and written first. Use :func:`run` to embed.
     """
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # before torch loads
+        from importlib.metadata import version
+
+        print(f"torchstep-agent {version('torchstep')}")
+        sys.exit(0)
     code = run(argv)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
