@@ -10,8 +10,9 @@ UV_VERSION := 0.13.8
 ADAPTERS := core airflow kfp prefect
 PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
+export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit test-isolated bench system-deps lock clean
+.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve bench system-deps lock clean
 
 env: $(STAMP)
 
@@ -42,11 +43,27 @@ typecheck: $(STAMP)
 unit: $(STAMP) system-deps
 	$(BIN)/pytest
 
-test: lint typecheck unit test-isolated
+test: lint typecheck unit test-wheels
 
-# Each adapter alone in a fresh venv with the newest versions its ranges allow.
-test-isolated: $(STAMP)
-	$(BIN)/python tools/test_isolated.py core core-nightly airflow kfp prefect
+# An sdist and a wheel of each distribution in dist/, checked as PyPI would check them.
+dist: $(STAMP)
+	rm -rf dist
+	for a in $(ADAPTERS); do $(BIN)/python -m build -q --installer uv --outdir dist adapters/$$a >/dev/null || exit 1; done
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/check-wheel-contents dist/*.whl
+
+# Each adapter's wheel (with core's) in a fresh venv with the newest versions its ranges
+# allow, its unit tests and its example run from outside the repository; core against a
+# pinned torchx-nightly too.
+test-wheels: dist
+	$(BIN)/python tools/test_wheels.py airflow kfp prefect core core-nightly
+
+# The documentation site in site/ (strict: no broken link, anchor or reference), and served.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
@@ -56,4 +73,4 @@ lock: $(STAMP)
 	$(BIN)/uv pip compile -q --python-version 3.11 requirements/dev.in -o requirements/dev.lock
 
 clean:
-	rm -rf $(VENV) .venv-isolated .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-isolated dist site .pytest_cache .mypy_cache .ruff_cache
