@@ -13,11 +13,15 @@ Importing this package imports neither torch nor kfp (kfp loads when a function 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["StepComponent", "apply_plan", "component_from_app", "component_from_fn", "plan_of"]
 _FROM = {"apply_plan": "tasks", "plan_of": "tasks", "component_from_app": "components",
          "component_from_fn": "components", "StepComponent": "components"}  # fmt: skip
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API reference only
+    from torchstep_kfp.components import StepComponent, component_from_app, component_from_fn
+    from torchstep_kfp.tasks import apply_plan, plan_of
 
 
 def __getattr__(name: str) -> Any:

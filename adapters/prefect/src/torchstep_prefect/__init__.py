@@ -13,11 +13,15 @@ Importing this package imports neither torch nor prefect (they load when a funct
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["StepFailed", "app_task", "base_job_template", "job_variables", "torchstep_task"]
 _FROM = {"app_task": "tasks", "torchstep_task": "tasks", "StepFailed": "tasks",
          "job_variables": "deploy", "base_job_template": "deploy"}  # fmt: skip
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API reference only
+    from torchstep_prefect.deploy import base_job_template, job_variables
+    from torchstep_prefect.tasks import StepFailed, app_task, torchstep_task
 
 
 def __getattr__(name: str) -> Any:
