@@ -12,7 +12,7 @@ PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve bench system-deps lock clean
+.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench system-deps lock clean
 
 env: $(STAMP)
 
@@ -43,7 +43,7 @@ typecheck: $(STAMP)
 unit: $(STAMP) system-deps
 	$(BIN)/pytest
 
-test: lint typecheck unit test-wheels
+test: lint typecheck unit test-wheels docs-examples
 
 # An sdist and a wheel of each distribution in dist/, checked as PyPI would check them.
 dist: $(STAMP)
@@ -64,6 +64,11 @@ docs: $(STAMP)
 
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+# Every code block of README.md and docs/*.md that claims to run, run as written (those that
+# cannot run here are marked in the source; the listing says how many and why).
+docs-examples: $(STAMP)
+	$(BIN)/python tools/doc_blocks.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
