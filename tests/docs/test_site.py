@@ -1,7 +1,7 @@
 """The documentation site builds strictly (no broken link, anchor or cross-reference; every
 page of docs/ in the navigation) and its API reference shows every public name: each name
-in the ``__all__`` of ``torchstep``, ``torchstep.kubernetes``, ``torchstep.steps`` and the
-three adapters has its own entry, with its signature. ``make docs`` builds the same site."""
+in the ``__all__`` of ``torchstep``, ``torchstep.kubernetes``, ``torchstep.steps``,
+``torchstep.policy`` and the three adapters has its own entry, with its signature. ``make docs`` builds the same site."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ REFERENCE = {
     "torchstep": "torchstep",
     "torchstep.kubernetes": "kubernetes",
     "torchstep.steps": "steps",
+    "torchstep.policy": "policy",
     "torchstep_airflow": "airflow",
     "torchstep_kfp": "kfp",
     "torchstep_prefect": "prefect",
