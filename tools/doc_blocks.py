@@ -99,7 +99,8 @@ def blocks(path: Path) -> list[Block]:
         saved = SAVE_AS.search(prose[-1]) if prose and m.group("lang") == "python" else None
         rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
         if rel in RUN_BY and skip is None and m.group("lang") in RUN:
-            skip = ("elsewhere", f"the page runs as written in {RUN_BY[rel]}")
+            missing = "" if (ROOT / RUN_BY[rel]).exists() else " (NOT IN THIS TREE: nothing runs the page)"
+            skip = ("elsewhere", f"the page runs as written in {RUN_BY[rel]}{missing}")
         found.append(Block(rel, line, m.group("lang"), m.group("body"), skip, saved.group(1) if saved else None))
     return found
 
@@ -115,7 +116,10 @@ def console_script(body: str) -> str:
 
 
 def shown_output(body: str) -> list[str]:
-    """The output lines a console block shows (what is not a command)."""
+    """The output lines a console block shows (what is not a command; a block without
+    ``$ `` prompts is all commands)."""
+    if not any(line.startswith("$ ") for line in body.splitlines()):
+        return []
     shown, going_on = [], False
     for line in body.splitlines():
         if line.startswith("$ ") or going_on:
@@ -304,6 +308,9 @@ def main(argv: list[str]) -> int:
           f"(output, data), {len(failed)} failed")  # fmt: skip
     for r in sorted(skipped):
         print(f"  skipped, {r}: {REASONS[r]}")
+    for page, test in RUN_BY.items():
+        if not (ROOT / test).exists():
+            print(f"  WARNING: {page} is left to {test}, which this tree does not have")
     return 1 if failed else 0
 
 

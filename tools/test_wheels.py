@@ -64,7 +64,6 @@ class Env:
     module: str  # the package the user imports
     report: list[str]  # distributions whose versions the summary shows
     torch: bool = True
-    extra: list[str] = field(default_factory=list)  # further requirements
     tests: list[str] = field(default_factory=list)  # test paths, relative to the repository
 
 
@@ -229,7 +228,7 @@ class Check:
             self.step("install core", [*install, "--no-deps", *wheels], cwd=home, env=env)
         else:
             torch = [self.torch_req] if self.env.torch else []
-            self.step("install", [*install, *wheels, *torch, *TOOLS, *self.env.extra], cwd=home, env=env)
+            self.step("install", [*install, *wheels, *torch, *TOOLS], cwd=home, env=env)
 
     def probe(self, home: Path) -> None:
         dists = {DIST_NAMES[d]: (MODULES[d], version_of(d)) for d in self.env.dists}

@@ -87,3 +87,4 @@ def test_a_console_block_shows_output_that_the_commands_print() -> None:
     assert doc_blocks.unmatched(shown, printed) is None
     assert doc_blocks.unmatched(shown, "- '{\"a\":1}'\n# kfp run: echo-x1y2z3\n") == shown[1]  # out of order
     assert doc_blocks.unmatched(["# kfp run: echo-pedkrf"], "# kfp run: train-x1y2z3\n") is not None
+    assert doc_blocks.shown_output("export A=1\nairflow db migrate\n") == []  # no prompts: all commands
