@@ -1,4 +1,5 @@
-"""Run every code block of README.md and docs/*.md that claims to run, as written.
+"""Run every code block of README.md, docs/*.md and adapters/*/README.md (the long
+descriptions on PyPI) that claims to run, as written.
 
 Per page, in the page's order, from a directory that stands for the clone's root (the
 repository's ``.venv``, copies of ``components/`` and ``dags/``; its own HOME, state,
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("adapters/*/README.md"))]
 REASONS = {
     "cluster": "needs a Kubernetes cluster (kubectl, a Job on a cluster, an image)",
     "server": "needs a running orchestrator server or endpoint (Airflow API, Prefect server, KFP)",
