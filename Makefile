@@ -48,7 +48,8 @@ test: lint typecheck unit test-wheels docs-examples
 # An sdist and a wheel of each distribution in dist/, checked as PyPI would check them.
 dist: $(STAMP)
 	rm -rf dist
-	for a in $(ADAPTERS); do $(BIN)/python -m build -q --installer uv --outdir dist adapters/$$a >/dev/null || exit 1; done
+	for a in $(ADAPTERS); do out=$$($(BIN)/python -m build --installer uv --outdir dist adapters/$$a 2>&1) || { echo "$$out"; exit 1; }; done
+	ls dist
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/check-wheel-contents dist/*.whl
 
