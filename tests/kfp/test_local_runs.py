@@ -17,6 +17,7 @@ import pytest
 
 kfp = pytest.importorskip("kfp")
 from kfp import dsl, local  # noqa: E402
+from torchstep import SpecError  # noqa: E402
 from torchstep_kfp import component_from_fn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,17 @@ def test_pipeline_parameters_reach_the_step_at_run_time_and_outputs_flow_on(kfp_
     assert result["outputs"]["extra"] == {"k": "v w"}
     assert result["outputs"]["debug"] == "True"
     assert not PWNED.exists()
+
+
+def test_a_misspelt_input_names_the_inputs_there_are(kfp_local: Path) -> None:
+    echo = component_from_fn(ECHO)
+    with pytest.raises(
+        SpecError, match=r"has no parameter 'lrr'; fix: use one of: lr, epochs, name.*did you mean 'lr'"
+    ):
+
+        @dsl.pipeline
+        def pipe() -> dict:
+            return echo(lrr=0.1).outputs["result"]
 
 
 def test_a_step_that_fails_once_recovers_exactly_once(kfp_local: Path) -> None:

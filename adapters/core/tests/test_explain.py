@@ -142,7 +142,7 @@ def test_cli_explain_rejection_and_bad_component() -> None:
     assert rejected.returncode == 2 and "REJECTED" in rejected.stdout
     bad = subprocess.run([*CLI, "explain", "dist.ddp", "-t", "kfp", "--", "--nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "torchstep explain: error: component: dist.ddp:" in bad.stderr and "fix:" in bad.stderr
+    assert "torchstep explain: error: component.nope: dist.ddp has no parameter 'nope'; fix: use one of:" in bad.stderr
 
 
 def test_cli_builtins_lists_the_torchx_builtins() -> None:

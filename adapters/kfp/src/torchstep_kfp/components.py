@@ -152,7 +152,12 @@ class StepComponent(ContainerComponent):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from kfp import dsl
         from kfp.dsl import pipeline_context
+        from torchstep.components.materialize import unknown_parameter
 
+        inputs = self.component_spec.inputs or {}
+        for key in kwargs:  # before KFP's TypeError, which names no parameter
+            if key not in inputs:
+                raise unknown_parameter(self.name, key, [n for n in inputs if n not in _RESERVED], target=TARGET)
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         if is_launcher(self.plan):  # only a launcher names Jobs after the task
