@@ -24,7 +24,9 @@ Example::
     >>> r.retry.owner.value  # max_retries=0: nobody retries
     'none'
     >>> sorted({d.action for d in plan_decisions(torchstep.materialize("utils.echo", []), "kfp")})
-    ['honoured']
+    ['honoured', 'warning']
+    >>> [(w.field, w.fix[:30]) for w in plan.warnings]  # TorchX's default image has no torchstep
+    [('roles[0].image', 'build an image FROM it with `p')]
 """
 
 from __future__ import annotations
