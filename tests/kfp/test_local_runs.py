@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,22 @@ def test_a_downstream_task_reads_the_result_with_the_types_of_its_schema(kfp_loc
     assert seen["typed"] == want, seen
     assert seen["replica"] == ["int", "int", "int"] and seen["rank"] == ["int", "int", "int"], seen
     assert seen["typed_dict"]["exit_code"] == 0 and seen["typed_dict"]["state"] == "SUCCEEDED"
+
+
+def test_kfp_local_does_not_warn_about_the_steps_image(kfp_local: Path) -> None:
+    """The SubprocessRunner runs a step in this machine's Python: KFP's RuntimeWarning about a
+    "custom or non-Python base image" (once per task) would tell the user to use Docker."""
+    echo = component_from_fn(ECHO, image="ghcr.io/acme/train:1")
+
+    @dsl.pipeline
+    def pipe() -> dict:
+        first = echo(lr=0.1)
+        return echo(lr=0.2).after(first).outputs["result"]
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert pipe().output["state"] == "SUCCEEDED"
+    assert not [w for w in seen if "base image" in str(w.message)], [str(w.message) for w in seen]
 
 
 def test_a_misspelt_input_names_the_inputs_there_are(kfp_local: Path) -> None:

@@ -59,6 +59,8 @@ _LIGHTWEIGHT_SCRIPT = (
     '_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main --component_module_path "$program_path/ephemeral_component.py" "$@"\n'
 )
 _LIGHTWEIGHT_SOURCE = "from torchstep_kfp.entry import kfp_local_step as torchstep_step\n"
+#: The image named by the SubprocessRunner's form of a step: the Python it really runs in.
+_THIS_PYTHON = f"python:{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def component_from_app(app: Any, **options: Any) -> StepComponent:
@@ -181,6 +183,9 @@ class StepComponent(ContainerComponent):
             container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step",
                               *(container.args or [])]  # fmt: skip
             container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
+            # This form runs in this machine's Python, never in an image: name that, or the
+            # runner warns about the step's image ("custom or non-Python base image") per task.
+            container.image = _THIS_PYTHON
             self._local = ContainerComponent(spec, self.pipeline_func)
         return self._local
 
