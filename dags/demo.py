@@ -152,7 +152,8 @@ LEGEND = """\
   retries     times the orchestrator retried prepare after its planned failure (1 expected; under
               kfp.local, which ignores set_retry, the step spent the same budget itself)
   wall (s)    wall time of the faults run, the orchestrator's start-up included
-  accuracy    held-out accuracy of the trained model (chance is 0.25)
+  accuracy    held-out accuracy of the trained model (chance is 0.25); KFP's train step is one
+              pod of 2 processes, the others' 2 nodes of 2: other batches, another number
   orphans     processes of the three runs still alive once each run ended (0 expected)
   root cause  what the failed train step of the non-retryable run reports (it failed at once)"""
 
@@ -311,6 +312,9 @@ class Demo:
                 self.index.append({"orchestrator": name, "scenario": scenario, "step": step, "try": n,
                                    "state": result.get("state", "no result"), "app_id": run_dir.name,
                                    "folder": dest.relative_to(self.logs).as_posix()})  # fmt: skip
+        for empty in (runs, *list(runs.parents)[:3]):  # runs/<name>/<scenario>/torchstep, once moved
+            with contextlib.suppress(OSError):
+                empty.rmdir()
 
     def write_index(self) -> Path:
         lines = [
@@ -332,6 +336,9 @@ class Demo:
                                                    e["step"], e["try"])):  # fmt: skip
             lines.append(f"| {e['orchestrator']} | {e['scenario']} | {e['step']} | {e['try']} | {e['state']} | "
                          f"{e['folder']}/ |")  # fmt: skip
+        if any(e["state"] == "no result" for e in self.index):
+            lines += ["", "`no result`: the step was stopped before it wrote its `result.json`; its replicas' "
+                      "`<role>/<replica>/result.json` and logs are there."]  # fmt: skip
         index = self.logs / "INDEX.md"
         index.write_text("\n".join(lines) + "\n")
         return index

@@ -101,3 +101,18 @@ def test_the_quick_demo_survives_every_fault_on_all_three_orchestrators(tmp_path
         assert "[train/" in (logs / name / "faults" / f"{name}.log").read_text(), name
     leftovers = [p.name for p in logs.iterdir() if p.name not in ("INDEX.md", "airflow", "kfp", "prefect")]
     assert not leftovers, leftovers
+
+
+def test_the_readme_shows_the_demos_legend_and_columns() -> None:
+    """The README's copy of the demo's table explains the same columns in the same words."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "dags" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(demo)  # type: ignore[union-attr]
+    readme = (ROOT / "README.md").read_text()
+    assert demo.LEGEND in readme
+    for column in COLUMNS:
+        assert re.search(rf"^\s+{re.escape(column)}\s+\S", demo.LEGEND, re.M), column
+    header = next(line for line in readme.splitlines() if line.startswith("┃ orchestrator"))
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["orchestrator", *COLUMNS[:-1], "non-retryable root cause"]
