@@ -3,7 +3,7 @@ decided, and :func:`plan_decisions`, the row per field behind :func:`torchstep.e
 
 The planner walks the app (name, metadata, roles) and hands each field group of a role to
 its rule module in :mod:`torchstep.plan.rules`, a set of plain functions that record one
-decision per field (honoured / ignored / rejected) on a :class:`Recorder`:
+decision per field (honoured / warning / ignored / rejected) on a :class:`Recorder`:
 
 - :mod:`~torchstep.plan.rules.command`: name, image, base_image, entrypoint, args, env, macros;
 - :mod:`~torchstep.plan.rules.replicas`: num_replicas, min_replicas, processes per replica,
