@@ -11,7 +11,13 @@ On each orchestrator:
 3. a run cancelled mid-epoch (SIGINT to the orchestrator's process): no process left.
 
 Every process of a run carries ``TORCHSTEP_DEMO_MARK`` in its environment; /proc is checked
-for survivors after each run. Ends with a summary table; exits 1 if any expectation fails.
+for survivors after each run. Ends with a summary table and a legend of its columns; exits 1
+if any expectation fails. When the output is not a terminal, a long wait prints a progress
+line every 10 s.
+
+The logs of every run go under ``<state>/logs/``: ``<orchestrator>/<scenario>/<orchestrator>.log``
+(what the orchestrator printed) and ``<orchestrator>/<scenario>/<step>/try<N>/`` (torchstep's run
+directory of each try of each step), listed in ``<state>/logs/INDEX.md``.
 
 Usage: ``python dags/demo.py [--quick] [--only airflow,kfp,prefect]``.
 """
@@ -19,12 +25,14 @@ Usage: ``python dags/demo.py [--quick] [--only airflow,kfp,prefect]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -103,10 +111,11 @@ def run_kfp(conf: dict[str, Any]) -> dict[str, Any]:
     return {"ok": all(t["state"] == "SUCCEEDED" for t in tasks.values()), "tasks": tasks}
 
 
-def runner_main(name: str, conf_json: str) -> None:
+def runner_main(name: str, conf_json: str, summary_file: str) -> None:
     conf = json.loads(conf_json)
     summary = {"airflow": run_airflow, "kfp": run_kfp, "prefect": run_prefect}[name](conf)
-    print(SUMMARY + json.dumps(summary, default=str), flush=True)
+    # beside the orchestrator's own output, which goes to the scenario's log whole
+    Path(summary_file).write_text(json.dumps(summary, default=str))
 
 
 # -- the demo: runs every scenario in child processes and checks what happened -----------------
@@ -126,32 +135,74 @@ def marked(mark: str) -> list[int]:
     return found
 
 
-def orphans_after(mark: str, wait_s: float = 15.0) -> int:
-    deadline = time.monotonic() + wait_s
-    while marked(mark) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = marked(mark)
-    for pid in left:  # never leave them running, but count them
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(left)
+#: scenario -> what it does (the index of the logs folder says it too)
+SCENARIOS = {
+    "faults": "prepare fails once, rank 1 of train is killed mid-epoch 1: both survived",
+    "non-retryable": "train raises NonRetryableError: the run fails at once, no retry",
+    "cancel": "the orchestrator's process gets SIGINT mid-epoch: no process may be left",
+}
+#: Seconds without output after which a long wait prints a progress line (output not a terminal).
+PROGRESS_EVERY_S = 10.0
+
+LEGEND = """\
+  steps       torchstep steps of the pipeline that ran (prepare, train, evaluate); Airflow's DAG
+              also runs publish_model, a plain @task that emits the model as an Airflow Asset
+  restarts    rounds in which torchstep's agent restarted train's worker group after rank 1 was
+              killed (1 expected: training resumed from the epoch's checkpoint, no step retry)
+  retries     times the orchestrator retried prepare after its planned failure (1 expected; under
+              kfp.local, which ignores set_retry, the step spent the same budget itself)
+  wall (s)    wall time of the faults run, the orchestrator's start-up included
+  accuracy    held-out accuracy of the trained model (chance is 0.25); KFP's train step is one
+              pod of 2 processes, the others' 2 nodes of 2: other batches, another number
+  orphans     processes of the three runs still alive once each run ended (0 expected)
+  root cause  what the failed train step of the non-retryable run reports (it failed at once)"""
+
+
+class Progress:
+    """What the demo is doing: a spinner on a terminal; otherwise (``make demo > file``, CI)
+    a line when a phase starts and a line every :data:`PROGRESS_EVERY_S` of a long wait."""
+
+    def __init__(self, console: Any, status: Any) -> None:
+        self.console = console
+        self.status = status  # None when the output is not a terminal
+        self.phase = ""
+        self.started = self.last = time.monotonic()
+
+    def update(self, phase: str) -> None:
+        """A new phase (``"kfp, faults: what it does …"``; a wait's lines name what is before the ":")."""
+        self.phase, self.started = phase, time.monotonic()
+        if self.status is not None:
+            self.status.update(phase)
+        else:
+            self.say(f"  {phase}")
+
+    def tick(self) -> None:
+        """Called while waiting: prints that the phase goes on, at most every PROGRESS_EVERY_S."""
+        if self.status is None and time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            label = self.phase.partition(":")[0]
+            self.say(f"    {label}: still running ({time.monotonic() - self.started:.0f} s)")
+
+    def say(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+        self.last = time.monotonic()
 
 
 class Demo:
-    def __init__(self, quick: bool, state: Path) -> None:
+    def __init__(self, quick: bool, state: Path, progress: Progress) -> None:
         self.quick = quick
         self.state = state
+        self.logs = state / "logs"
+        self.progress = progress
         self.sizes = {"samples": 400 if quick else 2000, "epochs": 2 if quick else 4}
         self.failures: list[str] = []
         self.rows: list[dict[str, Any]] = []
+        self.index: list[dict[str, Any]] = []
 
-    def env(self, name: str, mark: str) -> dict[str, str]:
+    def env(self, name: str, mark: str, torchstep_state: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_"))}
         bin_dir = str(Path(sys.executable).parent)
         env.update({
-            MARK_ENV: mark, "XDG_STATE_HOME": str(self.state / "torchstep"),
+            MARK_ENV: mark, "XDG_STATE_HOME": str(torchstep_state or self.state / "runs"),
             "PATH": os.pathsep.join([bin_dir, env.get("PATH", "")]), "PYTHONPATH": str(ROOT),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts are reliable with it
         })  # fmt: skip
@@ -167,8 +218,17 @@ class Demo:
     def setup(self, name: str) -> None:
         if name == "airflow" and not (self.state / "airflow" / ".migrated").exists():
             (self.state / "airflow").mkdir(parents=True, exist_ok=True)
-            subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=self.env(name, "-"),
-                           check=True, capture_output=True, timeout=300)  # fmt: skip
+            self.progress.update("airflow: creating its database (airflow db migrate) …")
+            airflow = str(Path(sys.executable).with_name("airflow"))
+            proc = subprocess.Popen([airflow, "db", "migrate"], env=self.env(name, "-"), stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            deadline = time.monotonic() + 300
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                self.progress.tick()
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if proc.returncode:
+                raise SystemExit(f"airflow db migrate failed ({proc.returncode}):\n{err[-3000:]}")
             (self.state / "airflow" / ".migrated").touch()
 
     def conf(self, name: str, workdir: Path, **faults: Any) -> dict[str, Any]:
@@ -179,81 +239,158 @@ class Demo:
             conf["nnodes"] = "2"
         return conf
 
-    def run(self, name: str, conf: dict[str, Any], mark: str, *, cancel: bool = False) -> tuple[dict | None, float]:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--runner", name, json.dumps(conf)]
-        Path(conf["workdir"]).mkdir(parents=True, exist_ok=True)
-        log = open(Path(conf["workdir"]) / f"{name}.log", "w")
+    def run(self, name: str, scenario: str, mark: str, *, cancel: bool = False,
+            **faults: Any) -> tuple[dict | None, float]:  # fmt: skip
+        """One run of the pipeline in a child process; its output goes to the scenario's log,
+        torchstep's run directories to ``logs/<name>/<scenario>/<step>/try<N>``."""
+        self.progress.update(f"{name}, {scenario}: {SCENARIOS[scenario]} …")
+        workdir = self.state / "work" / name / scenario
+        runs = self.state / "runs" / name / scenario  # XDG_STATE_HOME of the run: torchstep's logs
+        logs = self.logs / name / scenario
+        for d in (workdir, runs, logs):
+            d.mkdir(parents=True, exist_ok=True)
+        conf = self.conf(name, workdir, **faults)
+        summary_file = workdir / "summary.json"
+        argv = [sys.executable, str(Path(__file__).resolve()), "--runner", name, json.dumps(conf), str(summary_file)]
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, env=self.env(name, mark), stdout=subprocess.PIPE, stderr=log, text=True,
-                                cwd=ROOT, start_new_session=True)  # fmt: skip
-        if cancel:  # wait for the first checkpoint: the next epoch is running
-            ckpt = Path(conf["workdir"]) / "ckpt" / "last.pt"
-            deadline = time.monotonic() + 300
-            while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(0.5)
-            os.kill(proc.pid, signal.SIGINT)  # the orchestrator's process only: what it does must stop the rest
-        try:
-            out, _ = proc.communicate(timeout=900)
-        finally:
-            log.close()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        lines = [x for x in out.splitlines() if x.startswith(SUMMARY)]
-        return (json.loads(lines[-1][len(SUMMARY) :]) if lines else None), time.monotonic() - t0
+        with open(logs / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(argv, env=self.env(name, mark, runs), stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, start_new_session=True)  # fmt: skip
+            try:
+                if cancel:  # wait for the first checkpoint: the next epoch is running
+                    self.wait(proc, lambda: (workdir / "ckpt" / "last.pt").exists(), 300)
+                    time.sleep(0.5)
+                    os.kill(proc.pid, signal.SIGINT)  # the orchestrator's process only: it must stop the rest
+                self.wait(proc, lambda: False, 900)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        wall = time.monotonic() - t0
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+        self.collect_logs(name, scenario, runs / "torchstep")
+        return summary, wall
+
+    def wait(self, proc: subprocess.Popen, done: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            self.progress.tick()
+
+    def orphans_after(self, mark: str, wait_s: float = 15.0) -> int:
+        """The processes of a run still alive ``wait_s`` after it ended (then killed)."""
+        deadline = time.monotonic() + wait_s
+        while marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            self.progress.tick()
+        left = marked(mark)
+        for pid in left:  # never leave them running, but count them
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(left)
+
+    def collect_logs(self, name: str, scenario: str, runs: Path) -> None:
+        """Move torchstep's run directories (``<app>-<hash>``, one per try of a step) to
+        ``logs/<name>/<scenario>/<step>/try<N>`` and note each in the index."""
+        tries: dict[str, list[tuple[float, Path, dict]]] = {}
+        for run_dir in runs.iterdir() if runs.is_dir() else []:
+            if not run_dir.is_dir():
+                continue
+            try:
+                result = json.loads((run_dir / "result.json").read_text())
+            except (OSError, ValueError):
+                result = {}
+            started = result.get("started_at") or run_dir.stat().st_mtime
+            tries.setdefault(run_dir.name.rpartition("-")[0] or run_dir.name, []).append((started, run_dir, result))
+        for step, found in tries.items():
+            for n, (_, run_dir, result) in enumerate(sorted(found, key=lambda t: t[0]), start=1):
+                dest = self.logs / name / scenario / step / f"try{n}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                run_dir.rename(dest)
+                self.index.append({"orchestrator": name, "scenario": scenario, "step": step, "try": n,
+                                   "state": result.get("state", "no result"), "app_id": run_dir.name,
+                                   "folder": dest.relative_to(self.logs).as_posix()})  # fmt: skip
+        for empty in (runs, *list(runs.parents)[:3]):  # runs/<name>/<scenario>/torchstep, once moved
+            with contextlib.suppress(OSError):
+                empty.rmdir()
+
+    def write_index(self) -> Path:
+        lines = [
+            "# torchstep demo: the logs of every run",
+            "",
+            "`<orchestrator>/<scenario>/<orchestrator>.log`: everything the orchestrator printed (its task logs,",
+            "every rank's lines prefixed `[role/rank]`). `<orchestrator>/<scenario>/<step>/try<N>/`: torchstep's",
+            "run directory of one try of one step (named `<step>-<hash>` while it ran): `result.json` (the step",
+            "result), `<role>/<replica>/agent.log`, `console.log` and `attempt_<k>/rank<r>.log` (one per rank",
+            "and agent restart).",
+            "",
+            "Scenarios: " + "; ".join(f"`{k}`: {v}" for k, v in SCENARIOS.items()) + ".",
+            "",
+            "| orchestrator | scenario | step | try | state | folder |",
+            "|---|---|---|---|---|---|",
+        ]
+        order = {n: i for i, n in enumerate([*ORCHESTRATORS, *SCENARIOS, "prepare", "train", "evaluate"])}
+        for e in sorted(self.index, key=lambda e: (*(order.get(e[k], 9) for k in ("orchestrator", "scenario", "step")),
+                                                   e["step"], e["try"])):  # fmt: skip
+            lines.append(f"| {e['orchestrator']} | {e['scenario']} | {e['step']} | {e['try']} | {e['state']} | "
+                         f"{e['folder']}/ |")  # fmt: skip
+        if any(e["state"] == "no result" for e in self.index):
+            lines += ["", "`no result`: the step was stopped before it wrote its `result.json`; its replicas' "
+                      "`<role>/<replica>/result.json` and logs are there."]  # fmt: skip
+        index = self.logs / "INDEX.md"
+        index.write_text("\n".join(lines) + "\n")
+        return index
 
     def expect(self, ok: bool, what: str) -> bool:
         if not ok:
             self.failures.append(what)
         return ok
 
-    def orchestrator(self, name: str, status: Any) -> None:
+    def orchestrator(self, name: str) -> None:
         self.setup(name)
-        base = Path(tempfile.mkdtemp(prefix=f"demo-{name}-", dir=self.state))
         row: dict[str, Any] = {"orchestrator": name}
         # 1. faults survived
-        status.update(f"{name}: prepare fails once, rank 1 killed mid-epoch 1 …")
         mark = uuid.uuid4().hex
-        summary, wall = self.run(
-            name, self.conf(name, base / "faults", fail_once=True, kill_rank=1, kill_at_epoch=1), mark
-        )
-        orphans = orphans_after(mark)
+        summary, wall = self.run(name, "faults", mark, fail_once=True, kill_rank=1, kill_at_epoch=1)
+        orphans = self.orphans_after(mark)
         tasks = (summary or {}).get("tasks", {})
         train = ((tasks.get("train") or {}).get("result") or {}).get("outputs", {})
         evaluate = ((tasks.get("evaluate") or {}).get("result") or {}).get("outputs", {})
         history = train.get("history", [])
-        restarts = max((h["restart"] for h in history), default=0)
-        retries = (tasks.get("prepare") or {}).get("tries", 1) - 1
+        restarts = max((int(h["restart"]) for h in history), default=0)
+        retries = int((tasks.get("prepare") or {}).get("tries", 1)) - 1
         accuracy = evaluate.get("accuracy")
-        self.expect(bool(summary and summary.get("ok")), f"{name}: the faults run failed (see {base / 'faults'})")
+        where = self.logs / name / "faults"
+        self.expect(bool(summary and summary.get("ok")), f"{name}: the faults run failed (see {where})")
         self.expect(restarts == 1, f"{name}: expected one restart round of the agent, got {restarts}")
         self.expect(train.get("first_epoch") == 1 and [h["epoch"] for h in history] == list(range(self.sizes["epochs"])),
                     f"{name}: training did not resume at the killed epoch: {history}")  # fmt: skip
         self.expect(retries == 1, f"{name}: expected prepare to be retried exactly once, got {retries}")
         self.expect(accuracy is not None and accuracy > 0.25 + 0.3, f"{name}: accuracy {accuracy} does not beat chance")
         # 2. non-retryable
-        status.update(f"{name}: a non-retryable error …")
         mark2 = uuid.uuid4().hex
-        bad, _ = self.run(name, self.conf(name, base / "non-retryable", non_retryable=True), mark2)
+        bad, _ = self.run(name, "non-retryable", mark2, non_retryable=True)
         bad_train = ((bad or {}).get("tasks") or {}).get("train") or {}
         root_cause = ((bad_train.get("result") or {}).get("root_cause") or {}).get("message") or "(see the log)"
         self.expect(bool(bad) and not bad.get("ok") and bad_train.get("tries", 1) == 1,
                     f"{name}: the non-retryable run was retried or did not fail: {bad_train.get('tries')}")  # fmt: skip
-        orphans += orphans_after(mark2)
+        orphans += self.orphans_after(mark2)
         # 3. cancelled mid-epoch
-        status.update(f"{name}: cancelled mid-epoch …")
         mark3 = uuid.uuid4().hex
-        self.run(name, self.conf(name, base / "cancel", epochs=10_000), mark3, cancel=True)
-        orphans += orphans_after(mark3)
+        self.run(name, "cancel", mark3, cancel=True, epochs=10_000)
+        orphans += self.orphans_after(mark3)
         self.expect(orphans == 0, f"{name}: {orphans} process(es) outlived their run")
-        row.update({"steps": len(tasks), "restarts": restarts, "retries": retries, "wall": wall, "accuracy": accuracy,
-                    "orphans": orphans, "root_cause": root_cause[:60], "logs": str(self.state / "torchstep")})  # fmt: skip
+        steps = sum(1 for t in tasks.values() if isinstance(t.get("result"), dict) and "schema" in t["result"])
+        row.update({"steps": steps, "restarts": restarts, "retries": retries, "wall": wall, "accuracy": accuracy,
+                    "orphans": orphans, "root_cause": textwrap.shorten(root_cause, 160, placeholder=" …")})  # fmt: skip
         self.rows.append(row)
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--runner":
-        runner_main(sys.argv[2], sys.argv[3])
+        runner_main(sys.argv[2], sys.argv[3], sys.argv[4])
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes (CI)")
@@ -263,32 +400,28 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    tty = sys.stdout.isatty()
+    console = Console(width=None if tty else 120)
     state = Path(a.state or tempfile.mkdtemp(prefix="torchstep-demo-"))
-    demo = Demo(a.quick, state)
-    console.print(f"[bold]torchstep demo[/]: batch training on {a.only.replace(',', ', ')} — state in {state}")
-    with console.status("starting …") as status:
-        for name in a.only.split(","):
+    names = a.only.split(",")
+    console.print(f"[bold]torchstep demo[/]: batch training on {', '.join(names)} — state in {state}")
+    with console.status("starting …") if tty else contextlib.nullcontext() as status:
+        demo = Demo(a.quick, state, Progress(console, status))
+        for name in names:
             t0 = time.monotonic()
-            demo.orchestrator(name, status)
-            console.print(f"  {name}: done in {time.monotonic() - t0:.0f} s")
+            demo.orchestrator(name)
+            demo.progress.say(f"  {name}: done in {time.monotonic() - t0:.0f} s")
     table = Table(title="torchstep demo: faults injected and survived")
-    for col in (
-        "orchestrator",
-        "steps",
-        "restarts",
-        "retries",
-        "wall (s)",
-        "accuracy",
-        "orphans",
-        "non-retryable root cause",
-    ):
+    for col in ("orchestrator", "steps", "restarts", "retries", "wall (s)", "accuracy", "orphans"):
         table.add_column(col)
+    table.add_column("non-retryable root cause", max_width=44)  # wraps at words
     for r in demo.rows:
         table.add_row(r["orchestrator"], str(r["steps"]), str(r["restarts"]), str(r["retries"]), f"{r['wall']:.0f}",
                       f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-", str(r["orphans"]), r["root_cause"])  # fmt: skip
     console.print(table)
-    console.print(f"logs: {state / 'torchstep'}")
+    console.print(LEGEND, highlight=False)
+    console.print(f"logs: {demo.logs} — <orchestrator>/<scenario>/<step>/try<N>, listed in {demo.write_index()}",
+                  highlight=False)  # fmt: skip
     for failure in demo.failures:
         console.print(f"[red]FAILED[/] {failure}")
     return 1 if demo.failures else 0

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 
 from kfp import local
 
@@ -21,6 +22,10 @@ def main() -> int:
     p.add_argument("--pipeline-root", default=None, help="where kfp.local keeps outputs (default: a new temp dir)")
     a = p.parse_args()
     root = a.pipeline_root or tempfile.mkdtemp(prefix="kfp-local-")
+    # prepare and evaluate name the example's image (it has kfp, torchstep and the code);
+    # the SubprocessRunner runs them in this Python, which has the same, and would warn once
+    # per task that the image is not a Python image. torchstep's own steps do not warn.
+    warnings.filterwarnings("ignore", "You may be attemping to run a task that uses custom or non-Python base image")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from train_pipeline import train_pipeline  # after local.init (see the module docstring)

@@ -61,6 +61,12 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def env_of_home():
+    """:func:`airflow_env` for a test's own home (a DagBag parse needs no database)."""
+    return airflow_env
+
+
 def make_home(prefix: str) -> Path:
     home = Path(tempfile.mkdtemp(prefix=prefix))
     (home / "dags").mkdir()

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
 
 kfp = pytest.importorskip("kfp")
 from kfp import dsl, local  # noqa: E402
+from torchstep import SpecError  # noqa: E402
 from torchstep_kfp import component_from_fn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +70,74 @@ def test_pipeline_parameters_reach_the_step_at_run_time_and_outputs_flow_on(kfp_
     assert result["outputs"]["extra"] == {"k": "v w"}
     assert result["outputs"]["debug"] == "True"
     assert not PWNED.exists()
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def result_types(result: dict) -> str:
+    """What a downstream task gets: the result as KFP hands it, and read with the schema."""
+    import json
+
+    from torchstep import StepResult
+
+    typed = StepResult.from_dict(result).to_dict()
+
+    def types(d: dict) -> dict:
+        return {k: type(d[k]).__name__ for k in ("exit_code", "attempts", "restarts", "schema", "duration_s")}
+
+    rep = typed["replicas"][0]
+    return json.dumps(
+        {
+            "given": types(result),
+            "typed": types(typed),
+            "typed_dict": typed,
+            "replica": [type(rep[k]).__name__ for k in ("replica_id", "exit_code", "restarts")],
+            "rank": [type(rep["ranks"][0][k]).__name__ for k in ("rank", "local_rank", "exit_code")],
+        }
+    )
+
+
+def test_a_downstream_task_reads_the_result_with_the_types_of_its_schema(kfp_local: Path) -> None:
+    """KFP carries a dict output as a protobuf Struct, whose numbers are doubles: under
+    kfp.local every int of the result reaches the next task as a float (0.0). The result's
+    reader, ``StepResult.from_dict``, gives them back as the schema declares them."""
+    echo = component_from_fn(ECHO)
+
+    @dsl.pipeline
+    def pipe() -> str:
+        return result_types(result=echo(lr=0.3).outputs["result"]).output
+
+    seen = json.loads(pipe().output)
+    want = {"exit_code": "int", "attempts": "int", "restarts": "int", "schema": "int", "duration_s": "float"}
+    assert seen["typed"] == want, seen
+    assert seen["replica"] == ["int", "int", "int"] and seen["rank"] == ["int", "int", "int"], seen
+    assert seen["typed_dict"]["exit_code"] == 0 and seen["typed_dict"]["state"] == "SUCCEEDED"
+
+
+def test_kfp_local_does_not_warn_about_the_steps_image(kfp_local: Path) -> None:
+    """The SubprocessRunner runs a step in this machine's Python: KFP's RuntimeWarning about a
+    "custom or non-Python base image" (once per task) would tell the user to use Docker."""
+    echo = component_from_fn(ECHO, image="ghcr.io/acme/train:1")
+
+    @dsl.pipeline
+    def pipe() -> dict:
+        first = echo(lr=0.1)
+        return echo(lr=0.2).after(first).outputs["result"]
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert pipe().output["state"] == "SUCCEEDED"
+    assert not [w for w in seen if "base image" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_a_misspelt_input_names_the_inputs_there_are(kfp_local: Path) -> None:
+    echo = component_from_fn(ECHO)
+    with pytest.raises(
+        SpecError, match=r"has no parameter 'lrr'; fix: use one of: lr, epochs, name.*did you mean 'lr'"
+    ):
+
+        @dsl.pipeline
+        def pipe() -> dict:
+            return echo(lrr=0.1).outputs["result"]
 
 
 def test_a_step_that_fails_once_recovers_exactly_once(kfp_local: Path) -> None:

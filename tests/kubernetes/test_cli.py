@@ -53,6 +53,57 @@ def test_render_notes_and_errors(capsys, tmp_path):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
+def test_render_warns_of_an_image_without_torchstep_and_image_replaces_every_one(capsys, tmp_path, check):
+    ddp = ["--", "-j", "2x4", "--script", "train.py"]
+    assert torchstep_main(["render", "dist.ddp", "-n", "ml", *ddp]) == 0
+    out, err = capsys.readouterr()
+    assert "image: ghcr.io/pytorch/torchx:0.7.0" in out  # still rendered: the objects are valid
+    assert err.startswith("torchstep render: warning: roles[0].image: 'ghcr.io/pytorch/torchx:0.7.0' has no torchstep")
+    assert (
+        "python -m torchstep.launch" in err
+        and 'fix: build an image FROM it with `pip install "torchstep[agent]"`' in err
+    )
+    # the component's own --image (dist.ddp takes one), or render's --image: no warning
+    assert torchstep_main(["render", "dist.ddp", "-n", "ml", *ddp, "--image", "ghcr.io/acme/train:1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "image: ghcr.io/acme/train:1" in out
+    comp = tmp_path / "two.py"
+    comp.write_text(
+        "from torchx import specs\n"
+        "def app() -> specs.AppDef:\n"
+        "    return specs.AppDef('a', [specs.Role('t', 'ghcr.io/pytorch/torchx:0.7.0', entrypoint='python'),\n"
+        "                              specs.Role('s', 'pytorch/pytorch:2.5.0', entrypoint='python')])\n"
+    )
+    assert torchstep_main(["render", f"{comp}:app"]) == 0
+    assert capsys.readouterr().err.count("has no torchstep") == 2  # one warning per role
+    assert torchstep_main(["render", f"{comp}:app", "--image", "registry.example.com/ml/train:2"]) == 0
+    out, err = capsys.readouterr()
+    objs = list(yaml.safe_load_all(out))
+    pods = [o["spec"]["template"]["spec"] if o["kind"] == "Job" else o["spec"] for o in objs if o["kind"] != "Service"]
+    images = [c["image"] for pod in pods for c in pod["containers"]]
+    assert err == "" and images == ["registry.example.com/ml/train:2"] * 2
+    rendered = torchstep.kubernetes.render_app(
+        torchstep.materialize(f"{comp}:app"), namespace="default", cfg={"run_id": "r"}
+    )
+    check(rendered)  # strict schema validation of what the warning did not change
+    assert torchstep_main(["render", f"{comp}:app", "--image", " "]) == 2
+    assert "--image" in capsys.readouterr().err
+
+
+def test_render_refuses_a_local_directory_as_the_image(capsys, tmp_path):
+    comp = tmp_path / "comp.py"
+    comp.write_text(
+        "from torchx import specs\n"
+        "def app(image: str = '.') -> specs.AppDef:\n"
+        "    return specs.AppDef('a', [specs.Role('t', image, entrypoint='python')])\n"
+    )
+    assert torchstep_main(["render", f"{comp}:app"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "roles[0].image (target 'kubernetes'): '.' is a path on this machine" in err
+    assert "fix: build an image with your code" in err
+    assert torchstep_main(["render", f"{comp}:app", "--image", "ghcr.io/acme/app:1"]) == 0
+
+
 def test_runopts(capsys):
     opts = runopts()
     assert {name: opt.default for name, opt in opts} == {name: default for name, (_, default, _) in _OPTS.items()}

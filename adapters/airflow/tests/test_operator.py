@@ -143,7 +143,7 @@ def test_task_torchstep_makes_an_appdef_task_from_a_component_function():
 
 
 def test_decorator_errors_name_the_parameter():
-    with DAG("d", schedule=None), pytest.raises(TypeError, match="unexpected keyword"):
+    with DAG("d", schedule=None), pytest.raises(TypeError, match="has no parameter 'nope'; fix: use one of: msg"):
 
         @task.torchstep
         def train(msg: str = "hi") -> specs.AppDef:

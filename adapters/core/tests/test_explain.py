@@ -40,7 +40,9 @@ def test_ddp_table_has_a_row_per_field(target: str) -> None:
     app = torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"])
     text = torchstep.explain(app, target)
     head = text.splitlines()[0]
-    assert head == f"torchstep explain: app 'train' on target '{target}' — OK"
+    # TorchX's default image has no torchstep: a warning wherever an image is pulled
+    status = "OK" if target == "local" else "1 warning(s)"
+    assert head == f"torchstep explain: app 'train' on target '{target}' — {status}"
     table = rows(text)
     for field in (
         "name",
@@ -68,7 +70,7 @@ def test_ddp_table_has_a_row_per_field(target: str) -> None:
     ):
         assert field in table, f"no row for {field}:\n{text}"
     assert table["roles[0].num_replicas"][0] == "2"
-    assert table["roles[0].image"][1] == ("ignored" if target == "local" else "yes")
+    assert table["roles[0].image"][1] == ("ignored" if target == "local" else "WARNING")
     assert all(len(line) <= 120 for line in text.splitlines())
 
 
@@ -100,7 +102,7 @@ def test_explain_works_in_any_import_order() -> None:
     # importing the table module first must not shadow the function
     code = (
         "import torchstep.plan.explain, torchstep\n"
-        "app = torchstep.materialize('utils.echo', [])\n"
+        "app = torchstep.materialize('utils.echo', ['--image', 'ghcr.io/acme/echo:1'])\n"
         "print(torchstep.explain(app, 'kfp').splitlines()[0])\n"
         "from torchstep.plan.explain import explain\n"
         "print(explain(app, 'local').splitlines()[0])\n"
@@ -126,7 +128,8 @@ def test_importing_torchstep_does_not_import_torch() -> None:
 
 # ---- the command line ---------------------------------------------------------------------------
 def test_cli_explain_ddp_on_kfp() -> None:
-    argv = [*CLI, "explain", "dist.ddp", "--target", "kfp", "--", "-j", "2x2", "--script", "train.py"]
+    argv = [*CLI, "explain", "dist.ddp", "--target", "kfp", "--", "-j", "2x2", "--script", "train.py",
+            "--image", "ghcr.io/acme/train:1"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)
@@ -142,7 +145,39 @@ def test_cli_explain_rejection_and_bad_component() -> None:
     assert rejected.returncode == 2 and "REJECTED" in rejected.stdout
     bad = subprocess.run([*CLI, "explain", "dist.ddp", "-t", "kfp", "--", "--nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "torchstep explain: error: component: dist.ddp:" in bad.stderr and "fix:" in bad.stderr
+    assert "torchstep explain: error: component.nope: dist.ddp has no parameter 'nope'; fix: use one of:" in bad.stderr
+
+
+def test_cli_explain_says_what_happens_to_an_image_that_is_a_local_directory(tmp_path) -> None:
+    """``image="."`` (the local target's working directory) cannot be pulled by a cluster:
+    rejected on kubernetes (rendered objects only run on a cluster); on KFP a warning,
+    because kfp.local's SubprocessRunner runs the step on this machine in that directory."""
+    (tmp_path / "comp.py").write_text(
+        "import torchx.specs as specs\n\n\n"
+        'def hello(image: str = ".") -> specs.AppDef:\n'
+        '    """Hello.\n\n    Args:\n        image: image\n    """\n'
+        '    return specs.AppDef("hello", [specs.Role("w", image=image, entrypoint="echo", args=["hi"])])\n'
+    )
+
+    def explain(target: str, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = [*CLI, "explain", "comp.py:hello", "--target", target, "--", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    kubernetes = explain("kubernetes")
+    assert kubernetes.returncode == 2 and "— 1 field(s) rejected" in kubernetes.stdout.splitlines()[0]
+    value, action, becomes = rows(kubernetes.stdout)["roles[0].image"]
+    assert (value, action) == (".", "REJECTED")
+    assert "path on this machine, not an image a cluster can pull" in becomes
+    assert "fix: build an image with your code and `pip install" in becomes
+    kfp = explain("kfp")
+    assert kfp.returncode == 0 and kfp.stdout.splitlines()[0].endswith("— 1 warning(s)"), kfp.stdout
+    value, action, becomes = rows(kfp.stdout)["roles[0].image"]
+    assert (value, action) == (".", "WARNING") and "kfp.local's SubprocessRunner runs the step here" in becomes
+    assert "fix: for a cluster: build an image" in becomes
+    local = explain("local")
+    assert local.stdout.splitlines()[0].endswith("— OK") and rows(local.stdout)["roles[0].image"][1] == "yes"
+    for target in ("kubernetes", "kfp"):  # an image reference: no word about it
+        assert explain(target, "--image", "registry.example.com/team/hello:1").stdout.splitlines()[0].endswith("OK")
 
 
 def test_cli_builtins_lists_the_torchx_builtins() -> None:

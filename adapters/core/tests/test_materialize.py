@@ -3,6 +3,7 @@ as ``torchx run`` parses them, and every failure a SpecError (never SystemExit).
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,7 @@ def spec_error(component: Any, args: Any = None, **kwargs: Any) -> torchstep.Spe
 @pytest.mark.parametrize(
     ("argv", "detail"),
     [
-        (["--script", "t.py", "--nope"], "unrecognized arguments: --nope"),
+        (["--script", "t.py", "--nope"], "has no parameter 'nope'; fix: use one of: script_args, script, m,"),
         (["--script", "t.py", "--max_retries", "many"], "invalid int value: 'many'"),
         (["-j", "2x2"], "exactly one of --script and -m"),  # the component's own check
         (["--help"], "--help is not a component argument"),
@@ -155,6 +156,67 @@ def spec_error(component: Any, args: Any = None, **kwargs: Any) -> torchstep.Spe
 def test_bad_arguments_never_exit(argv: list[str], detail: str) -> None:
     e = spec_error("dist.ddp", argv)
     assert detail in str(e)
+
+
+# ---- typos in argument names: never abbreviated, always the list of parameters --------------------
+def _from_module(comp_dir: Path) -> Any:
+    from ts_test_pkg.train import trainer
+
+    return trainer
+
+
+@pytest.mark.parametrize("ref", ["comps.py:trainer", "ts_test_pkg.train:trainer", "callable"])
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["--epoch", "3"], "epoch"),  # a prefix of --epochs: TorchX's argparse took it as --epochs
+        (["--e", "3"], "e"),
+        (["--epochs=2", "--l=0.5"], "l"),
+        (["--epcohs", "5"], "epcohs"),
+        (["--lr", "-0.5", "--debgu", "True"], "debgu"),
+    ],
+)
+def test_a_misspelt_or_shortened_name_is_an_error_that_lists_the_parameters(
+    comp_dir: Path, ref: str, argv: list[str], name: str
+) -> None:
+    component = _from_module(comp_dir) if ref == "callable" else ref
+    e = spec_error(component, argv)
+    assert isinstance(e, torchstep.components.materialize.UnknownParameterError)
+    assert e.field == f"component.{name}"
+    assert f"has no parameter '{name}'; fix: use one of: script_args, lr, epochs, image, tags, env, debug, name" in str(
+        e
+    )
+
+
+def test_a_builtin_takes_whole_names_only() -> None:
+    # TorchX's own parser reads --nam as --name: here a name is given whole or not at all
+    e = spec_error("dist.ddp", ["--script", "t.py", "--nam", "x"])
+    assert e.field == "component.nam" and "(did you mean 'name'?)" in str(e)
+    e = spec_error("utils.echo", ["--num_replica", "2"])
+    assert "has no parameter 'num_replica'; fix: use one of: msg, image, num_replicas" in str(e)
+    assert "did you mean 'num_replicas'?" in str(e)
+    # whole names, "=" and short options still parse as torchx run parses them
+    app = torchstep.materialize("dist.ddp", ["-j2x1", "--script=t.py", "--name", "x"])
+    assert app.roles[0].num_replicas == 2 and app.name == "x"
+
+
+def test_the_same_words_on_every_path(comp_dir: Path) -> None:
+    words = "has no parameter 'stpes'; fix: use one of: script_args, lr, epochs"
+    assert words in str(spec_error("comps.py:trainer", ["--stpes", "5"]))
+    assert words in str(spec_error("comps.py:trainer", {"stpes": 5}))
+    assert words in str(spec_error("comps.py:trainer", stpes=5))
+    with pytest.raises(torchstep.SpecError, match=re.escape(words)):
+        torchstep.components.materialize.static_values(
+            "comps.py:trainer", {"stpes": 5}, target="kfp", builder="component_from_fn"
+        )
+
+
+def test_torchx_own_parser_is_left_as_it_is(comp_dir: Path) -> None:
+    """``torchx run`` in a process that also uses torchstep keeps TorchX's behaviour."""
+    torchstep.materialize("comps.py:trainer", ["--epochs", "2"])  # installs torchstep's parser cache
+    from torchx.specs.builders import parse_args
+
+    assert parse_args(_from_module(comp_dir), ["--epoch", "3"]).epochs == 3
 
 
 def test_missing_required_argument(comp_dir: Path) -> None:

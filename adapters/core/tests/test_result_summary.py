@@ -45,3 +45,30 @@ def test_long_messages_are_shortened_to_fit() -> None:
 def test_text_that_is_not_a_summary_reads_as_none() -> None:
     for text in (None, "", "Traceback (most recent call last):", "[1, 2]", '{"state": "FAILED"}'):
         assert StepResult.from_summary(text) is None
+
+
+def _numbers_as_doubles(value: object) -> object:
+    """What a store of doubles makes of a result (a KFP STRUCT parameter, protobuf Value)."""
+    if isinstance(value, dict):
+        return {k: _numbers_as_doubles(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_as_doubles(v) for v in value]
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def test_from_dict_gives_back_the_types_of_the_schema() -> None:
+    original = failed({"loss": 0.5})
+    original.duration_s, original.started_at = 4.0, 1700000000.0
+    doubled = _numbers_as_doubles(original.to_dict())
+    assert isinstance(doubled, dict) and doubled["exit_code"] == 3.0 and isinstance(doubled["exit_code"], float)
+    back = StepResult.from_dict(doubled)
+    assert back == original and back.root_cause is not None
+    for value, kind in ((back.exit_code, int), (back.restarts, int), (back.attempts, int), (back.schema, int),
+                        (back.replicas[0].replica_id, int), (back.ranks[0].rank, int), (back.ranks[0].local_rank, int),
+                        (back.root_cause.exit_code, int), (back.retryable, bool)):  # fmt: skip
+        assert type(value) is kind, (value, kind)
+    # a JSON writer that drops ".0" (Go's protojson on a KFP cluster): floats stay floats
+    dropped = {**original.to_dict(), "duration_s": 4, "started_at": 1700000000}
+    again = StepResult.from_dict(dropped)
+    assert type(again.duration_s) is float and type(again.started_at) is float
+    assert json.dumps(again.to_dict()) == json.dumps(original.to_dict())

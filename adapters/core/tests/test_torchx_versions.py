@@ -17,7 +17,7 @@ DIST = [name for name in ("dist.ddp", "dist.torchrun") if name in get_components
 @pytest.mark.parametrize("name", DIST)
 @pytest.mark.parametrize("target", TARGETS)
 def test_torchrun_builtins_plan_with_their_own_torchrun(name: str, target: str) -> None:
-    app = torchstep.materialize(name, ["-j", "2x2", "--script", "train.py"])
+    app = torchstep.materialize(name, ["-j", "2x2", "--script", "train.py", "--image", "ghcr.io/acme/train:1"])
     role = torchstep.build_plan(app, target).roles[0]
     assert (role.uses_torchrun, role.nproc_per_node, role.nnodes) == (True, 2, "2")
     assert "OK" in torchstep.explain(app, target).splitlines()[0]

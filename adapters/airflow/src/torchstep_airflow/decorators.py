@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+from torchstep.components.materialize import check_parameter_names
 from torchstep.errors import SpecError
 
 from torchstep_airflow.operators import AppDefOperator
@@ -50,6 +51,8 @@ class _TorchstepDecoratedOperator(DecoratedOperator, AppDefOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.pop("multiple_outputs", None)  # the result is one dict (the step result)
+        # before Airflow binds the call (its TypeError names no parameter): the words of every path
+        check_parameter_names(python_callable, op_kwargs or {})
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,

@@ -134,9 +134,16 @@ class AppDefOperator(BaseOperator):
         # Templated arguments are unknown until the task runs. Plan with stand-ins, only to
         # read the retry budget now: the component's defaults for them, else "0" (which
         # TorchX parses as str, int, float or bool). execute() checks the rendered AppDef.
+        # The names are not templates: a name the component lacks is a DAG import error.
+        from torchstep.components.materialize import UnknownParameterError, check_parameter_names
+
+        if isinstance(args, Mapping):
+            check_parameter_names(component, args)
         for stand_in in _stand_ins(args):
             try:
                 return _plan(component, stand_in, self.target)
+            except UnknownParameterError:
+                raise
             except SpecError:
                 continue
         return None

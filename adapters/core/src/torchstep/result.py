@@ -175,9 +175,8 @@ class StepResult:
         d = dict(data)
         rc = d.pop("root_cause", None)
         reps = d.pop("replicas", [])
-        known = {f.name for f in dataclasses.fields(cls)}
         return cls(
-            **{k: v for k, v in d.items() if k in known},
+            **_declared(cls, d),
             root_cause=_rank_from(rc) if rc else None,
             replicas=[_replica_from(r) for r in reps],
         )
@@ -279,14 +278,30 @@ class StepResult:
 
 
 def _rank_from(d: dict[str, Any]) -> RankResult:
-    known = {f.name for f in dataclasses.fields(RankResult)}
-    return RankResult(**{k: v for k, v in d.items() if k in known})
+    return RankResult(**_declared(RankResult, d))
 
 
 def _replica_from(d: dict[str, Any]) -> ReplicaResult:
-    known = {f.name for f in dataclasses.fields(ReplicaResult)}
     ranks = [_rank_from(r) for r in d.get("ranks", [])]
-    return ReplicaResult(**{k: v for k, v in d.items() if k in known and k != "ranks"}, ranks=ranks)
+    return ReplicaResult(**{k: v for k, v in _declared(ReplicaResult, d).items() if k != "ranks"}, ranks=ranks)
+
+
+def _declared(cls: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``cls`` in ``d``, each number as the schema declares it: a result that
+    went through a store of doubles (a KFP STRUCT parameter: ``"exit_code": 0.0``) or a JSON
+    encoder that drops ``.0`` (``"duration_s": 3``) reads back with its ints and floats."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        value = d[f.name]
+        declared = str(f.type)
+        if isinstance(value, float) and value.is_integer() and "int" in declared and "float" not in declared:
+            value = int(value)
+        elif type(value) is int and "float" in declared:
+            value = float(value)
+        out[f.name] = value
+    return out
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

@@ -59,6 +59,8 @@ _LIGHTWEIGHT_SCRIPT = (
     '_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main --component_module_path "$program_path/ephemeral_component.py" "$@"\n'
 )
 _LIGHTWEIGHT_SOURCE = "from torchstep_kfp.entry import kfp_local_step as torchstep_step\n"
+#: The image named by the SubprocessRunner's form of a step: the Python it really runs in.
+_THIS_PYTHON = f"python:{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def component_from_app(app: Any, **options: Any) -> StepComponent:
@@ -152,7 +154,12 @@ class StepComponent(ContainerComponent):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from kfp import dsl
         from kfp.dsl import pipeline_context
+        from torchstep.components.materialize import unknown_parameter
 
+        inputs = self.component_spec.inputs or {}
+        for key in kwargs:  # before KFP's TypeError, which names no parameter
+            if key not in inputs:
+                raise unknown_parameter(self.name, key, [n for n in inputs if n not in _RESERVED], target=TARGET)
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         if is_launcher(self.plan):  # only a launcher names Jobs after the task
@@ -176,6 +183,9 @@ class StepComponent(ContainerComponent):
             container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step",
                               *(container.args or [])]  # fmt: skip
             container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
+            # This form runs in this machine's Python, never in an image: name that, or the
+            # runner warns about the step's image ("custom or non-Python base image") per task.
+            container.image = _THIS_PYTHON
             self._local = ContainerComponent(spec, self.pipeline_func)
         return self._local
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import contextvars
+import difflib
 import functools
 import importlib
 import inspect
@@ -26,7 +28,7 @@ import os
 import types
 import typing
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,57 @@ if TYPE_CHECKING:  # torchx is imported when a component is materialised, not wi
     from torchx.specs import AppDef
 
 ComponentRef = str | Callable[..., Any]
+
+
+class UnknownParameterError(SpecError, TypeError):
+    """A component argument names no parameter of the component: a typo in a name, which
+    no value can fix (``--stpes 5``, ``{"nnodez": 2}``). ``field`` is ``component.<name>``
+    and the fix lists the parameters there are. Also a ``TypeError``, as Python's own
+    error for an unexpected keyword argument is.
+
+    >>> import torchstep
+    >>> torchstep.materialize("utils.echo", ["--mgs", "hi"])
+    Traceback (most recent call last):
+    ...
+    torchstep.components.materialize.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
+    """
+
+
+def unknown_parameter(
+    label: str, name: str, params: Collection[str], *, field: str | None = None, target: str | None = None
+) -> UnknownParameterError:
+    """The error for argument ``name``, which ``label`` (a component) does not have: the
+    same words on every path (a command line, a mapping, keyword arguments, defaults).
+
+    >>> str(unknown_parameter("train.py:fn", "stpes", ["steps", "lr"]))
+    "component.stpes: train.py:fn has no parameter 'stpes'; fix: use one of: steps, lr (did you mean 'steps'?)"
+    """
+    names = list(params)
+    close = difflib.get_close_matches(name, names, n=1)
+    fix = f"use one of: {', '.join(names) or '(none)'}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return UnknownParameterError(field or f"component.{name}", target, f"{label} has no parameter {name!r}", fix=fix)
+
+
+def check_parameter_names(component: Any, names: Iterable[Any]) -> None:
+    """Raise :class:`UnknownParameterError` for the first of ``names`` that is not a
+    parameter of ``component`` (a callable or a reference, as :func:`materialize` takes).
+    Names are static where values may be templates: an orchestrator checks them when the
+    pipeline is defined.
+
+    >>> check_parameter_names("utils.echo", ["msg"])
+    >>> check_parameter_names("utils.echo", ["mgs"])
+    Traceback (most recent call last):
+    ...
+    torchstep.components.materialize.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
+    """
+    fn, label = _resolve(component)
+    params = _parameters(fn, label)
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    for name in names:
+        p = params.get(name) if isinstance(name, str) else None
+        if p is None:
+            raise unknown_parameter(label, str(name), params)
 
 
 def materialize(
@@ -61,7 +114,10 @@ def materialize(
     >>> materialize("dist.ddp", ["--script", "train.py", "--nope"])
     Traceback (most recent call last):
     ...
-    torchstep.errors.SpecError: component: dist.ddp: unrecognized arguments: --nope; fix: ...
+    torchstep.components.materialize.UnknownParameterError: component.nope: dist.ddp has no parameter 'nope'; fix: use one of: ...
+
+    Option names are never abbreviated (TorchX's parser would take ``--nnode`` for
+    ``--nnodes``): a name must be given whole.
     """
     from torchx.specs import AppDef
 
@@ -204,12 +260,7 @@ def _check_kwargs(fn: Callable[..., Any], label: str, kwargs: Mapping[str, Any])
         return
     for key in kwargs:
         if key not in params:
-            raise SpecError(
-                f"component.{key}",
-                None,
-                f"{label} has no parameter {key!r}",
-                fix=f"use one of: {', '.join(params) or '(none)'}",
-            )
+            raise unknown_parameter(label, key, params)
 
 
 def _argv_of(fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[str, Any] | None) -> list[str]:
@@ -244,12 +295,7 @@ def _argv_of_mapping(params: Mapping[str, inspect.Parameter], label: str, args: 
     for key, value in args.items():
         p = params.get(key) if isinstance(key, str) else None
         if p is None or p.kind == p.VAR_KEYWORD:
-            raise SpecError(
-                f"component.{key}",
-                None,
-                f"{label} has no parameter {key!r}",
-                fix=f"use one of: {', '.join(params) or '(none)'}",
-            )
+            raise unknown_parameter(label, str(key), params)
         if value is None:
             continue  # the parameter's default
         if p.kind == p.VAR_POSITIONAL:
@@ -264,13 +310,22 @@ def _argv_of_mapping(params: Mapping[str, inspect.Parameter], label: str, args: 
     return argv + rest
 
 
+#: Set while torchstep materialises a component: TorchX's parser builder (patched below)
+#: then gives a parser without abbreviations. TorchX's own callers in this process (``torchx
+#: run`` of a torchstep scheduler) keep TorchX's parser as it is.
+_STRICT_PARSING: contextvars.ContextVar[bool] = contextvars.ContextVar("torchstep_strict_parsing", default=False)
+
+
 def _cache_parsers() -> None:
-    """Keep TorchX's argument parser per component function.
+    """Keep TorchX's argument parser per component function, without abbreviations.
 
     ``materialize_appdef`` builds an argparse parser (docstring parsing included) on every
     call, ~5 ms: a DAG of 50 tasks of one component paid ~0.3 s per parse (the Airflow
     adapter plans every task while the DAG is parsed). The parser depends only on the
     function, so one per function is enough; calls with defaults or a config are not cached.
+
+    argparse takes any unique prefix of an option by default, so TorchX reads a typo such as
+    ``--nnode 2`` as ``--nnodes 2``: torchstep's parsers take whole names only.
     """
     from torchx.specs import builders
 
@@ -279,16 +334,22 @@ def _cache_parsers() -> None:
         return
     parsers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
+    def whole_names_only(parser: Any) -> Any:
+        parser.allow_abbrev = False
+        return parser
+
     def cached(fn: Any, defaults: Any = None, config: Any = None) -> Any:
-        if defaults or config:
+        if not _STRICT_PARSING.get():
             return create(fn, defaults, config)
+        if defaults or config:
+            return whole_names_only(create(fn, defaults, config))
         try:
             return parsers[fn]
         except KeyError:
-            parsers[fn] = parser = create(fn)
+            parsers[fn] = parser = whole_names_only(create(fn))
             return parser
         except TypeError:  # not weak-referenceable: no cache
-            return create(fn)
+            return whole_names_only(create(fn))
 
     cached.torchstep_cached = True  # type: ignore[attr-defined]
     builders._create_args_parser = cached
@@ -346,16 +407,20 @@ def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> An
     from torchx.specs.builders import materialize_appdef
 
     _cache_parsers()
-    fn = _with_evaluated_annotations(fn)
+    evaluated = _with_evaluated_annotations(fn)
     err = io.StringIO()
+    strict = _STRICT_PARSING.set(True)
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            return materialize_appdef(fn, argv)
+            return materialize_appdef(evaluated, argv)
     except SystemExit as e:  # argparse: bad or missing argument, or --help
         lines = err.getvalue().strip().splitlines()
         detail = lines[-1].partition("error: ")[2] if lines and "error: " in lines[-1] else ""
         if not detail:
             detail = "--help is not a component argument" if e.code == 0 else f"argument parsing exited with {e.code}"
+        unknown = _unrecognized_option(detail)
+        if unknown is not None:
+            raise unknown_parameter(label, unknown, _parameters(fn, label)) from None
         raise SpecError(
             "component",
             None,
@@ -369,6 +434,28 @@ def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> An
         raise SpecError(
             "component", None, f"{label} raised {type(e).__name__}: {e}", fix="fix the component arguments"
         ) from e
+    finally:
+        _STRICT_PARSING.reset(strict)
+
+
+def _unrecognized_option(detail: str) -> str | None:
+    """The name of the first option argparse did not recognise (``--stpes=5`` → ``stpes``),
+    or ``None`` when the error is another one (or names no option)."""
+    prefix = "unrecognized arguments: "
+    if not detail.startswith(prefix):
+        return None
+    for word in detail[len(prefix) :].split():
+        if word.startswith("-") and word.strip("-") and not _is_number(word):
+            return word.lstrip("-").partition("=")[0]
+    return None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_app(app: Any, label: str) -> Any:
@@ -484,8 +571,7 @@ def static_values(
     given = dict(defaults or {})
     for key in given:
         if key not in names:
-            raise SpecError(f"defaults.{key}", target, f"{label} has no parameter {key!r}",
-                            fix=f"use one of: {', '.join(sorted(names))}")  # fmt: skip
+            raise unknown_parameter(label, str(key), [p.name for p in params], field=f"defaults.{key}", target=target)
     out = []
     static: dict[str, Any] = {}
     for p in params:

@@ -1,21 +1,27 @@
 """``torchstep render``: print an AppDef's Kubernetes objects as YAML for ``kubectl apply``.
 
-    torchstep render REF [--namespace NS] [--cfg KEY=VALUE ...] [--run-id ID] [-- component args]
+    torchstep render REF [--namespace NS] [--image IMAGE] [--cfg KEY=VALUE ...] [--run-id ID] [-- component args]
 
 ``--cfg`` takes the options of ``torchstep runopts kubernetes`` (repeat it; lists are
-``a;b``, mappings ``k:v;k2:v2``). The header comments name the run's app id and the label
-selector that lists or deletes every object of the run.
+``a;b``, mappings ``k:v;k2:v2``). ``--image`` replaces the image of every role (for a
+component without an image argument; ``dist.ddp`` takes ``--image`` itself). The header
+comments name the run's app id and the label selector that lists or deletes every object
+of the run. An image known to lack torchstep (TorchX's default image) is a warning on
+stderr: such pods would fail at once.
 
 Example::
 
-    torchstep render dist.ddp -n ml --cfg queue=team-a -- -j 2x8 --script train.py | kubectl apply -f -
+    torchstep render dist.ddp -n ml --cfg queue=team-a -- -j 2x8 --script train.py --image ghcr.io/acme/train:1 \\
+        | kubectl apply -f -
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from torchstep.errors import SpecError
 
@@ -34,15 +40,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--namespace", "-n", default="default", help="namespace of every object (default: default)")
     p.add_argument("--cfg", action="append", default=[], metavar="KEY=VALUE", help="a kubernetes run option")
     p.add_argument("--run-id", help="the orchestrator's run id (object names end in a hash of it)")
+    p.add_argument(
+        "--image",
+        help="the container image of every role (with torchstep[agent] in it), replacing the component's; "
+        "a component's own image argument (dist.ddp: -- --image IMG) does the same",
+    )
     ns = p.parse_args(opts)
     try:
         cfg = dict(_pair(item) for item in ns.cfg)
         if ns.run_id is not None:
             cfg["run_id"] = ns.run_id
-        rendered = render_app(materialize(ns.ref, comp_args), namespace=ns.namespace, cfg=cfg)
+        app = materialize(ns.ref, comp_args)
+        if ns.image is not None:
+            app = with_image(app, ns.image)
+        rendered = render_app(app, namespace=ns.namespace, cfg=cfg)
     except SpecError as e:
         print(f"torchstep render: error: {e}", file=sys.stderr)
         return 2
+    for w in rendered.plan.warnings:  # the objects are valid, but their pods would fail
+        print(f"torchstep render: warning: {w.field}: {w.becomes}; fix: {w.fix}", file=sys.stderr)
     header = [
         f"# torchstep: app {rendered.plan.app_name!r}, run {rendered.app_id}, namespace {rendered.namespace}",
         f"# list or delete the run: kubectl -n {rendered.namespace} get jobs,pods,services -l {rendered.label_selector}",
@@ -51,6 +67,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write("\n".join(header) + "\n")
     sys.stdout.write(yaml.safe_dump_all(rendered.objects, sort_keys=False, explicit_start=True))
     return 0
+
+
+def with_image(app: Any, image: str) -> Any:
+    """``app`` with ``image`` as the image of every role (a copy; ``app`` is not changed).
+
+    >>> from torchx.specs import AppDef, Role
+    >>> app = AppDef("a", [Role("r", image="x"), Role("s", image="y")])
+    >>> [r.image for r in with_image(app, "ghcr.io/acme/train:1").roles], [r.image for r in app.roles]
+    (['ghcr.io/acme/train:1', 'ghcr.io/acme/train:1'], ['x', 'y'])
+    """
+    if not image or not image.strip():
+        raise SpecError("--image", "kubernetes", "is empty", fix="give an image reference, e.g. ghcr.io/acme/train:1")
+    return dataclasses.replace(app, roles=[dataclasses.replace(r, image=image) for r in app.roles])
 
 
 def _pair(item: str) -> tuple[str, str]:

@@ -3,9 +3,12 @@
 Example::
 
     >>> import torchstep
-    >>> app = torchstep.materialize("utils.echo", ["--msg", "hi"])
+    >>> app = torchstep.materialize("utils.echo", ["--msg", "hi", "--image", "ghcr.io/acme/echo:1"])
     >>> print(torchstep.explain(app, target="kfp").splitlines()[0])
     torchstep explain: app 'echo' on target 'kfp' — OK
+    >>> app = torchstep.materialize("utils.echo", ["--msg", "hi"])  # TorchX's image: no torchstep in it
+    >>> print(torchstep.explain(app, target="kfp").splitlines()[0])
+    torchstep explain: app 'echo' on target 'kfp' — 1 warning(s)
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from torchstep.plan.model import Decision
 from torchstep.plan.planner import plan_decisions
 from torchstep.plan.secrets import INLINED_INTO, inlined_secrets_note
 
-ACTIONS = {"honoured": "yes", "ignored": "ignored", "rejected": "REJECTED"}
+ACTIONS = {"honoured": "yes", "warning": "WARNING", "ignored": "ignored", "rejected": "REJECTED"}
 
 
 def explain(app: Any, target: str, *, width: int = 120) -> str:
     """A readable table, one row per field: its value and what it becomes on ``target``,
-    or why it is ignored or rejected (with the fix). Never raises for a bad AppDef: the
-    rejected fields are rows of the table, and the first line says how many there are.
+    or why it is ignored, rejected or will most likely fail there (a WARNING, with the fix).
+    Never raises for a bad AppDef: the rejected fields are rows of the table, and the first
+    line says how many fields were rejected or warned about (``OK`` when none).
 
     >>> import torchstep
     >>> from torchx.specs import AppDef, Role
@@ -59,8 +63,14 @@ def render_table(
     decisions: list[Decision], *, app_name: str, target: str, width: int = 120, notes: Sequence[str] = ()
 ) -> str:
     """The table of :func:`explain` for decisions already made; ``notes`` follow it."""
-    rejected = [d for d in decisions if d.action == "rejected"]
-    status = "OK" if not rejected else f"{len(rejected)} field(s) rejected"
+    rejected = sum(d.action == "rejected" for d in decisions)
+    warned = sum(d.action == "warning" for d in decisions)
+    counts = []
+    if rejected:
+        counts.append(f"{rejected} field(s) rejected")
+    if warned:
+        counts.append(f"{warned} warning(s)")
+    status = ", ".join(counts) or "OK"
     head = f"torchstep explain: app {_one_line(app_name)!r} on target {_one_line(str(target))!r} — {status}"
     fw = min(max((len(d.field) for d in decisions), default=5), 36)  # longer paths wrap
     vw = 24

@@ -256,8 +256,10 @@ class SecretRef:
 class Decision:
     """One row of the translation table: a field, its value and what it becomes.
 
-    ``action`` is ``honoured``, ``ignored`` (with the reason in ``becomes``) or
-    ``rejected`` (only seen by :func:`torchstep.explain`; ``build_plan`` raises).
+    ``action`` is ``honoured``, ``warning`` (honoured, but the step will most likely fail
+    where it runs: ``becomes`` says why, ``fix`` what to do), ``ignored`` (with the reason in
+    ``becomes``) or ``rejected`` (only seen by :func:`torchstep.explain`; ``build_plan``
+    raises).
 
     >>> Decision("roles[0].resource.memMB", "1024", "ignored", "advisory on the local target").action
     'ignored'
@@ -386,6 +388,12 @@ class StepPlan:
     def notes(self) -> tuple[Decision, ...]:
         """Fields ignored on this target, with the reason."""
         return tuple(d for d in self.decisions if d.action == "ignored")
+
+    @property
+    def warnings(self) -> tuple[Decision, ...]:
+        """Fields honoured as given that will most likely fail on the target (an image known
+        to lack torchstep, a local path as a container image), each with its fix."""
+        return tuple(d for d in self.decisions if d.action == "warning")
 
     @property
     def orchestrator_retries(self) -> int:

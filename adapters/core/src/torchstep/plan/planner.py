@@ -3,7 +3,7 @@ decided, and :func:`plan_decisions`, the row per field behind :func:`torchstep.e
 
 The planner walks the app (name, metadata, roles) and hands each field group of a role to
 its rule module in :mod:`torchstep.plan.rules`, a set of plain functions that record one
-decision per field (honoured / ignored / rejected) on a :class:`Recorder`:
+decision per field (honoured / warning / ignored / rejected) on a :class:`Recorder`:
 
 - :mod:`~torchstep.plan.rules.command`: name, image, base_image, entrypoint, args, env, macros;
 - :mod:`~torchstep.plan.rules.replicas`: num_replicas, min_replicas, processes per replica,
@@ -24,7 +24,9 @@ Example::
     >>> r.retry.owner.value  # max_retries=0: nobody retries
     'none'
     >>> sorted({d.action for d in plan_decisions(torchstep.materialize("utils.echo", []), "kfp")})
-    ['honoured']
+    ['honoured', 'warning']
+    >>> [(w.field, w.fix[:30]) for w in plan.warnings]  # TorchX's default image has no torchstep
+    [('roles[0].image', 'build an image FROM it with `p')]
 """
 
 from __future__ import annotations

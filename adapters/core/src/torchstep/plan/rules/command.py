@@ -23,6 +23,10 @@ from torchstep.plan.rules.record import Recorder, Wording
 
 #: Role names become DNS labels of at most this many characters (object names add a suffix).
 ROLE_NAME_MAX = 30
+#: Public images known to lack torchstep (repositories, any tag): TorchX's default image,
+#: which its builtins (``dist.ddp``, ``utils.*``) name unless given ``--image``, and the
+#: official PyTorch and Python images. A step needs ``torchstep[agent]`` in its image.
+IMAGES_WITHOUT_TORCHSTEP = frozenset({"ghcr.io/pytorch/torchx", "pytorch/pytorch", "python"})
 _MISSING = "<MISSING>"  # torchx.specs.MISSING
 _SHELL_CHARS = frozenset(";&|$`'\"<>()*?[]{}!#~")
 
@@ -37,6 +41,37 @@ BECOMES: dict[str, Wording] = {
         "local": "working directory of every process (as TorchX local_cwd)",
         "kubernetes": "container image",
         "kfp": "ContainerSpec image (fixed at compile time; a launcher step's pods take the run-time one)",
+    },
+    # what happens to an image that is a path of this machine (`image="."`), and what to do
+    "image_is_a_path": {
+        "local": "",
+        "kubernetes": "{image!r} is a path on this machine, not an image a cluster can pull: every pod would "
+        "stay in InvalidImageName and the step would never start",
+        "kfp": "{image!r} is a path on this machine, not an image a cluster can pull: kfp.local's "
+        "SubprocessRunner runs the step here (the directory is its working directory), but on a KFP "
+        "cluster the step's pod never starts (InvalidImageName)",
+    },
+    "image_is_a_path_fix": {
+        "local": "",
+        "kubernetes": 'build an image with your code and `pip install "torchstep[agent]"`, push it, and pass '
+        "its reference (registry/repo:tag) as the image",
+        "kfp": 'for a cluster: build an image with your code and `pip install "torchstep[agent]" torchstep-kfp`, '
+        "push it, and pass its reference (registry/repo:tag) as the image",
+    },
+    # an image known to lack torchstep (TorchX's default image, the official PyTorch image)
+    "image_without_torchstep": {
+        "local": "",
+        "kubernetes": "{image!r} has no torchstep: the pods would start and fail at once (their command "
+        "`python -m torchstep.launch` needs `torchstep[agent]` in the image)",
+        "kfp": "{image!r} has no torchstep: the step's container would fail at once (it runs "
+        "`python3 -m torchstep_kfp.entry`)",
+    },
+    "image_without_torchstep_fix": {
+        "local": "",
+        "kubernetes": 'build an image FROM it with `pip install "torchstep[agent]"` and pass it (the '
+        "component's image argument, e.g. `--image registry/repo:tag`, or `torchstep render --image`)",
+        "kfp": 'build an image FROM it with `pip install "torchstep[agent]" torchstep-kfp` and pass it '
+        "(the component's image argument, e.g. component_from_fn(..., image='registry/repo:tag'))",
     },
     "entrypoint": {
         "local": "argv[0] of every worker (run by the agent, no shell)",
@@ -138,8 +173,41 @@ def role_image(rec: Recorder, p: str, role: Any) -> tuple[str, str | None]:
         return image, None
     if not image or image == _MISSING or not image.isprintable() or any(c.isspace() for c in image):
         raise rec.fail(path, image, "a container image reference is required", "set Role(image='registry/repo:tag')")
+    if image.startswith((".", "/", "~")):  # ".", "..", "/abs", "./dir", "~/dir": never an image reference
+        # Kubernetes: rendered objects only run on a cluster, which can never pull it. KFP: the
+        # same on a cluster, but kfp.local's SubprocessRunner runs the step on this machine,
+        # where the directory is the working directory (the tutorial's local run).
+        problem = rec.on_target(BECOMES["image_is_a_path"], image=image)
+        fix = rec.on_target(BECOMES["image_is_a_path_fix"])
+        if rec.target == "kubernetes":
+            raise rec.fail(path, image, problem, fix)
+        rec.warn(path, image, problem, fix)
+        return image, None
+    if image_repository(image) in IMAGES_WITHOUT_TORCHSTEP:
+        problem = rec.on_target(BECOMES["image_without_torchstep"], image=image)
+        rec.warn(path, image, problem, rec.on_target(BECOMES["image_without_torchstep_fix"]))
+        return image, None
     rec.ok(path, image, rec.on_target(BECOMES["image"]))
     return image, None
+
+
+def image_repository(image: str) -> str:
+    """The repository of an image reference, without tag, digest or Docker Hub's default
+    registry and ``library/`` namespace.
+
+    >>> image_repository("docker.io/library/python:3.11@sha256:abc"), image_repository("ghcr.io/pytorch/torchx:0.7.0")
+    ('python', 'ghcr.io/pytorch/torchx')
+    >>> image_repository("localhost:5000/train")
+    'localhost:5000/train'
+    """
+    name = image.partition("@")[0]
+    head, sep, tag = name.rpartition(":")
+    if sep and "/" not in tag:
+        name = head
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name.removeprefix("library/")
 
 
 def role_entrypoint(rec: Recorder, p: str, role: Any) -> str:

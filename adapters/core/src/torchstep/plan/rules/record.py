@@ -1,5 +1,5 @@
 """The recording half of the rule book: every rule records one :class:`Decision` per
-field (honoured / ignored / rejected) through :class:`Recorder`.
+field (honoured / honoured with a warning / ignored / rejected) through :class:`Recorder`.
 
 Example::
 
@@ -54,6 +54,12 @@ class Recorder:
     def ignore(self, path: str, value: Any, why: str) -> None:
         """Record ``path`` as ignored on the target, with the reason (a plan note)."""
         self.decisions.append(Decision(path, show(value), "ignored", why))
+
+    def warn(self, path: str, value: Any, problem: str, fix: str) -> None:
+        """Record ``path`` as honoured, with a warning: the step will most likely fail where it
+        runs (``problem``) unless the user does ``fix``. ``build_plan`` keeps it in the plan's
+        ``warnings``; ``explain`` and ``torchstep render`` show it."""
+        self.decisions.append(Decision(path, show(value), "warning", problem, fix))
 
     def reject(self, path: str, value: Any, problem: str, fix: str) -> None:
         """Record ``path`` as rejected: ``build_plan`` raises a SpecError with ``fix``."""
