@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -103,9 +102,12 @@ def app_from_conf(
 
 class TorchxAppOperator(AppDefOperator):
     """The task of the generic DAG: the AppDef comes from the DAG run's conf (see the
-    module docstring); everything else — logs, result XCom, cancel — is AppDefOperator's."""
+    module docstring) and its APPLICATION budget is spent inside the task
+    (:func:`torchstep.steps.run_tries`); everything else — logs, result XCom, cancel — is
+    AppDefOperator's."""
 
     template_fields: Sequence[str] = ()
+    own_retries = None  # the AppDef's budget: Airflow fixed this task's retries (0) at parse time
 
     def __init__(self, *, policy: Policy | None = None, **kwargs: Any) -> None:
         # No AppDef exists at parse time: skip AppDefOperator's parse-time planning.
@@ -124,38 +126,18 @@ class TorchxAppOperator(AppDefOperator):
         self._runner: Any = None
         self._killed = False
 
-    def on_kill(self) -> None:
-        self._killed = True  # marked failed / cleared: no further try
-        super().on_kill()
-
     def execute(self, context: Any) -> dict[str, Any]:
         try:
             self.app, self.target, cfg = app_from_conf(context["dag_run"].conf, policy=self.policy)
             self.cfg = untrusted_cfg(self.target, cfg)
-            app, plan = self.build_app()
+            plan = self.build_app()[1]
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
-        run_id = run_id_of(context)
-        step = plan.step_retry
-        delays = step.delays(1.0)
         self.log.info(
             "torchstep: running app %r (run id %s) on target %s, at most %d tries",
-            plan.app_name, run_id, self.target, step.count + 1,
+            plan.app_name, run_id_of(context), self.target, plan.step_retry.count + 1,
         )  # fmt: skip
-        for attempt in range(1, step.count + 2):
-            try_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
-            self._runner = runner = self._make_runner(app, plan, try_id)
-            try:
-                return self._run(lambda r=runner: r.run() if self.target == "local" else r.run(context), context)
-            except AirflowFailException:
-                raise
-            except Exception as e:
-                if attempt > step.count or self._killed:
-                    raise
-                delay = delays[attempt - 1]
-                self.log.warning("torchstep: try %d failed (%s); retrying in %g s", attempt, e, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return self._run(plan, context)
 
 
 def torchx_dag(
