@@ -233,7 +233,8 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
                "poll_interval": float(kwargs.get("poll_interval", 2.0))}  # fmt: skip
 
     if not task.durable:
-        return run_tries(plan, attempt=attempt_of(context), retries=task.own_retries, on_step=task.use_step, **options)
+        return run_tries(plan, attempt=attempt_of(context), retries=task.own_retries, on_step=task.use_step,
+                         on_retry=task.on_retry, **options)  # fmt: skip
     from torchstep_airflow.durable import run_durable
 
     def open_try(attempt: Any, cursor_store: Any = None) -> Any:

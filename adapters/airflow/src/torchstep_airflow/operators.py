@@ -185,7 +185,7 @@ class AppDefOperator(BaseOperator):
         try:
             if self.target == "local":  # ranks' lines: printed into the task log
                 result = run_tries(plan, attempt=attempt_of(context), cfg=self.cfg, retries=self.own_retries,
-                                   on_step=self.use_step)  # fmt: skip
+                                   on_step=self.use_step, on_retry=self.on_retry)  # fmt: skip
             else:
                 from torchstep_airflow.kubernetes import run_kubernetes
 
@@ -203,6 +203,9 @@ class AppDefOperator(BaseOperator):
         finally:
             self._runner = None
         return self.finish(result, context)
+
+    def on_retry(self, result: StepResult, attempt: int, delay: float) -> None:
+        """A try inside this task failed and another follows (only where ``own_retries``)."""
 
     def use_step(self, step: Any) -> Any:
         """Make ``step`` (anything with ``cancel()``) the one :meth:`on_kill` stops; cancelled

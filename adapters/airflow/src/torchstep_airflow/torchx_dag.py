@@ -38,6 +38,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from torchstep.errors import SpecError
 from torchstep.policy import Policy, untrusted_cfg
 from torchstep.policy import resolve as resolve_policy
+from torchstep.result import StepResult
+from torchstep.steps import failure_summary
 
 from torchstep_airflow.operators import TARGETS, AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
@@ -138,6 +140,9 @@ class TorchxAppOperator(AppDefOperator):
             plan.app_name, run_id_of(context), self.target, plan.step_retry.count + 1,
         )  # fmt: skip
         return self._run(plan, context)
+
+    def on_retry(self, result: StepResult, attempt: int, delay: float) -> None:
+        self.log.warning("torchstep: try %d failed (%s); retrying in %g s", attempt, failure_summary(result), delay)
 
 
 def torchx_dag(

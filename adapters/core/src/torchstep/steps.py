@@ -643,11 +643,11 @@ def run_tries(
         result = _run_until_cancelled(step, cancel)
         if result.succeeded or result.state == CANCELLED or not result.retryable or n > retries:
             if n > 1 or retries:
-                step.say(f"{result.state} after {n} tr{'y' if n == 1 else 'ies'} (at most {retries + 1})")
+                step.say(f"{result.state} after {n} attempt(s) (at most {retries + 1})")
             return result
         delay = delays[n - 1]
-        step.say(f"try {n} failed ({result.state}, exit code {result.exit_code}); retrying in {delay:g} s "
-                 f"(try {n + 1} of at most {retries + 1})")  # fmt: skip
+        step.say(f"attempt {n} of {retries + 1} failed ({result.state}, exit code {result.exit_code}); "
+                 f"retrying in {delay:g} s")  # fmt: skip
         if on_retry is not None:
             on_retry(result, n, delay)
         if (cancel or threading.Event()).wait(delay):  # a fresh Event: an interruptible sleep

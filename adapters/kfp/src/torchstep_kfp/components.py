@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import json
 import keyword
@@ -39,7 +38,8 @@ from torchstep.errors import SpecError
 from torchstep.plan.model import StepPlan
 from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
-from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
+from torchstep_kfp import entry
+from torchstep_kfp.entry import COMPILED_INPUT, JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
 
 #: The module the container runs (``python3 -m torchstep_kfp.entry``).
@@ -49,7 +49,7 @@ RESULT_OUTPUT = "result"
 METRICS_OUTPUT = "metrics"
 MODEL_OUTPUT = "model"
 #: Names the component uses itself (JOB_ID_INPUT: see torchstep_kfp.entry).
-_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT)
+_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT, COMPILED_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
 #: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
@@ -132,17 +132,25 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
 class StepComponent(ContainerComponent):
     """A torchstep step as a KFP container component (a real ``ContainerComponent``:
     compile it, save its YAML, call it inside a ``@dsl.pipeline`` with its inputs as keyword
-    arguments). The call gives a ``PipelineTask`` with the plan applied (resources,
-    ``set_retry``, env, kfp-kubernetes settings, caching off) and KFP's run and task ids as
-    the step's app id. Under ``kfp.local`` with the SubprocessRunner (initialised before the
-    call), the task runs the same argv as a lightweight Python component — the runner
-    refuses container components."""
+    arguments). The call gives a ``PipelineTask`` with the plan of that call applied
+    (resources, ``set_retry``, env, kfp-kubernetes settings, caching off) and KFP's run and
+    task ids as the step's app id. Each call is planned with the values known when the
+    pipeline is compiled — its constants, the component's defaults for the rest (a pipeline
+    parameter is known only at run time) — and the step checks at run time that its inputs
+    leave the fields KFP fixed unchanged (:func:`torchstep_kfp.entry.check_compiled`). Under
+    ``kfp.local`` with the SubprocessRunner (initialised before the call), the task runs the
+    same argv as a lightweight Python component — the runner refuses container components."""
 
-    def __init__(self, component: Any, plan: StepPlan, role: int, caching: bool) -> None:
+    def __init__(
+        self, component: Any, plan: StepPlan, role: int, caching: bool, spec: dict[str, Any],
+        inputs: list[tuple[Any, Any]],
+    ) -> None:  # fmt: skip
         super().__init__(component.component_spec, component.pipeline_func)
-        self.plan = plan
+        self.plan = plan  # with the defaults
         self.role = role
         self.caching = caching
+        self.spec = spec
+        self.inputs = inputs
         self._local: Any = None
         self._docker: Any = None
 
@@ -160,10 +168,12 @@ class StepComponent(ContainerComponent):
         for key in kwargs:  # before KFP's TypeError, which names no parameter
             if key not in inputs:
                 raise unknown_parameter(self.name, key, [n for n in inputs if n not in _RESERVED], target=TARGET)
+        plan, planned = self.plan_of_call(kwargs)
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         if is_launcher(self.plan):  # only a launcher names Jobs after the task
             kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
+        kwargs[COMPILED_INPUT] = encode_spec({"fixed": entry.fixed_of(plan, self.spec), "planned_with": planned})
         runner = _kfp_local_runner()
         if runner == "subprocess":
             task = self.local_component()(*args, **kwargs)
@@ -172,8 +182,34 @@ class StepComponent(ContainerComponent):
         else:
             task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
-            apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=is_launcher(self.plan))
+            if not is_launcher(plan) and task.container_spec is not None:  # this call's image
+                task.container_spec.image = plan.roles[self.role].image
+            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=is_launcher(plan))
         return task
+
+    def plan_of_call(self, kwargs: Mapping[str, Any]) -> tuple[StepPlan, dict[str, Any]]:
+        """The plan of one call — the component's defaults, and the call's compile-time
+        constants over them (a pipeline parameter or an upstream output keeps the default:
+        its value exists only at run time) — and the input values it was made with."""
+        from torchstep.components.materialize import check_value
+
+        params = {p.name: p for p, _ in self.inputs}
+        defaults = {p.name: default for p, default in self.inputs}
+        planned = dict(defaults)
+        for key, value in kwargs.items():
+            if key in (JOB_ID_INPUT, TASK_ID_INPUT, COMPILED_INPUT):
+                raise SpecError(key, TARGET, "is an input the step component sets itself", fix="do not pass it")
+            if key in params and _constant(value):
+                check_value(params[key], value, key, TARGET)
+                planned[key] = value
+        if planned == defaults:
+            return self.plan, planned
+        plan = plan_of(entry.appdef(self.spec, planned))
+        if is_launcher(plan) != is_launcher(self.plan):
+            shape = "several pods" if is_launcher(plan) else "one container"
+            raise SpecError("inputs", TARGET, f"with these constants the AppDef needs {shape}, but the component was made "
+                            "for the other shape", fix="make a component for it: component_from_fn(..., defaults=...)")  # fmt: skip
+        return plan, planned
 
     def local_component(self) -> ContainerComponent:
         """The same step as a lightweight Python component (kfp.local's SubprocessRunner)."""
@@ -225,16 +261,14 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     cfg = check_cfg(options.get("cfg"), "kubernetes" if launcher else "local")
     image = launcher_image or r.image if launcher else r.image
     spec.update({
-        "version": 1, "name": name, "role": r.index, "launcher": launcher, "image": image,
+        "version": 1, "name": name, "role": r.index, "launcher": launcher,
         "inputs": {p.name: p.type.__name__ for p, _ in inputs},
         "variadic": [p.name for p, _ in inputs if p.variadic],
         "outputs": outputs, "metrics": metrics, "model": model, "cfg": cfg,
-        # what set_retry says (kfp.local spends it in the step); the default: no retries
-        "step_retry": {k: v for k, v in dataclasses.asdict(plan.step_retry).items() if v is not None and k != "role_index"}
-        if plan.step_retry.count else None,
+        # what a call that passes no constants compiles with (a call passes its own: COMPILED_INPUT)
+        "planned_with": {p.name: default for p, default in inputs},
     })  # fmt: skip
-    if "app" in spec:  # the image and role travel inside the AppDef
-        spec["image"] = None
+    spec["fixed"] = entry.fixed_of(plan, spec)
 
     for out in outputs:
         if any(p.name == out for p, _ in inputs):
@@ -246,6 +280,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
         for p, default in inputs
     ]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
+    params.append(inspect.Parameter(COMPILED_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     if launcher:  # its Jobs are named after KFP's task id; a one-pod step creates none
         params.append(inspect.Parameter(TASK_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
@@ -275,7 +310,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     body.__name__ = body.__qualname__ = name
     body.__doc__ = _docstring(description, inputs, outputs, metrics, model)
     component = dsl.container_component(body)
-    return StepComponent(component, plan, r.index, caching)
+    return StepComponent(component, plan, r.index, caching, spec, inputs)
 
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
@@ -408,6 +443,20 @@ def encode_spec(spec: Mapping[str, Any]) -> str:
     }
     text = json.dumps(compact, sort_keys=True, separators=(",", ":"))
     return text.replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
+
+
+def _constant(value: Any) -> bool:
+    """Whether ``value`` is known when the pipeline is compiled (no pipeline parameter or
+    upstream output in it, not an f-string of them)."""
+    from kfp.dsl.pipeline_channel import PipelineChannel
+
+    if isinstance(value, PipelineChannel) or (isinstance(value, str) and "{{channel:" in value):
+        return False
+    if isinstance(value, Mapping):
+        return all(_constant(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_constant(v) for v in value)
+    return True
 
 
 def _kfp_local_runner() -> str | None:
