@@ -36,6 +36,7 @@ from typing import Any
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from torchstep.errors import SpecError
+from torchstep.plan.model import StepPlan
 from torchstep.policy import Policy, untrusted_cfg
 from torchstep.policy import resolve as resolve_policy
 from torchstep.result import StepResult
@@ -76,7 +77,14 @@ def app_from_conf(
 
         app, target, cfg = app_from_conf(context["dag_run"].conf)
     """
-    from torchstep.components.appjson import app_from_dict
+    app, _, target, cfg = received(conf, policy)
+    return app, target, cfg
+
+
+def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tuple[Any, StepPlan, str, dict[str, Any]]:
+    """:func:`app_from_conf`, and the AppDef's plan (made once, by core's
+    :func:`torchstep.schedulers.base.app_received`)."""
+    from torchstep.schedulers.base import app_received
 
     if not isinstance(conf, Mapping) or "app" not in conf:
         raise SpecError(
@@ -94,12 +102,8 @@ def app_from_conf(
         raise SpecError(
             "conf['cfg']", target, f"must be a mapping, got {type(cfg).__name__}", fix='e.g. {"timeout": 600}'
         )
-    try:
-        app = app_from_dict(conf["app"])
-    except SpecError as e:  # e.field is "app.roles[0]...": say where it is in the conf
-        raise SpecError("conf['app']" + e.field.removeprefix("app"), None, e.problem, fix=e.fix) from None
-    resolve_policy(policy).check(app, target, cfg)
-    return app, target, dict(cfg)
+    app, plan = app_received(conf["app"], target, cfg, policy, field="conf['app']")
+    return app, plan, target, dict(cfg)
 
 
 class TorchxAppOperator(AppDefOperator):
@@ -130,9 +134,8 @@ class TorchxAppOperator(AppDefOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         try:
-            self.app, self.target, cfg = app_from_conf(context["dag_run"].conf, policy=self.policy)
+            self.app, plan, self.target, cfg = received(context["dag_run"].conf, self.policy)
             self.cfg = untrusted_cfg(self.target, cfg)
-            plan = self.build_app()[1]
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
         self.log.info(

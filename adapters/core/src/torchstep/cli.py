@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from torchstep.contract import INTERRUPTED_EXIT_CODE
 from torchstep.errors import SpecError
@@ -91,7 +90,7 @@ def run_main(argv: Sequence[str]) -> int:
     from torchstep.local.options import resolve
     from torchstep.local.status import make_display
     from torchstep.plan.planner import build_plan
-    from torchstep.steps import run_tries
+    from torchstep.steps import run_tries, stop_on_signals
 
     opts_argv, comp_args = split_component_args(list(argv))
     ns = parser().parse_args(opts_argv)
@@ -118,25 +117,15 @@ def run_main(argv: Sequence[str]) -> int:
     opts = resolve(cfg)
     retries = opts.retries if opts.retries is not None else plan.step_retry.count
     cancel = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-        if len(received) > 1:
-            raise KeyboardInterrupt  # a second signal: the step kills at once
-        cancel.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in RUN_SIGNALS}
     display = make_display(show_output=opts.tee, live=ns.live)
-    try:
-        result = run_tries(plan, attempt=cfg.pop("run_id", None), cfg=cfg, retries=retries, cancel=cancel,
-                           display=display)  # fmt: skip
-    except KeyboardInterrupt:
-        return 128 + (received[0] if received else signal.SIGINT)
-    finally:
-        display.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with stop_on_signals(cancel, RUN_SIGNALS) as received:
+        try:
+            result = run_tries(plan, attempt=cfg.pop("run_id", None), cfg=cfg, retries=retries, cancel=cancel,
+                               display=display)  # fmt: skip
+        except KeyboardInterrupt:
+            return 128 + (received[0] if received else signal.SIGINT)
+        finally:
+            display.close()
     print(result.to_json() if ns.json else summary(result, retries=retries))
     if result.succeeded:
         return 0

@@ -29,12 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,7 @@ __all__ = [
     "run_local",
     "run_tries",
     "step_run_id",
+    "stop_on_signals",
 ]
 
 #: Seconds to wait, after a cancel, beyond the run's own grace period (the launcher sends
@@ -679,6 +682,41 @@ def _run_until_cancelled(step: LocalStep | KubernetesStep, cancel: threading.Eve
         return step.run()
     finally:
         done.set()
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    cancel: threading.Event, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+) -> Iterator[list[int]]:
+    """While inside, the first of ``signals`` sets ``cancel`` (:func:`run_tries` stops the
+    step within its grace period) and a second raises ``KeyboardInterrupt`` (the step is
+    killed at once); the previous handlers come back on the way out. Yields the signals
+    received. In a thread other than the main one it installs nothing (the caller's own
+    handlers decide).
+
+    Example::
+
+        cancel = threading.Event()
+        with stop_on_signals(cancel) as received:
+            result = run_tries(plan, attempt=None, cancel=cancel)
+    """
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt  # a second signal: no more grace
+        cancel.set()
+
+    try:
+        previous = {s: signal.signal(s, on_signal) for s in signals}
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run_local(

@@ -30,9 +30,9 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
-from types import FrameType
 from typing import Any
 
 POD_NAME_ENV = "TORCHSTEP_POD_NAME"
@@ -52,10 +52,6 @@ COMPILED_INPUT = "torchstep_compiled"
 #: Marks a string argument that ``components.literal`` escaped (KFP must not resolve it).
 LITERAL_PREFIX = "torchstep-literal:"
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-class Terminated(BaseException):
-    """SIGTERM/SIGINT reached the step (the pipeline run was cancelled or the pod is evicted)."""
 
 
 def main(argv: list[str] | None = None, *, local: bool = False, client: Any = None) -> int:
@@ -85,7 +81,9 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
     except SpecError as e:
         print(f"torchstep: {e}", file=sys.stderr)
         return 2
-    except Terminated:
+    except KeyboardInterrupt:  # a second signal: every process was killed at once
+        result = None
+    if result is None:
         print("torchstep: the step was stopped (SIGTERM); every process of it has ended", file=sys.stderr)
         return 143
     return _publish(spec, result, executor_input)
@@ -120,8 +118,6 @@ def _stop_when_the_pipeline_process_dies() -> None:
     """kfp.local runs this step as ``pipeline process → sh → python``, and a killed or
     interrupted pipeline process does not stop it: watch both ancestors and stop the step
     (SIGTERM to ourselves: every process of it ends within the grace period) when one dies."""
-    import threading
-
     def parent_of(pid: int) -> int:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -201,7 +197,7 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
     import dataclasses
 
     from torchstep.plan.planner import build_plan
-    from torchstep.steps import Attempt, run_tries
+    from torchstep.steps import Attempt, run_tries, stop_on_signals
 
     app = appdef(spec, values)
     launcher = bool(spec.get("launcher"))
@@ -219,12 +215,11 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
         cfg.setdefault("cpu_affinity", False)
     plan = build_plan(app, "kubernetes" if launcher else "local")
     attempt = Attempt(("kfp", args.job_id or "run", args.task_id or spec.get("name", "step")))
-    restore = _on_signals()
-    try:
-        return run_tries(plan, attempt=attempt, cfg=cfg, on_line=_print,
-                         retries=plan.step_retry.count if local and not launcher else 0, **options)  # fmt: skip
-    finally:
-        restore()
+    cancel = threading.Event()  # set by SIGTERM (the run cancelled, the pod evicted) or SIGINT
+    with stop_on_signals(cancel, (signal.SIGTERM, signal.SIGINT)):
+        result = run_tries(plan, attempt=attempt, cfg=cfg, on_line=_print, cancel=cancel,
+                           retries=plan.step_retry.count if local and not launcher else 0, **options)  # fmt: skip
+    return None if cancel.is_set() else result
 
 
 def fixed_of(plan: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -279,17 +274,6 @@ def _field_with(spec: Mapping[str, Any], values: Mapping[str, Any], field: str) 
 
 def _print(line: str) -> None:
     print(line, flush=True)
-
-
-def _on_signals() -> Any:
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    try:
-        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    except ValueError:  # not the main thread: the caller handles signals
-        return lambda: None
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:
