@@ -118,6 +118,7 @@ def _stop_when_the_pipeline_process_dies() -> None:
     """kfp.local runs this step as ``pipeline process → sh → python``, and a killed or
     interrupted pipeline process does not stop it: watch both ancestors and stop the step
     (SIGTERM to ourselves: every process of it ends within the grace period) when one dies."""
+
     def parent_of(pid: int) -> int:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
