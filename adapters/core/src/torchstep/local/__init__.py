@@ -58,6 +58,14 @@ def run_plan(
 
     Returns:
         The step result, also written to ``<log_dir>/<app_id>/result.json``.
+
+    The app id of a run with ``cfg["run_id"]`` is the one its Kubernetes objects would have:
+
+    >>> import torchstep
+    >>> from torchstep.plan.names import run_name
+    >>> plan = torchstep.build_plan(torchstep.materialize("utils.sh", ["true"]), "local")
+    >>> _app_id(plan, resolve({"run_id": "try-1"})) == run_name(plan.k8s_name, "try-1")
+    True
     """
     from torchstep.local.launcher import Launcher
 
