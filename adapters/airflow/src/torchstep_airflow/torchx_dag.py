@@ -102,7 +102,7 @@ def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tup
         raise SpecError(
             "conf['cfg']", target, f"must be a mapping, got {type(cfg).__name__}", fix='e.g. {"timeout": 600}'
         )
-    app, plan = app_received(conf["app"], target, cfg, policy, field="conf['app']")
+    app, plan = app_received(conf["app"], target, cfg, policy, field="conf['app']", name_target=False)
     return app, plan, target, dict(cfg)
 
 

@@ -198,7 +198,13 @@ def app_payload(app: AppDef, target: str) -> dict[str, Any]:
 
 
 def app_received(
-    data: Any, target: str, cfg: Mapping[str, Any] | None = None, policy: Any = None, *, field: str = "app"
+    data: Any,
+    target: str,
+    cfg: Mapping[str, Any] | None = None,
+    policy: Any = None,
+    *,
+    field: str = "app",
+    name_target: bool = True,
 ) -> tuple[AppDef, Any]:
     """The other end of :func:`app_payload`: the AppDef a scheduler sent as JSON data (a DAG
     run's conf, a flow run's parameters), checked before anything is created — its fields,
@@ -212,6 +218,8 @@ def app_received(
         policy: a :class:`torchstep.policy.Policy`, the path of its TOML file, or ``None``:
             the file ``TORCHSTEP_POLICY`` names, else ``torchstep.policy.DEFAULT``.
         field: what the data is called in errors (``conf['app']``).
+        name_target: whether an error in the data names the target (``False`` where what
+            was sent says the target in a field of its own).
 
     Returns:
         The AppDef and its plan for ``target``.
@@ -227,9 +235,10 @@ def app_received(
     try:
         app = app_from_dict(data)
     except SpecError as e:  # e.field is "app.roles[0]...": say where it is in what was sent
-        raise SpecError(field + e.field.removeprefix("app"), target, e.problem, fix=e.fix) from None
+        raise SpecError(field + e.field.removeprefix("app"), target if name_target else None, e.problem,
+                        fix=e.fix) from None  # fmt: skip
     except Exception as e:  # a shape app_from_dict does not check: still the data's fault
-        raise SpecError(field, target, f"is not a valid AppDef ({type(e).__name__}: {e})",
+        raise SpecError(field, target if name_target else None, f"is not a valid AppDef ({type(e).__name__}: {e})",
                         fix="submit it with `torchx run` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
     plan = build_plan(app, target)
     resolve(policy).check(app, target, cfg)
