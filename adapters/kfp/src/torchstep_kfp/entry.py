@@ -232,7 +232,9 @@ def fixed_of(plan: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
 
     launcher = is_launcher(plan)
     fields = fixed_fields(plan, role=None if launcher else int(spec.get("role", 0)))
-    return {"shape": "several pods" if launcher else "one container", **fields}
+    unset: tuple[Any, ...] = (None, [], {})  # left out: the comparison takes a missing field for an unset one
+    return {"shape": "several_pods" if launcher else "one_container", **{k: v for k, v in fields.items()
+                                                                          if v not in unset}}  # fmt: skip
 
 
 def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled: Mapping[str, Any], now: Any) -> None:
@@ -253,13 +255,15 @@ def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled:
         inputs = [k for k in inputs if _field_with(spec, {**planned, k: values[k]}, field) != before] or inputs
     said = ", ".join(f"{k}={values[k]!r} (compiled with {planned[k]!r})" for k in inputs) or "the run-time inputs"
     if field == "shape":
-        raise SpecError("inputs", "kfp", f"with these input values ({said}) the AppDef needs {after}, but the pipeline "
-                        f"was compiled for the other shape, {before} (KFP fixes a step's shape at compile time)",
+        raise SpecError("inputs", "kfp", f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, but the "
+                        f"pipeline was compiled for the other shape, {before.replace('_', ' ')} (KFP fixes a step's "
+                        "shape at compile time)",
                         fix="pass these inputs as constants in the pipeline, or set them in "
                         "component_from_fn(..., defaults=...)")  # fmt: skip
     names = " or ".join(repr(k) for k in inputs) or "the inputs"
-    raise SpecError(field, "kfp", f"KFP fixed it at compile time to {before!r}, but the run-time input(s) {said} make "
-                    f"it {after!r}; the step would run with the compiled value",
+    shown = [repr(v) if v is not None else "none" for v in (before, after)]
+    raise SpecError(field, "kfp", f"KFP fixed it at compile time to {shown[0]}, but the run-time input(s) {said} make "
+                    f"it {shown[1]}; the step would run with the compiled value",
                     fix=f"pass {names} as a constant in the pipeline (e.g. op({inputs[0] if inputs else 'name'}=...)), "
                     "or make this field independent of run-time inputs")  # fmt: skip
 

@@ -69,13 +69,18 @@ def fixed_fields(plan: StepPlan, *, role: int | None = None) -> dict[str, Any]:
 
 
 def changed_fields(fixed: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(field, fixed value, run-time value)`` of every field of ``fixed`` whose value
-    differs in ``now`` (both from :func:`fixed_fields`), in ``fixed``'s order."""
-    return [(k, v, now.get(k)) for k, v in fixed.items() if _plain(v) != _plain(now.get(k))]
+    """``(field, fixed value, run-time value)`` of every field whose value differs between
+    ``fixed`` and ``now`` (both from :func:`fixed_fields`, fields that are unset or empty
+    possibly left out), in ``fixed``'s order, then ``now``'s."""
+    keys = [*fixed, *(k for k in now if k not in fixed)]
+    return [(k, fixed.get(k), now.get(k)) for k in keys if _plain(fixed.get(k)) != _plain(now.get(k))]
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as JSON would give it back (tuples as lists, ints and floats alike)."""
+    """``value`` as JSON would give it back (tuples as lists, ints and floats alike; unset
+    and empty alike)."""
+    if value is None or value == [] or value == {} or value == ():
+        return None
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
