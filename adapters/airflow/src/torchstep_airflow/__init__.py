@@ -24,7 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> module that defines it (loaded lazily)
+# public name -> module that defines it (loaded lazily). Not torchstep.lazy: the provider
+# entry point (get_provider_info) imports this package and must import nothing else.
 _LAZY = {
     "AppDefOperator": "torchstep_airflow.operators",
     "torchstep_task": "torchstep_airflow.decorators",
