@@ -597,8 +597,12 @@ def run_tries(
 
     Args:
         plan: the plan (local or kubernetes target).
-        attempt, cfg, client, on_line, cursor_store, options: as :func:`open_step`. For the
-            local target ``cfg["retries"]`` and ``cfg["retry_delay"]`` configure this loop.
+        attempt: as :func:`open_step`: the first try's (try ``n``: :meth:`Attempt.again`).
+        cfg: as :func:`open_step`; for the local target ``cfg["retries"]`` and
+            ``cfg["retry_delay"]`` configure this loop.
+        client: as :func:`open_step`.
+        on_line: as :func:`open_step`.
+        cursor_store: as :func:`open_step`.
         retries: how many retries at most; ``None``: ``cfg["retries"]``, else the plan's
             APPLICATION budget (``plan.step_retry.count``).
         cancel: set from any thread (or a signal handler): the running try stops every
@@ -608,6 +612,7 @@ def run_tries(
             result in ``step.result``).
         on_retry: called with the failed result, its try number and the wait before the
             next try (the loop says it in the step's log itself).
+        options: as :func:`open_step`.
 
     Returns:
         The last try's :class:`~torchstep.StepResult`.
