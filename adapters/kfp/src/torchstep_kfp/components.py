@@ -27,7 +27,6 @@ import copy
 import inspect
 import json
 import keyword
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -110,7 +109,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     ``torchstep_job_id`` (and, for a launcher step of several pods, ``torchstep_task_id``),
     which the component sets from KFP's placeholders when called.
     """
-    from torchstep.components.materialize import component_of, parameters_of, static_values
+    from torchstep.components.materialize import component_of, parameters_of, reference_of, static_values
 
     fn, label = component_of(component)
     names = {p.name for p in parameters_of(component)}
@@ -124,7 +123,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
                         fix="rename the parameter")  # fmt: skip
     inputs, appdef = static_values(component, defaults, target=TARGET, builder="component_from_fn")
     plan = plan_of(appdef)
-    spec = {"component": _reference(component, fn)}
+    spec = {"component": reference_of(component)}
     return _build(plan, spec, inputs, options, default_name=getattr(fn, "__name__", "step"),
                   description=inspect.getdoc(fn) or label)  # fmt: skip
 
@@ -275,10 +274,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
             raise SpecError(f"outputs.{out}", TARGET, f"{out!r} is also an input of the component (KFP names "
                             "inputs and outputs in one namespace)",
                             fix="publish the value under another name with torchstep.output")  # fmt: skip
-    params = [
-        inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_kfp_type(p))
-        for p, default in inputs
-    ]
+    params = [p.keyword(default) for p, default in inputs]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(COMPILED_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     if launcher:  # its Jobs are named after KFP's task id; a one-pod step creates none
@@ -316,12 +312,6 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
 
 
-def _kfp_type(p: Any) -> Any:
-    from typing import Optional
-
-    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (KFP reads typing.Optional)
-
-
 def _artifact_name(value: Any, default: str, option: str) -> Any:
     """``True`` → ``default``; a name → that name; falsy → ``False``."""
     if not value:
@@ -357,22 +347,6 @@ def _check_options(options: Mapping[str, Any], params: set[str]) -> None:
         if key not in _OPTIONS and key not in params:
             raise SpecError(key, TARGET, "is not an option of the step component",
                             fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""))  # fmt: skip
-
-
-def _reference(component: Any, fn: Any) -> str:
-    """The reference the container resolves: the user's string as is; for a callable its
-    ``module:qualname`` when importable by that name, else ``file.py:name``."""
-    if isinstance(component, str):
-        return component.strip()
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname and "." not in qualname:
-        return f"{module}:{qualname}"
-    source = inspect.getsourcefile(fn)
-    if source is None or "<" in qualname or "." in qualname:
-        raise SpecError("component", TARGET, f"{qualname or fn!r} cannot be found again inside the container",
-                        fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
-    rel = os.path.relpath(source)
-    return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
 
 
 def _component_name(given: Any, default: str) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any
 
 from torchstep.errors import SpecError
 
@@ -69,7 +69,7 @@ def app_task(
     """
     from prefect import task
     from prefect.cache_policies import NO_CACHE
-    from torchstep.components.materialize import static_values
+    from torchstep.components.materialize import component_of, static_values
     from torchstep.plan.planner import build_plan
     from torchstep.runopts import check_cfg
     from torchx.specs import AppDef
@@ -85,7 +85,7 @@ def app_task(
         name = app.name
     else:
         params, static = static_values(app, defaults, target=target, builder="app_task")
-        name = getattr(_component_fn(app), "__name__", static.name)
+        name = getattr(component_of(app)[0], "__name__", static.name)
     plan = build_plan(static, target)
     _apply_retries(plan, options)
     body = _step_function(app, params, plan, cfg, name, client)
@@ -117,12 +117,6 @@ def torchstep_task(
     if fn is None:
         return lambda f: app_task(f, target=target, cfg=cfg, **task_options)
     return app_task(fn, target=target, cfg=cfg, **task_options)
-
-
-def _component_fn(component: Any) -> Any:
-    from torchstep.components.materialize import component_of
-
-    return component_of(component)[0]
 
 
 def _apply_retries(plan: Any, options: dict[str, Any]) -> None:
@@ -169,19 +163,16 @@ def _step_function(
         app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
         return run_in_task(app_def, build_plan(app_def, plan.target), cfg=cfg, client=client)
 
-    sig = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=_annotation(p))
-           for p, value in params]  # fmt: skip
+    sig = [p.keyword(value) for p, value in params]
     run_step.__signature__ = inspect.Signature(sig, return_annotation=dict)  # type: ignore[attr-defined]
-    run_step.__annotations__ = {p.name: _annotation(p) for p, _ in params} | {"return": dict}
+    run_step.__annotations__ = {k.name: k.annotation for k in sig} | {"return": dict}
     run_step.__name__ = run_step.__qualname__ = name
-    fn = _component_fn(app) if params else None
+    from torchstep.components.materialize import component_of
+
+    fn = component_of(app)[0] if params else None
     run_step.__doc__ = (inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}"
     run_step.__module__ = getattr(fn, "__module__", __name__) or __name__
     return run_step
-
-
-def _annotation(p: Any) -> Any:
-    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (Prefect's schema reads typing.Optional)
 
 
 def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
