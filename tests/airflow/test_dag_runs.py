@@ -6,7 +6,7 @@ import time
 
 import pytest
 from torchstep.plan.names import run_name
-from torchstep_airflow import step_run_id
+from torchstep_airflow import task_run_id
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_pipeline_passes_results_along_and_trains_on_2_replicas_x_2_processes(ex
     assert sorted(rk["rank"] for rep in train["replicas"] for rk in rep["ranks"]) == [0, 1, 2, 3]
     assert train["outputs"]["world_size"] == 4 and train["outputs"]["steps"] == 30  # read from prepare's XCom
     # the app id (${app_id}) is derived from the Airflow run and try
-    assert train["app_id"] == run_name("train", step_run_id("torchstep_example", example_run["run_id"], "train", 1))
+    assert train["app_id"] == run_name("train", task_run_id("torchstep_example", example_run["run_id"], "train", 1))
     evaluate = tasks["evaluate"]["xcom"]  # @task.torchstep, fed by train's outputs
     assert evaluate["state"] == "SUCCEEDED" and evaluate["outputs"]["loss_ratio"] < 0.5
 

@@ -9,7 +9,6 @@ task process is SIGKILLed mid-step, against the cross-process HTTP fake of tests
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import time
@@ -27,10 +26,10 @@ from torchx import specs
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 from airflow.sdk.exceptions import AirflowException, AirflowFailException  # noqa: E402
 from torchstep_airflow import durable  # noqa: E402
-from torchstep_airflow.durable import REPORTED_KEY, RUN_ID_KEY, attempt_id_of  # noqa: E402
-from torchstep_airflow.kubernetes import KubernetesStep  # noqa: E402
+from torchstep_airflow.durable import REPORTED_KEY, RUN_ID_KEY  # noqa: E402
+from torchstep_airflow.kubernetes import XCOM_RESULT_FILE, pod_operator, render  # noqa: E402
 from torchstep_airflow.operators import AppDefOperator  # noqa: E402
-from torchstep_airflow.settings import run_id_of  # noqa: E402
+from torchstep_airflow.settings import attempt_of, run_id_of  # noqa: E402
 
 NS = "ml"
 
@@ -216,16 +215,29 @@ def app_id(run_id: str) -> str:
     return torchstep.kubernetes.render_app(app(), namespace=NS, cfg={"run_id": run_id}).app_id
 
 
+def attempt_id_of(ctx: dict[str, Any]) -> str:
+    """The run id of the task's logical attempt (not the try)."""
+    return attempt_of(ctx).logical_id
+
+
+def core_step(op: AppDefOperator, run_id: str, cursor_store: Any = None) -> Any:
+    """Core's step of ``run_id`` as the task's Job path opens it (the hook's client)."""
+    from torchstep.kubernetes import OfficialClient
+    from torchstep.steps import KubernetesStep
+
+    hook = Hook()
+    client = OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
+    return KubernetesStep(op.build_app()[1], run_id=run_id, cfg=op.cfg, client=client, cursor_store=cursor_store,
+                          result_file=XCOM_RESULT_FILE)  # fmt: skip
+
+
 def dead_watcher(op: AppDefOperator, try_number: int, store: Store | None) -> str:
     """What a try leaves behind when its worker is SIGKILLed mid-step: its run id in the task
     state store and its Job on the cluster, running. Returns that run id."""
     run_id = run_id_of(context(try_number, store))
     if store is not None:
         store.set(RUN_ID_KEY, run_id)
-    _, plan = op.build_app()
-    runner = op._make_runner(app(), plan, run_id)
-    runner.client()
-    runner.core_step(run_id, cursor_store=store).job_set().create()  # records its Job's uid, as a real try does
+    core_step(op, run_id, cursor_store=store).job_set().create()  # records its Job's uid, as a real try does
     return run_id
 
 
@@ -320,8 +332,7 @@ def test_a_stored_id_whose_job_never_got_created_is_created_under_that_id(cluste
 def test_an_object_of_someone_else_under_the_same_name_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     op = operator()
     run_id = run_id_of(context(1, None))
-    _, plan = op.build_app()
-    name = op._make_runner(app(), plan, run_id).rendered.roles[0].name
+    name = render(op, op.build_app()[1], run_id).roles[0].name
     fake = FakeKube(scripts())
     fake.objects.append({"kind": "Job", "metadata": {"name": name, "labels": {"team": "other"}, "uid": "x"}})
     monkeypatch.setattr(Hook, "cluster", fake)
@@ -338,8 +349,7 @@ def test_a_job_with_the_runs_labels_that_this_task_did_not_create_is_refused_by_
     store = Store()
     op = operator()
     run_id = run_id_of(context(1, store))
-    _, plan = op.build_app()
-    forged = op._make_runner(app(), plan, run_id).rendered.roles[0].workload
+    forged = render(op, op.build_app()[1], run_id).roles[0].workload
     cluster.create_namespaced_job(NS, body=forged)
     name = forged["metadata"]["name"]
     with pytest.raises(AirflowFailException, match=f"Job {NS}/{name}.*not created by this run.*no creation of it"):
@@ -394,11 +404,8 @@ def test_without_the_mixin_a_retry_still_attaches_by_the_deterministic_name(
     monkeypatch.setitem(sys.modules, durable.MIXIN_MODULE, None)  # Airflow < 3.3: the import fails
     assert durable.resumable_class() is None
     op = operator()
-    _, plan = op.build_app()
     attempt = attempt_id_of(context(1, None))
-    runner = op._make_runner(app(), plan, run_id_of(context(1, None)))
-    runner.client()
-    runner.core_step(attempt).job_set().create()  # try 1 created the Job of the attempt, then died
+    core_step(op, attempt).job_set().create()  # try 1 created the Job of the attempt, then died
     out = op.execute(context(2, Store()))
     assert out["state"] == "SUCCEEDED" and out["app_id"] == app_id(attempt)
     assert len(cluster.jobs()) == 1 and cluster.conflicts() == 2
@@ -413,10 +420,11 @@ def test_durable_false_runs_each_try_under_its_own_name_and_stores_nothing(clust
 
 
 # -- the single-pod path: KubernetesPodOperator's reattach_on_restart -------------------------------
-def pod_step(durable_: bool, kwargs: dict[str, Any] | None = None) -> KubernetesStep:
-    plan = torchstep.build_plan(app(replicas=1), "kubernetes")
-    return KubernetesStep("fit", plan, run_id="r1", cfg={"namespace": NS}, kwargs=kwargs or {},
-                          log=logging.getLogger("t"), durable=durable_)  # fmt: skip
+def pod_step(durable_: bool, kwargs: dict[str, Any] | None = None) -> Any:
+    """The pod operator a 1-replica app's try builds (``_inner``)."""
+    op = AppDefOperator(task_id="fit", app=app(replicas=1), target="kubernetes", cfg={"namespace": NS})
+    rendered = render(op, op.build_app()[1], "r1")
+    return types.SimpleNamespace(_inner=pod_operator("fit", rendered, kwargs or {}, durable=durable_))
 
 
 def test_single_pod_durability_is_the_pod_operators_reattach_on_restart() -> None:

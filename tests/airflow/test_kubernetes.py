@@ -3,8 +3,8 @@ builds exactly the pod torchstep renders; what the Job path submits passes the o
 schemas; and the Job path's watch / result / cleanup logic against an in-memory API."""
 
 import datetime
-import logging
 import os
+import types
 
 import kubernetes_validate
 import pytest
@@ -12,14 +12,17 @@ import torchstep
 from kpo_fakes import FakeHook
 from kubefake import FakeKube, Script
 from kubernetes.client import ApiClient
-from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION, OfficialClient
+from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
-from torchstep_airflow.kubernetes import KubernetesStep, StepPodOperator  # noqa: E402
+from torchstep_airflow import kubernetes as airflow_kubernetes  # noqa: E402
+from torchstep_airflow.kubernetes import StepPodOperator, pod_operator, render, run_kubernetes  # noqa: E402
+from torchstep_airflow.operators import AppDefOperator  # noqa: E402
 
-LOG = logging.getLogger("test")
 RUN_ID = "train.fit.manual__2026-11-21T10_00_00+00_00.try1"
+TI = types.SimpleNamespace(dag_id="train", task_id="fit", run_id="manual__2026-11-21T10:00:00+00:00", try_number=1,
+                           map_index=-1)  # fmt: skip
 
 
 def app(replicas=1, roles=1, **role_kw):
@@ -40,9 +43,16 @@ def app(replicas=1, roles=1, **role_kw):
     return specs.AppDef("train", roles=[role(f"r{i}") if roles > 1 else role("trainer") for i in range(roles)])
 
 
+def task(a, kwargs=None):
+    return AppDefOperator(task_id="fit", app=a, target="kubernetes", cfg={"namespace": "ml"},
+                          kubernetes_kwargs=kwargs or {}, durable=False)  # fmt: skip
+
+
 def step(a, kwargs=None):
-    plan = torchstep.build_plan(a, "kubernetes")
-    return KubernetesStep("fit", plan, run_id=RUN_ID, cfg={"namespace": "ml"}, kwargs=kwargs or {}, log=LOG)
+    """A 1-replica app's pod operator, as the task's try builds it, and the rendered app."""
+    t = task(a, kwargs)
+    rendered = render(t, t.build_app()[1], RUN_ID)
+    return types.SimpleNamespace(_inner=pod_operator("fit", rendered, t.kubernetes_kwargs), rendered=rendered)
 
 
 def test_pod_operator_pod_is_the_rendered_pod():
@@ -76,26 +86,39 @@ def test_pod_operator_arguments_torchstep_owns_are_refused():
 
 
 def test_job_path_refuses_pod_operator_only_arguments():
+    t = task(app(replicas=2), {"deferrable": True})
     with pytest.raises(torchstep.SpecError) as err:
-        step(app(replicas=2), {"deferrable": True})
+        run_kubernetes(t, t.build_app()[1], {"ti": TI})
     assert err.value.field == "kubernetes_kwargs['deferrable']"
 
 
 # -- the Job path against the recorded in-memory API (tests/kubefake.py) ---------------------------
-def job_set(exit_codes, messages=None, **kwargs):
-    s = step(app(replicas=len(exit_codes)), {"poll_interval": 0.01, **kwargs})
-    assert s._inner is None  # several replicas: Jobs through core's JobSet, not a pod operator
+def job_set(exit_codes, messages=None, monkeypatch=None, **kwargs):
+    """The Job path of one try of a task (several replicas: Jobs through core's open_step, not
+    a pod operator), its client the KubernetesHook's, standing for a ``FakeKube``."""
+    t = task(app(replicas=len(exit_codes)), {"poll_interval": 0.01, **kwargs})
+    plan = t.build_app()[1]
     scripts = {i: Script(codes=[code], messages=[(messages or {}).get(i)]) for i, code in enumerate(exit_codes)}
     for i, script in scripts.items():
         if script.messages == [None]:
             script.messages = []
     fake = FakeKube(scripts)
-    s.core.client = OfficialClient(core=fake, batch=fake, api_client=ApiClient())
-    return s, fake
+
+    class Hook:
+        default_conn_name = "kubernetes_default"
+
+        def __init__(self, conn_id=None, **kwargs):
+            self.core_v1_client, self.batch_v1_client, self.api_client = fake, fake, ApiClient()
+
+    monkeypatch.setattr(airflow_kubernetes, "KubernetesHook", Hook)
+    ctx = {"ti": TI}
+    rendered = render(t, plan, airflow_kubernetes.attempt_of(ctx).run_id)
+    run = lambda context=None: run_kubernetes(t, plan, ctx)  # noqa: E731
+    return types.SimpleNamespace(run=run, cancel=t.on_kill, rendered=rendered), fake
 
 
-def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job(capsys):
-    s, fake = job_set([0, 0])
+def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job(capsys, monkeypatch):
+    s, fake = job_set([0, 0], monkeypatch=monkeypatch)
     result = s.run(context=None)
     kinds = [o["kind"] for o in fake.objects]
     assert kinds == ["Job", "Service"]
@@ -114,16 +137,16 @@ def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job
     assert "[trainer/0] hello" in out and "[trainer/1] hello" in out  # every pod's log streamed
 
 
-def test_job_path_non_retryable_exit_fails_without_retry_and_keeps_objects_when_asked():
-    s, fake = job_set([0, 82], on_finish_action="delete_succeeded_pod")
+def test_job_path_non_retryable_exit_fails_without_retry_and_keeps_objects_when_asked(monkeypatch):
+    s, fake = job_set([0, 82], monkeypatch=monkeypatch, on_finish_action="delete_succeeded_pod")
     result = s.run(context=None)
     assert result.state == "FAILED" and result.retryable is False and result.exit_code == 82
     assert "exited 82 (non-retryable)" in result.message
     assert fake.deleted == []  # failed: kept for inspection
 
 
-def test_job_path_cancel_deletes_everything():
-    s, fake = job_set([0, 0])
+def test_job_path_cancel_deletes_everything(monkeypatch):
+    s, fake = job_set([0, 0], monkeypatch=monkeypatch)
     fake.polls = 10**6  # never finishes by itself
     s.cancel()
     result = s.run(context=None)
@@ -196,18 +219,18 @@ def agent_summary(tmp_path, mode):
 
 
 @pytest.mark.timeout(300)
-def test_job_path_reads_rank0_outputs_and_root_cause_from_the_agents_termination_messages(tmp_path):
+def test_job_path_reads_rank0_outputs_and_root_cause_from_the_agents_termination_messages(tmp_path, monkeypatch):
     code_ok, ok = agent_summary(tmp_path, "ok")
     code_bad, bad = agent_summary(tmp_path, "fail")
     assert (code_ok, code_bad) == (0, 1)
     assert len(ok.encode()) <= 4096 and len(bad.encode()) <= 4096  # Kubernetes keeps 4096 bytes
 
-    s, _ = job_set([0, 0], messages={0: ok, 1: ok})
+    s, _ = job_set([0, 0], messages={0: ok, 1: ok}, monkeypatch=monkeypatch)
     result = s.run(context=None)
     assert result.state == "SUCCEEDED"
     assert result.outputs == {"loss": 0.25, "rank": 0}  # global rank 0's values, not rank 1's
 
-    s, _ = job_set([0, code_bad], messages={0: ok, 1: bad})
+    s, _ = job_set([0, code_bad], messages={0: ok, 1: bad}, monkeypatch=monkeypatch)
     result = s.run(context=None)
     assert result.state == "FAILED" and result.retryable is True
     assert result.root_cause is not None and result.root_cause.rank == 1
@@ -215,10 +238,10 @@ def test_job_path_reads_rank0_outputs_and_root_cause_from_the_agents_termination
     assert "disk full on rank 1" in result.message
 
 
-def test_job_path_ignores_a_forged_pod_with_replica_0s_labels(capsys):
+def test_job_path_ignores_a_forged_pod_with_replica_0s_labels(capsys, monkeypatch):
     ok = torchstep.StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://ours"})
     forged = torchstep.StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"model_uri": "s3://attacker"})
-    s, fake = job_set([0, 0], messages={0: ok.summary(), 1: ok.summary()})
+    s, fake = job_set([0, 0], messages={0: ok.summary(), 1: ok.summary()}, monkeypatch=monkeypatch)
     fake.impersonate(["[trainer/0] FORGED step"], forged.summary())
     result = s.run(context=None)
     assert result.state == "SUCCEEDED" and result.outputs == {"model_uri": "s3://ours"}

@@ -160,10 +160,11 @@ def operator(**kubernetes_kwargs: Any) -> AppDefOperator:
 
 def pod_of(op: AppDefOperator, ctx: dict[str, Any]) -> Any:
     """The pod the task's KubernetesPodOperator would create for this try (its labels included)."""
+    from torchstep_airflow.kubernetes import pod_operator, render
     from torchstep_airflow.settings import run_id_of
 
-    _, plan = op.build_app()
-    inner = op._make_runner(op.build_app()[0], plan, run_id_of(ctx))._inner
+    rendered = render(op, op.build_app()[1], run_id_of(ctx))
+    inner = pod_operator(op.task_id, rendered, op.kubernetes_kwargs, durable=op.durable)
     return inner.build_pod_request_obj(ctx)
 
 

@@ -93,3 +93,18 @@ def sleeper(mark: str, seconds: float = 600.0, replicas: int = 1) -> specs.AppDe
                       args=[os.path.join(HERE, "sleeper.py"), str(seconds)], num_replicas=replicas,
                       env={"TORCHSTEP_TEST_MARK": mark})  # fmt: skip
     return specs.AppDef("sleeper", roles=[role])
+
+
+def ckpt(marker: str = "", lr: float = 0.1, tag: str = "nopvc") -> specs.AppDef:
+    """A step whose checkpoint volume depends on an input (a field KFP fixes at compile time).
+
+    Args:
+        marker: a file the step appends a line to when it runs ("" writes nothing)
+        lr: learning rate (decides nothing KFP fixes)
+        tag: "withpvc" mounts the claim ckpt at /ckpt
+    """
+    code = "import sys; sys.argv[1] and open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
+    mounts = [specs.VolumeMount("ckpt", "/ckpt")] if tag == "withpvc" else []
+    role = specs.Role("trainer", image="python:3.11", entrypoint=sys.executable, args=["-c", code, marker, str(lr)],
+                      mounts=mounts)  # fmt: skip
+    return specs.AppDef("ckpt", roles=[role])

@@ -27,13 +27,14 @@ RESUMABLE = str(HERE / "scripts" / "resumable.py")
 STEP = r"""
 import json, sys
 from torchx import specs
+from torchstep.plan.planner import build_plan
 from torchstep.steps import LocalStep
 
 script, ckpt, epochs, epoch_s, log_dir, out = sys.argv[1:7]
 role = specs.Role("trainer", image="unused", entrypoint="python", args=[script, "--epochs", epochs, "--epoch-s", epoch_s],
                   num_replicas=1, resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
                   metadata={"torchstep": {"nproc_per_node": 2}})
-step = LocalStep(specs.AppDef("resume", roles=[role]), run_id="try", cfg={"checkpoint_dir": ckpt, "log_dir": log_dir})
+step = LocalStep(build_plan(specs.AppDef("resume", roles=[role]), "local"), run_id="try", cfg={"checkpoint_dir": ckpt, "log_dir": log_dir})
 result = step.run()
 open(out, "w").write(json.dumps(result.to_dict()))
 """

@@ -311,6 +311,7 @@ def test_the_agent_refuses_an_unwritable_result_file_or_log_dir_before_starting(
 def test_a_rank_that_writes_20_mib_and_dies_loses_no_line(log_dir: Path) -> None:
     import re
 
+    from torchstep.plan.planner import build_plan
     from torchstep.steps import LocalStep
 
     n = 300_000  # 72-byte lines: 21.6 MB, written as fast as Python can
@@ -323,7 +324,10 @@ def test_a_rank_that_writes_20_mib_and_dies_loses_no_line(log_dir: Path) -> None
     r = specs.Role("w", image="x", entrypoint="python", args=["-u", "-c", code])
     lines: list[str] = []
     result = LocalStep(
-        specs.AppDef("big", roles=[r]), run_id="big", cfg={"log_dir": str(log_dir)}, on_line=lines.append
+        build_plan(specs.AppDef("big", roles=[r]), "local"),
+        run_id="big",
+        cfg={"log_dir": str(log_dir)},
+        on_line=lines.append,
     ).run()
     assert result.state == "FAILED" and result.exit_code == 1
     numbered = re.compile(r"line (\d{7}) x{56}$")
@@ -366,6 +370,7 @@ def test_a_full_disk_under_the_console_log_truncates_it_and_the_run_still_ends_r
     """ENOSPC on every write of the launcher's console.log (the file is /dev/full): the
     console keeps every line, the run ends with its real outcome, the result says so."""
     import torchstep.local.launcher as launcher
+    from torchstep.plan.planner import build_plan
     from torchstep.steps import LocalStep
 
     real_open = launcher.open_private
@@ -385,7 +390,9 @@ def test_a_full_disk_under_the_console_log_truncates_it_and_the_run_still_ends_r
     for state, r in cases.items():
         lines: list[str] = []
         app = specs.AppDef("full", roles=[r])
-        result = LocalStep(app, run_id=f"full-{state}", cfg={"log_dir": str(log_dir)}, on_line=lines.append).run()
+        result = LocalStep(
+            build_plan(app, "local"), run_id=f"full-{state}", cfg={"log_dir": str(log_dir)}, on_line=lines.append
+        ).run()
         assert result.state == state
         assert any("log truncated" in w and "No space left on device" in w for w in result.warnings), result.warnings
         assert any("log truncated" in line for line in lines)

@@ -14,7 +14,8 @@ import pytest
 import torchstep
 from local_testlib import rank_log_has, role
 from proclib import wait_for
-from torchstep.local import ReplicaEvent, run_local
+from torchstep.local import ReplicaEvent
+from torchstep.steps import run_local
 from torchx import specs
 
 

@@ -11,7 +11,8 @@ import pytest
 import torchstep
 from local_testlib import WORKER, rank_log_has, role
 from proclib import wait_for
-from torchstep.local import ReplicaEvent, run_local
+from torchstep.local import ReplicaEvent
+from torchstep.steps import run_local
 from torchx import specs
 
 

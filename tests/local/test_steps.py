@@ -24,7 +24,7 @@ def test_local_step_runs_two_processes_and_hands_every_rank_line_to_the_callback
     out.mkdir()
     lines: list[str] = []
     step = LocalStep(
-        app_of(role("trainer", ["report", str(out)], replicas=1, nproc=2)),
+        torchstep.build_plan(app_of(role("trainer", ["report", str(out)], replicas=1, nproc=2)), "local"),
         run_id=step_run_id("dag", "train", "manual__2026", 1),
         cfg={"log_dir": str(log_dir)},
         on_line=lines.append,
@@ -42,7 +42,7 @@ def test_local_step_runs_two_processes_and_hands_every_rank_line_to_the_callback
 def test_cancel_from_another_thread_stops_every_process(log_dir: Path, no_leftovers: str) -> None:
     lines: list[str] = []
     step = LocalStep(
-        app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)),
+        torchstep.build_plan(app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)), "local"),
         run_id=step_run_id("flow", "task-cancel"),
         cfg={"log_dir": str(log_dir), "grace_period": 5},
         on_line=lines.append,
@@ -65,7 +65,7 @@ def test_an_exception_injected_into_the_waiting_thread_stops_the_step_then_propa
     """What Airflow's timeout alarm and Prefect's injected TimedOut/Cancelled do."""
     lines: list[str] = []
     step = LocalStep(
-        app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)),
+        torchstep.build_plan(app_of(role("trainer", ["loop", "100000", "0.05"], replicas=1, nproc=2)), "local"),
         run_id="alarm-test",
         cfg={"log_dir": str(log_dir), "grace_period": 5},
         on_line=lines.append,
@@ -95,7 +95,7 @@ def test_an_exception_injected_into_the_waiting_thread_stops_the_step_then_propa
 
 
 def test_local_step_refuses_a_second_retry_layer_and_a_foreign_run_id() -> None:
-    app = app_of(role("trainer", ["report", "/tmp"]))
+    app = torchstep.build_plan(app_of(role("trainer", ["report", "/tmp"])), "local")
     with pytest.raises(torchstep.SpecError) as err:
         LocalStep(app, run_id="a", cfg={"retries": 2})
     assert err.value.field == "cfg['retries']"

@@ -211,6 +211,7 @@ SPEC_MODULES = [
     "torchstep.plan.rules.replicas",
     "torchstep.plan.rules.resources",
     "torchstep.plan.rules.retry",
+    "torchstep.plan.fixed",
     "torchstep.steps",
     "torchstep.policy",
     "torchstep.policy.checks",

@@ -24,19 +24,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> module that defines it (loaded lazily)
+# public name -> module that defines it (loaded lazily). Not torchstep.lazy: the provider
+# entry point (get_provider_info) imports this package and must import nothing else.
 _LAZY = {
     "AppDefOperator": "torchstep_airflow.operators",
     "torchstep_task": "torchstep_airflow.decorators",
-    "step_run_id": "torchstep_airflow.settings",
+    "task_run_id": "torchstep_airflow.settings",
 }
 
-__all__ = ["AppDefOperator", "step_run_id", "torchstep_task"]
+__all__ = ["AppDefOperator", "task_run_id", "torchstep_task"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep_airflow.decorators import torchstep_task
     from torchstep_airflow.operators import AppDefOperator
-    from torchstep_airflow.settings import step_run_id
+    from torchstep_airflow.settings import task_run_id
 
 
 def __getattr__(name: str) -> Any:
@@ -44,6 +45,11 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("torchstep-airflow")
+    if name == "step_run_id":  # its name until 0.2: core's step_run_id takes the parts in order
+        import warnings
+
+        warnings.warn("torchstep_airflow.step_run_id is now task_run_id", DeprecationWarning, stacklevel=2)
+        name = "task_run_id"
     if name not in _LAZY:
         raise AttributeError(f"module 'torchstep_airflow' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)

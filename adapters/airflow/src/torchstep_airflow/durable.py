@@ -23,20 +23,24 @@ kept in the task state store under :data:`RUN_ID_KEY`. The mixin decides from it
 
 Without the mixin (Airflow < 3.3) or without a task state store, a retry still cannot start
 a duplicate: the step runs under a name derived from the task's logical attempt (dag, task,
-map index, DAG run; not the try) through core's ``KubernetesStep.for_attempt``, which
-attaches to a running or finished Job of that attempt and skips failed ones.
+map index, DAG run; not the try): core's :func:`~torchstep.steps.open_step` of an
+:class:`~torchstep.steps.Attempt` without a try number attaches to a running or finished Job
+of that attempt and skips failed ones.
 
-Nothing here imports the Kubernetes client or the provider: it drives any object with the
-:class:`DurableStep` interface (``torchstep_airflow.kubernetes.KubernetesStep``).
+Nothing here imports the Kubernetes client or the provider: it opens each try's step with
+the ``open_try`` it is given (core's ``open_step`` bound to the task's plan and client).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
-from torchstep.steps import failure_summary, step_run_id
+from torchstep.steps import Attempt, failure_summary
+
+from torchstep_airflow.settings import attempt_of
 
 #: The task state store key of the run id whose Job this task instance runs (the mixin's
 #: ``external_id_key``; renaming it breaks in-flight retries).
@@ -50,17 +54,6 @@ REPORTED = "REPORTED"
 MIXIN_MODULE = "airflow.sdk.bases.resumablejobmixin"
 
 
-class DurableStep(Protocol):
-    """What this module needs of the Airflow step (``torchstep_airflow.kubernetes.KubernetesStep``)."""
-
-    run_id: str
-    log: Any
-
-    def core_step(self, run_id: str, cursor_store: Any = None) -> Any: ...
-    def attempt_step(self, attempt_id: str) -> Any: ...
-    def run_core(self, core: Any) -> StepResult: ...
-
-
 class Settled(Exception):
     """A try that reports an earlier Job's non-retryable failure instead of submitting."""
 
@@ -69,20 +62,24 @@ class Settled(Exception):
         self.result = result
 
 
-def run_durable(step: DurableStep, context: Any) -> StepResult:
-    """Run ``step`` durably (see the module docstring); its result, failed or not."""
+#: Opens the step of one try: ``open_try(attempt, cursor_store=None)`` (core's ``open_step``).
+OpenTry = Callable[..., Any]
+
+
+def run_durable(open_try: OpenTry, context: Any, log: Any) -> StepResult:
+    """Run the Job path of a task durably (see the module docstring); its result, failed or not."""
     store = context.get("task_state_store")
     cls = resumable_class()
+    attempt = attempt_of(context)
     if cls is None or store is None:
         why = "Airflow has no ResumableJobMixin (< 3.3)" if cls is None else "no task_state_store in the context"
-        attempt = attempt_id_of(context)
-        step.log.warning(
+        log.warning(
             "torchstep: %s: the Job is named after the task's attempt %s (not the try), so a retry "
             "after a crash attaches to it instead of starting another",
-            why, attempt,
+            why, attempt.logical_id,
         )  # fmt: skip
-        return step.run_core(step.attempt_step(attempt))
-    job = cls(step, store)
+        return open_try(Attempt(attempt.parts)).run()  # type: ignore[no-any-return]
+    job = cls(open_try, attempt.run_id, store, log)
     try:
         job.execute_resumable(context)
     except Settled as s:
@@ -91,16 +88,8 @@ def run_durable(step: DurableStep, context: Any) -> StepResult:
     return job.outcome  # type: ignore[no-any-return]
 
 
-def attempt_id_of(context: Any) -> str:
-    """The run id of the task's logical attempt: ``run_id_of`` without the try number."""
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", None)
-    mapped = [map_index] if map_index is not None and map_index >= 0 else []
-    return step_run_id(ti.dag_id, ti.task_id, *mapped, ti.run_id)
-
-
 def resumable_class() -> Any:
-    """The :class:`ResumableJobMixin` subclass that runs a :class:`DurableStep`, or None
+    """The :class:`ResumableJobMixin` subclass that runs the Job path of a task, or None
     where the installed Airflow lacks the mixin. Imported when a durable task executes,
     never when a DAG file is parsed."""
     try:
@@ -121,19 +110,22 @@ def resumable_class() -> Any:
         external_id_key = RUN_ID_KEY
 
         # Not the mixin's __init__: it is an operator's (wrapped by BaseOperatorMeta) and only sets `durable`.
-        def __init__(self, step: DurableStep, store: Any) -> None:
+        def __init__(self, open_try: OpenTry, run_id: str, store: Any, log: Any) -> None:
             self.durable = True
-            self.step = step
+            self.open_try = open_try
+            self.run_id = run_id  # this try's
             self.store = store
-            self.log = _kwargs_logger(step.log)  # the mixin logs structlog-style (key=value keywords)
+            self.log = _kwargs_logger(log)  # the mixin logs structlog-style (key=value keywords)
             self.outcome: StepResult | None = None
             self._failed: str | None = None  # an earlier run id whose Job failed while nobody watched
+            self._opened: dict[str, Any] = {}  # run id -> its step, opened to read its state
 
         def get_job_status(self, external_id: Any, context: Any) -> str:
             run_id = str(external_id)
             if self.store.get(REPORTED_KEY) == run_id:
                 return REPORTED
-            state = self.step.core_step(run_id).state()
+            step = self._opened[run_id] = self.open_try(run_id, cursor_store=self.store)
+            state = step.found
             if state == FAILED:
                 self._failed = run_id
             return {None: PENDING, RUNNING: RUNNING, SUCCEEDED: SUCCEEDED, FAILED: FAILED}.get(state, str(state))
@@ -148,8 +140,8 @@ def resumable_class() -> Any:
             if self._failed is not None:
                 self._settle(self._failed)
             # Stored before anything exists: a crash from here on leaves an id that attach-or-create resolves.
-            self.store.set(RUN_ID_KEY, self.step.run_id)
-            return self.step.run_id
+            self.store.set(RUN_ID_KEY, self.run_id)
+            return self.run_id
 
         def poll_until_complete(self, external_id: Any, context: Any) -> None:
             self.outcome = self._run(str(external_id))
@@ -160,8 +152,9 @@ def resumable_class() -> Any:
             return self.outcome
 
         def _run(self, run_id: str) -> StepResult:
+            step = self._opened.pop(run_id, None) or self.open_try(run_id, cursor_store=self.store)
             try:
-                return self.step.run_core(self.step.core_step(run_id, cursor_store=self.store))
+                return step.run()  # type: ignore[no-any-return]
             finally:
                 # Watched to its end, or deleted (core deletes everything on any exception; a
                 # SIGKILL never gets here): the next try of this task starts afresh.

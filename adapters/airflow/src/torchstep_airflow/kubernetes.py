@@ -7,21 +7,21 @@ Kubernetes client; loaded only when such a task executes).
   ``/airflow/xcom/return.json`` and the operator's XCom sidecar reads it back;
   ``on_finish_action``, ``deferrable`` and every other KPO argument work as usual
   (``kubernetes_kwargs``).
-- Anything else (several replicas or roles) → core's :class:`torchstep.steps.KubernetesStep`
-  (``JobSet``) with the ``KubernetesHook``'s client; every pod's log goes to the task log,
+- Anything else (several replicas or roles) → core's :func:`torchstep.steps.open_step` with
+  the ``KubernetesHook``'s client; every pod's log goes to the task log,
   ``on_finish_action`` maps to ``on_finish``. Not deferrable.
 
 Durable (``durable=True``, the default of ``AppDefOperator``): a retry after the worker died
 reattaches instead of starting a second pod or gang. The pod path relies on the
 KubernetesPodOperator's own ``reattach_on_restart`` (it finds the earlier try's pod by the
 task's labels); the Job path goes through :mod:`torchstep_airflow.durable` (Airflow's
-``ResumableJobMixin`` and the task state store).
+``ResumableJobMixin`` and the task state store) to core's attach-or-create.
 
 A pod is this task's by uid, not by labels (:mod:`torchstep.kubernetes.ownership`): the pod
 path records the uid of the pod it creates in the task state store at once, follows and
 reads only that pod, and reattaches only to a pod whose uid a try of this task recorded;
 any other pod carrying the task's labels is ignored and reported once in the task log. The
-Job path does the same through core's ``JobSet`` (the store is its ``cursor_store``).
+Job path does the same through core's step (the store is its ``cursor_store``).
 
 Example::
 
@@ -41,12 +41,14 @@ from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE
 from torchstep.errors import SpecError
-from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp
+from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, render_app
 from torchstep.kubernetes.apiobj import uid_of
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
 from torchstep.plan.model import StepPlan
 from torchstep.result import FAILED, StepResult
-from torchstep.steps import KubernetesStep as CoreKubernetesStep
+from torchstep.steps import open_step, run_tries
+
+from torchstep_airflow.settings import attempt_of
 
 TARGET = "kubernetes"
 #: Where the agent writes the step result in a KubernetesPodOperator pod (its XCom file).
@@ -80,9 +82,14 @@ class StepPodOperator(KubernetesPodOperator):
     docstring."""
 
     step_result: dict[str, Any] | None = None
+    result: StepResult | None = None  # a stopped pod leaves no result here (see AppDefOperator)
     final_pod: Any = None
     pod_uid: str | None = None  # the uid of the pod this execution created or reattached to
     _ignored: frozenset[str] = frozenset()
+
+    def cancel(self) -> None:
+        """Stop the step (the pod): what a core step's ``cancel`` is to ``AppDefOperator``."""
+        self.on_kill()
 
     def extract_xcom(self, pod: Any) -> dict[Any, Any] | None:
         self.step_result = super().extract_xcom(pod)
@@ -195,142 +202,63 @@ def _nested(op: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
         ExecutorSafeguard.tracker.reset(token)
 
 
-class KubernetesStep:
-    """One try of an AppDef on Kubernetes (see the module docstring).
+def render(task: Any, plan: StepPlan, run_id: str) -> RenderedApp:
+    """The objects of ``task``'s try ``run_id``; the agent writes its result where
+    KubernetesPodOperator's XCom sidecar reads it."""
+    return render_app(plan, cfg={**task.cfg, "run_id": run_id, "result_file": XCOM_RESULT_FILE})
 
-    ``durable``: a retry reattaches to the work of an earlier try whose watcher died (the
-    Job path needs the task ``context`` in :meth:`run` for that; without it, it runs plainly).
-    """
 
-    def __init__(
-        self,
-        task_id: str,
-        plan: StepPlan,
-        *,
-        run_id: str,
-        cfg: Mapping[str, Any],
-        kwargs: Mapping[str, Any],
-        log: Any,
-        durable: bool = False,
-    ) -> None:
-        self.kwargs = dict(kwargs)
-        self.log = log
-        self.plan = plan
-        self.cfg = dict(cfg)
-        self.run_id = run_id
-        self.durable = durable
-        self.result: StepResult | None = None
-        self._cancelled = False
-        self._client: Any = None
-        self.on_finish = _on_finish(self.kwargs)
-        # this try's core step (a durable retry may run another run id's: see use())
-        self.core = self.core_step(run_id)
-        self.rendered: RenderedApp = self.core.rendered
-        self._inner: StepPodOperator | None = None
-        if is_single_pod(self.rendered):
-            self._inner = pod_operator(task_id, self.rendered, self.kwargs, durable=durable)
-            return
-        bad = sorted(set(self.kwargs) - JOB_ARGS)
-        if bad:
-            raise SpecError(
-                f"kubernetes_kwargs[{bad[0]!r}]",
-                TARGET,
-                "only a 1-replica, 1-role app runs as a KubernetesPodOperator; this app runs as Jobs",
-                fix=f"use only {', '.join(sorted(JOB_ARGS))}",
-            )
-        conn = {k: v for k, v in self.kwargs.items() if k in ("in_cluster", "config_file", "cluster_context")}
-        self.hook = KubernetesHook(
-            conn_id=self.kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn
-        )
+def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any] | None = None) -> StepResult:
+    """One try of ``task`` (an ``AppDefOperator``) on Kubernetes: a 1-replica app through
+    :class:`StepPodOperator` (``event``: back from its deferral), anything else as Jobs
+    through :func:`torchstep.steps.open_step` (durably: :mod:`torchstep_airflow.durable`).
+    Every step it opens goes through ``task.use_step`` (so ``on_kill`` stops it)."""
+    kwargs = task.kubernetes_kwargs
+    rendered = render(task, plan, attempt_of(context).run_id)
+    if is_single_pod(rendered) and task.own_retries == 0:  # the generic DAG retries inside: core's step
+        pod = task.use_step(pod_operator(task.task_id, rendered, kwargs, durable=task.durable))
+        if event is not None:
+            return _from_pod(pod, rendered, lambda: _nested(pod, pod.trigger_reentry, context, event), task.log)
+        return _from_pod(pod, rendered, lambda: _nested(pod, pod.execute, context), task.log)
+    bad = sorted(set(kwargs) - JOB_ARGS)
+    if bad:
+        raise SpecError(f"kubernetes_kwargs[{bad[0]!r}]", TARGET,
+                        "only a 1-replica, 1-role app runs as a KubernetesPodOperator; this app runs as Jobs",
+                        fix=f"use only {', '.join(sorted(JOB_ARGS))}")  # fmt: skip
+    on_finish = _on_finish(kwargs)
+    conn = {k: v for k, v in kwargs.items() if k in ("in_cluster", "config_file", "cluster_context")}
+    hook = KubernetesHook(conn_id=kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn)
+    client = OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
+    options = {"cfg": task.cfg, "client": client, "result_file": XCOM_RESULT_FILE, "on_finish": on_finish,
+               "poll_interval": float(kwargs.get("poll_interval", 2.0))}  # fmt: skip
 
-    # -- the Job path's core steps --------------------------------------------------------------
-    def core_step(self, run_id: str, cursor_store: Any = None) -> CoreKubernetesStep:
-        """Core's step for ``run_id`` (this try's, or the earlier try's a retry resumes); the
-        agent writes its result where KubernetesPodOperator's XCom sidecar reads it."""
-        return CoreKubernetesStep(
-            self.plan, run_id=run_id, cfg=self.cfg, result_file=XCOM_RESULT_FILE,
-            poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=self.on_finish,
-            client=self._client, cursor_store=cursor_store,
-        )  # fmt: skip
+    if not task.durable:
+        return run_tries(plan, attempt=attempt_of(context), retries=task.own_retries, on_step=task.use_step,
+                         on_retry=task.on_retry, **options)  # fmt: skip
+    from torchstep_airflow.durable import run_durable
 
-    def attempt_step(self, attempt_id: str) -> CoreKubernetesStep:
-        """Core's step of a logical attempt (:meth:`~torchstep.steps.KubernetesStep.for_attempt`)."""
-        return CoreKubernetesStep.for_attempt(
-            self.plan, attempt_id=attempt_id, client=self.client(), cfg=self.cfg, result_file=XCOM_RESULT_FILE,
-            poll_interval=float(self.kwargs.get("poll_interval", 2.0)), on_finish=self.on_finish,
-        )  # fmt: skip
+    def open_try(attempt: Any, cursor_store: Any = None) -> Any:
+        return task.use_step(open_step(plan, attempt=attempt, cursor_store=cursor_store, **options))
 
-    def client(self) -> Any:
-        """The Kubernetes client (the hook's, made on first use; a test may set ``core.client``)."""
-        if self._client is None:
-            self._client = self.core.client
-        if self._client is None:
-            hook = self.hook
-            self._client = OfficialClient(
-                core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client
-            )
-        self.core.client = self._client
-        return self._client
+    return run_durable(open_try, context, task.log)
 
-    def use(self, core: CoreKubernetesStep) -> CoreKubernetesStep:
-        """Make ``core`` the step that :meth:`cancel` stops (cancelled at once if a cancel came first)."""
-        self.core = core
-        if self._cancelled:  # set before reading it, as cancel() does: one of the two sees the other
-            core.cancel()
-        return core
 
-    def run_core(self, core: CoreKubernetesStep) -> StepResult:
-        """Run (attach or create) ``core`` to its end; its result becomes this step's."""
-        self.result = self.use(core).run()
-        return self.result
-
-    # -- running ------------------------------------------------------------------------------
-    def run(self, context: Any) -> StepResult:
-        if self._inner is None:
-            self.client()
-            if self.durable and context is not None:
-                from torchstep_airflow.durable import run_durable
-
-                self.result = run_durable(self, context)
-                return self.result
-            return self.run_core(self.core)
-        op = self._inner
-        return self._from_pod(lambda: _nested(op, op.execute, context))
-
-    def resume(self, context: Any, event: dict[str, Any]) -> StepResult:
-        """Back from deferral (deferrable KubernetesPodOperator)."""
-        op = self._inner
-        assert op is not None
-        return self._from_pod(lambda: _nested(op, op.trigger_reentry, context, event))
-
-    def _from_pod(self, call: Any) -> StepResult:
-        op = self._inner
-        assert op is not None
-        try:
-            call()
-        except Exception as e:
-            if op.step_result is not None:  # KPO's "pod failed" (or a cleanup error): the result says more
-                self.log.warning("torchstep: the pod operator raised %s; reporting the agent's result", e)
-            else:
-                code = _exit_code(op.final_pod)
-                if code == NON_RETRYABLE_EXIT_CODE:
-                    self.result = StepResult(app_id=self.rendered.app_id, state=FAILED, exit_code=code, retryable=False,
-                                             message="the agent exited non-retryable (82); no result file")  # fmt: skip
-                    return self.result
-                raise
-        if op.step_result is None:
-            raise SpecError("result_file", TARGET, "the pod finished without a step result", fix="check the pod log")
-        self.result = StepResult.from_dict(op.step_result)
-        return self.result
-
-    def cancel(self) -> None:
-        """Stop the step from any thread: the pod, or every object of the Job path's run
-        (the one a durable retry reattached to included)."""
-        if self._inner is not None:
-            self._inner.on_kill()
-            return
-        self._cancelled = True
-        self.core.cancel()
+def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -> StepResult:
+    """The step result of the pod operator's run (``call``)."""
+    try:
+        call()
+    except Exception as e:
+        if op.step_result is not None:  # KPO's "pod failed" (or a cleanup error): the result says more
+            log.warning("torchstep: the pod operator raised %s; reporting the agent's result", e)
+        else:
+            code = _exit_code(op.final_pod)
+            if code == NON_RETRYABLE_EXIT_CODE:
+                return StepResult(app_id=rendered.app_id, state=FAILED, exit_code=code, retryable=False,
+                                  message="the agent exited non-retryable (82); no result file")  # fmt: skip
+            raise
+    if op.step_result is None:
+        raise SpecError("result_file", TARGET, "the pod finished without a step result", fix="check the pod log")
+    return StepResult.from_dict(op.step_result)
 
 
 def _on_finish(kwargs: Mapping[str, Any]) -> str:

@@ -21,9 +21,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep.errors import SpecError
 from torchstep.plan.secrets import INLINED_INTO, warn_inlined
-from torchstep.steps import failure_summary
+from torchstep.steps import failure_summary, run_tries
 
-from torchstep_airflow.settings import UserSettings, check_run_settings, run_id_of, task_settings
+from torchstep_airflow.settings import UserSettings, attempt_of, check_run_settings, run_id_of, task_settings
 
 if TYPE_CHECKING:
     from torchstep.plan.model import StepPlan
@@ -72,6 +72,9 @@ class AppDefOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("app_args", "cfg")
+    #: Retries of the whole app inside one try of the task (``run_tries``): none, Airflow
+    #: retries the task (``None``: the AppDef's APPLICATION budget, for the generic DAG).
+    own_retries: int | None = 0
     template_fields_renderers = {"app_args": "py", "cfg": "py"}
     shallow_copy_attrs: Sequence[str] = ("app",)
     ui_color = "#f9d5c8"
@@ -120,7 +123,8 @@ class AppDefOperator(BaseOperator):
         }
         given.update(self._parsed or {})
         super().__init__(**{k: v for k, v in given.items() if v is not None}, **kwargs)
-        self._runner: Any = None
+        self._runner: Any = None  # the step of the running try (see use_step)
+        self._killed = False
 
     # -- building the AppDef ----------------------------------------------------------------
     def _component(self) -> tuple[Any, Sequence[Any] | Mapping[str, Any] | None]:
@@ -155,51 +159,43 @@ class AppDefOperator(BaseOperator):
 
     # -- running ------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
-        try:
-            app, plan = self.build_app()
-            check_run_settings(plan, self._user, self.target, self._parsed, self)
-        except SpecError as e:
-            raise AirflowFailException(f"torchstep: {e}") from e
-        run_id = run_id_of(context)
-        self.log.info("torchstep: running app %r (run id %s) on target %s", plan.app_name, run_id, self.target)
-        self._runner = runner = self._make_runner(app, plan, run_id)
-        return self._run(lambda: runner.run() if self.target == "local" else runner.run(context), context)
+        plan = self._checked_plan()
+        self.log.info(
+            "torchstep: running app %r (run id %s) on target %s", plan.app_name, run_id_of(context), self.target
+        )
+        return self._run(plan, context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Resume a deferred KubernetesPodOperator run (``deferrable=True`` in kubernetes_kwargs)."""
+        return self._run(self._checked_plan(check=False), context, event)
+
+    def _checked_plan(self, *, check: bool = True) -> StepPlan:
         try:
-            app, plan = self.build_app()
+            plan = self.build_app()[1]
+            if check:
+                check_run_settings(plan, self._user, self.target, self._parsed, self)
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
-        self._runner = self._make_runner(app, plan, run_id_of(context))
-        return self._run(lambda: self._runner.resume(context, event), context)
+        return plan
 
-    def _make_runner(self, app: Any, plan: StepPlan, run_id: str) -> Any:
+    def _run(self, plan: StepPlan, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One try of the step: opened through core's seam (``open_step``), its lines in the
+        task log, then :meth:`finish`."""
+        self._runner, self._killed = None, False
         try:
-            if self.target == "local":
-                from torchstep.steps import LocalStep
+            if self.target == "local":  # ranks' lines: printed into the task log
+                result = run_tries(plan, attempt=attempt_of(context), cfg=self.cfg, retries=self.own_retries,
+                                   on_step=self.use_step, on_retry=self.on_retry)  # fmt: skip
+            else:
+                from torchstep_airflow.kubernetes import run_kubernetes
 
-                return LocalStep(app, run_id=run_id, cfg=self.cfg)  # ranks' lines: printed into the task log
-            from torchstep_airflow.kubernetes import KubernetesStep
-
-            return KubernetesStep(
-                self.task_id, plan, run_id=run_id, cfg=self.cfg, kwargs=self.kubernetes_kwargs, log=self.log,
-                durable=self.durable,
-            )  # fmt: skip
+                result = run_kubernetes(self, plan, context, event)
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
-
-    def _run(self, call: Any, context: Any) -> dict[str, Any]:
-        try:
-            result = call()
-        except SpecError as e:
-            raise AirflowFailException(f"torchstep: {e}") from e
-        except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the runner failed and
+        except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the step failed and
             raise  # cleaned up as configured (on_finish_action)
         except BaseException:  # execution timeout, termination, Ctrl-C: stop everything, keep the result
-            runner = self._runner
-            runner.cancel()
-            stopped = getattr(runner, "result", None)
+            stopped = self._stop()
             if stopped is not None and self.do_xcom_push:
                 context["ti"].xcom_push(key="return_value", value=stopped.to_dict())
                 self.log.error("torchstep: stopped: %s", failure_summary(stopped))
@@ -207,6 +203,24 @@ class AppDefOperator(BaseOperator):
         finally:
             self._runner = None
         return self.finish(result, context)
+
+    def on_retry(self, result: StepResult, attempt: int, delay: float) -> None:
+        """A try inside this task failed and another follows (only where ``own_retries``)."""
+
+    def use_step(self, step: Any) -> Any:
+        """Make ``step`` (anything with ``cancel()``) the one :meth:`on_kill` stops; cancelled
+        at once when a kill came first."""
+        self._runner = step
+        if self._killed:  # set before reading it, as on_kill does: one of the two sees the other
+            step.cancel()
+        return step
+
+    def _stop(self) -> StepResult | None:
+        runner = self._runner
+        if runner is None:
+            return None
+        runner.cancel()
+        return getattr(runner, "result", None)
 
     def finish(self, result: StepResult, context: Any) -> dict[str, Any]:
         """Return the result as XCom, or push it and raise the matching Airflow exception."""
@@ -226,10 +240,10 @@ class AppDefOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Task cleared, marked failed or timed out: stop every process of the step."""
-        runner = self._runner
-        if runner is not None:
+        self._killed = True
+        if self._runner is not None:
             self.log.warning("torchstep: stopping the step (task killed)")
-            runner.cancel()
+            self._stop()
 
 
 # -- helpers ---------------------------------------------------------------------------------

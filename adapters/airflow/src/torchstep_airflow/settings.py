@@ -26,8 +26,7 @@ from typing import Any
 
 from torchstep.errors import SpecError
 from torchstep.plan.model import StepPlan
-from torchstep.steps import check_user_retries
-from torchstep.steps import step_run_id as core_step_run_id
+from torchstep.steps import Attempt, check_user_retries
 
 #: Seconds added to the plan's step timeout for Airflow's ``execution_timeout`` backstop:
 #: the runner stops the step first and reports it; Airflow fires only if the runner hangs.
@@ -116,23 +115,40 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def step_run_id(dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
-    """The run id of one try of one task (:func:`torchstep.steps.step_run_id` of the DAG,
-    the task, its map index, the DAG run and the try): unique per try, stable within it
-    (it names the app id, the rendezvous and the Kubernetes objects of that try).
+def task_run_id(dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
+    """The run id of one try of one task: :func:`torchstep.steps.step_run_id` of the DAG,
+    the task, its map index, the DAG run and the try (Airflow's own argument order; the
+    core function takes the parts in order). Unique per try, stable within it: it names the
+    app id, the rendezvous and the Kubernetes objects of that try.
 
-    >>> step_run_id("train", "manual__2026-11-21T10:00:00+00:00", "fit", 2)
+    Args:
+        dag_id: the DAG.
+        run_id: the DAG run.
+        task_id: the task.
+        try_number: the task instance's try (1, 2, ...).
+        map_index: the index of a mapped task (-1: not mapped).
+
+    Returns:
+        The run id.
+
+    >>> task_run_id("train", "manual__2026-11-21T10:00:00+00:00", "fit", 2)
     'train.fit.manual-2026-11-21t10-00-00-00-00.try2-f5e55d'
-    >>> step_run_id("train", "scheduled__x", "fit", 1, map_index=3)
+    >>> task_run_id("train", "scheduled__x", "fit", 1, map_index=3)
     'train.fit.3.scheduled-x.try1-838bd3'
     """
-    return core_step_run_id(dag_id, task_id, *([map_index] if map_index >= 0 else []), run_id, f"try{try_number}")
+    return Attempt((dag_id, task_id, *([map_index] if map_index >= 0 else []), run_id), try_number).run_id
+
+
+def attempt_of(context: Any) -> Attempt:
+    """The task instance of an Airflow task ``context`` as the seam's
+    :class:`~torchstep.steps.Attempt`: the logical attempt (dag, task, map index, DAG run)
+    and the try."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    mapped = [map_index] if map_index is not None and map_index >= 0 else []
+    return Attempt((ti.dag_id, ti.task_id, *mapped, ti.run_id), int(ti.try_number or 1))
 
 
 def run_id_of(context: Any) -> str:
-    """:func:`step_run_id` from an Airflow task context."""
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", None)
-    return step_run_id(
-        ti.dag_id, ti.run_id, ti.task_id, int(ti.try_number or 1), -1 if map_index is None else map_index
-    )
+    """:func:`task_run_id` from an Airflow task context."""
+    return attempt_of(context).run_id

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from torchstep.errors import SpecError
+from torchstep.plan.model import StepPlan
 from torchstep.policy import Policy, untrusted_cfg
 from torchstep.policy import resolve as resolve_policy
+from torchstep.result import StepResult
+from torchstep.steps import failure_summary
 
 from torchstep_airflow.operators import TARGETS, AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
@@ -75,7 +77,14 @@ def app_from_conf(
 
         app, target, cfg = app_from_conf(context["dag_run"].conf)
     """
-    from torchstep.components.appjson import app_from_dict
+    app, _, target, cfg = received(conf, policy)
+    return app, target, cfg
+
+
+def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tuple[Any, StepPlan, str, dict[str, Any]]:
+    """:func:`app_from_conf`, and the AppDef's plan (made once, by core's
+    :func:`torchstep.schedulers.base.app_received`)."""
+    from torchstep.schedulers.base import app_received
 
     if not isinstance(conf, Mapping) or "app" not in conf:
         raise SpecError(
@@ -93,19 +102,18 @@ def app_from_conf(
         raise SpecError(
             "conf['cfg']", target, f"must be a mapping, got {type(cfg).__name__}", fix='e.g. {"timeout": 600}'
         )
-    try:
-        app = app_from_dict(conf["app"])
-    except SpecError as e:  # e.field is "app.roles[0]...": say where it is in the conf
-        raise SpecError("conf['app']" + e.field.removeprefix("app"), None, e.problem, fix=e.fix) from None
-    resolve_policy(policy).check(app, target, cfg)
-    return app, target, dict(cfg)
+    app, plan = app_received(conf["app"], target, cfg, policy, field="conf['app']", name_target=False)
+    return app, plan, target, dict(cfg)
 
 
 class TorchxAppOperator(AppDefOperator):
     """The task of the generic DAG: the AppDef comes from the DAG run's conf (see the
-    module docstring); everything else — logs, result XCom, cancel — is AppDefOperator's."""
+    module docstring) and its APPLICATION budget is spent inside the task
+    (:func:`torchstep.steps.run_tries`); everything else — logs, result XCom, cancel — is
+    AppDefOperator's."""
 
     template_fields: Sequence[str] = ()
+    own_retries = None  # the AppDef's budget: Airflow fixed this task's retries (0) at parse time
 
     def __init__(self, *, policy: Policy | None = None, **kwargs: Any) -> None:
         # No AppDef exists at parse time: skip AppDefOperator's parse-time planning.
@@ -124,38 +132,20 @@ class TorchxAppOperator(AppDefOperator):
         self._runner: Any = None
         self._killed = False
 
-    def on_kill(self) -> None:
-        self._killed = True  # marked failed / cleared: no further try
-        super().on_kill()
-
     def execute(self, context: Any) -> dict[str, Any]:
         try:
-            self.app, self.target, cfg = app_from_conf(context["dag_run"].conf, policy=self.policy)
+            self.app, plan, self.target, cfg = received(context["dag_run"].conf, self.policy)
             self.cfg = untrusted_cfg(self.target, cfg)
-            app, plan = self.build_app()
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
-        run_id = run_id_of(context)
-        step = plan.step_retry
-        delays = step.delays(1.0)
         self.log.info(
             "torchstep: running app %r (run id %s) on target %s, at most %d tries",
-            plan.app_name, run_id, self.target, step.count + 1,
+            plan.app_name, run_id_of(context), self.target, plan.step_retry.count + 1,
         )  # fmt: skip
-        for attempt in range(1, step.count + 2):
-            try_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
-            self._runner = runner = self._make_runner(app, plan, try_id)
-            try:
-                return self._run(lambda r=runner: r.run() if self.target == "local" else r.run(context), context)
-            except AirflowFailException:
-                raise
-            except Exception as e:
-                if attempt > step.count or self._killed:
-                    raise
-                delay = delays[attempt - 1]
-                self.log.warning("torchstep: try %d failed (%s); retrying in %g s", attempt, e, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return self._run(plan, context)
+
+    def on_retry(self, result: StepResult, attempt: int, delay: float) -> None:
+        self.log.warning("torchstep: try %d failed (%s); retrying in %g s", attempt, failure_summary(result), delay)
 
 
 def torchx_dag(

@@ -138,10 +138,7 @@ def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str
     from torchstep.steps import KubernetesStep, LocalStep
 
     try:
-        if target == "local":
-            LocalStep(app, run_id=run_id, cfg=cfg)
-        else:
-            KubernetesStep(build_plan(app, "kubernetes"), run_id=run_id, cfg=cfg)
+        (LocalStep if target == "local" else KubernetesStep)(build_plan(app, target), run_id=run_id, cfg=cfg)
     except SpecError as e:
         if not e.field.startswith("cfg["):
             raise

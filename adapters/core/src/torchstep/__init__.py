@@ -26,7 +26,7 @@ _LAZY = {
     "StepPlan": "torchstep.plan.model",
     "RolePlan": "torchstep.plan.model",
     "explain": "torchstep.plan.explain",
-    "run_local": "torchstep.local",
+    "run_local": "torchstep.steps",
     "ReplicaEvent": "torchstep.local",
     "StepResult": "torchstep.result",
     "record": "torchstep.worker",
@@ -66,11 +66,12 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
     from torchstep.components.materialize import materialize
-    from torchstep.local import ReplicaEvent, run_local
+    from torchstep.local import ReplicaEvent
     from torchstep.plan.explain import explain
     from torchstep.plan.model import RolePlan, StepPlan
     from torchstep.plan.planner import build_plan
     from torchstep.result import StepResult
+    from torchstep.steps import run_local
     from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, record
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from torchstep.contract import INTERRUPTED_EXIT_CODE
@@ -24,9 +26,10 @@ from torchstep.plan.cmdline import split_component_args
 
 #: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
 SUBCOMMANDS = {
-    "run": "torchstep.local.cli:main",
     "render": "torchstep.kubernetes.cli:main",
 }
+#: What stops ``torchstep run`` (the first within the grace period, a second at once).
+RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def explain_main(argv: Sequence[str]) -> int:
@@ -78,9 +81,63 @@ def version_line(prog: str) -> str:
     return f"{prog} {version('torchstep')}"
 
 
+def run_main(argv: Sequence[str]) -> int:
+    """``torchstep run`` (its options and summary: :mod:`torchstep.local.cli`): the AppDef on
+    this machine, the whole app retried by :func:`torchstep.steps.run_tries` (``retries``:
+    the AppDef's APPLICATION ``max_retries`` unless given). Exit code: 0 when SUCCEEDED, the
+    failure's exit code (82: non-retryable) when FAILED, 128+signal when a signal stopped it."""
+    from torchstep.local.cli import parse_cfg, parser, summary
+    from torchstep.local.options import resolve
+    from torchstep.local.status import make_display
+    from torchstep.plan.planner import build_plan
+    from torchstep.steps import run_tries, stop_on_signals
+
+    opts_argv, comp_args = split_component_args(list(argv))
+    ns = parser().parse_args(opts_argv)
+    if bool(ns.ref) == bool(ns.app):
+        raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
+    if ns.app:
+        from torchstep.local.appfile import load_app
+
+        if comp_args:
+            raise SpecError(
+                "--app", "local", "component arguments make no sense with --app", fix="drop what follows --"
+            )
+        app = load_app(ns.app)
+    else:
+        from torchstep.components.materialize import materialize
+
+        app = materialize(ns.ref, comp_args)
+    cfg = parse_cfg(ns.cfg)
+    if ns.retries is not None:
+        cfg["retries"] = ns.retries
+    if ns.log_dir is not None:
+        cfg["log_dir"] = ns.log_dir
+    plan = build_plan(app, "local")
+    opts = resolve(cfg)
+    retries = opts.retries if opts.retries is not None else plan.step_retry.count
+    cancel = threading.Event()
+    display = make_display(show_output=opts.tee, live=ns.live)
+    with stop_on_signals(cancel, RUN_SIGNALS) as received:
+        try:
+            result = run_tries(plan, attempt=cfg.pop("run_id", None), cfg=cfg, retries=retries, cancel=cancel,
+                               display=display)  # fmt: skip
+        except KeyboardInterrupt:
+            return 128 + (received[0] if received else signal.SIGINT)
+        finally:
+            display.close()
+    print(result.to_json() if ns.json else summary(result, retries=retries))
+    if result.succeeded:
+        return 0
+    if result.state == "CANCELLED":
+        return 128 + (received[0] if received else signal.SIGTERM)
+    code = result.exit_code
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"explain": explain_main, "runopts": runopts_main, "builtins": builtins_main}
+    commands = {"explain": explain_main, "run": run_main, "runopts": runopts_main, "builtins": builtins_main}
     if argv == ["--version"]:
         print(version_line("torchstep"))
         return 0

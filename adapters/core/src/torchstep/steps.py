@@ -1,45 +1,67 @@
-"""What every orchestrator adapter does with a plan at run time, written once.
+"""The run-time seam: what every orchestrator adapter does with a plan, written once.
 
-- :class:`LocalStep`: one try of an AppDef on the local target, in the orchestrator's
-  worker process: ``run_local`` in a helper thread, each rank's log line to a callback as
-  it happens, :meth:`~LocalStep.cancel` from any thread, and whatever interrupts the
-  caller's wait (a timeout alarm, a termination signal, an injected cancellation) stops
-  every process of the step before it propagates.
-- :class:`KubernetesStep`: the same over :class:`torchstep.kubernetes.JobSet`.
-- :func:`step_run_id`: the run id of one try, from the orchestrator's identifiers.
-- :func:`check_user_retries`: the user's orchestrator-level retries and timeout checked
-  against the plan's retry budget, with the same error text on every orchestrator.
-- :func:`failure_summary`: one line naming a failed step's state, exit code and root cause.
+An adapter plans once (``torchstep.build_plan``), maps the plan's fields to its
+orchestrator, and at run time calls one of these two:
 
-Adapters map plan fields to their orchestrator and call these; they never re-implement them.
+- :func:`open_step`: the step of one try — :class:`LocalStep` or :class:`KubernetesStep`,
+  picked from ``plan.target`` — named from the orchestrator's identity of the try
+  (:class:`Attempt`), attached to the Jobs of an earlier try when they exist.
+- :func:`run_tries`: the one APPLICATION retry loop, for an entry point that owns the
+  budget itself (``torchstep run``, the ``torchstep_local`` scheduler, the KFP launcher
+  step under ``kfp.local``, Airflow's generic DAG): the plan's delays, the non-retryable
+  verdict and cancellation.
+
+And the rules around them: :func:`step_run_id` (a run id from the orchestrator's
+identifiers), :func:`check_user_retries` (the task's own retries against the plan),
+:func:`failure_summary` (the line adapters log and raise with), :func:`run_local`.
+
+Both step kinds run in a helper thread while the caller's thread waits in slices: whatever
+interrupts that wait (a timeout alarm, a termination signal, an injected cancellation)
+stops every process of the step before it propagates; ``cancel()`` works from any thread.
 
 Example::
 
     >>> step_run_id("train", "fit", "manual__2026-11-21T10:00:00+00:00", "try2")
     'train.fit.manual-2026-11-21t10-00-00-00-00.try2-f5e55d'
+    >>> Attempt(("train", "fit", "manual__1"), try_number=2).run_id
+    'train.fit.manual-1.try2-0834f0'
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import math
 import re
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from torchstep.errors import SpecError
 from torchstep.local.status import PlainDisplay, ReplicaEvent
-from torchstep.plan.model import RetryOwner, StepPlan
-from torchstep.result import root_cause_line
+from torchstep.plan.model import StepPlan
+from torchstep.plan.rules.retry import check_user_retries
+from torchstep.result import CANCELLED, FAILED, root_cause_line
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
     from torchstep.result import StepResult
 
-__all__ = ["KubernetesStep", "LocalStep", "check_user_retries", "failure_summary", "step_run_id"]
+__all__ = [
+    "Attempt",
+    "KubernetesStep",
+    "LocalStep",
+    "check_user_retries",
+    "failure_summary",
+    "open_step",
+    "run_local",
+    "run_tries",
+    "step_run_id",
+    "stop_on_signals",
+]
 
 #: Seconds to wait, after a cancel, beyond the run's own grace period (the launcher sends
 #: SIGTERM, waits ``grace_period``, then SIGKILLs and reaps everything).
@@ -51,20 +73,31 @@ POLL_S = 0.2
 RUN_ID_MAX = 200
 #: How many failed-and-kept Jobs of one logical attempt ``KubernetesStep.for_attempt`` skips.
 MAX_KEPT_ATTEMPTS = 50
+#: The wait before a retry whose delay the AppDef leaves unset (``retry_delay``).
+DEFAULT_RETRY_DELAY_S = 1.0
 
 LineCallback = Callable[[str], None]
 log = logging.getLogger("torchstep.steps")
 _INVALID = re.compile(r"[^a-z0-9]+")
 
 
-# -- run ids ---------------------------------------------------------------------------------------
+# -- the identity of a try ------------------------------------------------------------------
 def step_run_id(*parts: object) -> str:
     """The run id of one try of one step: ``parts`` are the orchestrator's identifiers of
     the logical attempt, outermost first (Airflow dag, task, map index, run, try; KFP run,
-    task, retry; Prefect flow run, task run). Deterministic (the same parts give the same
-    id), unique per try (the try is a part), and DNS-safe: lowercase ``[a-z0-9-]`` words
-    joined by ``.``; when that rewriting changed anything, a short hash of the exact parts
-    is appended so two different identities never share an id.
+    task; Prefect flow run, task call). Deterministic (the same parts give the same id),
+    unique per try (the try is a part), and DNS-safe: lowercase ``[a-z0-9-]`` words joined
+    by ``.``; when that rewriting changed anything, a short hash of the exact parts is
+    appended so two different identities never share an id.
+
+    Args:
+        parts: the identifiers; ``None`` and ``""`` are left out.
+
+    Returns:
+        The run id (at most :data:`RUN_ID_MAX` characters).
+
+    Raises:
+        ValueError: no part is left.
 
     >>> step_run_id("flow-run-1", "task-run-7")
     'flow-run-1.task-run-7'
@@ -82,93 +115,67 @@ def step_run_id(*parts: object) -> str:
     return text
 
 
-# -- the user's retries against the plan -------------------------------------------------------------
-def check_user_retries(
-    plan: StepPlan,
-    *,
-    retries: int | None = None,
-    timeout: float | None = None,
-    retry_delay: float | None = None,
-    retry_backoff: float | None = None,
-    max_retry_delay: float | None = None,
-    orchestrator: str = "the orchestrator",
-) -> None:
-    """Raise :class:`~torchstep.SpecError` when the settings the user gave the
-    orchestrator's task (``None`` = not set) would add a second retry layer or contradict
-    the AppDef; the message is the same on every orchestrator.
+@dataclass(frozen=True)
+class Attempt:
+    """The orchestrator's identity of one logical attempt of a step, and of the try.
 
-    - APPLICATION budget of N: ``retries`` must be unset or N, and the retry timing unset or
-      equal to the AppDef's ``retry_delay`` / ``retry_backoff`` / ``max_retry_delay``.
-    - REPLICA / HOT_SPARE / ROLE budget: the agent (or the role's launcher) retries, so
-      ``retries`` must be unset or 0.
-    - A step timeout (``torchstep.timeout``): the orchestrator's own ``timeout`` must not be
-      shorter, or it would kill the step before torchstep stops it cleanly and reports it.
+    ``parts`` name the logical attempt, outermost first (Airflow: dag, task, map index, DAG
+    run; KFP: ``"kfp"``, pipeline job, task; Prefect: ``"prefect"``, flow run, task call).
+    ``try_number`` is the orchestrator's try (1, 2, ...) when it keeps one, else ``None``:
+    then the tries of a Kubernetes step are told apart on the cluster — a rerun after the
+    watcher died attaches to the attempt's running (or finished) Jobs, a retry after a
+    failure starts afresh (:meth:`KubernetesStep.for_attempt`).
 
-    >>> import torchstep
-    >>> from torchx import specs
-    >>> role = specs.Role("w", image="", entrypoint="true", max_retries=2)
-    >>> plan = torchstep.build_plan(specs.AppDef("app", roles=[role]), "local")
-    >>> check_user_retries(plan, retries=2)
-    >>> check_user_retries(plan, retries=5, orchestrator="Prefect")
-    Traceback (most recent call last):
-    ...
-    torchstep.errors.SpecError: roles[0].max_retries (target 'local'): the AppDef gives Prefect 2 retries of the step (APPLICATION policy) but the task sets retries=5; fix: set the count in one place: drop the task's retries or change max_retries
+    >>> Attempt(("kfp", "job-1", "task-7")).run_id
+    'kfp.job-1.task-7'
+    >>> Attempt(("kfp", "job-1", "task-7")).again(2).run_id
+    'kfp.job-1.task-7.attempt-2'
     """
-    target = plan.target
-    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < 0):
-        raise SpecError("retries", target, f"the task's retries must be a whole number >= 0, got {retries!r}",
-                        fix="e.g. retries=2, or leave it out: the AppDef's max_retries decides")  # fmt: skip
-    step = plan.step_retry
-    if step.count:
-        i = step.role_index if step.role_index is not None else 0
-        if retries is not None and retries != step.count:
-            raise SpecError(
-                f"roles[{i}].max_retries",
-                target,
-                f"the AppDef gives {orchestrator} {step.count} retries of the step (APPLICATION policy) but the "
-                f"task sets retries={retries}",
-                fix="set the count in one place: drop the task's retries or change max_retries",
-            )
-        for key, planned, mine in (
-            ("retry_delay", step.delay_s, retry_delay),
-            ("retry_backoff", step.backoff, retry_backoff),
-            ("max_retry_delay", step.max_delay_s, max_retry_delay),
-        ):
-            if planned is not None and mine is not None and float(mine) != planned:
-                raise SpecError(
-                    f"roles[{i}].metadata['torchstep'][{key!r}]",
-                    target,
-                    f"the AppDef sets {key}={planned:g} but the task sets {key}={float(mine):g}",
-                    fix="set it in one place",
-                )
-    elif plan.retry_owner in (RetryOwner.AGENT, RetryOwner.ROLE) and retries:
-        i, role = next((i, r) for i, r in enumerate(plan.roles) if r.retry.owner is plan.retry_owner)
-        raise SpecError(
-            f"roles[{i}].retry_policy",
-            target,
-            f"role {role.name!r} restarts itself ({role.retry.policy}, max_retries={role.retry.count}); "
-            f"{orchestrator} retries={retries} on top would multiply the retry layers",
-            fix="set retries=0 on the task, or use RetryPolicy.APPLICATION to let the orchestrator own the budget",
-        )
-    if timeout is not None:
-        if (
-            not isinstance(timeout, int | float)
-            or isinstance(timeout, bool)
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise SpecError("timeout", target, f"the task's timeout {timeout!r} is not a positive number of seconds",
-                            fix="e.g. 3600")  # fmt: skip
-        if plan.timeout_s is not None and timeout < plan.timeout_s:
-            raise SpecError(
-                "metadata['torchstep.timeout']",
-                target,
-                f"{orchestrator}'s timeout of {timeout:g} s would kill the step before its own timeout of "
-                f"{plan.timeout_s:g} s stops it cleanly",
-                fix="set one timeout: drop the task's, or lower torchstep.timeout",
-            )
+
+    parts: tuple[object, ...]
+    try_number: int | None = None
+
+    @property
+    def logical_id(self) -> str:
+        """The run id of the logical attempt (every try of it)."""
+        return step_run_id(*self.parts)
+
+    @property
+    def run_id(self) -> str:
+        """The run id of this try (:func:`step_run_id` of the parts and ``try<n>``)."""
+        return step_run_id(*self.parts, *(() if self.try_number is None else (f"try{self.try_number}",)))
+
+    def again(self, n: int) -> Attempt:
+        """The ``n``-th try of :func:`run_tries` inside this one (``n`` >= 2)."""
+        return Attempt((*self.parts, *(() if self.try_number is None else (f"try{self.try_number}",)), f"attempt-{n}"))
 
 
+AttemptLike = Attempt | tuple[object, ...] | str | None
+
+
+def _attempt(value: AttemptLike) -> Attempt | str | None:
+    """An ``attempt`` argument as given: an :class:`Attempt`, the parts of one (a tuple), an
+    exact run id (a string) or ``None`` (no orchestrator identity: a fresh id per try)."""
+    if isinstance(value, tuple):
+        return Attempt(value)
+    if value is None or isinstance(value, Attempt) or (isinstance(value, str) and value.strip()):
+        return value
+    raise SpecError("attempt", None, f"{value!r} is not an attempt",
+                    fix="Attempt(parts, try_number), a tuple of identifiers, a run id string, or None")  # fmt: skip
+
+
+def _again(value: Any, n: int) -> Any:
+    """``value`` (an attempt or an app id) for try ``n`` of :func:`run_tries`."""
+    if n == 1 or value is None:
+        return value
+    return value.again(n) if isinstance(value, Attempt) else f"{value}-attempt-{n}"
+
+
+def _run_id(attempt: Attempt | str | None) -> str | None:
+    return attempt.run_id if isinstance(attempt, Attempt) else attempt
+
+
+# -- the one line of a failure ----------------------------------------------------------------
 def failure_summary(result: StepResult) -> str:
     """One line: state, exit code and root cause of a failed step (what adapters log and
     raise with). The root cause is named by :func:`torchstep.result.root_cause_line`: the
@@ -190,19 +197,34 @@ def failure_summary(result: StepResult) -> str:
     return text
 
 
-# -- running a step ------------------------------------------------------------------------------------
+# -- running one try ---------------------------------------------------------------------------------
 class _Runner:
     """Runs ``work`` in a helper thread while the caller's thread waits in slices, so
     whatever interrupts the wait cancels the work and waits for it before propagating."""
 
     result: StepResult | None = None
+    run_id: str | None = None
+    #: Which try of :func:`run_tries` this is (the result's ``attempts``).
+    try_number: int = 1
 
-    def __init__(self, name: str, grace_s: float) -> None:
+    def __init__(self, name: str, grace_s: float, on_line: LineCallback | None) -> None:
         self.name = name
         self.grace_s = grace_s
+        self.on_line = on_line
         self._cancel = threading.Event()
 
-    def _run(self, work: Callable[[], StepResult], on_interrupt: Callable[[], None]) -> StepResult:
+    def say(self, text: str) -> None:
+        """A note of torchstep's in the step's log (where its ranks' lines go)."""
+        _say(self.on_line, text)
+
+    def cancel(self) -> None:
+        """Stop every process of the step (from any thread); ``run`` returns CANCELLED."""
+        self._cancel.set()
+
+    def _stop(self, interrupt: BaseException) -> None:
+        self.cancel()
+
+    def _run(self, work: Callable[[], StepResult]) -> StepResult:
         box: dict[str, BaseException] = {}
         done = threading.Event()
 
@@ -220,9 +242,9 @@ class _Runner:
         try:
             while not done.wait(POLL_S):
                 pass
-        except BaseException:  # timeout alarm, termination, cancellation, Ctrl-C: stop everything first
-            on_interrupt()
-            if not _wait_out(done, self.grace_s + CANCEL_MARGIN_S):
+        except BaseException as e:  # timeout alarm, termination, cancellation, Ctrl-C: stop everything first
+            self._stop(e)
+            if not self._wait_out(done, self.grace_s + CANCEL_MARGIN_S):
                 log.error(
                     "torchstep: the step did not stop within %.0f s of the cancel", self.grace_s + CANCEL_MARGIN_S
                 )
@@ -230,79 +252,133 @@ class _Runner:
         if "error" in box:
             raise box["error"]
         assert self.result is not None
+        self.result.attempts = self.try_number
         return self.result
+
+    def _wait_out(self, done: threading.Event, seconds: float) -> bool:
+        """Wait for ``done`` up to ``seconds`` in slices; another interrupt during the wait
+        (another signal) is handed to ``_stop`` too and the wait goes on."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if done.wait(POLL_S):
+                    return True
+            except BaseException as e:
+                self._stop(e)
+        return done.is_set()
+
+
+def _plan_for(plan: Any, target: str) -> StepPlan:
+    if not isinstance(plan, StepPlan) or plan.target != target:
+        got = f"a plan for target {plan.target!r}" if isinstance(plan, StepPlan) else type(plan).__name__
+        raise SpecError("plan", target, f"a {target} step runs a plan for target {target!r}, got {got}",
+                        fix=f"torchstep.build_plan(app, {target!r}) once, and pass the plan")  # fmt: skip
+    return plan
 
 
 class LocalStep(_Runner):
-    """One try of an AppDef on the local target (see the module docstring).
+    """One try of a plan for the local target, in the orchestrator's worker process.
 
-    ``cfg`` holds the local run options (``torchstep runopts local``); ``run_id`` (from
-    :func:`step_run_id`) names the app id and the log directory of this try. ``on_line``
-    receives each rank's output line (``[role/rank]`` prefixed) and torchstep's own notes
-    as they happen (default: printed); ``on_status`` each replica state change. The step
-    never retries the whole app: the orchestrator owns APPLICATION retries.
+    Args:
+        plan: ``torchstep.build_plan(app, "local")``.
+        run_id: the try's run id (:func:`step_run_id`; the app id is ``<app>-<hash of it>``);
+            ``None``: a fresh random app id.
+        cfg: the local run options (``torchstep runopts local``); ``run_id`` and
+            ``retries`` are the orchestrator's and refused here.
+        on_line: receives each rank's output line (``[role/rank]`` prefixed) and torchstep's
+            own notes as they happen (default: printed).
+        on_status: receives each replica state change (:class:`ReplicaEvent`).
+        app_id: the exact app id (and run directory name) instead of one made from ``run_id``.
+        display: where the lines go instead of ``on_line`` (``torchstep run``'s live table).
+
+    Raises:
+        SpecError: a plan for another target, or a bad option.
+
+    ``run()`` blocks and returns the :class:`~torchstep.StepResult`; ``cancel()`` from any
+    thread stops every process (SIGTERM, the grace period, SIGKILL); a second Ctrl-C while
+    it stops kills at once. The step never retries the whole app (:func:`run_tries` does).
 
     Example::
 
-        step = LocalStep(app, run_id=step_run_id(flow_run_id, task_run_id), on_line=logger.info)
+        step = LocalStep(plan, run_id=step_run_id(flow_run_id, task_run_id), on_line=logger.info)
         result = step.run()      # blocks; step.cancel() from another thread stops it
     """
 
     def __init__(
         self,
-        app: Any,
+        plan: StepPlan,
         *,
-        run_id: str,
+        run_id: str | None = None,
         cfg: Mapping[str, Any] | None = None,
         on_line: LineCallback | None = None,
         on_status: Callable[[ReplicaEvent], None] | None = None,
+        app_id: str | None = None,
+        display: PlainDisplay | None = None,
     ) -> None:
+        from torchstep.local import resolve
+
+        self.plan = _plan_for(plan, "local")
         cfg = _with_run_id(cfg, run_id, "local")
         if cfg.get("retries"):
             raise SpecError("cfg['retries']", "local", "the orchestrator owns the step's retries", fix="remove it")
-        from torchstep.components.materialize import materialize
-        from torchstep.local import resolve
-        from torchstep.plan.planner import build_plan
-
-        self.plan = build_plan(materialize(app), "local")
         self.options = resolve(cfg)
         self.run_id = run_id
-        self.on_line = on_line
+        self.app_id = app_id
         self.on_status = on_status
-        super().__init__(f"torchstep-local-{run_id}", float(self.options.grace_period or 10.0))
+        self._kill = threading.Event()
+        if display is None and on_line is not None:
+            display = _CallbackDisplay(on_line, show_output=self.options.tee)
+        self.display = display or PlainDisplay(show_output=self.options.tee)
+        super().__init__(
+            f"torchstep-local-{run_id or app_id or plan.app_name}", float(self.options.grace_period), on_line
+        )
+
+    def say(self, text: str) -> None:
+        self.display.note(text)
 
     def run(self) -> StepResult:
         """Run to the end and return the step result (re-raises what interrupts the wait,
         after every process of the step has stopped)."""
         from torchstep.local import run_plan
 
-        display = _CallbackDisplay(self.on_line, show_output=self.options.tee) if self.on_line else None
-        return self._run(
-            lambda: run_plan(self.plan, self.options, on_status=self.on_status, cancel=self._cancel, display=display),
-            self.cancel,
-        )
+        kwargs: dict[str, Any] = {"on_status": self.on_status, "display": self.display, "app_id": self.app_id}
+        return self._run(lambda: run_plan(self.plan, self.options, cancel=self._cancel, kill=self._kill,
+                                          attempt=self.try_number, **kwargs))  # fmt: skip
 
-    def cancel(self) -> None:
-        """Stop every process of the step (from any thread); ``run`` returns CANCELLED."""
-        self._cancel.set()
+    def kill(self) -> None:
+        """Stop every process of the step at once (SIGKILL, no grace period)."""
+        self._kill.set()
+        self.cancel()
+
+    def _stop(self, interrupt: BaseException) -> None:
+        if isinstance(interrupt, KeyboardInterrupt) and self._cancel.is_set():
+            self.kill()  # a second Ctrl-C: no more grace
+        self.cancel()
 
 
 class KubernetesStep(_Runner):
-    """One try of an AppDef on Kubernetes, through :class:`torchstep.kubernetes.JobSet`.
+    """One try of a plan for the kubernetes target, through :class:`torchstep.kubernetes.JobSet`.
 
-    ``cfg`` holds the kubernetes run options (``torchstep runopts kubernetes``);
-    ``client`` the Kubernetes client (default, set on first use: the official client from
-    the kubeconfig or the in-cluster config); ``on_line`` receives every pod's lines;
-    ``cursor_store`` (optional, ``get``/``set``: the orchestrator's state between tries)
-    keeps the log position across crashes and the uid of every workload the step creates;
-    with it, a rerun attaches only to a workload whose uid it recorded (another one with
-    the step's labels is refused by name: :mod:`torchstep.kubernetes.ownership`).
+    Args:
+        plan: ``torchstep.build_plan(app, "kubernetes")`` (rendered now: bad ``cfg`` fails
+            before anything is created).
+        run_id: the try's run id; the objects' names are a hash of it, so running the same
+            run id again after the watcher died attaches to the running (or finished) Job
+            instead of starting a second one. ``None``: a fresh random id.
+        cfg: the kubernetes run options (``torchstep runopts kubernetes``).
+        client: the Kubernetes client (default, on first use: the official client from the
+            kubeconfig or the in-cluster config).
+        on_line: receives every pod's lines and torchstep's notes (default: printed).
+        cursor_store: the orchestrator's state between tries (``get``/``set``): the log
+            position across crashes and the uid of every workload the step creates; with
+            it, a rerun attaches only to a workload whose uid it recorded
+            (:mod:`torchstep.kubernetes.ownership`).
+        poll_interval: seconds between status reads.
+        on_finish: ``delete``, ``delete_succeeded`` or ``keep``.
+        result_file: where the agent writes the step result in the container.
 
-    Running is *attach or create* (:class:`~torchstep.kubernetes.JobSet`): the objects'
-    names come from ``run_id``, so running the same ``run_id`` again after the watcher
-    died attaches to the running (or finished) Job instead of starting a second one.
-    :meth:`for_attempt` picks the run id of a logical attempt for orchestrators that keep
-    no state between tries.
+    Raises:
+        SpecError: a plan for another target, or a bad option.
 
     Example::
 
@@ -314,29 +390,31 @@ class KubernetesStep(_Runner):
         self,
         plan: StepPlan,
         *,
-        run_id: str,
+        run_id: str | None = None,
         cfg: Mapping[str, Any] | None = None,
         client: KubernetesClient | None = None,
         on_line: LineCallback | None = None,
+        cursor_store: Any = None,
         poll_interval: float = 2.0,
         on_finish: str = "delete",
         result_file: str | None = None,
-        cursor_store: Any = None,
     ) -> None:
         from torchstep.kubernetes import render_app
 
         cfg = _with_run_id(cfg, run_id, "kubernetes")
         if result_file is not None:
             cfg.setdefault("result_file", result_file)
+        self.plan = _plan_for(plan, "kubernetes")
         self.rendered = render_app(plan, cfg=cfg)
         self.run_id = run_id
         self.client = client
-        self.on_line = on_line
         self.poll_interval = poll_interval
         self.on_finish = on_finish
         self.cursor_store = cursor_store
         self.jobs: Any = None
-        super().__init__(f"torchstep-kubernetes-{run_id}", 30.0)
+        #: The state the step's workloads had when :func:`open_step` picked it.
+        self.found: str | None = None
+        super().__init__(f"torchstep-kubernetes-{run_id}", 30.0, on_line)
 
     @classmethod
     def for_attempt(cls, plan: StepPlan, *, attempt_id: str, client: KubernetesClient, **kwargs: Any) -> KubernetesStep:
@@ -344,18 +422,18 @@ class KubernetesStep(_Runner):
         the tries of a step (KFP, Prefect): run id ``attempt_id``, or ``attempt_id.a2``,
         ``.a3``... past every earlier Job of it that *failed* and was kept (a retry after a
         failure must start afresh; a rerun after the watcher died must attach). ``client``
-        is required: finding the attempt reads the cluster.
+        is required: finding the attempt reads the cluster. :func:`open_step` calls it for
+        an :class:`Attempt` without a try number.
 
         Example::
 
             step = KubernetesStep.for_attempt(plan, attempt_id=step_run_id("kfp", job, task), client=kube)
         """
-        from torchstep.result import FAILED
-
         for n in range(1, MAX_KEPT_ATTEMPTS + 1):
             run_id = attempt_id if n == 1 else f"{attempt_id}.a{n}"
             step = cls(plan, run_id=run_id, client=client, **kwargs)
-            if step.job_set().state() != FAILED:
+            step.found = step.state()
+            if step.found != FAILED:
                 return step
             log.info("torchstep: %s failed earlier and was kept; trying the next attempt", run_id)
         raise SpecError(
@@ -391,8 +469,9 @@ class KubernetesStep(_Runner):
         return self.jobs
 
     def run(self) -> StepResult:
+        """Attach or create, follow, collect, clean up; the step result."""
         jobs = self.job_set()
-        return self._run(jobs.run, jobs.cancel)
+        return self._run(jobs.run)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -400,13 +479,21 @@ class KubernetesStep(_Runner):
             self.jobs.cancel()
 
 
-def _with_run_id(cfg: Mapping[str, Any] | None, run_id: str, target: str) -> dict[str, Any]:
+def _with_run_id(cfg: Mapping[str, Any] | None, run_id: str | None, target: str) -> dict[str, Any]:
     """A copy of ``cfg`` holding the orchestrator's ``run_id``; one of the user's is refused."""
     out = dict(cfg or {})
     if out.get("run_id") not in (None, run_id):
         raise SpecError("cfg['run_id']", target, "the run id is set by the orchestrator (per try)", fix="remove it")
-    out["run_id"] = run_id
+    if run_id is not None:
+        out["run_id"] = run_id
     return out
+
+
+def _say(on_line: LineCallback | None, text: str) -> None:
+    try:
+        (on_line or print)(f"torchstep: {text}")
+    except Exception:  # a logger that fails must not stop the run
+        pass
 
 
 class _CallbackDisplay(PlainDisplay):
@@ -424,14 +511,255 @@ class _CallbackDisplay(PlainDisplay):
                 pass
 
 
-def _wait_out(done: threading.Event, seconds: float) -> bool:
-    """Wait for ``done`` up to ``seconds`` in slices; a second interrupt during the wait
-    (another signal) still waits for the processes to stop, it only shortens nothing."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if done.wait(POLL_S):
-                return True
-        except BaseException:
-            continue
-    return done.is_set()
+# -- the seam ----------------------------------------------------------------------------------------
+def open_step(
+    plan: StepPlan,
+    *,
+    attempt: AttemptLike,
+    cfg: Mapping[str, Any] | None = None,
+    client: KubernetesClient | None = None,
+    on_line: LineCallback | None = None,
+    cursor_store: Any = None,
+    **options: Any,
+) -> LocalStep | KubernetesStep:
+    """The step of one try of ``plan``: a :class:`LocalStep` or a :class:`KubernetesStep`,
+    picked from ``plan.target``. Nothing runs until its ``run()``.
+
+    Attach or create: the step is named from ``attempt``, so the same try opened again (its
+    watcher died) finds its Jobs. When they exist, that is said once, in the step's log.
+
+    Args:
+        plan: the plan, built once (``torchstep.build_plan(app, "local" | "kubernetes")``).
+        attempt: the orchestrator's identity of the try: an :class:`Attempt` (or the tuple of
+            its parts: no try number), an exact run id, or ``None`` (a fresh id: ``torchstep
+            run``). An :class:`Attempt` without a try number on Kubernetes attaches to the
+            logical attempt's running or finished Jobs and starts afresh after a failed one
+            (:meth:`KubernetesStep.for_attempt`).
+        cfg: the target's run options (``torchstep runopts local|kubernetes``).
+        client: the Kubernetes client (kubernetes only; default: kubeconfig or in-cluster).
+        on_line: receives every line of the step (each rank's, torchstep's notes).
+        cursor_store: the orchestrator's state between tries (kubernetes only; see
+            :class:`KubernetesStep`).
+        options: the kind's own keyword arguments (:class:`LocalStep`: ``on_status``,
+            ``app_id``, ``display``; :class:`KubernetesStep`: ``poll_interval``,
+            ``on_finish``, ``result_file``).
+
+    Returns:
+        The step; ``run()`` blocks and returns the :class:`~torchstep.StepResult`.
+
+    Raises:
+        SpecError: a plan for another target (``kfp``: the KFP adapter runs its plan's step
+            through ``local`` or ``kubernetes``), a bad attempt or option.
+
+    Example::
+
+        step = open_step(plan, attempt=Attempt(("prefect", flow_run, task_key)), on_line=logger.info)
+        result = step.run()
+    """
+    given = _attempt(attempt)
+    if plan.target == "local":  # nothing on this machine outlives the worker: nothing to attach to
+        return LocalStep(plan, run_id=_run_id(given), cfg=cfg, on_line=on_line, **options)
+    if plan.target != "kubernetes":
+        _plan_for(plan, "kubernetes")
+    if isinstance(given, Attempt) and given.try_number is None:
+        from torchstep.kubernetes.client import OfficialClient
+
+        kube = client if client is not None else OfficialClient.from_config()
+        step = KubernetesStep.for_attempt(plan, attempt_id=given.run_id, client=kube, cfg=cfg, on_line=on_line,
+                                          cursor_store=cursor_store, **options)  # fmt: skip
+    else:
+        step = KubernetesStep(plan, run_id=_run_id(given), cfg=cfg, client=client, on_line=on_line,
+                              cursor_store=cursor_store, **options)  # fmt: skip
+        step.found = step.state() if given is not None else None
+    if step.found is not None:
+        step.say(f"the Jobs of {step.run_id} exist (an earlier try of this step created them): attaching")
+    return step
+
+
+def run_tries(
+    plan: StepPlan,
+    *,
+    attempt: AttemptLike,
+    cfg: Mapping[str, Any] | None = None,
+    client: KubernetesClient | None = None,
+    on_line: LineCallback | None = None,
+    cursor_store: Any = None,
+    retries: int | None = None,
+    cancel: threading.Event | None = None,
+    on_step: Callable[[LocalStep | KubernetesStep], object] | None = None,
+    on_retry: Callable[[StepResult, int, float], None] | None = None,
+    **options: Any,
+) -> StepResult:
+    """Run ``plan`` up to ``retries + 1`` times — the APPLICATION retry loop of an entry
+    point that owns the budget itself — until it succeeds, is cancelled or fails
+    non-retryably; each try is :func:`open_step` of its own attempt
+    (:meth:`Attempt.again`), and ``attempts`` in the result counts them.
+
+    Args:
+        plan: the plan (local or kubernetes target).
+        attempt: as :func:`open_step`: the first try's (try ``n``: :meth:`Attempt.again`).
+        cfg: as :func:`open_step`; for the local target ``cfg["retries"]`` and
+            ``cfg["retry_delay"]`` configure this loop.
+        client: as :func:`open_step`.
+        on_line: as :func:`open_step`.
+        cursor_store: as :func:`open_step`.
+        retries: how many retries at most; ``None``: ``cfg["retries"]``, else the plan's
+            APPLICATION budget (``plan.step_retry.count``).
+        cancel: set from any thread (or a signal handler): the running try stops every
+            process, a wait for the next try ends, and the result is CANCELLED.
+        on_step: called with each try's step before it runs, for an orchestrator whose kill
+            arrives as a callback (it cancels the step; an interrupt leaves the stopped
+            result in ``step.result``).
+        on_retry: called with the failed result, its try number and the wait before the
+            next try (the loop says it in the step's log itself).
+        options: as :func:`open_step`.
+
+    Returns:
+        The last try's :class:`~torchstep.StepResult`.
+
+    Raises:
+        SpecError: as :func:`open_step`; anything that interrupts a try, after the try stopped.
+
+    Example::
+
+        result = run_tries(plan, attempt=Attempt(("kfp", job_id, task_id)), on_line=print)
+    """
+    cfg = dict(cfg or {})
+    step_retry = plan.step_retry
+    if plan.target == "local" and {"retries", "retry_delay"} & cfg.keys():
+        from torchstep.local import resolve
+
+        opts = resolve(cfg)
+        retries = opts.retries if retries is None else retries
+        step_retry = replace(
+            step_retry, delay_s=opts.retry_delay if opts.retry_delay is not None else step_retry.delay_s
+        )
+        cfg.pop("retries", None)
+        cfg.pop("retry_delay", None)
+    retries = step_retry.count if retries is None else retries
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise SpecError("retries", plan.target, f"must be a whole number >= 0, got {retries!r}", fix="e.g. retries=2")
+    delays = replace(step_retry, count=retries).delays(DEFAULT_RETRY_DELAY_S)
+    app_id = options.pop("app_id", None)
+    n = 1
+    while True:
+        step = open_step(plan, attempt=_again(attempt, n), cfg=cfg, client=client, on_line=on_line,
+                         cursor_store=cursor_store, **options, **({"app_id": _again(app_id, n)} if app_id else {}))  # fmt: skip
+        step.try_number = n
+        if on_step is not None:
+            on_step(step)
+        result = _run_until_cancelled(step, cancel)
+        if result.succeeded or result.state == CANCELLED or not result.retryable or n > retries:
+            if n > 1 or retries:
+                step.say(f"{result.state} after {n} attempt(s) (at most {retries + 1})")
+            return result
+        delay = delays[n - 1]
+        step.say(f"attempt {n} of {retries + 1} failed ({result.state}, exit code {result.exit_code}); "
+                 f"retrying in {delay:g} s")  # fmt: skip
+        if on_retry is not None:
+            on_retry(result, n, delay)
+        if (cancel or threading.Event()).wait(delay):  # a fresh Event: an interruptible sleep
+            result.state, result.retryable, result.message = CANCELLED, False, "cancelled while waiting to retry"
+            if isinstance(step, LocalStep) and result.log_dir:
+                from torchstep.local.launcher import write_run_result
+
+                write_run_result(result, f"{result.log_dir}/result.json", step.display)
+            return result
+        n += 1
+
+
+def _run_until_cancelled(step: LocalStep | KubernetesStep, cancel: threading.Event | None) -> StepResult:
+    """``step.run()``, cancelled as soon as ``cancel`` is set (by a watcher thread)."""
+    if cancel is None:
+        return step.run()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(POLL_S):
+                step.cancel()
+                return
+
+    if cancel.is_set():
+        step.cancel()
+    threading.Thread(target=watch, name="torchstep-cancel-watch", daemon=True).start()
+    try:
+        return step.run()
+    finally:
+        done.set()
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    cancel: threading.Event, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+) -> Iterator[list[int]]:
+    """While inside, the first of ``signals`` sets ``cancel`` (:func:`run_tries` stops the
+    step within its grace period) and a second raises ``KeyboardInterrupt`` (the step is
+    killed at once); the previous handlers come back on the way out. Yields the signals
+    received. In a thread other than the main one it installs nothing (the caller's own
+    handlers decide).
+
+    Example::
+
+        cancel = threading.Event()
+        with stop_on_signals(cancel) as received:
+            result = run_tries(plan, attempt=None, cancel=cancel)
+    """
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt  # a second signal: no more grace
+        cancel.set()
+
+    try:
+        previous = {s: signal.signal(s, on_signal) for s in signals}
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_local(
+    app: Any,
+    *,
+    cfg: Mapping[str, Any] | None = None,
+    log_dir: str | None = None,
+    on_status: Callable[[ReplicaEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> StepResult:
+    """Run ``app`` (a TorchX ``AppDef``, or anything :func:`torchstep.materialize` takes)
+    on this machine and block until it ends (``torchstep.run_local``).
+
+    Args:
+        app: the AppDef or component reference.
+        cfg: the local run options (``torchstep runopts local``). Never retries the whole
+            app unless ``cfg["retries"]`` says so: an orchestrator calling ``run_local``
+            owns APPLICATION retries.
+        log_dir: wins over ``cfg["log_dir"]``.
+        on_status: called with a :class:`ReplicaEvent` on every replica state change.
+        cancel: set from any thread: every process stops within the grace period and the
+            result is CANCELLED. Ctrl-C does the same and re-raises once everything stopped.
+
+    Returns:
+        The step result, also written to ``<log_dir>/<app_id>/result.json``.
+
+    Raises:
+        SpecError: before anything starts, when the AppDef or this machine cannot serve it.
+
+    >>> import torchstep
+    >>> r = torchstep.run_local(torchstep.materialize("utils.sh", ["true"]), cfg={"tee": False})  # doctest: +SKIP
+    >>> r.state, len(r.ranks)  # doctest: +SKIP
+    ('SUCCEEDED', 1)
+    """
+    from torchstep.components.materialize import materialize
+    from torchstep.plan.planner import build_plan
+
+    cfg = {**(cfg or {}), **({"log_dir": log_dir} if log_dir is not None else {})}
+    run_id = cfg.pop("run_id", None)
+    return run_tries(build_plan(materialize(app), "local"), attempt=run_id, cfg=cfg, cancel=cancel,
+                     on_status=on_status, retries=None if cfg.get("retries") is not None else 0)  # fmt: skip

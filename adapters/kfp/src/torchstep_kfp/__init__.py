@@ -13,24 +13,17 @@ Importing this package imports neither torch nor kfp (kfp loads when a function 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from torchstep.lazy import lazy_names
 
 __all__ = ["StepComponent", "apply_plan", "component_from_app", "component_from_fn", "plan_of"]
-_FROM = {"apply_plan": "tasks", "plan_of": "tasks", "component_from_app": "components",
-         "component_from_fn": "components", "StepComponent": "components"}  # fmt: skip
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API reference only
     from torchstep_kfp.components import StepComponent, component_from_app, component_from_fn
     from torchstep_kfp.tasks import apply_plan, plan_of
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FROM:
-        import importlib
-
-        return getattr(importlib.import_module(f"torchstep_kfp.{_FROM[name]}"), name)
-    if name == "__version__":  # written once, in pyproject.toml
-        from importlib.metadata import version
-
-        return version("torchstep-kfp")
-    raise AttributeError(f"module 'torchstep_kfp' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "torchstep-kfp", {
+    "apply_plan": "torchstep_kfp.tasks", "plan_of": "torchstep_kfp.tasks", "StepComponent": "torchstep_kfp.components",
+    "component_from_app": "torchstep_kfp.components", "component_from_fn": "torchstep_kfp.components",
+})  # fmt: skip

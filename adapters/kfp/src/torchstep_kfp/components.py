@@ -24,11 +24,9 @@ Example::
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import json
 import keyword
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -39,7 +37,8 @@ from torchstep.errors import SpecError
 from torchstep.plan.model import StepPlan
 from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
-from torchstep_kfp.entry import JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
+from torchstep_kfp import entry
+from torchstep_kfp.entry import COMPILED_INPUT, JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
 
 #: The module the container runs (``python3 -m torchstep_kfp.entry``).
@@ -49,7 +48,7 @@ RESULT_OUTPUT = "result"
 METRICS_OUTPUT = "metrics"
 MODEL_OUTPUT = "model"
 #: Names the component uses itself (JOB_ID_INPUT: see torchstep_kfp.entry).
-_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT)
+_RESERVED = (RESULT_OUTPUT, JOB_ID_INPUT, TASK_ID_INPUT, COMPILED_INPUT)
 _OPTIONS = ("name", "outputs", "metrics", "model", "caching", "defaults", "cfg", "role", "launcher_image")
 #: KFP's own lightweight-component launch script (kfp.dsl.component_factory): what
 #: kfp.local's SubprocessRunner accepts. User data never enters it: it reaches Python as "$@".
@@ -110,7 +109,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     ``torchstep_job_id`` (and, for a launcher step of several pods, ``torchstep_task_id``),
     which the component sets from KFP's placeholders when called.
     """
-    from torchstep.components.materialize import component_of, parameters_of, static_values
+    from torchstep.components.materialize import component_of, parameters_of, reference_of, static_values
 
     fn, label = component_of(component)
     names = {p.name for p in parameters_of(component)}
@@ -124,7 +123,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
                         fix="rename the parameter")  # fmt: skip
     inputs, appdef = static_values(component, defaults, target=TARGET, builder="component_from_fn")
     plan = plan_of(appdef)
-    spec = {"component": _reference(component, fn)}
+    spec = {"component": reference_of(component)}
     return _build(plan, spec, inputs, options, default_name=getattr(fn, "__name__", "step"),
                   description=inspect.getdoc(fn) or label)  # fmt: skip
 
@@ -132,17 +131,25 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
 class StepComponent(ContainerComponent):
     """A torchstep step as a KFP container component (a real ``ContainerComponent``:
     compile it, save its YAML, call it inside a ``@dsl.pipeline`` with its inputs as keyword
-    arguments). The call gives a ``PipelineTask`` with the plan applied (resources,
-    ``set_retry``, env, kfp-kubernetes settings, caching off) and KFP's run and task ids as
-    the step's app id. Under ``kfp.local`` with the SubprocessRunner (initialised before the
-    call), the task runs the same argv as a lightweight Python component — the runner
-    refuses container components."""
+    arguments). The call gives a ``PipelineTask`` with the plan of that call applied
+    (resources, ``set_retry``, env, kfp-kubernetes settings, caching off) and KFP's run and
+    task ids as the step's app id. Each call is planned with the values known when the
+    pipeline is compiled — its constants, the component's defaults for the rest (a pipeline
+    parameter is known only at run time) — and the step checks at run time that its inputs
+    leave the fields KFP fixed unchanged (:func:`torchstep_kfp.entry.check_compiled`). Under
+    ``kfp.local`` with the SubprocessRunner (initialised before the call), the task runs the
+    same argv as a lightweight Python component — the runner refuses container components."""
 
-    def __init__(self, component: Any, plan: StepPlan, role: int, caching: bool) -> None:
+    def __init__(
+        self, component: Any, plan: StepPlan, role: int, caching: bool, spec: dict[str, Any],
+        inputs: list[tuple[Any, Any]],
+    ) -> None:  # fmt: skip
         super().__init__(component.component_spec, component.pipeline_func)
-        self.plan = plan
+        self.plan = plan  # with the defaults
         self.role = role
         self.caching = caching
+        self.spec = spec
+        self.inputs = inputs
         self._local: Any = None
         self._docker: Any = None
 
@@ -160,10 +167,12 @@ class StepComponent(ContainerComponent):
         for key in kwargs:  # before KFP's TypeError, which names no parameter
             if key not in inputs:
                 raise unknown_parameter(self.name, key, [n for n in inputs if n not in _RESERVED], target=TARGET)
+        plan, planned = self.plan_of_call(kwargs)
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         if is_launcher(self.plan):  # only a launcher names Jobs after the task
             kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
+        kwargs[COMPILED_INPUT] = encode_spec({"fixed": entry.fixed_of(plan, self.spec), "planned_with": planned})
         runner = _kfp_local_runner()
         if runner == "subprocess":
             task = self.local_component()(*args, **kwargs)
@@ -172,8 +181,34 @@ class StepComponent(ContainerComponent):
         else:
             task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
-            apply_plan(task, self.plan, role=self.role, caching=self.caching, launcher=is_launcher(self.plan))
+            if not is_launcher(plan) and task.container_spec is not None:  # this call's image
+                task.container_spec.image = plan.roles[self.role].image
+            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=is_launcher(plan))
         return task
+
+    def plan_of_call(self, kwargs: Mapping[str, Any]) -> tuple[StepPlan, dict[str, Any]]:
+        """The plan of one call — the component's defaults, and the call's compile-time
+        constants over them (a pipeline parameter or an upstream output keeps the default:
+        its value exists only at run time) — and the input values it was made with."""
+        from torchstep.components.materialize import check_value
+
+        params = {p.name: p for p, _ in self.inputs}
+        defaults = {p.name: default for p, default in self.inputs}
+        planned = dict(defaults)
+        for key, value in kwargs.items():
+            if key in (JOB_ID_INPUT, TASK_ID_INPUT, COMPILED_INPUT):
+                raise SpecError(key, TARGET, "is an input the step component sets itself", fix="do not pass it")
+            if key in params and _constant(value):
+                check_value(params[key], value, key, TARGET)
+                planned[key] = value
+        if planned == defaults:
+            return self.plan, planned
+        plan = plan_of(entry.appdef(self.spec, planned))
+        if is_launcher(plan) != is_launcher(self.plan):
+            shape = "several pods" if is_launcher(plan) else "one container"
+            raise SpecError("inputs", TARGET, f"with these constants the AppDef needs {shape}, but the component was made "
+                            "for the other shape", fix="make a component for it: component_from_fn(..., defaults=...)")  # fmt: skip
+        return plan, planned
 
     def local_component(self) -> ContainerComponent:
         """The same step as a lightweight Python component (kfp.local's SubprocessRunner)."""
@@ -225,27 +260,23 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     cfg = check_cfg(options.get("cfg"), "kubernetes" if launcher else "local")
     image = launcher_image or r.image if launcher else r.image
     spec.update({
-        "version": 1, "name": name, "role": r.index, "launcher": launcher, "image": image,
+        "version": 1, "name": name, "role": r.index, "launcher": launcher,
         "inputs": {p.name: p.type.__name__ for p, _ in inputs},
         "variadic": [p.name for p, _ in inputs if p.variadic],
         "outputs": outputs, "metrics": metrics, "model": model, "cfg": cfg,
-        # what set_retry says (kfp.local spends it in the step); the default: no retries
-        "step_retry": {k: v for k, v in dataclasses.asdict(plan.step_retry).items() if v is not None and k != "role_index"}
-        if plan.step_retry.count else None,
+        # what a call that passes no constants compiles with (a call passes its own: COMPILED_INPUT)
+        "planned_with": {p.name: default for p, default in inputs},
     })  # fmt: skip
-    if "app" in spec:  # the image and role travel inside the AppDef
-        spec["image"] = None
+    spec["fixed"] = entry.fixed_of(plan, spec)
 
     for out in outputs:
         if any(p.name == out for p, _ in inputs):
             raise SpecError(f"outputs.{out}", TARGET, f"{out!r} is also an input of the component (KFP names "
                             "inputs and outputs in one namespace)",
                             fix="publish the value under another name with torchstep.output")  # fmt: skip
-    params = [
-        inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_kfp_type(p))
-        for p, default in inputs
-    ]
+    params = [p.keyword(default) for p, default in inputs]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
+    params.append(inspect.Parameter(COMPILED_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     if launcher:  # its Jobs are named after KFP's task id; a one-pod step creates none
         params.append(inspect.Parameter(TASK_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(RESULT_OUTPUT, inspect.Parameter.KEYWORD_ONLY, annotation=dsl.OutputPath(dict)))
@@ -275,16 +306,10 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     body.__name__ = body.__qualname__ = name
     body.__doc__ = _docstring(description, inputs, outputs, metrics, model)
     component = dsl.container_component(body)
-    return StepComponent(component, plan, r.index, caching)
+    return StepComponent(component, plan, r.index, caching, spec, inputs)
 
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
-
-
-def _kfp_type(p: Any) -> Any:
-    from typing import Optional
-
-    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (KFP reads typing.Optional)
 
 
 def _artifact_name(value: Any, default: str, option: str) -> Any:
@@ -322,22 +347,6 @@ def _check_options(options: Mapping[str, Any], params: set[str]) -> None:
         if key not in _OPTIONS and key not in params:
             raise SpecError(key, TARGET, "is not an option of the step component",
                             fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""))  # fmt: skip
-
-
-def _reference(component: Any, fn: Any) -> str:
-    """The reference the container resolves: the user's string as is; for a callable its
-    ``module:qualname`` when importable by that name, else ``file.py:name``."""
-    if isinstance(component, str):
-        return component.strip()
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname and "." not in qualname:
-        return f"{module}:{qualname}"
-    source = inspect.getsourcefile(fn)
-    if source is None or "<" in qualname or "." in qualname:
-        raise SpecError("component", TARGET, f"{qualname or fn!r} cannot be found again inside the container",
-                        fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
-    rel = os.path.relpath(source)
-    return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
 
 
 def _component_name(given: Any, default: str) -> str:
@@ -408,6 +417,20 @@ def encode_spec(spec: Mapping[str, Any]) -> str:
     }
     text = json.dumps(compact, sort_keys=True, separators=(",", ":"))
     return text.replace("{{", "{\\u007b").replace("python3", "\\u0070ython3")
+
+
+def _constant(value: Any) -> bool:
+    """Whether ``value`` is known when the pipeline is compiled (no pipeline parameter or
+    upstream output in it, not an f-string of them)."""
+    from kfp.dsl.pipeline_channel import PipelineChannel
+
+    if isinstance(value, PipelineChannel) or (isinstance(value, str) and "{{channel:" in value):
+        return False
+    if isinstance(value, Mapping):
+        return all(_constant(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_constant(v) for v in value)
+    return True
 
 
 def _kfp_local_runner() -> str | None:

@@ -9,8 +9,13 @@ step result, rank-0 output parameters, the Metrics and Model artifacts (through 
 executor output file, as KFP's own executor does). Imports neither kfp nor torch.
 
 Under kfp.local (``kfp_local_step``) KFP ignores ``set_retry``, so the AppDef's APPLICATION
-retry budget is spent here, with the plan's delays: a pipeline that passes locally passes
-remotely for the same reason.
+retry budget is spent here (core's ``run_tries``, with the plan's delays): a pipeline that
+passes locally passes remotely for the same reason.
+
+Before anything runs, the run-time AppDef's plan is compared with the one the task was
+compiled with (:func:`check_compiled`): a field KFP fixed at compile time (image,
+resources, mounts, Secrets, node selectors, overlay, retries, timeout, shape) that the
+run-time inputs change fails the step at once, naming the field and the input.
 
 Exit status: 0 when the step succeeded, else the step's exit code (never 0), 2 for a bad
 invocation (the message names the argument).
@@ -25,9 +30,9 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
-from types import FrameType
 from typing import Any
 
 POD_NAME_ENV = "TORCHSTEP_POD_NAME"
@@ -41,13 +46,12 @@ JOB_ID_INPUT = "torchstep_job_id"
 #: The input set from KFP's task id placeholder: the same for every retry of a task's pod
 #: (KFP's driver resolves it once per task), so a retried launcher finds the Job it created.
 TASK_ID_INPUT = "torchstep_task_id"
+#: The input the component sets when called: what that task was compiled with (JSON: the
+#: fixed fields of its plan, and the input values it was planned with), checked at run time.
+COMPILED_INPUT = "torchstep_compiled"
 #: Marks a string argument that ``components.literal`` escaped (KFP must not resolve it).
 LITERAL_PREFIX = "torchstep-literal:"
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-class Terminated(BaseException):
-    """SIGTERM/SIGINT reached the step (the pipeline run was cancelled or the pod is evicted)."""
 
 
 def main(argv: list[str] | None = None, *, local: bool = False, client: Any = None) -> int:
@@ -66,18 +70,20 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
         # task and per retry), or under kfp.local the task's output directory
         args.task_id = (args.task_id or str(given.get(TASK_ID_INPUT) or "") or os.environ.get(POD_NAME_ENV)
                         or _local_task(executor_input))  # fmt: skip
+        compiled = json.loads(given[COMPILED_INPUT]) if given.get(COMPILED_INPUT) else None
     except (ValueError, KeyError) as e:
         print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
         return 2
     from torchstep.errors import SpecError
 
     try:
-        app = _appdef(spec, values)
-        result = _run(spec, app, args, local=local_budget, client=client)
+        result = _run(spec, values, args, compiled, local=local_budget, client=client)
     except SpecError as e:
         print(f"torchstep: {e}", file=sys.stderr)
         return 2
-    except Terminated:
+    except KeyboardInterrupt:  # a second signal: every process was killed at once
+        result = None
+    if result is None:
         print("torchstep: the step was stopped (SIGTERM); every process of it has ended", file=sys.stderr)
         return 143
     return _publish(spec, result, executor_input)
@@ -112,7 +118,6 @@ def _stop_when_the_pipeline_process_dies() -> None:
     """kfp.local runs this step as ``pipeline process → sh → python``, and a killed or
     interrupted pipeline process does not stop it: watch both ancestors and stop the step
     (SIGTERM to ourselves: every process of it ends within the grace period) when one dies."""
-    import threading
 
     def parent_of(pid: int) -> int:
         try:
@@ -168,7 +173,9 @@ def _inputs(spec: Mapping[str, Any], pairs: list[list[str]], local: bool) -> dic
     return out
 
 
-def _appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+def appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+    """The step's AppDef: the one the component carries, else the component materialised
+    from ``values`` (``None`` and an empty ``*args`` left out: the function's own default)."""
     from torchstep.components.materialize import materialize
 
     if spec.get("app") is not None:
@@ -182,104 +189,96 @@ def _appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     return materialize(spec["component"], mapping)
 
 
-def _run(spec: Mapping[str, Any], app: Any, args: argparse.Namespace, *, local: bool, client: Any) -> Any:
-    from torchstep.errors import SpecError
-    from torchstep.plan.planner import build_plan
-    from torchstep.steps import step_run_id
-
-    launcher = bool(spec.get("launcher"))
-    plan = build_plan(app, "kubernetes" if launcher else "local")
-    multi = is_launcher(plan)
-    if multi != launcher:
-        shape = "several pods" if multi else "one container"
-        raise SpecError("inputs", "kfp", f"with these input values the AppDef needs {shape}, but the pipeline was "
-                        "compiled for the other shape (KFP fixes a step's shape at compile time)",
-                        fix="set the replica/role inputs in component_from_fn(..., defaults=...) instead")  # fmt: skip
-    cfg = dict(spec.get("cfg") or {})
-    notes = []
-    image = plan.roles[int(spec.get("role", 0))].image
-    if not launcher and spec.get("image") and image != spec["image"] and not os.path.isdir(image):
-        notes.append(f"image {image!r} of the AppDef is not this container's: KFP fixed the step's image at "
-                     f"compile time to {spec['image']!r} (set it in component_from_fn(..., defaults=...))")  # fmt: skip
-        print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
-    from torchstep.plan.model import StepRetry
-
-    # KFP fixed set_retry at compile time; kfp.local ignores it, so the same budget is spent here
-    step_retry = StepRetry(**spec["step_retry"]) if spec.get("step_retry") else plan.step_retry
-    if plan.step_retry.count != step_retry.count:
-        notes.append(f"the AppDef's retry budget is {plan.step_retry.count} with these inputs, but KFP retries "
-                     f"the step {step_retry.count} times (set_retry is fixed at compile time)")  # fmt: skip
-        print(f"torchstep: warning: {notes[-1]}", file=sys.stderr, flush=True)
-    retries = step_retry.count if local and not launcher else 0
-    delays = step_retry.delays(1.0) if retries else []
-    restore = _on_signals()
-    try:
-        for attempt in range(retries + 1):
-            task = args.task_id or spec.get("name", "step")
-            if launcher:  # the Jobs are named after the task, not the pod: a retried launcher reattaches
-                result = _kubernetes(plan, step_run_id("kfp", args.job_id or "run", task), cfg, client)
-            else:
-                result = _local(app, step_run_id("kfp", args.job_id or "run", task, attempt), cfg, spec.get("role", 0))
-            if result.succeeded or not result.retryable or attempt == retries:
-                result.warnings.extend(notes)
-                return result
-            notes.append(
-                f"kfp.local: attempt {attempt + 1} of {retries + 1} failed ({result.state}); retried in the step"
-            )
-            print(f"torchstep: attempt {attempt + 1} of {retries + 1} failed ({result.state}); "
-                  f"retrying in {delays[attempt]:g} s (the AppDef's APPLICATION budget, kept in the step "
-                  "because kfp.local ignores set_retry)", flush=True)  # fmt: skip
-            time.sleep(delays[attempt])
-        raise AssertionError("unreachable")
-    finally:
-        restore()
-
-
-def _local(app: Any, run_id: str, cfg: dict[str, Any], role: int) -> Any:
+def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Namespace, compiled: Any, *,
+         local: bool, client: Any) -> Any:  # fmt: skip
+    """Check the run-time AppDef against what the task was compiled with, then run it —
+    in this container, or as the Jobs of a launcher step — through core's
+    :func:`~torchstep.steps.run_tries` (the APPLICATION budget is spent here only under
+    kfp.local, which ignores ``set_retry``)."""
     import dataclasses
 
-    from torchstep.steps import LocalStep
+    from torchstep.plan.planner import build_plan
+    from torchstep.steps import Attempt, run_tries, stop_on_signals
 
-    # The pod mounted the volumes at their paths already; nothing to do for them here.
-    roles = [dataclasses.replace(r, mounts=[m for m in r.mounts if type(m).__name__ != "VolumeMount"])
-             for r in app.roles]  # fmt: skip
-    app = dataclasses.replace(app, roles=roles)
-    cfg.setdefault("cpu_affinity", False)  # the pod's cgroup limits the cpus
-    return LocalStep(app, run_id=run_id, cfg=cfg, on_line=_print).run()
+    app = appdef(spec, values)
+    launcher = bool(spec.get("launcher"))
+    check_compiled(spec, values, compiled or {"fixed": spec.get("fixed"), "planned_with": spec.get("planned_with")},
+                   build_plan(app, "kfp"))  # fmt: skip
+    cfg = dict(spec.get("cfg") or {})
+    options: dict[str, Any] = {}
+    if launcher:  # the Jobs are named after the task, not the pod: a retried launcher reattaches
+        namespace = cfg.get("namespace") or os.environ.get(NAMESPACE_ENV)
+        cfg.update({"namespace": namespace} if namespace else {})
+        options = {"client": client, "poll_interval": POLL_INTERVAL_S}
+    else:  # the pod mounted the volumes (as compiled: checked above), and its cgroup limits the cpus
+        app = dataclasses.replace(app, roles=[dataclasses.replace(r, mounts=[m for m in r.mounts if type(m).__name__
+                                                                             != "VolumeMount"]) for r in app.roles])  # fmt: skip
+        cfg.setdefault("cpu_affinity", False)
+    plan = build_plan(app, "kubernetes" if launcher else "local")
+    attempt = Attempt(("kfp", args.job_id or "run", args.task_id or spec.get("name", "step")))
+    cancel = threading.Event()  # set by SIGTERM (the run cancelled, the pod evicted) or SIGINT
+    with stop_on_signals(cancel, (signal.SIGTERM, signal.SIGINT)):
+        result = run_tries(plan, attempt=attempt, cfg=cfg, on_line=_print, cancel=cancel,
+                           retries=plan.step_retry.count if local and not launcher else 0, **options)  # fmt: skip
+    return None if cancel.is_set() else result
 
 
-def _kubernetes(plan: Any, attempt_id: str, cfg: dict[str, Any], client: Any) -> Any:
-    """Run the launcher's Jobs: attach to those of this task if a previous pod of it (a KFP
-    retry after the launcher pod died) created them, else create them."""
-    from torchstep.kubernetes.client import OfficialClient
-    from torchstep.steps import KubernetesStep
+def fixed_of(plan: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What a task of this step fixes at compile time (``torchstep.plan.fixed``): the step's
+    retries, timeout and shape, and for a one-container step its role's image, resources,
+    mounts, Secrets, node selectors and pod overlay (a launcher's roles run as Jobs made at
+    run time)."""
+    from torchstep.plan.fixed import fixed_fields
 
-    namespace = cfg.get("namespace") or os.environ.get(NAMESPACE_ENV)
-    if namespace:
-        cfg["namespace"] = namespace
-    kube = client if client is not None else OfficialClient.from_config()
-    step = KubernetesStep.for_attempt(
-        plan, attempt_id=attempt_id, client=kube, cfg=cfg, on_line=_print, poll_interval=POLL_INTERVAL_S
-    )
-    if step.state() is not None:
-        print(f"torchstep: the Jobs of {step.run_id} exist (a previous launcher pod created them): attaching",
-              flush=True)  # fmt: skip
-    return step.run()
+    launcher = is_launcher(plan)
+    fields = fixed_fields(plan, role=None if launcher else int(spec.get("role", 0)))
+    unset: tuple[Any, ...] = (None, [], {})  # left out: the comparison takes a missing field for an unset one
+    return {"shape": "several_pods" if launcher else "one_container", **{k: v for k, v in fields.items()
+                                                                          if v not in unset}}  # fmt: skip
+
+
+def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled: Mapping[str, Any], now: Any) -> None:
+    """A :class:`~torchstep.SpecError` when the run-time AppDef's plan (``now``, target
+    kfp) differs from the one the task was compiled with in a field KFP fixed at compile
+    time (``compiled["fixed"]``), naming the field and the input that changed it: KFP
+    would run the step with the compiled value, silently."""
+    from torchstep.errors import SpecError
+    from torchstep.plan.fixed import changed_fields
+
+    changed = changed_fields(compiled.get("fixed") or {}, fixed_of(now, spec))
+    if not changed:
+        return
+    field, before, after = changed[0]
+    planned = compiled.get("planned_with") or {}
+    inputs = [k for k in planned if k in values and values[k] != planned[k]]
+    if len(inputs) > 1:  # the inputs that change this field on their own
+        inputs = [k for k in inputs if _field_with(spec, {**planned, k: values[k]}, field) != before] or inputs
+    said = ", ".join(f"{k}={values[k]!r} (compiled with {planned[k]!r})" for k in inputs) or "the run-time inputs"
+    if field == "shape":
+        raise SpecError("inputs", "kfp", f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, but the "
+                        f"pipeline was compiled for the other shape, {before.replace('_', ' ')} (KFP fixes a step's "
+                        "shape at compile time)",
+                        fix="pass these inputs as constants in the pipeline, or set them in "
+                        "component_from_fn(..., defaults=...)")  # fmt: skip
+    names = " or ".join(repr(k) for k in inputs) or "the inputs"
+    shown = [repr(v) if v is not None else "none" for v in (before, after)]
+    raise SpecError(field, "kfp", f"KFP fixed it at compile time to {shown[0]}, but the run-time input(s) {said} make "
+                    f"it {shown[1]}; the step would run with the compiled value",
+                    fix=f"pass {names} as a constant in the pipeline (e.g. op({inputs[0] if inputs else 'name'}=...)), "
+                    "or make this field independent of run-time inputs")  # fmt: skip
+
+
+def _field_with(spec: Mapping[str, Any], values: Mapping[str, Any], field: str) -> Any:
+    from torchstep.plan.planner import build_plan
+
+    try:
+        return fixed_of(build_plan(appdef(spec, values), "kfp"), spec).get(field)
+    except Exception:  # these values alone make no plan: not the one input that changed it
+        return None
 
 
 def _print(line: str) -> None:
     print(line, flush=True)
-
-
-def _on_signals() -> Any:
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    try:
-        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    except ValueError:  # not the main thread: the caller handles signals
-        return lambda: None
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:

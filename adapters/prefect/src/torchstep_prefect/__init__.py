@@ -12,23 +12,17 @@ Importing this package imports neither torch nor prefect (they load when a funct
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from torchstep.lazy import lazy_names
 
 __all__ = ["StepFailed", "app_task", "base_job_template", "job_variables", "torchstep_task"]
-_FROM = {"app_task": "tasks", "torchstep_task": "tasks", "StepFailed": "tasks",
-         "job_variables": "deploy", "base_job_template": "deploy"}  # fmt: skip
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API reference only
     from torchstep_prefect.deploy import base_job_template, job_variables
     from torchstep_prefect.tasks import StepFailed, app_task, torchstep_task
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FROM:
-        return getattr(importlib.import_module(f"torchstep_prefect.{_FROM[name]}"), name)
-    if name == "__version__":  # written once, in pyproject.toml
-        from importlib.metadata import version
-
-        return version("torchstep-prefect")
-    raise AttributeError(f"module 'torchstep_prefect' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "torchstep-prefect", {
+    "app_task": "torchstep_prefect.tasks", "torchstep_task": "torchstep_prefect.tasks", "StepFailed": "torchstep_prefect.tasks",
+    "job_variables": "torchstep_prefect.deploy", "base_job_template": "torchstep_prefect.deploy",
+})  # fmt: skip

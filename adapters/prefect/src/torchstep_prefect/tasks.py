@@ -2,9 +2,9 @@
 
 ``app_task(app)`` returns a ``prefect.Task`` whose parameters are the component's
 parameters (their types in the Prefect UI; flow parameters flow in at run time); calling it
-in a flow materialises the AppDef from the actual values and runs it as one step —
-``torchstep.steps.LocalStep`` (target ``"local"``) or ``KubernetesStep`` (``"kubernetes"``)
-— every rank's line going to the task run's logger as it happens. It returns the step
+in a flow materialises the AppDef from the actual values and runs it as one step through
+core's :func:`torchstep.steps.open_step` (target ``"local"`` or ``"kubernetes"``), every
+rank's line going to the task run's logger as it happens. It returns the step
 result dict and raises :class:`StepFailed` on failure.
 
 Retries come from the AppDef (APPLICATION → ``retries`` and ``retry_delay_seconds`` from
@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any
 
 from torchstep.errors import SpecError
 
@@ -69,7 +69,7 @@ def app_task(
     """
     from prefect import task
     from prefect.cache_policies import NO_CACHE
-    from torchstep.components.materialize import static_values
+    from torchstep.components.materialize import component_of, static_values
     from torchstep.plan.planner import build_plan
     from torchstep.runopts import check_cfg
     from torchx.specs import AppDef
@@ -85,10 +85,10 @@ def app_task(
         name = app.name
     else:
         params, static = static_values(app, defaults, target=target, builder="app_task")
-        name = getattr(_component_fn(app), "__name__", static.name)
+        name = getattr(component_of(app)[0], "__name__", static.name)
     plan = build_plan(static, target)
     _apply_retries(plan, options)
-    body = _step_function(app, params, target, cfg, name, client)
+    body = _step_function(app, params, plan, cfg, name, client)
     options.setdefault("name", name)
     options.setdefault("cache_policy", NO_CACHE)  # a training step has side effects: never skip it
     options.setdefault("persist_result", False)
@@ -117,12 +117,6 @@ def torchstep_task(
     if fn is None:
         return lambda f: app_task(f, target=target, cfg=cfg, **task_options)
     return app_task(fn, target=target, cfg=cfg, **task_options)
-
-
-def _component_fn(component: Any) -> Any:
-    from torchstep.components.materialize import component_of
-
-    return component_of(component)[0]
 
 
 def _apply_retries(plan: Any, options: dict[str, Any]) -> None:
@@ -154,62 +148,54 @@ def _retry_condition(user: Callable[..., bool] | None) -> Callable[..., bool]:
 
 
 def _step_function(
-    app: Any, params: list[tuple[Any, Any]], target: str, cfg: dict[str, Any], name: str, client: Any
+    app: Any, params: list[tuple[Any, Any]], plan: Any, cfg: dict[str, Any], name: str, client: Any
 ) -> Any:
-    """The task's function: typed parameters from the component, the step in the body."""
+    """The task's function: typed parameters from the component, the step in the body. A
+    fixed AppDef runs the plan made with the task; a component is planned once per call,
+    from the call's values."""
 
     def run_step(**values: Any) -> dict[str, Any]:
         from torchstep.components.materialize import materialize
+        from torchstep.plan.planner import build_plan
 
-        if params:
-            app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
-        else:
-            app_def = app
-        return run_in_task(app_def, target=target, cfg=cfg, client=client)
+        if not params:
+            return run_in_task(app, plan, cfg=cfg, client=client)
+        app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
+        return run_in_task(app_def, build_plan(app_def, plan.target), cfg=cfg, client=client)
 
-    sig = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=_annotation(p))
-           for p, value in params]  # fmt: skip
+    sig = [p.keyword(value) for p, value in params]
     run_step.__signature__ = inspect.Signature(sig, return_annotation=dict)  # type: ignore[attr-defined]
-    run_step.__annotations__ = {p.name: _annotation(p) for p, _ in params} | {"return": dict}
+    run_step.__annotations__ = {k.name: k.annotation for k in sig} | {"return": dict}
     run_step.__name__ = run_step.__qualname__ = name
-    fn = _component_fn(app) if params else None
+    from torchstep.components.materialize import component_of
+
+    fn = component_of(app)[0] if params else None
     run_step.__doc__ = (inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}"
     run_step.__module__ = getattr(fn, "__module__", __name__) or __name__
     return run_step
 
 
-def _annotation(p: Any) -> Any:
-    return Optional[p.type] if p.optional else p.type  # noqa: UP045 (Prefect's schema reads typing.Optional)
-
-
-def run_in_task(app: Any, *, target: str, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
-    """Run ``app`` as one try of the current Prefect task run; the step result dict."""
+def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
+    """Run ``plan`` (of the AppDef ``app``) as one try of the current Prefect task run
+    through core's :func:`~torchstep.steps.open_step`; the step result dict. A local try is
+    named after the task run and its run count; a Kubernetes one after the task's call in
+    the flow run (:func:`_logical_call`: Prefect keeps no state between tries)."""
     from prefect import get_run_logger
     from prefect.context import TaskRunContext
-    from torchstep.steps import KubernetesStep, LocalStep, failure_summary, step_run_id
+    from torchstep.steps import Attempt, failure_summary, open_step
 
     from torchstep_prefect.artifacts import publish
 
     ctx = TaskRunContext.get()
     run = ctx.task_run if ctx is not None else None
     flow_run = getattr(run, "flow_run_id", None) or "flow"
-    logger = get_run_logger()
-    if target == "local":
-        run_id = step_run_id("prefect", flow_run, getattr(run, "id", None) or "task", getattr(run, "run_count", 1))
-        step: Any = LocalStep(app, run_id=run_id, cfg=cfg, on_line=logger.info)
+    if plan.target == "local":
+        attempt = Attempt(("prefect", flow_run, getattr(run, "id", None) or "task"), getattr(run, "run_count", 1))
+        options: dict[str, Any] = {}
     else:
-        from torchstep.kubernetes.client import OfficialClient
-        from torchstep.plan.planner import build_plan
-
-        plan = build_plan(app, "kubernetes")
-        attempt_id = _logical_call(flow_run, getattr(run, "task_key", None) or app.name, app, getattr(run, "id", None))
-        step = KubernetesStep.for_attempt(
-            plan, attempt_id=attempt_id, client=client if client is not None else OfficialClient.from_config(),
-            cfg=cfg, on_line=logger.info, poll_interval=POLL_INTERVAL_S,
-        )  # fmt: skip
-        if step.state() is not None:
-            logger.info("torchstep: the Jobs of %s exist (an earlier run of this task created them): attaching",
-                        step.run_id)  # fmt: skip
+        attempt = _logical_call(flow_run, getattr(run, "task_key", None) or app.name, app, getattr(run, "id", None))
+        options = {"client": client, "poll_interval": POLL_INTERVAL_S}
+    step = open_step(plan, attempt=attempt, cfg=cfg, on_line=get_run_logger().info, **options)
     result = _run_stopping_on_timeout_and_cancel(step, ctx)
     publish(result, ctx.task.name if ctx is not None else app.name)  # keyed by the task's name
     data = result.to_dict()
@@ -225,7 +211,7 @@ _CALLS: dict[str, tuple[Any, dict[str, int], dict[str, int]]] = {}
 _CALLS_LOCK = threading.Lock()
 
 
-def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
+def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> Any:
     """The identity of this task call within its flow run, the same when the flow run is
     executed again after its process died (its infrastructure restarts it): flow run, task,
     a hash of the AppDef, and the how-many-th call of that pair this execution is (a retry of
@@ -238,7 +224,7 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
 
     from prefect.context import FlowRunContext
     from torchstep.components.appjson import app_to_dict
-    from torchstep.steps import step_run_id
+    from torchstep.steps import Attempt
 
     digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]
     ctx = FlowRunContext.get()
@@ -253,7 +239,7 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> str:
             counts[key] = runs[str(task_run)] = counts.get(key, -1) + 1
         _CALLS[str(flow_run)] = (weakref.ref(ctx) if ctx is not None else lambda: None, counts, runs)
         n = runs[str(task_run)]
-    return step_run_id("prefect", flow_run, task_key, digest, n)
+    return Attempt(("prefect", flow_run, task_key, digest, n))
 
 
 def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:

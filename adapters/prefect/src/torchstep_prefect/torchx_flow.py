@@ -74,21 +74,11 @@ def load_app(
 
         app = load_app(parameters["app"], "kubernetes", cfg={"namespace": "ml"})
     """
-    from torchstep.components.appjson import app_from_dict
-    from torchstep.plan.planner import build_plan
+    from torchstep.schedulers.base import app_received
 
     if target not in TARGETS:
         raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
-    try:
-        app = app_from_dict(data)
-    except SpecError as e:  # names the field; said for the target it was sent to
-        raise SpecError(e.field, target, e.problem, fix=e.fix) from None
-    except Exception as e:  # a shape app_from_dict does not check: still the data's fault
-        raise SpecError("app", target, f"is not a valid AppDef ({type(e).__name__}: {e})",
-                        fix="submit it with `torchx run -s prefect` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
-    build_plan(app, target)
-    resolve_policy(policy).check(app, target, cfg)
-    return app
+    return app_received(data, target, cfg, policy)[0]
 
 
 @flow(name=FLOW_NAME, retries=0, persist_result=False, validate_parameters=True)

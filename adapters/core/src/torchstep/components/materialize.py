@@ -495,9 +495,48 @@ class ComponentParameter:
     def required(self) -> bool:
         return self.default is inspect.Parameter.empty and not self.optional and not self.variadic
 
+    def keyword(self, default: Any) -> inspect.Parameter:
+        """The parameter as a keyword-only one of an orchestrator's task function, with
+        ``default`` (its value before run time): an optional type is ``typing.Optional``,
+        which KFP's and Prefect's schemas read.
+
+        >>> p = next(p for p in parameters_of("utils.echo") if p.name == "msg")
+        >>> p.keyword("hi")
+        <Parameter "msg: str = 'hi'">
+        """
+        from typing import Optional
+
+        kind = Optional[self.type] if self.optional else self.type  # noqa: UP045 (the schemas read Optional)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+
 
 #: The parameter types an orchestrator can type natively (KFP inputs, Prefect parameters).
 PARAMETER_TYPES = (str, int, float, bool, list, dict)
+
+
+def reference_of(component: Any) -> str:
+    """The reference another process (a pipeline step's container) resolves ``component``
+    by: a reference string as it is; a function's ``module:qualname`` when importable by
+    that name, else ``file.py:name`` (relative to the working directory when under it).
+
+    Raises:
+        SpecError: a function that cannot be found again by name (nested, a lambda).
+
+    >>> reference_of(" utils.echo ")
+    'utils.echo'
+    """
+    if isinstance(component, str):
+        return component.strip()
+    fn, _ = _resolve(component)
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname and "." not in qualname:
+        return f"{module}:{qualname}"
+    source = inspect.getsourcefile(fn)
+    if source is None or "<" in qualname or "." in qualname:
+        raise SpecError("component", None, f"{qualname or fn!r} cannot be found again in another process",
+                        fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
+    rel = os.path.relpath(source)
+    return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
 
 
 def component_of(component: Any) -> tuple[Callable[..., Any], str]:

@@ -1,4 +1,6 @@
-"""``torchstep run``: run an AppDef on this machine, retrying the whole app itself.
+"""``torchstep run``'s command line (its options and its final summary; the command itself
+is :func:`torchstep.cli.run_main`): run an AppDef on this machine, retrying the whole app
+itself (:func:`torchstep.steps.run_tries`).
 
     torchstep run REF [options] [-- component args]
     torchstep run --app FILE.json [options]
@@ -22,16 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
 from torchstep.errors import SpecError
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,77 +72,6 @@ def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
                 raise SpecError("--cfg", "local", f"{pair!r} is not KEY=VALUE", fix="e.g. -c grace_period=5")
             out[key.strip()] = value.strip()
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``torchstep run``; returns the exit code."""
-    from torchstep.plan.cmdline import split_component_args
-
-    opts_argv, comp_args = split_component_args(list(sys.argv[1:] if argv is None else argv))
-    ns = parser().parse_args(opts_argv)
-    try:
-        return _run(ns, comp_args)
-    except SpecError as e:
-        print(f"torchstep run: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _run(ns: argparse.Namespace, comp_args: list[str]) -> int:
-    from torchstep.local import run_plan
-    from torchstep.local.options import resolve
-    from torchstep.local.status import make_display
-    from torchstep.plan.planner import build_plan
-
-    if bool(ns.ref) == bool(ns.app):
-        raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
-    if ns.app:
-        from torchstep.local.appfile import load_app
-
-        if comp_args:
-            raise SpecError(
-                "--app", "local", "component arguments make no sense with --app", fix="drop what follows --"
-            )
-        app = load_app(ns.app)
-    else:
-        from torchstep.components.materialize import materialize
-
-        app = materialize(ns.ref, comp_args)
-    cfg = parse_cfg(ns.cfg)
-    if ns.retries is not None:
-        cfg["retries"] = ns.retries
-    plan = build_plan(app, "local")
-    opts = resolve(cfg, log_dir=ns.log_dir)
-    retries = opts.retries if opts.retries is not None else plan.orchestrator_retries
-
-    cancel = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-        if len(received) > 1:
-            raise KeyboardInterrupt  # second signal: the launcher kills at once
-        cancel.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
-    display = make_display(show_output=opts.tee, live=ns.live)
-    try:
-        result = run_plan(plan, opts, retries=retries, cancel=cancel, display=display)
-    except KeyboardInterrupt:
-        return 128 + (received[0] if received else signal.SIGINT)
-    finally:
-        display.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if ns.json:
-        print(result.to_json())
-    else:
-        print(summary(result, retries=retries))
-    if result.succeeded:
-        return 0
-    if result.state == "CANCELLED":
-        return 128 + (received[0] if received else signal.SIGTERM)
-    code = result.exit_code
-    return code if isinstance(code, int) and 0 < code < 256 else 1
 
 
 def summary(result: Any, *, retries: int = 0) -> str:

@@ -124,7 +124,7 @@ class _Replica:
 
 
 class Launcher:
-    """One attempt of a local run. Use :func:`torchstep.run_local`; this is its engine."""
+    """One attempt of a local run (:func:`torchstep.local.run_plan`, under :class:`torchstep.steps.LocalStep`)."""
 
     def __init__(
         self,
@@ -134,6 +134,7 @@ class Launcher:
         app_id: str | None = None,
         on_status: StatusCallback | None = None,
         cancel: threading.Event | None = None,
+        kill: threading.Event | None = None,
         display: PlainDisplay | None = None,
         attempt: int = 1,
     ) -> None:
@@ -142,6 +143,7 @@ class Launcher:
         self.app_id = app_id or new_app_id(plan.app_name)
         self.on_status = on_status
         self.cancel = cancel or threading.Event()
+        self.kill = kill or threading.Event()  # set while stopping: no more grace
         self.display = display or PlainDisplay(show_output=opts.tee)
         self.attempt = attempt
         self.dir = app_dir(opts, self.app_id)
@@ -448,7 +450,7 @@ class Launcher:
         tags = [f"{self.token}/r/{r.spec.role.name}/{r.spec.replica_id}/{r.incarnation}" for r in live]
         # the agent needs the grace period for its workers, then a moment to write its result
         deadline = time.monotonic() + self.opts.grace_period + 5
-        while live and time.monotonic() < deadline:
+        while live and time.monotonic() < deadline and not self.kill.is_set():
             if all(r.proc is not None and r.proc.poll() is not None for r in live) and not procs.tagged_pids(*tags):
                 break
             time.sleep(0.1)

@@ -197,6 +197,54 @@ def app_payload(app: AppDef, target: str) -> dict[str, Any]:
     return app_to_dict(app)
 
 
+def app_received(
+    data: Any,
+    target: str,
+    cfg: Mapping[str, Any] | None = None,
+    policy: Any = None,
+    *,
+    field: str = "app",
+    name_target: bool = True,
+) -> tuple[AppDef, Any]:
+    """The other end of :func:`app_payload`: the AppDef a scheduler sent as JSON data (a DAG
+    run's conf, a flow run's parameters), checked before anything is created — its fields,
+    its plan for ``target``, and the deployment's policy (:mod:`torchstep.policy`) for it and
+    the run options ``cfg`` that came with it.
+
+    Args:
+        data: the AppDef as JSON data.
+        target: ``local`` or ``kubernetes``.
+        cfg: the run options sent with it.
+        policy: a :class:`torchstep.policy.Policy`, the path of its TOML file, or ``None``:
+            the file ``TORCHSTEP_POLICY`` names, else ``torchstep.policy.DEFAULT``.
+        field: what the data is called in errors (``conf['app']``).
+        name_target: whether an error in the data names the target (``False`` where what
+            was sent says the target in a field of its own).
+
+    Returns:
+        The AppDef and its plan for ``target``.
+
+    Raises:
+        SpecError: a bad field (``conf['app'].roles[0].entrypoint``).
+        torchstep.policy.PolicyError: a field the policy does not allow.
+    """
+    from torchstep.components.appjson import app_from_dict
+    from torchstep.plan.planner import build_plan
+    from torchstep.policy import resolve
+
+    try:
+        app = app_from_dict(data)
+    except SpecError as e:  # e.field is "app.roles[0]...": say where it is in what was sent
+        raise SpecError(field + e.field.removeprefix("app"), target if name_target else None, e.problem,
+                        fix=e.fix) from None  # fmt: skip
+    except Exception as e:  # a shape app_from_dict does not check: still the data's fault
+        raise SpecError(field, target if name_target else None, f"is not a valid AppDef ({type(e).__name__}: {e})",
+                        fix="submit it with `torchx run` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
+    plan = build_plan(app, target)
+    resolve(policy).check(app, target, cfg)
+    return app, plan
+
+
 def new_app_id(name: str) -> str:
     """``<name>-<6 chars>``: a DNS-label-safe, unique id for one submission."""
     from torchstep.plan.names import dns_label

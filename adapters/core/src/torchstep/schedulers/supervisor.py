@@ -2,8 +2,8 @@
 torchstep.schedulers.supervisor APP_ID``.
 
 It reads the record ``schedule`` wrote, runs the app with the local target (retrying the
-whole app as ``torchstep run`` does: ``cfg["retries"]``, else the AppDef's APPLICATION
-``max_retries``), and keeps ``<app_id>.status`` current: the state, each replica's state,
+whole app as ``torchstep run`` does, :func:`torchstep.steps.run_tries`: ``cfg["retries"]``,
+else the AppDef's APPLICATION ``max_retries``), and keeps ``<app_id>.status`` current: the state, each replica's state,
 the current attempt's run directory, and at the end the step result. SIGTERM, SIGINT or
 SIGHUP (``torchx cancel``) stops every process of the run within the grace period; the
 app ends CANCELLED. Its agents die with it (``PR_SET_PDEATHSIG``) if it is SIGKILLed.
@@ -74,9 +74,9 @@ class StatusWriter:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from torchstep.components.appjson import app_from_dict
-    from torchstep.local import run_plan
     from torchstep.local.options import resolve
     from torchstep.plan.planner import build_plan
+    from torchstep.steps import run_tries
 
     app_id = records.check_app_id(next(iter(sys.argv[1:] if argv is None else argv)))
     record = records.load(local.BACKEND, app_id)
@@ -95,17 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = build_plan(app_from_dict(record["app"]), "local")
         opts = resolve(record["cfg"])
-        retries = opts.retries if opts.retries is not None else plan.orchestrator_retries
         writer.update(state="PENDING", started=time.time())
-        result = run_plan(
-            plan,
-            opts,
-            retries=retries,
-            cancel=cancel,
-            on_status=writer.on_status,
-            display=PlainDisplay(show_output=opts.tee),
-            app_id=app_id,
-        )
+        # the run directory is <log_dir>/<app_id> (<app_id>-attempt-<n> for a retry): torchx knows it
+        result = run_tries(plan, attempt=None, cfg=record["cfg"], cancel=cancel, on_status=writer.on_status,
+                           display=PlainDisplay(show_output=opts.tee), app_id=app_id)  # fmt: skip
     except Exception as e:  # a SpecError on this machine, or a bug: the app FAILED, said why
         writer.update(state="FAILED", message=f"{type(e).__name__}: {e}", ended=time.time())
         print(f"torchstep_local: {app_id} FAILED before it started: {e}", file=sys.stderr)

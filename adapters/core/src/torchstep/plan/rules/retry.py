@@ -16,9 +16,11 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from torchstep.errors import SpecError
 from torchstep.plan.cmdline import TorchrunCall, positive_int
 from torchstep.plan.limits import MAX_RETRIES
 from torchstep.plan.model import (
@@ -26,6 +28,7 @@ from torchstep.plan.model import (
     RetryBudget,
     RetryOwner,
     RolePlan,
+    StepPlan,
     StepRetry,
     policy_name,
     retry_budget,
@@ -203,3 +206,90 @@ def step_retries(rec: Recorder, step: StepRetry) -> None:
     waits = step.delays() if step.delay_s is not None else None
     shown = ", ".join(f"{w:g} s" for w in waits) if waits is not None else "the orchestrator's default delay"
     rec.ok("retries", step.count, rec.on_target(BECOMES["step_retries"], n=step.count, delays=shown))
+
+
+# -- the user's orchestrator settings against the plan --------------------------------------
+def check_user_retries(
+    plan: StepPlan,
+    *,
+    retries: int | None = None,
+    timeout: float | None = None,
+    retry_delay: float | None = None,
+    retry_backoff: float | None = None,
+    max_retry_delay: float | None = None,
+    orchestrator: str = "the orchestrator",
+) -> None:
+    """Raise :class:`~torchstep.SpecError` when the settings the user gave the
+    orchestrator's task (``None`` = not set) would add a second retry layer or contradict
+    the AppDef; the message is the same on every orchestrator.
+
+    - APPLICATION budget of N: ``retries`` must be unset or N, and the retry timing unset or
+      equal to the AppDef's ``retry_delay`` / ``retry_backoff`` / ``max_retry_delay``.
+    - REPLICA / HOT_SPARE / ROLE budget: the agent (or the role's launcher) retries, so
+      ``retries`` must be unset or 0.
+    - A step timeout (``torchstep.timeout``): the orchestrator's own ``timeout`` must not be
+      shorter, or it would kill the step before torchstep stops it cleanly and reports it.
+
+    >>> import torchstep
+    >>> from torchx import specs
+    >>> role = specs.Role("w", image="", entrypoint="true", max_retries=2)
+    >>> plan = torchstep.build_plan(specs.AppDef("app", roles=[role]), "local")
+    >>> check_user_retries(plan, retries=2)
+    >>> check_user_retries(plan, retries=5, orchestrator="Prefect")
+    Traceback (most recent call last):
+    ...
+    torchstep.errors.SpecError: roles[0].max_retries (target 'local'): the AppDef gives Prefect 2 retries of the step (APPLICATION policy) but the task sets retries=5; fix: set the count in one place: drop the task's retries or change max_retries
+    """
+    target = plan.target
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < 0):
+        raise SpecError("retries", target, f"the task's retries must be a whole number >= 0, got {retries!r}",
+                        fix="e.g. retries=2, or leave it out: the AppDef's max_retries decides")  # fmt: skip
+    step = plan.step_retry
+    if step.count:
+        i = step.role_index if step.role_index is not None else 0
+        if retries is not None and retries != step.count:
+            raise SpecError(
+                f"roles[{i}].max_retries",
+                target,
+                f"the AppDef gives {orchestrator} {step.count} retries of the step (APPLICATION policy) but the "
+                f"task sets retries={retries}",
+                fix="set the count in one place: drop the task's retries or change max_retries",
+            )
+        for key, planned, mine in (
+            ("retry_delay", step.delay_s, retry_delay),
+            ("retry_backoff", step.backoff, retry_backoff),
+            ("max_retry_delay", step.max_delay_s, max_retry_delay),
+        ):
+            if planned is not None and mine is not None and float(mine) != planned:
+                raise SpecError(
+                    f"roles[{i}].metadata['torchstep'][{key!r}]",
+                    target,
+                    f"the AppDef sets {key}={planned:g} but the task sets {key}={float(mine):g}",
+                    fix="set it in one place",
+                )
+    elif plan.retry_owner in (RetryOwner.AGENT, RetryOwner.ROLE) and retries:
+        i, role = next((i, r) for i, r in enumerate(plan.roles) if r.retry.owner is plan.retry_owner)
+        raise SpecError(
+            f"roles[{i}].retry_policy",
+            target,
+            f"role {role.name!r} restarts itself ({role.retry.policy}, max_retries={role.retry.count}); "
+            f"{orchestrator} retries={retries} on top would multiply the retry layers",
+            fix="set retries=0 on the task, or use RetryPolicy.APPLICATION to let the orchestrator own the budget",
+        )
+    if timeout is not None:
+        if (
+            not isinstance(timeout, int | float)
+            or isinstance(timeout, bool)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise SpecError("timeout", target, f"the task's timeout {timeout!r} is not a positive number of seconds",
+                            fix="e.g. 3600")  # fmt: skip
+        if plan.timeout_s is not None and timeout < plan.timeout_s:
+            raise SpecError(
+                "metadata['torchstep.timeout']",
+                target,
+                f"{orchestrator}'s timeout of {timeout:g} s would kill the step before its own timeout of "
+                f"{plan.timeout_s:g} s stops it cleanly",
+                fix="set one timeout: drop the task's, or lower torchstep.timeout",
+            )
