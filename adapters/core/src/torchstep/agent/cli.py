@@ -27,7 +27,7 @@ from torchstep.files import LossyFile
 
 if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
-    from torchstep.agent.zygote import ZygoteProcess
+    from torchstep.agent.zygote_handle import ZygoteProcess
 
 log = logging.getLogger("torchstep.agent")
 _FORMAT = "[torchstep-agent %(asctime)s %(levelname)s] %(message)s"
@@ -218,19 +218,24 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _prestart_zygote(args: list[str]) -> ZygoteProcess | None:
-    """``--zygote``: start the worker zygote now, so that its ``import torch`` runs alongside
-    the agent's own (the settings, parsed later, decide whether it is used: a stray
-    ``--zygote`` among the script's own arguments costs one unused process)."""
+    """Start the worker zygote now (it is on by default), so that its ``import torch`` runs
+    alongside the agent's own. The settings, parsed later, decide whether it is used; a
+    command line that turns it off or runs no Python worker does not start it (the same flag
+    among the script's own arguments only costs that overlap: the run starts it later)."""
     from torchstep.agent.settings import zygote_from_env
 
-    if "--zygote" not in args and not zygote_from_env(os.environ):
+    not_forked = {"--no-zygote", "--no-python", "--no_python", "--run-path", "--run_path", "-h", "--help"}
+    torchrun_env = (os.environ.get(name, "").strip() not in ("", "0") for name in ("PET_NO_PYTHON", "PET_RUN_PATH"))
+    if not sys.platform.startswith("linux") or not_forked & set(args) or any(torchrun_env):
         return None
-    from torchstep.agent.zygote import ZygoteProcess
+    if not zygote_from_env(os.environ):
+        return None
+    from torchstep.agent.zygote_handle import ZygoteProcess
 
     try:
         return ZygoteProcess.prestart()
     except OSError as e:
-        log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+        log.warning("could not start the worker zygote (%s); workers start by exec", e)
         return None
 
 

@@ -1,6 +1,7 @@
-"""The worker zygote (``torchstep-agent --zygote``): one process per agent that imports
-torch once and forks every Python worker from there, so a worker (re)start costs a fork
-instead of a new interpreter plus ``import torch`` (most of a restart's time).
+"""The worker zygote (on by default; ``--no-zygote`` / ``TORCHSTEP_ZYGOTE=0`` turn it off):
+one process per agent that imports torch once and forks every Python worker from there,
+so a worker (re)start costs a fork instead of a new interpreter plus ``import torch``
+(most of a restart's time).
 
     python -m torchstep.agent.zygote --socket PATH --map-dir DIR [--reaper-fd FD]
 
@@ -17,9 +18,18 @@ the worker's process group and exits as the worker did. So:
 - ``<map-dir>/<worker pid>`` holds the wrapper's pid, so the agent maps a worker's
   ``torchstep.expires()`` timer (which reports the worker's own pid) to its rank.
 
+Never worse than no zygote: the agent binds the listening socket and hands this process
+the only copy, so once the zygote is gone (crash, OOM kill) a wrapper's connect is refused
+at once and it execs the worker; a request that is not what a wrapper sends is refused
+(the wrapper execs) and harms nothing; a worker that cannot be forked safely — a Python
+thread or an initialised accelerator runtime here, an interpreter-start variable that
+differs — is refused too (``forksafe.py``), and the agent is told why. The agent's side
+is ``zygote_handle.py``.
+
 Single-threaded on purpose (a selector loop): forking from a process with other Python
 threads could copy a held lock into the child. torch is imported before the first fork
-and no accelerator is initialised here (CUDA cannot be used across fork).
+and no accelerator is initialised here (CUDA cannot be used across fork: every forked
+worker initialises its own); ``forksafe.accelerator_in_use`` checks that before every fork.
 """
 
 from __future__ import annotations
@@ -39,17 +49,11 @@ import threading
 import traceback
 from typing import Any
 
+from torchstep.agent.forksafe import MAX_REQUEST, STARTUP_ENV, BadRequest, fork_refusal, parse_request
+from torchstep.agent.zygote_handle import listen_at
+
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-_MAX_MESSAGE = 4 << 20
-#: Read only when an interpreter starts or torch loads: a worker whose environment differs
-#: from the zygote's in one of them would not behave as a fresh one, so it is exec'd instead.
-_STARTUP_ENV = (
-    *("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONPLATLIBDIR"),
-    *("PYTHONHASHSEED", "PYTHONMALLOC", "PYTHONDEVMODE", "PYTHONUTF8", "PYTHONOPTIMIZE", "PYTHONWARNINGS"),
-    *("PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER", "PYTHONTRACEMALLOC", "PYTHONINTMAXSTRDIGITS", "PYTHONVERBOSE"),
-    *("LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"),
-)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -62,17 +66,34 @@ def _pdeathsig(sig: int) -> None:
         pass
 
 
-class Zygote:
-    """The fork server (see the module docstring)."""
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
-    def __init__(self, path: str, map_dir: str, reaper_fd: int | None, startup_env: dict[str, str | None]) -> None:
+
+class Zygote:
+    """The fork server (see the module docstring): serves ``listener`` until SIGTERM or
+    until the agent closes ``control``."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        path: str,
+        map_dir: str,
+        reaper_fd: int | None,
+        startup_env: dict[str, str | None],
+        control: socket.socket | None = None,
+    ) -> None:
+        self.pid = os.getpid()
+        self.path = path
+        self.path_inode = os.stat(path).st_ino  # just bound (by us or the agent): ours to remove
         self.map_dir = map_dir
         self.reaper_fd = reaper_fd
         self.startup_env = startup_env  # the environment torch was imported under
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(path)
-        os.chmod(path, 0o600)
-        self.listener.listen(64)
+        self.listener = listener
+        self.listener.setblocking(False)
+        self.control = control  # the agent's socketpair: why a worker was not forked goes there
         self.children: dict[int, socket.socket | None] = {}  # worker pid -> its wrapper's connection
         self.conns: dict[socket.socket, int | None] = {}  # wrapper connection -> worker pid
         self.wake_r, wake_w = os.pipe()
@@ -84,53 +105,72 @@ class Zygote:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        if control is not None:
+            self.sel.register(control, selectors.EVENT_READ, "control")
 
     def serve(self) -> None:
         while True:
             for key, _ in self.sel.select():
-                if key.data == "accept":
-                    conn, _ = self.listener.accept()
-                    self.conns[conn] = None
-                    self.sel.register(conn, selectors.EVENT_READ, "conn")
-                elif key.data == "wake":
-                    with contextlib.suppress(BlockingIOError, InterruptedError):
-                        os.read(self.wake_r, 4096)
-                    self._reap()
-                else:
-                    self._on_conn(key.fileobj)  # type: ignore[arg-type]
+                try:
+                    self._on_event(key)
+                except Exception:  # a bug here must not end this process: its workers would die with it
+                    traceback.print_exc()
+                    if key.data == "conn":
+                        self._drop(key.fileobj)  # type: ignore[arg-type]
+
+    def _on_event(self, key: selectors.SelectorKey) -> None:
+        if key.data == "accept":
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            conn.setblocking(True)
+            self.conns[conn] = None
+            self.sel.register(conn, selectors.EVENT_READ, "conn")
+        elif key.data == "wake":
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                os.read(self.wake_r, 4096)
+            self._reap()
+        elif key.data == "control":
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                if not self.control or not self.control.recv(4096, socket.MSG_DONTWAIT):
+                    self._terminate(signal.SIGTERM, None)  # the agent is gone or stopped us
+        else:
+            self._on_conn(key.fileobj)  # type: ignore[arg-type]
 
     def _on_conn(self, conn: socket.socket) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+            data, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
         except OSError:
-            data, fds = b"", []
+            data, fds, flags = b"", [], 0
         pid = self.conns.get(conn)
-        if not data:  # the wrapper is gone (killed): its worker goes too
+        if not data and not fds:  # the wrapper is gone (killed): its worker goes too
             self._drop(conn)
             if pid is not None and pid in self.children:
                 self.children[pid] = None
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
             return
-        if pid is not None or len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            return
-        request = json.loads(data)
-        refusal = self._refusal(request["env"])
-        if refusal:  # the wrapper execs the worker instead (and says why in the worker's log)
-            for fd in fds:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                conn.send(f"refused {refusal}".encode())
-            self._drop(conn)
+        if pid is not None:  # one request per connection: anything later is ignored
+            _close_all(fds)
             return
         wrapper = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        child = os.fork()
+        try:
+            request = parse_request(data, fds, flags)
+            refusal = fork_refusal(request["env"], self.startup_env)
+        except BadRequest as e:
+            request, refusal = {}, f"bad request: {e}"
+        if refusal:  # the wrapper execs the worker instead (and says why in the worker's log)
+            self._refuse(conn, fds, wrapper, refusal)
+            return
+        try:
+            child = os.fork()
+        except OSError as e:
+            self._refuse(conn, fds, wrapper, f"fork failed: {e.strerror}")
+            return
         if child == 0:  # pragma: no cover - runs in the forked worker (tested end to end)
             self._become_worker(request, fds, conn)
-        for fd in fds:
-            os.close(fd)
+        _close_all(fds)
         self.children[child] = conn
         self.conns[conn] = child
         self._note(f"g {child}")
@@ -138,22 +178,19 @@ class Zygote:
             with open(os.path.join(self.map_dir, str(child)), "w") as f:
                 f.write(str(wrapper))
         try:
-            conn.send(f"pid {child}".encode())
+            conn.send(f"pid {child}".encode(), socket.MSG_DONTWAIT)
         except OSError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
 
-    def _refusal(self, env: dict[str, str]) -> str:
-        """Why a worker with ``env`` cannot be forked from here ("" if it can)."""
-        if threading.active_count() != 1:  # a thread could hold a lock the child then inherits
-            return "the zygote runs a Python thread"
-        for key in _STARTUP_ENV:
-            if env.get(key) != self.startup_env[key]:
-                return f"{key} differs from the agent's"
-        omp = env.get("OMP_NUM_THREADS")
-        if omp != self.startup_env["OMP_NUM_THREADS"] and not (omp and omp.isdigit() and int(omp) > 0):
-            return "OMP_NUM_THREADS differs from the agent's"  # a number is applied in the child
-        return ""
+    def _refuse(self, conn: socket.socket, fds: list[int], wrapper: int, why: str) -> None:
+        _close_all(fds)
+        with contextlib.suppress(OSError):
+            conn.send(f"refused {why}".encode(), socket.MSG_DONTWAIT)
+        self._drop(conn)
+        if self.control is not None:  # the agent logs it (at INFO) with the worker's rank
+            with contextlib.suppress(OSError):
+                self.control.send(f"exec {wrapper} {why}".encode()[:4096], socket.MSG_DONTWAIT)
 
     def _reap(self) -> None:
         while self.children:
@@ -189,10 +226,17 @@ class Zygote:
             except OSError:
                 self.reaper_fd = None
 
+    def remove_socket(self) -> None:
+        """Unlink our socket (only if it is still ours: a new zygote may have replaced a stale one)."""
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self.path_inode:
+                os.unlink(self.path)
+
     def _terminate(self, signum: int, frame: Any) -> None:
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        self.remove_socket()
         os._exit(0)
 
     # -- in the forked child --------------------------------------------------------------------
@@ -201,19 +245,23 @@ class Zygote:
         try:
             os.setsid()
             _pdeathsig(signal.SIGKILL)  # the zygote (our parent) gone: so are we
+            if os.getppid() != self.pid:  # it died before prctl: nobody would kill us
+                os._exit(137)
             signal.set_wakeup_fd(-1)
             for sig in _RESET:
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
-            for fd in {*fds, self.wake_r, self.listener.fileno(), conn.fileno(), *(c.fileno() for c in self.conns)}:
+            ours = {*fds, self.wake_r, self.listener.fileno(), conn.fileno(), *(c.fileno() for c in self.conns)}
+            if self.control is not None:
+                ours.add(self.control.fileno())
+            if self.reaper_fd is not None:
+                ours.add(self.reaper_fd)
+            for fd in ours:
                 if fd > 2:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            if self.reaper_fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(self.reaper_fd)
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
@@ -285,101 +333,17 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-# -- the agent's side ---------------------------------------------------------------------------------
-#: Where the exec wrapper finds the zygote (set in the agent's environment, so every worker's).
-SOCKET_ENV = "TORCHSTEP_ZYGOTE_SOCKET"
-#: Where the agent finds the wrapper of a zygote-forked worker pid (for its timers).
-MAP_DIR_ENV = "TORCHSTEP_ZYGOTE_MAP_DIR"
-
-
-class ZygoteProcess:
-    """The agent's handle on its zygote: :meth:`stop` kills it and every worker it forked.
-
-    :meth:`prestart` starts it at the agent's very start, so its ``import torch`` runs
-    alongside the agent's own (on 2 cores, both take the time of one); :meth:`configure`
-    then tells it where to listen, once the agent has its run directory and reaper.
-    """
-
-    def __init__(self, proc: Any, control: socket.socket) -> None:
-        self.proc = proc
-        self.control = control
-
-    @staticmethod
-    def prestart() -> ZygoteProcess:
-        """Start the zygote (it imports torch, then waits for :meth:`configure`)."""
-        import subprocess
-
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [sys.executable, "-m", "torchstep.agent.zygote", "--control", str(theirs.fileno())]
-        try:
-            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        return ZygoteProcess(proc, ours)
-
-    def configure(self, run_dir: str, reaper_fd: int | None) -> None:
-        """Have the zygote listen in the private ``run_dir`` and report the groups it forks
-        to ``reaper_fd``; point the wrappers at it (through the environment)."""
-        if self.proc.poll() is not None:
-            raise OSError(f"the worker zygote exited ({self.proc.returncode})")
-        map_dir = os.path.join(run_dir, "zygote")
-        os.mkdir(map_dir, 0o700)
-        path = os.path.join(map_dir, "socket")
-        config = json.dumps({"socket": path, "map_dir": map_dir}).encode()
-        socket.send_fds(self.control, [config], [] if reaper_fd is None else [reaper_fd])
-        os.environ[SOCKET_ENV] = path
-        os.environ[MAP_DIR_ENV] = map_dir
-
-    @staticmethod
-    def start(run_dir: str, reaper_fd: int | None) -> ZygoteProcess:
-        """:meth:`prestart` and :meth:`configure` at once."""
-        zygote = ZygoteProcess.prestart()
-        try:
-            zygote.configure(run_dir, reaper_fd)
-        except OSError:
-            zygote.stop()
-            raise
-        return zygote
-
-    def stop(self) -> None:
-        """Kill the zygote (its SIGTERM handler SIGKILLs every group it forked) and wait."""
-        os.environ.pop(SOCKET_ENV, None)
-        self.control.close()  # an unconfigured zygote exits on its own at this end of input
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def wrapper_of(pid: int) -> int | None:
-    """The exec wrapper's pid of the zygote-forked worker ``pid`` (None: not one)."""
-    map_dir = os.environ.get(MAP_DIR_ENV)
-    if not map_dir:
-        return None
-    try:
-        with open(os.path.join(map_dir, str(pid))) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _configuration(control: int) -> tuple[dict[str, str], int | None]:
+def _configuration(control: int) -> tuple[socket.socket, dict[str, Any], list[int]]:
     """Wait for the agent's :meth:`ZygoteProcess.configure` (exit at end of input: the
     agent ended or chose not to use the zygote)."""
     sock = socket.socket(fileno=control)
     try:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
     except OSError:
         data, fds = b"", []
-    if not data:
+    if not data or not fds:
         os._exit(0)
-    return json.loads(data), (fds[0] if fds else None)
+    return sock, json.loads(data), fds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -392,23 +356,31 @@ def main(argv: list[str] | None = None) -> None:
     ns = ap.parse_args(argv)
     _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
-    startup_env = {k: os.environ.get(k) for k in (*_STARTUP_ENV, "OMP_NUM_THREADS")}
+    startup_env = {k: os.environ.get(k) for k in (*STARTUP_ENV, "OMP_NUM_THREADS")}
+    control = None
     if ns.control is not None:  # torch first: the agent is busy with its own imports meanwhile
         _import_torch()
-        config, ns.reaper_fd = _configuration(ns.control)
-        ns.socket, ns.map_dir = config["socket"], config["map_dir"]
-    if not ns.socket or not ns.map_dir:
+        control, config, fds = _configuration(ns.control)
+        listener = socket.socket(fileno=fds[0])
+        ns.socket, ns.map_dir, ns.reaper_fd = config["socket"], config["map_dir"], (fds[1] if len(fds) > 1 else None)
+    elif ns.socket and ns.map_dir:
+        listener = listen_at(ns.socket)
+    else:
         ap.error("--control, or --socket and --map-dir, are required")
-    zygote = Zygote(ns.socket, ns.map_dir, ns.reaper_fd, startup_env)  # listening: a request waits
-    if ns.ready:
-        with open(ns.ready, "w") as f:
-            f.write(str(os.getpid()))
-    _import_torch()
-    zygote.serve()
+    zygote = Zygote(listener, ns.socket, ns.map_dir, ns.reaper_fd, startup_env, control)  # a request waits
+    try:
+        if ns.ready:
+            with open(ns.ready, "w") as f:
+                f.write(str(os.getpid()))
+        _import_torch()
+        zygote.serve()
+    finally:
+        zygote.remove_socket()
 
 
 def _import_torch() -> None:
-    """The point: every worker forked from here has these imported."""
+    """The point: every worker forked from here has these imported (none initialises an
+    accelerator: ``forksafe.accelerator_in_use()`` stays "")."""
     import torch
     import torch.distributed
     import torch.distributed.elastic.multiprocessing.errors  # what @record needs

@@ -1,0 +1,230 @@
+"""The agent's side of the worker zygote (``torchstep.agent.zygote``): start it, hand it
+its listening socket, notice its death, hear which workers it did not fork, stop it.
+
+No torch import here.
+
+Example (what :mod:`torchstep.agent.runner` does)::
+
+    zygote = ZygoteProcess.prestart()              # at the agent's start: it imports torch
+    zygote.configure(run_dir, reaper.command_fd()) # later: wrappers now find it
+    zygote.running()                               # False once it died (one warning)
+    zygote.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+from typing import Any
+
+log = logging.getLogger("torchstep.agent")
+
+#: Where the exec wrapper finds the zygote (set in the agent's environment, so every worker's).
+SOCKET_ENV = "TORCHSTEP_ZYGOTE_SOCKET"
+#: Where the agent finds the wrapper of a zygote-forked worker pid (for its timers).
+MAP_DIR_ENV = "TORCHSTEP_ZYGOTE_MAP_DIR"
+
+
+def listen_at(path: str) -> socket.socket:
+    """A listening ``SOCK_SEQPACKET`` socket at ``path`` (mode 0600). A socket file left
+    there by a zygote that died without removing it (nobody listens: a connect is refused)
+    is replaced; anything else at ``path`` is an error.
+
+    Example: ``listen_at(os.path.join(private_dir, "socket"))``.
+
+    Args:
+        path: where to listen (in a directory private to the user).
+
+    Returns:
+        The listening socket.
+
+    Raises:
+        OSError: ``path`` is taken (a live zygote, another file) or cannot be bound.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        try:
+            sock.bind(path)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or not _stale(path):
+                raise
+            os.unlink(path)
+            sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _stale(path: str) -> bool:
+    """Whether ``path`` is a socket of ours that nobody listens on any more."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False  # a live zygote listens there
+
+
+class ZygoteProcess:
+    """The agent's handle on its zygote: :meth:`stop` kills it and every worker it forked.
+
+    :meth:`prestart` starts it at the agent's very start, so its ``import torch`` runs
+    alongside the agent's own (on 2 cores, both take the time of one); :meth:`configure`
+    then hands it its listening socket, once the agent has its run directory and reaper.
+    :meth:`running` notices its death (then the wrappers stop using it); :meth:`fallbacks`
+    says which workers it declined to fork, and why.
+    """
+
+    def __init__(self, proc: Any, control: socket.socket) -> None:
+        self.proc = proc
+        self.control = control
+        self.socket_path: str | None = None
+        self._gone = False  # stopped, or found dead (and said so)
+
+    @staticmethod
+    def prestart() -> ZygoteProcess:
+        """Start the zygote (it imports torch, then waits for :meth:`configure`)."""
+        import subprocess
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", "torchstep.agent.zygote", "--control", str(theirs.fileno())]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ZygoteProcess(proc, ours)
+
+    def configure(self, run_dir: str, reaper_fd: int | None) -> None:
+        """Listen in the private ``run_dir`` and hand the zygote the only copy of the
+        listening socket (so a connect is refused the moment it is gone), with ``reaper_fd``
+        for the groups it forks; point the wrappers at it (through the environment)."""
+        if self.proc.poll() is not None:
+            raise OSError(f"the worker zygote exited ({self.proc.returncode})")
+        map_dir = os.path.join(run_dir, "zygote")
+        os.mkdir(map_dir, 0o700)
+        path = os.path.join(map_dir, "socket")
+        listener = listen_at(path)  # before the zygote has imported torch: a connect waits, not fails
+        self.socket_path = path
+        try:
+            config = json.dumps({"socket": path, "map_dir": map_dir}).encode()
+            fds = [listener.fileno(), *([] if reaper_fd is None else [reaper_fd])]
+            socket.send_fds(self.control, [config], fds)
+        except OSError:
+            self._remove_socket()
+            raise
+        finally:
+            listener.close()
+        self.control.setblocking(False)
+        os.environ[SOCKET_ENV] = path
+        os.environ[MAP_DIR_ENV] = map_dir
+
+    @staticmethod
+    def start(run_dir: str, reaper_fd: int | None) -> ZygoteProcess:
+        """:meth:`prestart` and :meth:`configure` at once."""
+        zygote = ZygoteProcess.prestart()
+        try:
+            zygote.configure(run_dir, reaper_fd)
+        except OSError:
+            zygote.stop()
+            raise
+        return zygote
+
+    def running(self) -> bool:
+        """Whether the zygote still serves. The first call that finds it dead says so in one
+        warning and stops its use: the wrappers are no longer pointed at it (they exec) and
+        its socket is removed."""
+        if self._gone:
+            return False
+        code = self.proc.poll()
+        if code is None:
+            return True
+        self._gone = True
+        self._forget()
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+        log.warning("the worker zygote died (%s): workers start by exec from now on; any it had forked died with it",
+                    how)  # fmt: skip
+        return False
+
+    def fallbacks(self) -> list[tuple[int, str]]:
+        """``(wrapper pid, why)`` of every worker the zygote declined to fork since the last
+        call (its wrapper exec'd the worker)."""
+        found = []
+        while True:
+            try:
+                data = self.control.recv(4096, socket.MSG_DONTWAIT)
+            except OSError:  # nothing more (or stopped)
+                break
+            if not data:
+                break
+            kind, _, rest = data.decode("utf-8", "replace").partition(" ")
+            pid, _, why = rest.partition(" ")
+            if kind == "exec" and pid.isdigit():
+                found.append((int(pid), why))
+        return found
+
+    def stop(self) -> None:
+        """Kill the zygote (its SIGTERM handler SIGKILLs every group it forked), wait, and
+        remove its socket."""
+        self._gone = True
+        self._forget()
+        self.control.close()  # an unconfigured zygote exits on its own at this end of input
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        self._remove_socket()
+
+    def _forget(self) -> None:
+        if os.environ.get(SOCKET_ENV) == self.socket_path:
+            os.environ.pop(SOCKET_ENV, None)
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        if self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def wrapper_of(pid: int) -> int | None:
+    """The exec wrapper's pid of the zygote-forked worker ``pid`` (None: not one)."""
+    map_dir = os.environ.get(MAP_DIR_ENV)
+    if not map_dir:
+        return None
+    try:
+        with open(os.path.join(map_dir, str(pid))) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
