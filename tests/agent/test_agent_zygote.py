@@ -285,6 +285,50 @@ def test_a_killed_zygote_costs_a_restart_no_more_than_exec_does(agents: Agents, 
     assert "worker zygote not used" not in every_log(1)  # the agent stopped pointing wrappers at it
 
 
+ORDER_PROBE = r"""
+import os, sys, time
+out, rank = sys.argv[1], int(os.environ["RANK"])
+open(os.path.join(os.environ["PIDS_DIR"], f"worker{rank}.{os.getpid()}"), "w").close()
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+open(os.path.join(out, f"ready.{rank}"), "w").close()
+if rank == 1:
+    while not os.path.exists(os.path.join(out, "go")):
+        time.sleep(0.01)
+    sys.exit(3)
+dist.barrier()  # rank 0: fails once rank 1's end closes the connection
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_root_cause_is_the_worker_that_ended_first_even_when_its_wrapper_reports_late(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """A forked worker's wrapper learns of its end from the zygote, a moment later (long,
+    on a loaded machine): the failure order is still the workers' own. Rank 1's wrapper is
+    held (SIGSTOP) while rank 1 exits 3 and rank 0 then fails on the closed connection."""
+    script = tmp_path / "order_probe.py"
+    script.write_text(ORDER_PROBE)
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    a = agents.start(["--nproc-per-node", "2", str(script), str(tmp_path)], env={"TORCHSTEP_RUN_DIR": str(runs)})
+    wait_for(lambda: (tmp_path / "ready.0").exists() and (tmp_path / "ready.1").exists(), 120, "both workers up")
+    (worker0,), (worker1,) = a.worker_pids("worker0"), a.worker_pids("worker1")
+    (mapping,) = runs.glob(f"*/zygote/{worker1}")
+    wrapper1 = int(mapping.read_text())
+    os.kill(wrapper1, signal.SIGSTOP)
+    try:
+        (tmp_path / "go").touch()
+        wait_for(lambda: not alive(worker1) and not alive(worker0), 60, "both workers ended")
+        time.sleep(1)  # rank 0's wrapper has reported by now; rank 1's has not
+    finally:
+        os.kill(wrapper1, signal.SIGCONT)
+    assert a.wait(120) == 3, a.diagnostics()
+    root = a.result["root_cause"]
+    assert (root["rank"], root["exit_code"]) == (1, 3), a.diagnostics()
+
+
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[dict[str, object]]:
     """A zygote started alone (``--socket``), as the agent's is once configured."""

@@ -41,7 +41,7 @@ from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kil
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
-from torchstep.agent.zygote_handle import ZygoteProcess, wrapper_of
+from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
@@ -417,7 +417,8 @@ class TorchstepAgent(LocalElasticAgent):
         if attempt.stop_started_at is not None:
             return
         for w in attempt.workers.values():
-            w.dead_before_stop = bool(w.pid) and exited_now(w.pid)  # type: ignore[arg-type]
+            # a zygote-forked worker has ended a moment before its exec wrapper does
+            w.dead_before_stop = w.pid is not None and (exited_now(w.pid) or worker_ended(w.pid) is not None)
         attempt.stop_started_at = time.time()
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -450,6 +451,9 @@ class TorchstepAgent(LocalElasticAgent):
                 info = ExitInfo(time.time(), code if code is not None else -1)
             elif code is not None:
                 info = ExitInfo(info.time, code)
+            ended = worker_ended(w.pid, forget=True)  # a zygote-forked worker: its own end, not its wrapper's
+            if ended is not None and ended < info.time:
+                info = ExitInfo(ended, info.exit_code)
             w.exit = info
             if w.own_group:
                 if not any(p for p in survivors if _pgid(p) == w.pid):

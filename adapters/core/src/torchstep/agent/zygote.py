@@ -16,7 +16,11 @@ the worker's process group and exits as the worker did. So:
   SIGKILLs the worker's group; this process dying (the agent died: PDEATHSIG) kills every
   group it forked; each forked group is also registered with the agent's reaper;
 - ``<map-dir>/<worker pid>`` holds the wrapper's pid, so the agent maps a worker's
-  ``torchstep.expires()`` timer (which reports the worker's own pid) to its rank.
+  ``torchstep.expires()`` timer (which reports the worker's own pid) to its rank;
+- ``<map-dir>/exited.<wrapper pid>`` holds when the worker ended (its own clock just
+  before it exits, else when this process reaped it): the wrapper learns of the end a
+  moment later, and the agent orders failures by the worker's time, as it would an exec'd
+  worker's.
 
 Never worse than no zygote: the agent binds the listening socket and hands this process
 the only copy, so once the zygote is gone (crash, OOM kill) a wrapper's connect is refused
@@ -46,6 +50,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -95,10 +100,11 @@ class Zygote:
         self.listener.setblocking(False)
         self.control = control  # the agent's socketpair: why a worker was not forked goes there
         self.children: dict[int, socket.socket | None] = {}  # worker pid -> its wrapper's connection
+        self.wrappers: dict[int, int] = {}  # worker pid -> its wrapper's pid
         self.conns: dict[socket.socket, int | None] = {}  # wrapper connection -> worker pid
-        self.wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
-        signal.set_wakeup_fd(wake_w)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the wakeup fd
         signal.signal(signal.SIGTERM, self._terminate)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
@@ -154,6 +160,13 @@ class Zygote:
         if pid is not None:  # one request per connection: anything later is ignored
             _close_all(fds)
             return
+        try:
+            self._fork(conn, data, fds, flags)
+        except BaseException:
+            _close_all(fds)  # whatever went wrong, the passed descriptors do not leak here
+            raise
+
+    def _fork(self, conn: socket.socket, data: bytes, fds: list[int], flags: int) -> None:
         wrapper = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         try:
             request = parse_request(data, fds, flags)
@@ -163,15 +176,19 @@ class Zygote:
         if refusal:  # the wrapper execs the worker instead (and says why in the worker's log)
             self._refuse(conn, fds, wrapper, refusal)
             return
+        exited = os.path.join(self.map_dir, f"exited.{wrapper}")
+        with contextlib.suppress(OSError):
+            os.unlink(exited)  # an earlier wrapper's with the same pid
         try:
             child = os.fork()
         except OSError as e:
             self._refuse(conn, fds, wrapper, f"fork failed: {e.strerror}")
             return
         if child == 0:  # pragma: no cover - runs in the forked worker (tested end to end)
-            self._become_worker(request, fds, conn)
+            self._become_worker(request, fds, conn, exited)
         _close_all(fds)
         self.children[child] = conn
+        self.wrappers[child] = wrapper
         self.conns[conn] = child
         self._note(f"g {child}")
         with contextlib.suppress(OSError):
@@ -201,6 +218,9 @@ class Zygote:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            wrapper = self.wrappers.pop(pid, None)
+            if wrapper is not None and not os.path.exists(os.path.join(self.map_dir, f"exited.{wrapper}")):
+                _write_exit_time(os.path.join(self.map_dir, f"exited.{wrapper}"))  # killed: no time of its own
             self._note(f"ug {pid}")
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.map_dir, str(pid)))
@@ -240,7 +260,7 @@ class Zygote:
         os._exit(0)
 
     # -- in the forked child --------------------------------------------------------------------
-    def _become_worker(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
+    def _become_worker(self, request: dict[str, Any], fds: list[int], conn: socket.socket, exited: str) -> None:
         code = 1
         try:
             os.setsid()
@@ -253,7 +273,9 @@ class Zygote:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
-            ours = {*fds, self.wake_r, self.listener.fileno(), conn.fileno(), *(c.fileno() for c in self.conns)}
+            self.sel.close()
+            ours = {*fds, self.wake_r, self.wake_w, self.listener.fileno(), conn.fileno()}
+            ours.update(c.fileno() for c in self.conns)
             if self.control is not None:
                 ours.add(self.control.fileno())
             if self.reaper_fd is not None:
@@ -277,7 +299,20 @@ class Zygote:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
+            _write_exit_time(exited)  # before our sockets close: peers see the end after this time
             os._exit(code)
+
+
+def _write_exit_time(path: str) -> None:
+    """``time.time()`` into ``path`` (written whole, then renamed: never read half-written)."""
+    with contextlib.suppress(Exception):
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, repr(time.time()).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
 
 
 def _unbuffered_stdio() -> None:

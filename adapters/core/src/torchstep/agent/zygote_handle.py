@@ -218,6 +218,29 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def worker_ended(wrapper: int, *, forget: bool = False) -> float | None:
+    """When the zygote-forked worker behind exec wrapper ``wrapper`` ended (the worker's own
+    clock just before it exited, or when the zygote reaped a killed one), or None: not one,
+    or not ended. The wrapper itself exits a moment later. ``forget``: remove the record
+    (the wrapper is gone: its pid may be reused).
+
+    Example: ``worker_ended(w.pid) or exit_info.time`` orders failures by the worker's end.
+    """
+    map_dir = os.environ.get(MAP_DIR_ENV)
+    if not map_dir:
+        return None
+    path = os.path.join(map_dir, f"exited.{wrapper}")
+    try:
+        with open(path) as f:
+            return float(f.read())
+    except (OSError, ValueError):
+        return None
+    finally:
+        if forget:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def wrapper_of(pid: int) -> int | None:
     """The exec wrapper's pid of the zygote-forked worker ``pid`` (None: not one)."""
     map_dir = os.environ.get(MAP_DIR_ENV)
