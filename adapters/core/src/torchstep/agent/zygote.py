@@ -262,6 +262,7 @@ class Zygote:
     # -- in the forked child --------------------------------------------------------------------
     def _become_worker(self, request: dict[str, Any], fds: list[int], conn: socket.socket, exited: str) -> None:
         code = 1
+        worker = os.getpid()
         try:
             os.setsid()
             _pdeathsig(signal.SIGKILL)  # the zygote (our parent) gone: so are we
@@ -299,7 +300,8 @@ class Zygote:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
-            _write_exit_time(exited)  # before our sockets close: peers see the end after this time
+            if os.getpid() == worker:  # not a child the worker forked that returned here
+                _write_exit_time(exited)  # before our sockets close: peers see the end after this time
             os._exit(code)
 
 
