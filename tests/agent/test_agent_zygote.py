@@ -39,6 +39,12 @@ time.sleep(float(sys.argv[1]))
 PATHS = {"zygote": [], "exec": ["--no-zygote"]}
 
 
+@pytest.fixture(autouse=True)
+def _each_path_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose their path themselves (``TORCHSTEP_TEST_ZYGOTE=0`` is for the rest)."""
+    monkeypatch.delenv("TORCHSTEP_TEST_ZYGOTE", raising=False)
+
+
 @pytest.fixture
 def probe(tmp_path: Path) -> str:
     path = tmp_path / "probe.py"
