@@ -526,6 +526,46 @@ def test_the_socket_is_gone_after_the_agent_exits(agents: Agents, tmp_path: Path
     assert not sock.exists() and not list(run_parent.rglob("socket"))
 
 
+def test_the_agent_hears_why_a_worker_was_not_forked_and_notices_the_zygote_die(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's handle on a real zygote: a refused request reaches it (with the
+    requester's pid, as a wrapper's would), and a SIGKILLed zygote is noticed once — one
+    warning — with the wrappers no longer pointed at it and its socket gone."""
+    import logging
+
+    from torchstep.agent import zygote_handle
+
+    monkeypatch.setenv(zygote_handle.SOCKET_ENV, "unset by the test's end")  # configure() sets them
+    monkeypatch.setenv(zygote_handle.MAP_DIR_ENV, "unset by the test's end")
+    agent_log = logging.getLogger("torchstep.agent")
+    monkeypatch.setattr(agent_log, "propagate", True)  # to caplog (an in-process agent run turns it off)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    z = zygote_handle.ZygoteProcess.prestart()
+    try:
+        z.configure(str(run_dir), None)
+        path = os.environ[zygote_handle.SOCKET_ENV]
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(path)  # listening already, while the zygote still imports torch
+        with open(os.devnull) as null:
+            socket.send_fds(conn, [b"{not json"], [null.fileno()] * 3)
+        assert conn.recv(4096).decode() == "refused bad request: not JSON (JSONDecodeError)"
+        conn.close()
+        heard: list[tuple[int, str]] = []
+        wait_for(lambda: heard.extend(z.fallbacks()) or heard, 30, "the refusal reported")
+        assert heard == [(os.getpid(), "bad request: not JSON (JSONDecodeError)")]
+        assert z.running()
+        os.kill(z.proc.pid, signal.SIGKILL)
+        wait_for(lambda: z.proc.poll() is not None, 30, "the zygote dead")
+        assert not z.running() and not z.running()
+        died = [r for r in caplog.records if "the worker zygote died" in r.getMessage()]
+        assert len(died) == 1 and died[0].levelname == "WARNING" and "killed by SIGKILL" in died[0].getMessage()
+        assert zygote_handle.SOCKET_ENV not in os.environ and not os.path.exists(path)
+    finally:
+        z.stop()
+
+
 # -- the fork-safety decision -------------------------------------------------------------------------
 def test_an_initialised_accelerator_makes_the_zygote_refuse_to_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     """A unit test of the decision only (no GPU here): the probe is faked."""
