@@ -63,13 +63,17 @@ def settings_line(a: Agent) -> str:
 
 
 def zygotes_of(a: Agent) -> list[int]:
-    """Live zygote processes started by agent ``a`` (found by its unique ``PIDS_DIR``; the
-    workers forked from one share its command line, but each leads its own session)."""
+    """Live zygote processes of agent ``a`` (found by its unique ``PIDS_DIR``). A zygote is
+    forked from the agent (or a ``torchstep.agent.zygote`` interpreter); the agent and every
+    worker forked from the zygote lead their own session, the zygote does not."""
     mark = f"PIDS_DIR={a.pids_dir}".encode()
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if b"torchstep.agent.zygote" in (proc / "cmdline").read_bytes() and mark in (proc / "environ").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if b"torchstep.agent" not in cmdline or b"_exec.py" in cmdline or b"_reaper.py" in cmdline:
+                continue
+            if mark in (proc / "environ").read_bytes():
                 session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
                 if session != int(proc.name):
                     found.append(int(proc.name))
@@ -128,10 +132,9 @@ def test_a_non_python_worker_is_execd_and_the_settings_line_says_why(agents: Age
     assert "workers start by exec, not from the worker zygote" in (a.log_dir / "agent.log").read_text()
 
 
-def test_a_zygote_started_early_goes_when_the_agent_does_not_use_it(agents: Agents) -> None:
-    """The zygote starts before the command line is parsed (its import of torch overlaps the
-    agent's): a bad command line must not leave it behind, and a command line that says its
-    workers are not Python does not start one at all."""
+def test_no_zygote_is_started_for_a_bad_command_line_or_a_non_python_worker(agents: Agents) -> None:
+    """The zygote is forked once the command line is parsed: a bad one, or one whose workers
+    are not Python, starts none (and none is left behind)."""
     bad = agents.run(["--no-such-flag", "x.py"], timeout=120)
     plain = agents.start(["--nproc-per-node", "1", "--no-python", "/bin/sleep", "5"])
     wait_for(lambda: "effective settings" in plain.stderr, 60, "the agent running")
@@ -200,6 +203,8 @@ def test_a_signalled_agent_leaves_no_zygote_and_no_worker(agents: Agents, probe:
     parents = {int(p.name.split(".")[1]) for p in a.pids_dir.glob("parent*")}
     everything = [*a.worker_pids("worker"), *parents]
     assert bool(zygotes_of(a)) == (path == "zygote")
+    for zygote in zygotes_of(a):  # forked from the agent: no second interpreter importing torch
+        assert Path(f"/proc/{zygote}/cmdline").read_bytes() == Path(f"/proc/{a.pid}/cmdline").read_bytes()
     os.kill(a.pid, sig)  # the agent alone, not its group
     wait_for(lambda: not any(alive(p) for p in everything) and not zygotes_of(a), 15, "the zygote and workers gone")
     assert a.wait(30) == (128 + sig if sig == signal.SIGTERM else -signal.SIGKILL)
@@ -562,6 +567,41 @@ def test_the_agent_hears_why_a_worker_was_not_forked_and_notices_the_zygote_die(
         died = [r for r in caplog.records if "the worker zygote died" in r.getMessage()]
         assert len(died) == 1 and died[0].levelname == "WARNING" and "killed by SIGKILL" in died[0].getMessage()
         assert zygote_handle.SOCKET_ENV not in os.environ and not os.path.exists(path)
+    finally:
+        z.stop()
+
+
+def test_the_zygote_is_a_fresh_interpreter_where_forking_the_agent_is_not_safe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedding program with another thread running: the zygote is not forked from it
+    but started as ``python -m torchstep.agent.zygote`` (which imports torch itself), and
+    it forks workers all the same."""
+    import threading
+
+    from torchstep.agent import zygote_handle
+    from torchstep.agent.zygote import startup_environment
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        z = zygote_handle.ZygoteProcess.fork(startup_environment())
+    finally:
+        stop.set()
+        other.join()
+    try:
+        assert b"torchstep.agent.zygote" in Path(f"/proc/{z.proc.pid}/cmdline").read_bytes()
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700)
+        monkeypatch.setenv(zygote_handle.SOCKET_ENV, "unset by the test's end")  # configure() sets them
+        monkeypatch.setenv(zygote_handle.MAP_DIR_ENV, "unset by the test's end")
+        z.configure(str(run_dir), None)
+        env = {**clean_env(), zygote_handle.SOCKET_ENV: os.environ[zygote_handle.SOCKET_ENV]}
+        script = tmp_path / "env_probe.py"
+        script.write_text(ENV_PROBE)
+        done = subprocess.run(_wrapper(script), env=env, capture_output=True, text=True, timeout=120)
+        assert done.stdout.startswith("preloaded=True"), done.stderr
     finally:
         z.stop()
 

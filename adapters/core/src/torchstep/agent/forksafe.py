@@ -130,8 +130,9 @@ def accelerator_in_use() -> str:
     would hand each worker a runtime that does not work across ``fork``.
 
     Reads torch's own flags (``torch.cuda`` / ``torch.xpu`` / ``torch.mtia`` and a
-    registered out-of-tree backend such as ``torch.npu``: ``is_initialized()``), which never
-    initialise anything, and only if torch is already imported; then asks a CUDA driver that
+    registered out-of-tree backend such as ``torch.npu``: ``is_initialized()`` and
+    ``_is_in_bad_fork()``), which never initialise anything, and only if torch is already
+    imported; then asks a CUDA driver that
     is already loaded (never loads one) whether ``cuInit`` ran — ``torch.cuda.is_available()``
     runs it without setting torch's flag.
 
@@ -149,10 +150,12 @@ def accelerator_in_use() -> str:
                 names.append(f"torch.{custom}")
         for name in names:
             module = sys.modules.get(name)
-            probe = getattr(module, "is_initialized", None)
+            probe, bad_fork = getattr(module, "is_initialized", None), getattr(module, "_is_in_bad_fork", None)
             try:
                 if callable(probe) and probe():
                     return f"{name} is initialised"
+                if callable(bad_fork) and bad_fork():  # this process is a fork of one that had it
+                    return f"{name} was initialised before a fork"
             except Exception:  # a broken backend module: not ours to judge
                 continue
     if _cuda_driver_initialised():

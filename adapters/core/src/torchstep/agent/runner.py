@@ -63,7 +63,7 @@ class AgentRun:
         )
         self.agent: Any = None
         self.zygote: Any = None
-        self._prestarted = zygote  # a ZygoteProcess the CLI started at the agent's start
+        self._prestarted = zygote  # the ZygoteProcess the CLI forked once torch was imported
         self._write_lock = threading.Lock()
         self._final = False
         self.unwritten: dict[str, str] = {}  # result paths the last write could not write: why

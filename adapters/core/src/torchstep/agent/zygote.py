@@ -1,7 +1,8 @@
 """The worker zygote (on by default; ``--no-zygote`` / ``TORCHSTEP_ZYGOTE=0`` turn it off):
-one process per agent that imports torch once and forks every Python worker from there,
-so a worker (re)start costs a fork instead of a new interpreter plus ``import torch``
-(most of a restart's time).
+one process per agent, forked from the agent right after it imported torch (:func:`forked`;
+a fresh interpreter that imports torch itself where that is not safe), that forks every
+Python worker, so a worker (re)start costs a fork instead of a new interpreter plus
+``import torch`` (most of a restart's time).
 
     python -m torchstep.agent.zygote --socket PATH --map-dir DIR [--reaper-fd FD]
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import os
@@ -47,6 +49,7 @@ import runpy
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -55,7 +58,6 @@ import traceback
 from typing import Any
 
 from torchstep.agent.forksafe import MAX_REQUEST, STARTUP_ENV, BadRequest, fork_refusal, parse_request
-from torchstep.agent.zygote_handle import listen_at
 
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -75,6 +77,59 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def listen_at(path: str) -> socket.socket:
+    """A listening ``SOCK_SEQPACKET`` socket at ``path`` (mode 0600). A socket file left
+    there by a zygote that died without removing it (nobody listens: a connect is refused)
+    is replaced; anything else at ``path`` is an error.
+
+    Example: ``listen_at(os.path.join(private_dir, "socket"))``.
+
+    Args:
+        path: where to listen (in a directory private to the user).
+
+    Returns:
+        The listening socket.
+
+    Raises:
+        OSError: ``path`` is taken (a live zygote, another file) or cannot be bound.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        try:
+            sock.bind(path)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or not _stale(path):
+                raise
+            os.unlink(path)
+            sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _stale(path: str) -> bool:
+    """Whether ``path`` is a socket of ours that nobody listens on any more."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False  # a live zygote listens there
 
 
 class Zygote:
@@ -370,17 +425,65 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-def _configuration(control: int) -> tuple[socket.socket, dict[str, Any], list[int]]:
-    """Wait for the agent's :meth:`ZygoteProcess.configure` (exit at end of input: the
-    agent ended or chose not to use the zygote)."""
-    sock = socket.socket(fileno=control)
+def _configuration(control: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """Wait for the agent's ``ZygoteProcess.configure`` (exit at end of input: the agent
+    ended or chose not to use the zygote)."""
     try:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
     except OSError:
         data, fds = b"", []
     if not data or not fds:
         os._exit(0)
-    return sock, json.loads(data), fds
+    return json.loads(data), fds
+
+
+def _serve_configured(control: socket.socket, startup_env: dict[str, str | None]) -> None:
+    """Wait for the agent's configuration (the listening socket, the reaper's pipe), then serve."""
+    config, fds = _configuration(control)
+    listener = socket.socket(fileno=fds[0])
+    reaper_fd = fds[1] if len(fds) > 1 else None
+    zygote = Zygote(listener, config["socket"], config["map_dir"], reaper_fd, startup_env, control)
+    try:
+        zygote.serve()
+    finally:
+        zygote.remove_socket()
+
+
+def forked(control: socket.socket, startup_env: dict[str, str | None], parent: int, mask: set[int]) -> None:
+    """The zygote's life in a child the agent forked right after importing torch (so torch
+    is not imported a second time: its pages are shared). Never returns.
+
+    Args:
+        control: the agent's socketpair (configuration in, refusals out).
+        startup_env: the environment torch was imported under (before the agent changed it).
+        parent: the agent's pid.
+        mask: the signal mask to restore (the agent blocked its signals around the fork).
+    """
+    try:
+        for sig in signal.valid_signals():  # the agent's handlers are not ours
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
+        if os.getppid() != parent:  # it died before prctl
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDONLY)  # the agent's stdin is not ours to hold
+        os.dup2(null, 0)
+        os.close(null)
+        _import_torch()
+        _serve_configured(control, startup_env)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        os._exit(1)
+
+
+def startup_environment() -> dict[str, str | None]:
+    """What a zygote compares each worker's environment with: this process's values of the
+    variables only an interpreter's start or torch's load reads — take it before torch loads."""
+    return {k: os.environ.get(k) for k in (*STARTUP_ENV, "OMP_NUM_THREADS")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -393,18 +496,14 @@ def main(argv: list[str] | None = None) -> None:
     ns = ap.parse_args(argv)
     _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
-    startup_env = {k: os.environ.get(k) for k in (*STARTUP_ENV, "OMP_NUM_THREADS")}
-    control = None
+    startup_env = startup_environment()
     if ns.control is not None:  # torch first: the agent is busy with its own imports meanwhile
         _import_torch()
-        control, config, fds = _configuration(ns.control)
-        listener = socket.socket(fileno=fds[0])
-        ns.socket, ns.map_dir, ns.reaper_fd = config["socket"], config["map_dir"], (fds[1] if len(fds) > 1 else None)
-    elif ns.socket and ns.map_dir:
-        listener = listen_at(ns.socket)
-    else:
+        _serve_configured(socket.socket(fileno=ns.control), startup_env)
+        return
+    if not ns.socket or not ns.map_dir:
         ap.error("--control, or --socket and --map-dir, are required")
-    zygote = Zygote(listener, ns.socket, ns.map_dir, ns.reaper_fd, startup_env, control)  # a request waits
+    zygote = Zygote(listen_at(ns.socket), ns.socket, ns.map_dir, ns.reaper_fd, startup_env)  # a request waits
     try:
         if ns.ready:
             with open(ns.ready, "w") as f:

@@ -3,9 +3,9 @@ its listening socket, notice its death, hear which workers it did not fork, stop
 
 No torch import here.
 
-Example (what :mod:`torchstep.agent.runner` does)::
+Example (what :mod:`torchstep.agent.cli` and :mod:`torchstep.agent.runner` do)::
 
-    zygote = ZygoteProcess.prestart()              # at the agent's start: it imports torch
+    zygote = ZygoteProcess.fork(startup_env)       # right after the agent imported torch
     zygote.configure(run_dir, reaper.command_fd()) # later: wrappers now find it
     zygote.running()                               # False once it died (one warning)
     zygote.stop()
@@ -14,15 +14,18 @@ Example (what :mod:`torchstep.agent.runner` does)::
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import signal
 import socket
-import stat
 import sys
+import threading
+import time
 from typing import Any
+
+from torchstep.agent.forksafe import accelerator_in_use
+from torchstep.agent.zygote import forked, listen_at
 
 log = logging.getLogger("torchstep.agent")
 
@@ -32,65 +35,14 @@ SOCKET_ENV = "TORCHSTEP_ZYGOTE_SOCKET"
 MAP_DIR_ENV = "TORCHSTEP_ZYGOTE_MAP_DIR"
 
 
-def listen_at(path: str) -> socket.socket:
-    """A listening ``SOCK_SEQPACKET`` socket at ``path`` (mode 0600). A socket file left
-    there by a zygote that died without removing it (nobody listens: a connect is refused)
-    is replaced; anything else at ``path`` is an error.
-
-    Example: ``listen_at(os.path.join(private_dir, "socket"))``.
-
-    Args:
-        path: where to listen (in a directory private to the user).
-
-    Returns:
-        The listening socket.
-
-    Raises:
-        OSError: ``path`` is taken (a live zygote, another file) or cannot be bound.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        try:
-            sock.bind(path)
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE or not _stale(path):
-                raise
-            os.unlink(path)
-            sock.bind(path)
-        os.chmod(path, 0o600)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _stale(path: str) -> bool:
-    """Whether ``path`` is a socket of ours that nobody listens on any more."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return False  # a live zygote listens there
-
-
 class ZygoteProcess:
     """The agent's handle on its zygote: :meth:`stop` kills it and every worker it forked.
 
-    :meth:`prestart` starts it at the agent's very start, so its ``import torch`` runs
-    alongside the agent's own (on 2 cores, both take the time of one); :meth:`configure`
-    then hands it its listening socket, once the agent has its run directory and reaper.
+    :meth:`fork` makes it a child of the agent right after the agent imported torch (no
+    second import: the pages are shared); :meth:`prestart` starts a fresh interpreter
+    instead (which imports torch itself), where forking the agent is not safe.
+    :meth:`configure` then hands it its listening socket, once the agent has its run
+    directory and reaper.
     :meth:`running` notices its death (then the wrappers stop using it); :meth:`fallbacks`
     says which workers it declined to fork, and why.
     """
@@ -100,6 +52,42 @@ class ZygoteProcess:
         self.control = control
         self.socket_path: str | None = None
         self._gone = False  # stopped, or found dead (and said so)
+
+    @staticmethod
+    def fork(startup_env: dict[str, str | None]) -> ZygoteProcess:
+        """Fork the zygote from this process, which has imported torch; a fresh interpreter
+        (:meth:`prestart`) where that is not safe: another thread runs here, or an
+        accelerator runtime is initialised here (an embedding program's).
+
+        Args:
+            startup_env: ``zygote.startup_environment()`` taken before torch loaded.
+
+        Returns:
+            The handle; :meth:`configure` it next.
+        """
+        why = "another thread runs" if threading.active_count() != 1 else accelerator_in_use()
+        if why:
+            log.info("the worker zygote is a new interpreter, not a fork of the agent: %s", why)
+            return ZygoteProcess.prestart()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered twice
+            with contextlib.suppress(Exception):
+                stream.flush()
+        parent = os.getpid()
+        # no agent signal handler may run in the child before it has its own
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the zygote (tested end to end)
+                try:
+                    ours.close()
+                    forked(theirs, startup_env, parent, mask)
+                finally:
+                    os._exit(1)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        theirs.close()
+        return ZygoteProcess(_Forked(pid), ours)
 
     @staticmethod
     def prestart() -> ZygoteProcess:
@@ -164,6 +152,8 @@ class ZygoteProcess:
         self._gone = True
         self._forget()
         how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+        if getattr(self.proc, "unknown", False):
+            how = "exit status unknown"
         log.warning("the worker zygote died (%s): workers start by exec from now on; any it had forked died with it",
                     how)  # fmt: skip
         return False
@@ -209,6 +199,46 @@ class ZygoteProcess:
         if self.socket_path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
+
+
+class _Forked:
+    """What :class:`ZygoteProcess` needs of ``subprocess.Popen``, for a child made by ``os.fork``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.unknown = False  # its exit status was collected elsewhere
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone, how is unknown
+                self.returncode, self.unknown = 255, True
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"pid {self.pid} still running after {timeout} s")
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
 
 def _signal_name(signum: int) -> str:
