@@ -114,7 +114,7 @@ def test_no_zygote_execs_every_worker_and_the_settings_line_says_so(
     a = agents.run([*flags, "--nproc-per-node", "2", probe, "0"], env=env, timeout=120)
     assert a.returncode == 0, a.diagnostics()
     assert "rank 0 preloaded=False" in rank_logs(a) and "rank 1 preloaded=False" in rank_logs(a)
-    assert f", workers exec'd ({why})" in settings_line(a)
+    assert f"; workers exec'd ({why}) (every setting" in settings_line(a)
     assert not zygotes_of(a)
 
 
@@ -128,7 +128,7 @@ def test_a_non_python_worker_is_execd_and_the_settings_line_says_why(agents: Age
     a = agents.run(["--nproc-per-node", "1", "--no-python", "/bin/echo", "plain binary"], timeout=120)
     assert a.returncode == 0, a.diagnostics()
     assert "plain binary" in rank_logs(a)
-    assert ", workers exec'd (not a Python script run by this interpreter)" in settings_line(a)
+    assert "; workers exec'd (not a Python script run by this interpreter) (every setting" in settings_line(a)
     assert "workers start by exec, not from the worker zygote" in (a.log_dir / "agent.log").read_text()
 
 

@@ -294,7 +294,8 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
         else:  # like torchrun: one line on the console; every setting and its source in agent.log
             # a short fragment that belongs on this one line (how workers start when they do
             # not come from the zygote...) is passed as settings_line(settings, notes)
-            _to(console, logging.INFO, settings_line(settings))
+            why = settings.exec_reason()
+            _to(console, logging.INFO, settings_line(settings, [f"workers exec'd ({why})" if why else ""]))
             _to(to_file, logging.INFO, settings.describe())
         run = AgentRun(settings, started_at=started_at, zygote=zygote, warnings=warnings)
         outcome = run.execute()

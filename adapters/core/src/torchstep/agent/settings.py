@@ -276,15 +276,12 @@ class AgentSettings:
         return ""
 
     def summary(self) -> str:
-        """The settings that tell runs apart, on one line (with how workers start, when
-        they are not forked from the worker zygote)."""
+        """The settings that tell runs apart, on one line."""
         c = self.config
         rdzv = f"{c.rdzv_backend}@{c.rdzv_endpoint}" if c.rdzv_endpoint else c.rdzv_backend
-        why = self.exec_reason()
         return (
             f"torchstep-agent effective settings: nnodes {c.min_nodes}:{c.max_nodes}, nproc_per_node {c.nproc_per_node}, "
             f"rdzv {rdzv} id {c.run_id}, max_restarts {c.max_restarts}, logs {self.log_dir}"
-            + (f", workers exec'd ({why})" if why else "")
         )
 
     def describe(self) -> str:
