@@ -65,6 +65,9 @@ def notes(figures: dict[str, dict]) -> str:
         line = f"- **{fig}** ({r['mode']}, {r['measured']}): `{r['command']}`" if r["command"] else f"- **{fig}**"
         if r["note"]:
             line += f" — {r['note']}"
+        load, cpus = r.get("machine", {}).get("load_1m"), r.get("machine", {}).get("cpus") or 1
+        if load is not None and load > cpus:  # other work shared the cores: seconds inflated, ratios noisier
+            line += f" — **measured on a loaded machine** (1-minute load average {load:g} on {cpus} cores)"
         out.append(line)
     return "\n".join(out)
 

@@ -2,7 +2,8 @@
 its first barrier — the interpreter, ``import torch``, ``import torch.distributed`` and a
 2-rank gloo ``init_process_group`` — each measured alone (medians, 2 processes at once as
 in the startup and recovery figures), against the measured startup and recovery of
-figures 1 and 2. Writes bench/results/analysis.md, which docs/performance.md includes.
+figures 1e and 2e (``--no-zygote``: every worker a new process, as under torchrun), then
+what the default (figures 1 and 2: the worker zygote) saves. Writes bench/results/analysis.md, which docs/performance.md includes.
 
 Usage: ``python bench/startup_profile.py [--runs N]``.
 """
@@ -44,8 +45,8 @@ def main() -> int:
     runs = ap.parse_args().runs
     got = {name: statistics.median(alone(argv) for _ in range(runs)) for name, argv in PIECES.items()}
     figures = json.loads(RESULTS_JSON.read_text()).get("figures", {}) if RESULTS_JSON.exists() else {}
-    startup = figures.get("1", {})
-    recovery = figures.get("2", {})
+    startup = figures.get("1e", {})
+    recovery = figures.get("2e", {})
     lines = [
         "## Where the (re)start time goes",
         "",
@@ -61,8 +62,8 @@ def main() -> int:
         s_ours, s_peer = startup["ours"]["median"], startup["peer"]["median"]
         r_ours, r_peer = recovery["ours"]["median"], recovery["peer"]["median"]
         lines += [
-            f"Startup (figure 1): torchstep-agent {s_ours:.2f} s, torchrun {s_peer:.2f} s; recovery (figure 2): "
-            f"torchstep-agent {r_ours:.2f} s, {recovery.get('peer_name', 'torchrun')} {r_peer:.2f} s from the crash to "
+            f"With every worker a new process (`--no-zygote`), startup (figure 1e): torchstep-agent {s_ours:.2f} s, "
+            f"torchrun {s_peer:.2f} s; recovery (figure 2e): torchstep-agent {r_ours:.2f} s, {recovery.get('peer_name', 'torchrun')} {r_peer:.2f} s from the crash to "
             "the restarted group's first "
             "barrier. Both tools pay the same pieces: the launcher imports torch before it starts a worker, and "
             "every new worker process starts an interpreter and imports torch again before `init_process_group`; "
@@ -72,17 +73,16 @@ def main() -> int:
             "",
             "So the remaining startup and recovery time is dominated by what every new worker process pays to "
             "import torch, and torchstep already pays no more than torchrun for the rest. The worker zygote "
-            "(`torchstep-agent --zygote`, docs/agent.md) removes that piece: workers are forked from a process "
+            "(on by default, docs/agent.md) removes that piece: workers are forked from a process "
             "that imported torch once, so a restart costs a fork instead of an interpreter and an import.",
         ]
-        zs, zr = figures.get("1z", {}), figures.get("2z", {})
+        zs, zr = figures.get("1", {}), figures.get("2", {})
         if zs.get("ours", {}).get("median") and zr.get("ours", {}).get("median"):
             lines += [
                 "",
-                f"With the zygote: startup (figure 1z) {zs['ours']['median']:.2f} s = {zs['ratio']:.2f}x torchrun, "
-                f"recovery (figure 2z) {zr['ours']['median']:.2f} s = {zr['ratio']:.2f}x "
-                f"{zr.get('peer_name', 'torchrun')} (goals 0.8x and "
-                "0.5x). It is opt-in until it has run on GPU nodes (none here).",
+                f"With the zygote (the default): startup (figure 1) {zs['ours']['median']:.2f} s = "
+                f"{zs['ratio']:.2f}x torchrun, recovery (figure 2) {zr['ours']['median']:.2f} s = {zr['ratio']:.2f}x "
+                f"{zr.get('peer_name', 'torchrun')} (goals 0.5x and 0.25x).",
             ]
     out = HERE / "results" / "analysis.md"
     out.write_text("\n".join(lines) + "\n")

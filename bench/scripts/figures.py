@@ -117,6 +117,15 @@ def record(
     return row
 
 
+def drop(fig: str) -> None:
+    """Forget figure ``fig`` (a benchmark that no longer records it, e.g. after a rename)."""
+    data = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    if data.get("figures", {}).pop(fig, None) is not None:
+        tmp = RESULTS_JSON.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(RESULTS_JSON)
+
+
 def curve(name: str, title: str, xlabel: str, series: dict[str, list[tuple[float, float]]]) -> None:
     """Record a scaling curve: ``series`` maps a variant to its (x, median seconds) points."""
     _update(name, "curves", {"title": title, "xlabel": xlabel, "series": series, "machine": machine()})

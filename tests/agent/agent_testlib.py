@@ -30,8 +30,8 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
-    if os.environ.get("TORCHSTEP_TEST_ZYGOTE") == "1":  # the whole suite with the worker zygote on
-        env["TORCHSTEP_ZYGOTE"] = "1"
+    if os.environ.get("TORCHSTEP_TEST_ZYGOTE") == "0":  # the whole suite on the exec path (no zygote)
+        env["TORCHSTEP_ZYGOTE"] = "0"
     env.update(extra or {})
     return env
 

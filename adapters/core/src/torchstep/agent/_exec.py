@@ -8,20 +8,17 @@ Before ``exec`` it (1) asks the kernel to SIGKILL this process when the agent di
 (2) with ``--merge-stderr`` points stderr at stdout, so a rank's log file holds both
 streams in the order they were written. This file must not import torchstep or torch.
 
-With the agent's worker zygote (``TORCHSTEP_ZYGOTE_SOCKET``, ``--zygote``) and a Python
+With the agent's worker zygote (``TORCHSTEP_ZYGOTE_SOCKET``: on by default) and a Python
 worker (``python [-u] script.py ...`` or ``python [-u] -m module ...`` with this
 interpreter), it does not exec: the zygote forks the worker with torch already imported
 (``torchstep.agent.zygote``), this process forwards every signal it gets to the worker's
-group and exits as the worker did. Anything else, or a zygote that cannot be reached,
-falls back to ``exec``.
+group and exits as the worker did. Anything else falls back to ``exec`` at once, without
+waiting: another command, a zygote that is gone (its socket refuses the connection or no
+longer exists: only the zygote holds the listening end) or that declines the worker.
 """
 
 import os
 import sys
-
-MYPY = False  # no `typing` import: this wrapper runs before every worker, it must stay cheap
-if MYPY:
-    import socket
 
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
@@ -109,21 +106,6 @@ def python_request(cmd: list) -> "dict | None":
     return None
 
 
-def _connect(conn: "socket.socket", path: str) -> None:
-    """Connect to the zygote, which the agent started moments ago (its socket may not exist yet)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            conn.connect(path)
-            return
-        except (FileNotFoundError, ConnectionRefusedError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
 def _run_in_zygote(path: str, request: dict) -> None:
     """Have the zygote fork the worker; never returns once it did (exits as the worker)."""
     import json  # here, not at the top: a wrapper without the zygote stays as cheap as before
@@ -132,20 +114,25 @@ def _run_in_zygote(path: str, request: dict) -> None:
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        _connect(conn, path)
-        payload = {**request, "env": dict(os.environ), "cwd": os.getcwd()}
-        socket.send_fds(conn, [json.dumps(payload).encode()], [0, 1, 2])
-        reply = conn.recv(4096).decode()
+        # one try: the agent bound the socket before any worker started, and only the zygote
+        # holds it: refused (or gone) means the zygote is gone, for good
+        conn.connect(path)
+        payload = json.dumps({**request, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        if len(payload) > 65536:  # a datagram: the send buffer must hold it whole
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, len(payload) + 65536)
+        socket.send_fds(conn, [payload], [0, 1, 2])
+        reply = conn.recv(4096).decode("utf-8", "replace")
     except OSError as e:
-        sys.stderr.write(f"torchstep: worker zygote unavailable ({e}); starting the worker directly\n")
-        conn.close()
-        return
-    if not reply.startswith("pid "):
-        why = reply.partition(" ")[2] if reply.startswith("refused ") else "no reply"
+        why = "gone" if isinstance(e, (FileNotFoundError, ConnectionRefusedError, ConnectionResetError)) else e
         sys.stderr.write(f"torchstep: worker zygote not used ({why}); starting the worker directly\n")
         conn.close()
         return
-    pid = int(reply.split()[1])
+    if not reply.startswith("pid ") or not reply[4:].isdigit():
+        why = reply.partition(" ")[2] if reply.startswith("refused ") else "gone"
+        sys.stderr.write(f"torchstep: worker zygote not used ({why}); starting the worker directly\n")
+        conn.close()
+        return
+    pid = int(reply[4:])
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -170,7 +157,14 @@ def _run_in_zygote(path: str, request: dict) -> None:
             pass
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
-    os._exit(137)  # the zygote is gone (the agent is dying): the worker died with it
+    # the zygote is gone (killed, or the agent is dying): the worker dies with it (its
+    # PDEATHSIG); make sure, and say so where the worker's own output goes
+    try:
+        os.killpg(pid, _SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    sys.stderr.write("torchstep: the worker zygote died; the worker was killed with it\n")
+    os._exit(137)
 
 
 if __name__ == "__main__":

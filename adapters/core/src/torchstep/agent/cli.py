@@ -27,7 +27,7 @@ from torchstep.files import LossyFile
 
 if TYPE_CHECKING:
     from torchstep.agent.settings import AgentSettings
-    from torchstep.agent.zygote import ZygoteProcess
+    from torchstep.agent.zygote_handle import ZygoteProcess
 
 log = logging.getLogger("torchstep.agent")
 _FORMAT = "[torchstep-agent %(asctime)s %(levelname)s] %(message)s"
@@ -209,34 +209,29 @@ def run(argv: Sequence[str] | None = None) -> int:
     # before the (slow) torch import: a signal now must still produce a result
     signals.install_early(os.environ.get("PET_SIGNALS_TO_HANDLE") or DEFAULT_SIGNALS)
     args = list(sys.argv[1:] if argv is None else argv)
-    zygote = _prestart_zygote(args)
-    try:
-        return _run_cli(args, started_at, zygote)
-    finally:
-        if zygote is not None:  # the run stopped it already, or never used it
-            zygote.stop()
+    from torchstep.agent.zygote import startup_environment
+
+    return _run_cli(args, started_at, startup_environment())  # before torch loads
 
 
-def _prestart_zygote(args: list[str]) -> ZygoteProcess | None:
-    """``--zygote``: start the worker zygote now, so that its ``import torch`` runs alongside
-    the agent's own (the settings, parsed later, decide whether it is used: a stray
-    ``--zygote`` among the script's own arguments costs one unused process)."""
-    from torchstep.agent.settings import zygote_from_env
-
-    if "--zygote" not in args and not zygote_from_env(os.environ):
+def _start_zygote(settings: AgentSettings, startup_env: dict[str, str | None]) -> ZygoteProcess | None:
+    """The worker zygote, forked from this process now that it has imported torch and runs
+    no other thread yet (None: workers are exec'd; the settings line says why)."""
+    if settings.exec_reason():
         return None
-    from torchstep.agent.zygote import ZygoteProcess
+    from torchstep.agent.zygote_handle import ZygoteProcess
 
     try:
-        return ZygoteProcess.prestart()
-    except OSError as e:
-        log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+        return ZygoteProcess.fork(startup_env)
+    except OSError as e:  # the run starts a fresh interpreter instead (and warns if that fails too)
+        log.info("could not fork the worker zygote: %s", e)
         return None
 
 
-def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -> int:
-    """:func:`run` once the zygote (if any) is starting: parse, then run or report."""
+def _run_cli(args: list[str], started_at: float, startup_env: dict[str, str | None]) -> int:
+    """:func:`run` past the early signal handlers: parse, start the zygote, then run or report."""
     settings = None
+    zygote = None
     try:
         from torchstep.agent.settings import TorchrunError, UsageError, resolve
 
@@ -256,6 +251,7 @@ def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -
             if code:
                 _usage_result("usage error: bad command line (see the agent's stderr)", code, started_at=started_at)
             return code
+        zygote = _start_zygote(settings, startup_env)
         signals.install_torch(settings.config.signals_to_handle)
         return _run(settings, started_at, zygote)
     except signals.Cancelled as e:
@@ -270,6 +266,9 @@ def _run_cli(args: list[str], started_at: float, zygote: ZygoteProcess | None) -
             paths = [os.environ["TORCHSTEP_RESULT_FILE"]]
         write_all(result, paths)
         return result.exit_code if result.exit_code is not None else 128 + e.signum
+    finally:
+        if zygote is not None:  # the run stopped it already, or never got to use it
+            zygote.stop()
 
 
 def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | None = None) -> int:
@@ -295,7 +294,8 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
         else:  # like torchrun: one line on the console; every setting and its source in agent.log
             # a short fragment that belongs on this one line (how workers start when they do
             # not come from the zygote...) is passed as settings_line(settings, notes)
-            _to(console, logging.INFO, settings_line(settings))
+            why = settings.exec_reason()
+            _to(console, logging.INFO, settings_line(settings, [f"workers exec'd ({why})" if why else ""]))
             _to(to_file, logging.INFO, settings.describe())
         run = AgentRun(settings, started_at=started_at, zygote=zygote, warnings=warnings)
         outcome = run.execute()

@@ -41,7 +41,7 @@ from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kil
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
-from torchstep.agent.zygote import wrapper_of
+from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
@@ -116,6 +116,7 @@ class TorchstepAgent(LocalElasticAgent):
         exits: ExitWatcher,
         watchdog: ProgressWatchdog,
         warnings: list[str] | None = None,
+        zygote: ZygoteProcess | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -136,6 +137,7 @@ class TorchstepAgent(LocalElasticAgent):
         self._reaper = reaper
         self._exits = exits
         self._watchdog = watchdog
+        self._zygote = zygote
         self._tee: LogTee | None = None
         self._timer_server: ReapingTimerServer | None = None
         self._worker_store: Any = None
@@ -221,6 +223,8 @@ class TorchstepAgent(LocalElasticAgent):
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
         # torch calls this from _start_workers with each worker's environment, just before
         # the processes start: the place to add ours and to open the attempt
+        if self._zygote is not None:
+            self._zygote.running()  # a dead zygote: these workers are exec'd (one warning)
         wg = self._worker_group
         attempt_dir = self._specs.begin_attempt()
         index = len(self.attempts)
@@ -327,6 +331,8 @@ class TorchstepAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._watchdog.tick()
         attempt = self.attempts[-1]
+        if self._zygote is not None:
+            self._check_zygote(attempt)
         self._check_heartbeats(attempt)
         result = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
@@ -345,6 +351,16 @@ class TorchstepAgent(LocalElasticAgent):
             attempt.state = SUCCEEDED
             attempt.ended_at = time.time()
         return result
+
+    def _check_zygote(self, attempt: Attempt) -> None:
+        """Notice the zygote's death at once (one warning), and say at INFO which worker
+        it declined to fork, and why (its wrapper exec'd it)."""
+        assert self._zygote is not None
+        for wrapper, why in self._zygote.fallbacks():
+            ranks = [w.global_rank for w in attempt.workers.values() if w.pid == wrapper]
+            who = f"rank {ranks[0]}" if ranks else "a worker"
+            log.info("%s (pid %d) started by exec, not from the worker zygote: %s", who, wrapper, why)
+        self._zygote.running()
 
     def _check_heartbeats(self, attempt: Attempt) -> None:
         if self._heartbeats is None:
@@ -401,7 +417,8 @@ class TorchstepAgent(LocalElasticAgent):
         if attempt.stop_started_at is not None:
             return
         for w in attempt.workers.values():
-            w.dead_before_stop = bool(w.pid) and exited_now(w.pid)  # type: ignore[arg-type]
+            # a zygote-forked worker has ended a moment before its exec wrapper does
+            w.dead_before_stop = w.pid is not None and (exited_now(w.pid) or worker_ended(w.pid) is not None)
         attempt.stop_started_at = time.time()
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -434,6 +451,9 @@ class TorchstepAgent(LocalElasticAgent):
                 info = ExitInfo(time.time(), code if code is not None else -1)
             elif code is not None:
                 info = ExitInfo(info.time, code)
+            ended = worker_ended(w.pid, forget=True)  # a zygote-forked worker: its own end, not its wrapper's
+            if ended is not None and ended < info.time:
+                info = ExitInfo(ended, info.exit_code)
             w.exit = info
             if w.own_group:
                 if not any(p for p in survivors if _pgid(p) == w.pid):

@@ -63,7 +63,7 @@ class AgentRun:
         )
         self.agent: Any = None
         self.zygote: Any = None
-        self._prestarted = zygote  # a ZygoteProcess the CLI started at the agent's start
+        self._prestarted = zygote  # the ZygoteProcess the CLI forked once torch was imported
         self._write_lock = threading.Lock()
         self._final = False
         self.unwritten: dict[str, str] = {}  # result paths the last write could not write: why
@@ -203,6 +203,7 @@ class AgentRun:
                 exits=self.exits,
                 watchdog=self.watchdog,
                 warnings=self.warnings,
+                zygote=self.zygote,
             )
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
             result = self.agent.run()
@@ -238,20 +239,16 @@ class AgentRun:
                     log.warning("closing the rendezvous failed: %s: %s", type(e).__name__, e)
 
     def _start_zygote(self) -> None:
-        """``--zygote`` with a Python worker command: start (or configure) the worker zygote."""
-        from torchstep.agent._exec import python_request
-
-        entry, prestarted, self._prestarted = self.settings.entrypoint, self._prestarted, None
-        usable = self.settings.zygote and isinstance(entry, str)
-        if usable and python_request([entry, *self.settings.entry_args]) is None:
-            log.info("--zygote: the worker command is not this Python running a script or a module (%s); "
-                     "workers start as usual", entry)  # fmt: skip
-            usable = False
-        if not usable:
+        """Start (or configure) the worker zygote, unless the settings say workers are exec'd
+        (the settings line on the console says why)."""
+        prestarted, self._prestarted = self._prestarted, None
+        why = self.settings.exec_reason()
+        if why:
+            log.info("workers start by exec, not from the worker zygote: %s", why)
             if prestarted is not None:
                 prestarted.stop()
             return
-        from torchstep.agent.zygote import ZygoteProcess
+        from torchstep.agent.zygote_handle import ZygoteProcess
 
         try:
             self.zygote = prestarted if prestarted is not None else ZygoteProcess.prestart()
@@ -259,7 +256,7 @@ class AgentRun:
             self.reaper.watch_pid(self.zygote.proc.pid)  # a SIGKILLed agent takes it along too
             self.zygote.configure(self.run_dir, self.reaper.command_fd())
         except OSError as e:
-            log.warning("--zygote: could not start the worker zygote (%s); workers start as usual", e)
+            log.warning("could not start the worker zygote (%s); workers start by exec", e)
             self._stop_zygote()
 
     def _stop_zygote(self) -> None:

@@ -53,6 +53,10 @@ from torchstep.files import UnsafePathError, private_root
 
 #: pytorch#135712: a restarted gloo group must not read stale data from the shared store.
 ENV_NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+#: ``TORCHSTEP_ZYGOTE``: ``0`` turns the worker zygote off (on by default).
+ENV_ZYGOTE = "TORCHSTEP_ZYGOTE"
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
 
 #: torchrun handles SIGTERM, SIGINT, SIGHUP and SIGQUIT; we add the two SLURM/preemption ones.
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
@@ -229,8 +233,9 @@ class AgentSettings:
     #: ``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point decides where
     #: the streams go (``config.logs_specs``), as under torchrun.
     custom_logs_specs: bool = False
-    #: ``--zygote`` / ``TORCHSTEP_ZYGOTE=1``: Python workers are forked from a pre-imported zygote.
-    zygote: bool = False
+    #: Python workers are forked from the worker zygote (the default; ``--no-zygote`` /
+    #: ``TORCHSTEP_ZYGOTE=0`` turn it off). See :meth:`exec_reason` for the other fallbacks.
+    zygote: bool = True
 
     def rendezvous_bound(self) -> float:
         """Longest time one rendezvous may take by its own settings (for the watchdog)."""
@@ -248,6 +253,27 @@ class AgentSettings:
         if backend == "etcd":
             return num("timeout", 900) + num("last_call_timeout", 30)
         return num("timeout", 900)
+
+    def exec_reason(self) -> str:
+        """Why no worker of this run is forked from the worker zygote ("" when they are):
+        it is off, or the workers are not Python scripts or modules run by this interpreter,
+        or this is not Linux.
+
+        Example: ``resolve(["--no-zygote", "t.py"], environ={}).exec_reason()`` is ``"--no-zygote"``.
+        """
+        import sys
+
+        from torchstep.agent._exec import python_request
+
+        if not self.zygote:
+            return self.sources.get("zygote", "off")
+        if not isinstance(self.entrypoint, str):
+            return "--run-path function"
+        if python_request([self.entrypoint, *self.entry_args]) is None:
+            return "not a Python script run by this interpreter"
+        if not sys.platform.startswith("linux"):
+            return "not Linux"
+        return ""
 
     def summary(self) -> str:
         """The settings that tell runs apart, on one line."""
@@ -294,6 +320,7 @@ class AgentSettings:
             line("log_dir", self.log_dir),
             line("result_file", ", ".join(self.result_files) or "-"),
             line("replica_id", self.replica_id if self.replica_id is not None else "node rank"),
+            line("worker_start", f"exec ({self.exec_reason()})" if self.exec_reason() else "zygote (fork)", "zygote"),
         ]
         rows += [line(k, v, k) for k, v in sorted(self.process_env.items())]
         return "\n".join(rows)
@@ -329,9 +356,18 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
     group.add_argument(
         "--zygote",
         dest="zygote",
-        action="store_true",
+        action="store_const",
+        const=True,
+        default=None,
         help="fork Python workers from a process that imported torch once (faster start and restart; "
-        "env TORCHSTEP_ZYGOTE=1; see docs/agent.md)",
+        "the default; see docs/agent.md)",
+    )
+    group.add_argument(
+        "--no-zygote",
+        dest="zygote",
+        action="store_const",
+        const=False,
+        help=f"start every worker as a new process (exec) instead (env {ENV_ZYGOTE}=0)",
     )
     for flag in FLAGS:
         shown = "off" if flag.default in (None, 0.0) else f"{flag.default:g}" if flag.kind is float else flag.default
@@ -347,8 +383,29 @@ def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
 
 
 def zygote_from_env(environ: Mapping[str, str]) -> bool:
-    """Whether ``TORCHSTEP_ZYGOTE`` turns the worker zygote on (``1``, ``true``, ``yes``, ``on``)."""
-    return (_env(environ, "TORCHSTEP_ZYGOTE") or "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``TORCHSTEP_ZYGOTE`` leaves the worker zygote on: it is, unless the variable
+    says ``0`` / ``false`` / ``no`` / ``off`` (:func:`resolve` refuses other values).
+
+    Example: ``zygote_from_env({"TORCHSTEP_ZYGOTE": "0"})`` is ``False``; ``zygote_from_env({})`` is ``True``.
+    """
+    return (_env(environ, ENV_ZYGOTE) or "").strip().lower() not in _OFF
+
+
+def _zygote(args: Any, environ: Mapping[str, str], sources: dict[str, str]) -> bool:
+    flag = getattr(args, "zygote", None)
+    if flag is not None:
+        sources["zygote"] = "--zygote" if flag else "--no-zygote"
+        return bool(flag)
+    value = _env(environ, ENV_ZYGOTE)
+    if value is None:
+        sources["zygote"] = "default"
+        return True
+    if value.strip().lower() not in (*_ON, *_OFF):
+        raise UsageError(
+            f"{ENV_ZYGOTE}={value!r}: use 1 (fork Python workers from the zygote, the default) or 0 (exec)"
+        )
+    sources["zygote"] = f"{ENV_ZYGOTE}={value.strip()}"
+    return zygote_from_env(environ)
 
 
 def _env(environ: Mapping[str, str], name: str) -> str | None:
@@ -565,6 +622,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         if path and os.path.abspath(path) not in result_files:
             result_files.append(os.path.abspath(path))
     merge, template, prefixed = _console_mode(args, env, config.nproc_per_node, sources)
+    zygote = _zygote(args, env, sources)
     consumed = [
         ENV_LOG_PREFIX,
         ENV_RUN_DIR,
@@ -599,5 +657,5 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         prefixed=prefixed,
         merge_streams=merge,
         custom_logs_specs=bool(getattr(args, "logs_specs", None)),
-        zygote=bool(getattr(args, "zygote", False)) or zygote_from_env(env),
+        zygote=zygote,
     )
