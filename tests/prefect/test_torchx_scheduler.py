@@ -94,7 +94,10 @@ def test_dryrun_rejects_an_appdef_the_target_cannot_run_naming_the_field() -> No
         ({"namespace": "ml"}, r"cfg\['namespace'\]: only applies to target=kubernetes"),
         ({"target": "kubernetes", "namespace": "ML_ns"}, r"cfg\['namespace'\]: 'ML_ns' is not a Kubernetes namespace"),
         ({"deployment": "torchx"}, r"cfg\['deployment'\]: 'torchx' is not FLOW/NAME"),
-        ({"endpoint": "127.0.0.1:4200"}, r"cfg\['endpoint'\]: is not an http\(s\) URL \(not shown\); fix: give the Prefect API URL"),
+        (
+            {"endpoint": "127.0.0.1:4200"},
+            r"cfg\['endpoint'\]: is not an http\(s\) URL \(not shown\); fix: give the Prefect API URL",
+        ),
         ({"queue": ""}, r"cfg\['queue'\]: must be a non-empty string"),
     ],
 )
