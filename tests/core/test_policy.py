@@ -182,6 +182,15 @@ def test_namespaces_service_accounts_and_secrets_are_names_or_patterns():
     assert "trainer" in refused(policy, overlay({"serviceAccountName": "default-admin"})).fix
 
 
+def test_naming_the_deployments_own_namespace_or_service_account_is_always_allowed():
+    # what a request that names nothing gets anyway: asking for it by name asks for nothing more
+    for policy in (DEFAULT, Policy(namespaces=("ml",), service_accounts=("trainer",))):
+        policy.check(app(), "kubernetes", {"namespace": "default", "service_account": "default"})
+        policy.check(overlay({"serviceAccountName": "default"}), "kubernetes", {})
+    assert refused(DEFAULT, app(), cfg={"namespace": "ml"}).field == "cfg['namespace']"
+    assert refused(DEFAULT, app(), cfg={"service_account": "admin"}).field == "cfg['service_account']"
+
+
 def test_limits_per_role_count_every_way_of_asking():
     policy = Policy(replicas=2, gpu=1, cpu=4, memMB=4096)
     policy.check(app(replicas=2, resource=specs.Resource(cpu=4, gpu=1, memMB=4096)), "kubernetes", {})

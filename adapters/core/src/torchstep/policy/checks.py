@@ -21,6 +21,7 @@ from torchstep.plan.options import convert
 from torchstep.policy.overlay import check_overlay
 from torchstep.policy.rules import (
     CFG_RULES,
+    DEPLOYMENT_OWN,
     PRIVILEGE_ANNOTATIONS,
     PolicyError,
     image_allowed,
@@ -83,7 +84,7 @@ class Checker:
                                  "remove it (the step gets PATH, HOME, LANG, LC_*, TZ, TMPDIR, USER and its own env)")  # fmt: skip
             elif rule in ("namespace", "service_account"):
                 allowed = self.p.namespaces if rule == "namespace" else self.p.service_accounts
-                if not isinstance(value, str) or not named(value, allowed):
+                if not isinstance(value, str) or not (value == DEPLOYMENT_OWN[rule] or named(value, allowed)):
                     yield self.error(path, f"{rule.replace('_', ' ')} {value!r} is not allowed by the deployment's policy",
                                      f"leave it out (the deployment's own is used) or use one of: "
                                      f"{listed(allowed)} (policy {rule}s)")  # fmt: skip
@@ -144,7 +145,7 @@ class Checker:
     def limits(self, p: str, role: Any) -> Iterator[PolicyError]:
         n = getattr(role, "num_replicas", None)
         if self.p.replicas is not None and (not isinstance(n, int) or n > self.p.replicas):
-            yield self.error(f"{p}.num_replicas", f"{n!r} replicas is more than the policy allows",
+            yield self.error(f"{p}.num_replicas", f"{n!r} replicas is more than the deployment's policy allows",
                              f"at most {self.p.replicas} (policy replicas)")  # fmt: skip
         res = getattr(role, "resource", None)
         devices = getattr(res, "devices", None)
@@ -159,7 +160,7 @@ class Checker:
             else:  # unset means the whole node: within no limit
                 bad, what = value is None or value > limit, "unset (no limit)" if value is None else f"{value:g}"
             if bad:
-                yield self.error(f"{p}.resource.{field}", f"{what} is more than the policy allows per replica",
+                yield self.error(f"{p}.resource.{field}", f"{what} is more than the deployment's policy allows per replica",
                                  f"set resource.{field} to at most {limit:g} (policy {field})")  # fmt: skip
 
     def mount(self, path: str, m: Any) -> Iterator[PolicyError]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torchstep.policy.rules import PolicyError, listed, named
+from torchstep.policy.rules import DEPLOYMENT_OWN, PolicyError, listed, named
 
 # unprivileged mode: pod and container fields an overlay may set (anything else is refused:
 # a field Kubernetes adds later is refused until a person decides about it)
@@ -82,7 +82,7 @@ def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
                 yield c.error(sub, f"{key} gives the pod the node's {key[4:].lower()} namespace",
                               "remove it (policy overlay = 'unprivileged')")  # fmt: skip
         elif key in ("serviceAccountName", "serviceAccount"):
-            if not isinstance(value, str) or not named(value, c.p.service_accounts):
+            if not isinstance(value, str) or not (value == DEPLOYMENT_OWN["service_account"] or named(value, c.p.service_accounts)):
                 yield c.error(sub, f"service account {value!r} is not allowed by the deployment's policy",
                               f"remove it, or use one of: {listed(c.p.service_accounts)} (policy service_accounts)")  # fmt: skip
         elif key == "priorityClassName":

@@ -72,6 +72,12 @@ def _rebuild_policy_error(field: str, target: str | None, problem: str, fix: str
     return PolicyError(field, target, problem, fix=fix)
 
 
+#: What a step gets when its request names no namespace or service account: the kubernetes
+#: target's default namespace and Kubernetes' own service account. Naming them is always
+#: allowed (it asks for nothing the deployment does not already give).
+DEPLOYMENT_OWN = {"namespace": "default", "service_account": "default"}
+
+
 def named(name: str, allowed: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
 
