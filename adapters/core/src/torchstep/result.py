@@ -1,8 +1,8 @@
-"""The versioned step result (``"schema": 1``) shared by the agent, the local launcher and
+"""The versioned step result (``"schema": 1``) shared by the agent, the local supervisor and
 every adapter.
 
 One agent writes a :class:`StepResult` with one :class:`ReplicaResult` (itself); the local
-launcher and the Kubernetes paths aggregate several with :func:`merge`. Adapters surface
+supervisor and the Kubernetes paths aggregate several with :func:`merge`. Adapters surface
 ``result.to_dict()`` natively (Airflow XCom, Prefect task result, KFP output).
 
 Example::
@@ -336,7 +336,7 @@ def replica_state(exit_code: int | None, *, reported: str | None = None, stopped
 
     The state the agent itself wrote in its final result (``reported``: SUCCEEDED, FAILED
     or CANCELLED) wins: it knows whether its workers failed on their own or were stopped.
-    Without it: exit 0 is SUCCEEDED; a replica its launcher ``stopped`` (cancel, timeout, a
+    Without it: exit 0 is SUCCEEDED; a replica its supervisor ``stopped`` (cancel, timeout, a
     failure elsewhere) that ended by a signal (``-S`` or ``128+S``) is CANCELLED; anything
     else is FAILED.
 
@@ -354,7 +354,7 @@ def replica_state(exit_code: int | None, *, reported: str | None = None, stopped
     return FAILED
 
 
-#: Reasons whose message the agent or launcher wrote from what it saw (a timer, a lost
+#: Reasons whose message the agent or supervisor wrote from what it saw (a timer, a lost
 #: replica, a signal...): that message says more than the rank's last log line.
 _OBSERVED_REASONS = ("timer_expired", "heartbeat_timeout", "stopped", "cancelled", "replica_lost", "signal")
 #: torch's own glog-style lines (``W1125 11:53:21.620000 ...``, ``[rank0]:[W1125 ...]``):
@@ -428,7 +428,7 @@ def merge(
     state: str | None = None,
 ) -> StepResult:
     """Aggregate the per-agent results of one run into one step result: the one merge
-    every target and adapter uses (the local launcher, ``JobSet``, the adapters).
+    every target and adapter uses (the local supervisor, ``JobGang``, the adapters).
 
     State: ``state`` when the caller knows it better (a Job's own condition, a cancel),
     else CANCELLED if any replica was cancelled, else FAILED if any failed, else SUCCEEDED
