@@ -1,9 +1,14 @@
 """Helper children that serve until their stdin closes (the agent's reaper, the local
-launcher's rendezvous store): one way to end them."""
+launcher's rendezvous store): one way to end them; and a step process that ends when the
+processes that started it die (:func:`stop_when_ancestors_die`)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
+import time
 
 
 def close_stdin_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -26,3 +31,34 @@ def close_stdin_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def stop_when_ancestors_die(*, name: str = "torchstep-ancestors-watch", poll_s: float = 0.5) -> None:
+    """Stop this process (SIGTERM to itself: a step stops every process of it within its
+    grace period) when its parent or grandparent dies. For a step started as ``parent → sh
+    → python`` by a runner that does not stop it when the runner itself is killed or
+    interrupted (kfp.local's pipeline process); Linux only (``/proc``).
+
+    Args:
+        name: the name of the watching (daemon) thread.
+        poll_s: seconds between two looks.
+    """
+
+    def parent_of(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    parent = os.getppid()
+    watched = [p for p in (parent, parent_of(parent)) if p > 1]
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent or any(not os.path.exists(f"/proc/{p}") for p in watched):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name=name, daemon=True).start()

@@ -34,11 +34,12 @@ from typing import Any
 
 from kfp.dsl.container_component_class import ContainerComponent
 from torchstep.errors import SpecError
+from torchstep.plan.fixed import several_pods
 from torchstep.plan.model import StepPlan
 from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 
 from torchstep_kfp import entry
-from torchstep_kfp.entry import COMPILED_INPUT, JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT, is_launcher
+from torchstep_kfp.entry import COMPILED_INPUT, JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT
 from torchstep_kfp.tasks import TARGET, apply_plan, plan_of, role_of
 
 #: The module the container runs (``python3 -m torchstep_kfp.entry``).
@@ -170,7 +171,7 @@ class StepComponent(ContainerComponent):
         plan, planned = self.plan_of_call(kwargs)
         kwargs = {k: literal(v) for k, v in kwargs.items()}
         kwargs.setdefault(JOB_ID_INPUT, dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        if is_launcher(self.plan):  # only a launcher names Jobs after the task
+        if several_pods(self.plan):  # only a launcher names Jobs after the task
             kwargs.setdefault(TASK_ID_INPUT, dsl.PIPELINE_TASK_ID_PLACEHOLDER)
         kwargs[COMPILED_INPUT] = encode_spec({"fixed": entry.fixed_of(plan, self.spec), "planned_with": planned})
         runner = _kfp_local_runner()
@@ -181,9 +182,9 @@ class StepComponent(ContainerComponent):
         else:
             task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
-            if not is_launcher(plan) and task.container_spec is not None:  # this call's image
+            if not several_pods(plan) and task.container_spec is not None:  # this call's image
                 task.container_spec.image = plan.roles[self.role].image
-            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=is_launcher(plan))
+            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=several_pods(plan))
         return task
 
     def plan_of_call(self, kwargs: Mapping[str, Any]) -> tuple[StepPlan, dict[str, Any]]:
@@ -204,8 +205,8 @@ class StepComponent(ContainerComponent):
         if planned == defaults:
             return self.plan, planned
         plan = plan_of(entry.appdef(self.spec, planned))
-        if is_launcher(plan) != is_launcher(self.plan):
-            shape = "several pods" if is_launcher(plan) else "one container"
+        if several_pods(plan) != several_pods(self.plan):
+            shape = "several pods" if several_pods(plan) else "one container"
             raise SpecError("inputs", TARGET, f"with these constants the AppDef needs {shape}, but the component was made "
                             "for the other shape", fix="make a component for it: component_from_fn(..., defaults=...)")  # fmt: skip
         return plan, planned
@@ -245,7 +246,7 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     model = _artifact_name(options.get("model", False), MODEL_OUTPUT, "model")
     outputs = _outputs(options.get("outputs"), {n for n in (metrics, model) if n})
     role = options.get("role", 0)
-    launcher = is_launcher(plan)
+    launcher = several_pods(plan)
     r = role_of(plan, role)
     caching = options.get("caching", False)
     if not isinstance(caching, bool):  # "false" would turn caching on

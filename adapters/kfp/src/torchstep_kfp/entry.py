@@ -18,7 +18,8 @@ resources, mounts, Secrets, node selectors, overlay, retries, timeout, shape) th
 run-time inputs change fails the step at once, naming the field and the input.
 
 Exit status: 0 when the step succeeded, else the step's exit code (never 0), 2 for a bad
-invocation (the message names the argument).
+invocation (the message names the argument), 1 when the cluster failed the run
+(:class:`~torchstep.RunError`; 82 when it says retrying cannot help).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,13 +74,16 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
     except (ValueError, KeyError) as e:
         print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
         return 2
-    from torchstep.errors import SpecError
+    from torchstep.errors import NON_RETRYABLE_EXIT_CODE, RunError, SpecError
 
     try:
         result = _run(spec, values, args, compiled, local=local_budget, client=client)
     except SpecError as e:
         print(f"torchstep: {e}", file=sys.stderr)
         return 2
+    except RunError as e:  # the cluster failed the run: a KFP retry may succeed, unless it says not
+        print(f"torchstep: {e}", file=sys.stderr)
+        return 1 if e.retryable else NON_RETRYABLE_EXIT_CODE
     except KeyboardInterrupt:  # a second signal: every process was killed at once
         result = None
     if result is None:
@@ -93,7 +96,10 @@ def kfp_local_step() -> None:
     """The function kfp.local's SubprocessRunner calls (through ``kfp.dsl.executor_main``):
     runs :func:`main` on this process's arguments and exits with its status, before KFP's
     executor would overwrite the executor output file this step wrote."""
-    _stop_when_the_pipeline_process_dies()
+    from torchstep.childproc import stop_when_ancestors_die
+
+    # kfp.local runs it as pipeline process -> sh -> python and does not stop it when killed
+    stop_when_ancestors_die(name="torchstep-kfp-local-watch")
     argv = sys.argv[1:]
     for flag in ("--component_module_path", "--function_to_execute"):
         while flag in argv:  # kfp's own launch arguments
@@ -102,41 +108,10 @@ def kfp_local_step() -> None:
     raise SystemExit(main(argv, local=True))
 
 
-def is_launcher(plan: Any) -> bool:
-    """A step of several pods (several roles, or a role with several or elastic replicas):
-    KFP runs it as a launcher step that submits the pods as Jobs (torchstep.kubernetes)."""
-    return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
-
-
 def _local_task(executor_input: Mapping[str, Any]) -> str:
     """kfp.local writes a task's outputs under <root>/<run>/<task>/: that directory names it."""
     out = executor_input.get("outputs", {}).get("outputFile", "")
     return os.path.dirname(out) if out else ""
-
-
-def _stop_when_the_pipeline_process_dies() -> None:
-    """kfp.local runs this step as ``pipeline process → sh → python``, and a killed or
-    interrupted pipeline process does not stop it: watch both ancestors and stop the step
-    (SIGTERM to ourselves: every process of it ends within the grace period) when one dies."""
-
-    def parent_of(pid: int) -> int:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
-
-    parent = os.getppid()
-    watched = [p for p in (parent, parent_of(parent)) if p > 1]
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent or any(not os.path.exists(f"/proc/{p}") for p in watched):
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-    threading.Thread(target=watch, name="torchstep-kfp-local-watch", daemon=True).start()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -224,55 +199,35 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
 
 
 def fixed_of(plan: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """What a task of this step fixes at compile time (``torchstep.plan.fixed``): the step's
-    retries, timeout and shape, and for a one-container step its role's image, resources,
-    mounts, Secrets, node selectors and pod overlay (a launcher's roles run as Jobs made at
-    run time)."""
-    from torchstep.plan.fixed import fixed_fields
+    """What a task of this step fixes at compile time: core's
+    :func:`torchstep.plan.fixed.step_fixed` of the step's role."""
+    from torchstep.plan.fixed import step_fixed
 
-    launcher = is_launcher(plan)
-    fields = fixed_fields(plan, role=None if launcher else int(spec.get("role", 0)))
-    unset: tuple[Any, ...] = (None, [], {})  # left out: the comparison takes a missing field for an unset one
-    return {"shape": "several_pods" if launcher else "one_container", **{k: v for k, v in fields.items()
-                                                                          if v not in unset}}  # fmt: skip
+    return step_fixed(plan, role=int(spec.get("role", 0)))
 
 
 def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled: Mapping[str, Any], now: Any) -> None:
     """A :class:`~torchstep.SpecError` when the run-time AppDef's plan (``now``, target
     kfp) differs from the one the task was compiled with in a field KFP fixed at compile
-    time (``compiled["fixed"]``), naming the field and the input that changed it: KFP
-    would run the step with the compiled value, silently."""
-    from torchstep.errors import SpecError
-    from torchstep.plan.fixed import changed_fields
+    time (``compiled["fixed"]``), naming the field and the input that changed it (core's
+    :func:`torchstep.plan.fixed.check_fixed`): KFP would run the step with the compiled
+    value, silently."""
+    from torchstep.plan.fixed import check_fixed
 
-    changed = changed_fields(compiled.get("fixed") or {}, fixed_of(now, spec))
-    if not changed:
-        return
-    field, before, after = changed[0]
-    planned = compiled.get("planned_with") or {}
-    inputs = [k for k in planned if k in values and values[k] != planned[k]]
-    if len(inputs) > 1:  # the inputs that change this field on their own
-        inputs = [k for k in inputs if _field_with(spec, {**planned, k: values[k]}, field) != before] or inputs
-    said = ", ".join(f"{k}={values[k]!r} (compiled with {planned[k]!r})" for k in inputs) or "the run-time inputs"
-    if field == "shape":
-        raise SpecError("inputs", "kfp", f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, but the "
-                        f"pipeline was compiled for the other shape, {before.replace('_', ' ')} (KFP fixes a step's "
-                        "shape at compile time)",
-                        fix="pass these inputs as constants in the pipeline, or set them in "
-                        "component_from_fn(..., defaults=...)")  # fmt: skip
-    names = " or ".join(repr(k) for k in inputs) or "the inputs"
-    shown = [repr(v) if v is not None else "none" for v in (before, after)]
-    raise SpecError(field, "kfp", f"KFP fixed it at compile time to {shown[0]}, but the run-time input(s) {said} make "
-                    f"it {shown[1]}; the step would run with the compiled value",
-                    fix=f"pass {names} as a constant in the pipeline (e.g. op({inputs[0] if inputs else 'name'}=...)), "
-                    "or make this field independent of run-time inputs")  # fmt: skip
+    check_fixed(compiled.get("fixed") or {}, compiled.get("planned_with") or {}, values, fixed_of(now, spec),
+                lambda v: _fixed_with(spec, v), target="kfp", orchestrator="KFP", when="compile time",
+                fixed_as="compiled",
+                fix_constant="pass {names} as a constant in the pipeline (e.g. op({first}=...)), or make this field "
+                "independent of run-time inputs",
+                fix_shape="pass these inputs as constants in the pipeline, or set them in "
+                "component_from_fn(..., defaults=...)")  # fmt: skip
 
 
-def _field_with(spec: Mapping[str, Any], values: Mapping[str, Any], field: str) -> Any:
+def _fixed_with(spec: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any] | None:
     from torchstep.plan.planner import build_plan
 
     try:
-        return fixed_of(build_plan(appdef(spec, values), "kfp"), spec).get(field)
+        return fixed_of(build_plan(appdef(spec, values), "kfp"), spec)
     except Exception:  # these values alone make no plan: not the one input that changed it
         return None
 

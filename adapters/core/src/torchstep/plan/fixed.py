@@ -21,12 +21,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from torchstep.errors import SpecError
 from torchstep.plan.model import StepPlan
 
-__all__ = ["STEP_FIELDS", "changed_fields", "fixed_fields"]
+__all__ = ["STEP_FIELDS", "changed_fields", "check_fixed", "fixed_fields", "several_pods", "step_fixed"]
 
 #: The step's own fixed fields (every role's are named ``roles[i]....``).
 STEP_FIELDS = ("max_retries", "retry_delay", "retry_backoff", "max_retry_delay", "metadata['torchstep.timeout']")
@@ -88,3 +89,94 @@ def _plain(value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return value
+
+
+def several_pods(plan: StepPlan) -> bool:
+    """Whether the step needs several pods (several roles, or a role with several or elastic
+    replicas): an orchestrator that runs a step in one container then runs a launcher that
+    submits the pods as Jobs (:mod:`torchstep.kubernetes`).
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        ``True`` for several pods, ``False`` for one container.
+    """
+    return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
+
+
+def step_fixed(plan: StepPlan, *, role: int = 0) -> dict[str, Any]:
+    """What a task of one step fixes before run time: the step's shape (``one_container`` or
+    ``several_pods``), retries and timeout, and for a one-container step the fields of its
+    role ``role`` (a launcher's roles run as Jobs made at run time). Unset fields are left
+    out (:func:`changed_fields` takes a missing field for an unset one).
+
+    Args:
+        plan: the plan.
+        role: the role a one-container step runs (its index).
+
+    Returns:
+        ``{"shape": ..., field path: value}``.
+    """
+    pods = several_pods(plan)
+    fields = fixed_fields(plan, role=None if pods else role)
+    unset: tuple[Any, ...] = (None, [], {})
+    return {"shape": "several_pods" if pods else "one_container", **{k: v for k, v in fields.items() if v not in unset}}
+
+
+def check_fixed(
+    fixed: Mapping[str, Any],
+    planned_with: Mapping[str, Any],
+    values: Mapping[str, Any],
+    now: Mapping[str, Any],
+    fixed_with: Callable[[Mapping[str, Any]], Mapping[str, Any] | None],
+    *,
+    target: str,
+    orchestrator: str,
+    when: str,
+    fixed_as: str,
+    fix_constant: str,
+    fix_shape: str,
+) -> None:
+    """The one rule: the run-time plan of a step leaves the fields its orchestrator fixed
+    before run time as they were, or the step fails at once naming the field and the input
+    that changed it (the orchestrator would run it with the fixed value, silently).
+
+    Args:
+        fixed: the fixed fields (:func:`step_fixed`) of the plan made before run time.
+        planned_with: the input values that plan was made with.
+        values: the run-time input values.
+        now: the fixed fields of the run-time plan.
+        fixed_with: the fixed fields of the plan of other input values (``None``: those
+            values alone make no plan); used to tell which input changed a field.
+        target: the SpecError's target.
+        orchestrator: who fixed the fields (``KFP``).
+        when: when it fixed them (``compile time``).
+        fixed_as: how a value fixed then is called (``compiled``).
+        fix_constant: the fix for a changed field, a format string given ``names`` (the
+            inputs, quoted) and ``first`` (the first input's name, or ``name``).
+        fix_shape: the fix for a changed shape.
+
+    Raises:
+        SpecError: a fixed field differs, naming the field (``inputs`` for the shape).
+    """
+    changed = changed_fields(fixed, now)
+    if not changed:
+        return
+    field, before, after = changed[0]
+    inputs = [k for k in planned_with if k in values and values[k] != planned_with[k]]
+    if len(inputs) > 1:  # the inputs that change this field on their own
+        alone = [k for k in inputs if (fixed_with({**planned_with, k: values[k]}) or {}).get(field) != before]
+        inputs = alone or inputs
+    said = (
+        ", ".join(f"{k}={values[k]!r} ({fixed_as} with {planned_with[k]!r})" for k in inputs) or "the run-time inputs"
+    )
+    if field == "shape":
+        raise SpecError("inputs", target, f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, "
+                        f"but the pipeline was {fixed_as} for the other shape, {before.replace('_', ' ')} ({orchestrator} "
+                        f"fixes a step's shape at {when})", fix=fix_shape)  # fmt: skip
+    names = " or ".join(repr(k) for k in inputs) or "the inputs"
+    shown = [repr(v) if v is not None else "none" for v in (before, after)]
+    raise SpecError(field, target, f"{orchestrator} fixed it at {when} to {shown[0]}, but the run-time input(s) {said} "
+                    f"make it {shown[1]}; the step would run with the {fixed_as} value",
+                    fix=fix_constant.format(names=names, first=inputs[0] if inputs else "name"))  # fmt: skip
