@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
+from torchstep.result import FAILED, PENDING, RUNNING, SUCCEEDED, StepResult, StepState
 from torchstep.steps import Attempt, failure_summary
 
 from torchstep_airflow.settings import attempt_of
@@ -47,9 +47,8 @@ from torchstep_airflow.settings import attempt_of
 RUN_ID_KEY = "torchstep_run_id"
 #: The task state store key of the last run id a try watched to its end and reported.
 REPORTED_KEY = "torchstep_reported"
-#: Job states beside core's RUNNING / SUCCEEDED / FAILED (see the module docstring).
-PENDING = "PENDING"
-REPORTED = "REPORTED"
+#: The state beside core's PENDING / RUNNING / SUCCEEDED / FAILED (see the module docstring).
+REPORTED = StepState.REPORTED
 #: The module of Airflow's mixin (3.3+).
 MIXIN_MODULE = "airflow.sdk.bases.resumablejobmixin"
 
@@ -123,12 +122,12 @@ def resumable_class() -> Any:
         def get_job_status(self, external_id: Any, context: Any) -> str:
             run_id = str(external_id)
             if self.store.get(REPORTED_KEY) == run_id:
-                return REPORTED
+                return str(REPORTED)  # the mixin gets plain strings
             step = self._opened[run_id] = self.open_try(run_id, cursor_store=self.store)
             state = step.found
             if state == FAILED:
                 self._failed = run_id
-            return {None: PENDING, RUNNING: RUNNING, SUCCEEDED: SUCCEEDED, FAILED: FAILED}.get(state, str(state))
+            return str({None: PENDING, RUNNING: RUNNING, SUCCEEDED: SUCCEEDED, FAILED: FAILED}.get(state, state))
 
         def is_job_active(self, status: str) -> bool:
             return status in (RUNNING, PENDING)

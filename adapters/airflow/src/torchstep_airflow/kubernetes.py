@@ -40,7 +40,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE
-from torchstep.errors import SpecError
+from torchstep.errors import RunError, SpecError
 from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, render_app
 from torchstep.kubernetes.apiobj import uid_of
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
@@ -110,8 +110,10 @@ class StepPodOperator(KubernetesPodOperator):
         self.pod_uid = uid_of(created)
         store = _store(context)
         if self.pod_uid is None:
-            raise SpecError(f"Pod {pod_request_obj.metadata.namespace}/{pod_request_obj.metadata.name}", TARGET,
-                            "the API server answered its creation without a uid", fix="check the Kubernetes API")  # fmt: skip
+            raise RunError(
+                f"Pod {pod_request_obj.metadata.namespace}/{pod_request_obj.metadata.name}",
+                "the API server answered its creation without a uid; fix: check the Kubernetes API",
+            )
         if store is not None and self.reattach_on_restart:
             record_uid(store, pod_request_obj.metadata.name, self.pod_uid)
         return pod_request_obj
@@ -257,7 +259,8 @@ def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -
                                   message="the agent exited non-retryable (82); no result file")  # fmt: skip
             raise
     if op.step_result is None:
-        raise SpecError("result_file", TARGET, "the pod finished without a step result", fix="check the pod log")
+        pod = f"Pod {rendered.namespace}/{rendered.roles[0].name}"
+        raise RunError(pod, "it finished without a step result; fix: check the pod log")
     return StepResult.from_dict(op.step_result)
 
 

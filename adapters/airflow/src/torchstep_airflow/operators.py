@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-from torchstep.errors import SpecError
+from torchstep.errors import RunError, SpecError
 from torchstep.plan.secrets import INLINED_INTO, warn_inlined
 from torchstep.steps import failure_summary, run_tries
 
@@ -63,7 +63,10 @@ class AppDefOperator(BaseOperator):
     Retries, retry timing and the step timeout come from the AppDef (see
     :mod:`torchstep_airflow.settings`); ``retries`` that contradicts it is a SpecError.
     XCom ``return_value`` is the step result (``StepResult.to_dict()``), pushed on failure
-    too; a non-retryable failure raises ``AirflowFailException`` (no Airflow retry).
+    too; a non-retryable failure raises ``AirflowFailException`` (no Airflow retry), and so
+    does a :class:`~torchstep.SpecError` (bad input) or a :class:`~torchstep.RunError` that
+    says retrying cannot help; any other ``RunError`` (the cluster failed the run) is raised
+    as is, for Airflow to retry.
 
     Example::
 
@@ -192,6 +195,10 @@ class AppDefOperator(BaseOperator):
                 result = run_kubernetes(self, plan, context, event)
         except SpecError as e:
             raise AirflowFailException(f"torchstep: {e}") from e
+        except RunError as e:  # the cluster failed the run: Airflow retries it, unless it says that cannot help
+            if not e.retryable:
+                raise AirflowFailException(f"torchstep: {e} (not retryable)") from e
+            raise
         except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the step failed and
             raise  # cleaned up as configured (on_finish_action)
         except BaseException:  # execution timeout, termination, Ctrl-C: stop everything, keep the result

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, NonRetryableError, SpecError
+from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, NonRetryableError, RunError, SpecError
 
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
@@ -29,6 +29,7 @@ _LAZY = {
     "run_local": "torchstep.steps",
     "ReplicaEvent": "torchstep.local",
     "StepResult": "torchstep.result",
+    "StepState": "torchstep.result",
     "record": "torchstep.worker",
     "expires": "torchstep.worker",
     "heartbeat": "torchstep.worker",
@@ -47,9 +48,11 @@ __all__ = [
     "NonRetryableError",
     "ReplicaEvent",
     "RolePlan",
+    "RunError",
     "SpecError",
     "StepPlan",
     "StepResult",
+    "StepState",
     "build_plan",
     "checkpoint_dir",
     "expires",
@@ -70,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.plan.explain import explain
     from torchstep.plan.model import RolePlan, StepPlan
     from torchstep.plan.planner import build_plan
-    from torchstep.result import StepResult
+    from torchstep.result import StepResult, StepState
     from torchstep.steps import run_local
     from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, record
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from torchstep.contract import INTERRUPTED_EXIT_CODE
 from torchstep.errors import SpecError
 from torchstep.plan.cmdline import split_component_args
+from torchstep.result import CANCELLED
 
 #: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
 SUBCOMMANDS = {
@@ -129,7 +130,7 @@ def run_main(argv: Sequence[str]) -> int:
     print(result.to_json() if ns.json else summary(result, retries=retries))
     if result.succeeded:
         return 0
-    if result.state == "CANCELLED":
+    if result.state == CANCELLED:
         return 128 + (received[0] if received else signal.SIGTERM)
     code = result.exit_code
     return code if isinstance(code, int) and 0 < code < 256 else 1

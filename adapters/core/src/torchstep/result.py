@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import re
@@ -31,13 +32,51 @@ from torchstep.files import private_dir, write_private
 
 SCHEMA_VERSION = 1
 
-#: Terminal states, named as TorchX ``AppState`` names.
-SUCCEEDED = "SUCCEEDED"
-FAILED = "FAILED"
-CANCELLED = "CANCELLED"
-RUNNING = "RUNNING"
-PENDING = "PENDING"
-UNKNOWN = "UNKNOWN"
+
+class StepState(enum.StrEnum):
+    """The one set of state names of a step, a replica, a rank or an agent attempt: the
+    agent, the local launcher, the Kubernetes paths and every adapter use these members.
+
+    A member *is* its name as a string (``StepState.FAILED == "FAILED"``, ``str()``,
+    f-strings and ``json.dumps`` give ``"FAILED"``), so the result file (``"schema": 1``)
+    and code that compares plain strings are unchanged. The names are TorchX ``AppState``
+    names where TorchX has one.
+
+    Example::
+
+        >>> StepState.FAILED == "FAILED", f"{StepState.CANCELLED}", json.dumps([StepState.SUCCEEDED])
+        (True, 'CANCELLED', '["SUCCEEDED"]')
+        >>> StepState("RUNNING") is StepState.RUNNING
+        True
+    """
+
+    #: The step ran to the end and every replica succeeded.
+    SUCCEEDED = "SUCCEEDED"
+    #: A rank, a replica or the run failed (see ``retryable`` for whether to run it again).
+    FAILED = "FAILED"
+    #: Stopped on purpose (a cancel, a signal): never retried (:func:`is_retryable`).
+    CANCELLED = "CANCELLED"
+    #: Started and not finished (a result written at start, a live status).
+    RUNNING = "RUNNING"
+    #: Not started yet; for the Airflow durable path: nothing of the run exists.
+    PENDING = "PENDING"
+    #: No final state is known (a rank that never reported).
+    UNKNOWN = "UNKNOWN"
+    #: An agent attempt whose worker group the agent stopped itself (a restart or a
+    #: membership change); never the final state of a step.
+    STOPPED = "STOPPED"
+    #: The Airflow durable path: a try watched the run to its end and reported it, so a
+    #: later try starts a fresh one.
+    REPORTED = "REPORTED"
+
+
+# The names this module had before :class:`StepState` (``from torchstep.result import FAILED``).
+SUCCEEDED = StepState.SUCCEEDED
+FAILED = StepState.FAILED
+CANCELLED = StepState.CANCELLED
+RUNNING = StepState.RUNNING
+PENDING = StepState.PENDING
+UNKNOWN = StepState.UNKNOWN
 
 #: The number of trailing log lines of a failed rank kept in the result.
 TAIL_LINES = 50
@@ -90,11 +129,10 @@ class ReplicaResult:
 class StepResult:
     """The result of a whole step (one agent, or every replica of every role).
 
-    ``root_cause`` is the earliest failure (by timestamp) or ``None``; ``retryable`` follows
-    :func:`is_retryable`: never for a SUCCEEDED step, ``False`` when any failure was a
-    :class:`torchstep.NonRetryableError` (or the reserved exit code). A CANCELLED agent stays
-    retryable: it cannot tell a preemption (which an orchestrator should retry) from a
-    deliberate stop (which orchestrators do not retry anyway).
+    ``state`` is a :class:`StepState` name; ``root_cause`` is the earliest failure (by
+    timestamp) or ``None``; ``retryable`` follows :func:`is_retryable`: never for a SUCCEEDED
+    or CANCELLED step, ``False`` when any failure was a :class:`torchstep.NonRetryableError`
+    (or the reserved exit code).
     """
 
     app_id: str
@@ -163,7 +201,8 @@ class StepResult:
 
     # -- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """This result as JSON data (the result file's ``"schema": 1``), states as plain strings."""
+        return dataclasses.asdict(self, dict_factory=_plain_states)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
@@ -277,6 +316,11 @@ class StepResult:
         write_json_atomic(path, self.to_dict())
 
 
+def _plain_states(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    # a StepState is a str already; plain str keeps pickles and stores free of the Enum class
+    return {k: str(v) if isinstance(v, StepState) else v for k, v in items}
+
+
 def _rank_from(d: dict[str, Any]) -> RankResult:
     return RankResult(**_declared(RankResult, d))
 
@@ -321,13 +365,46 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 def is_retryable(state: str, *, non_retryable: bool = False) -> bool:
     """The one rule for a result's ``retryable``: whether an orchestrator may run the step
-    again. Never after SUCCEEDED (nothing to retry), never after a non-retryable failure
+    again. Never after SUCCEEDED (nothing to retry), never after CANCELLED (someone stopped
+    it on purpose: a cancel, a kill, a timeout's stop), never after a non-retryable failure
     (``NonRetryableError``, exit 82, a usage error); otherwise yes.
 
-    >>> is_retryable("SUCCEEDED"), is_retryable("FAILED"), is_retryable("FAILED", non_retryable=True)
-    (False, True, False)
+    A replica that was CANCELLED does not make its step's failure final
+    (:func:`is_final_failure`): an agent cannot tell a preemption from a deliberate stop, so
+    the step's own state decides.
+
+    Args:
+        state: a :class:`StepState` name.
+        non_retryable: whether a failure said retrying cannot help.
+
+    Returns:
+        Whether an orchestrator may run the step again.
+
+    >>> is_retryable("SUCCEEDED"), is_retryable("CANCELLED"), is_retryable("FAILED")
+    (False, False, True)
+    >>> is_retryable("FAILED", non_retryable=True)
+    False
     """
-    return state != SUCCEEDED and not non_retryable
+    return state not in (SUCCEEDED, CANCELLED) and not non_retryable
+
+
+def is_final_failure(result: StepResult) -> bool:
+    """Whether ``result`` (of one replica, or one part of a run) failed in a way that makes
+    the whole step non-retryable: it is not retryable, and not because it succeeded or was
+    cancelled (a cancelled replica may have been preempted; the step's state decides).
+
+    Args:
+        result: the result of one part of a run.
+
+    Returns:
+        Whether the step that ``result`` is part of must not be retried.
+
+    >>> is_final_failure(StepResult("a-1", "FAILED", 82, retryable=False))
+    True
+    >>> is_final_failure(StepResult("a-1", "CANCELLED", 143)), is_final_failure(StepResult("a-1", "SUCCEEDED", 0))
+    (False, False)
+    """
+    return not result.retryable and result.state not in (SUCCEEDED, CANCELLED)
 
 
 def replica_state(exit_code: int | None, *, reported: str | None = None, stopped: bool = False) -> str:
@@ -340,10 +417,10 @@ def replica_state(exit_code: int | None, *, reported: str | None = None, stopped
     failure elsewhere) that ended by a signal (``-S`` or ``128+S``) is CANCELLED; anything
     else is FAILED.
 
-    >>> replica_state(2, reported="FAILED", stopped=True), replica_state(143, stopped=True)
-    ('FAILED', 'CANCELLED')
-    >>> replica_state(0), replica_state(2, stopped=True)
-    ('SUCCEEDED', 'FAILED')
+    >>> [str(replica_state(2, reported="FAILED", stopped=True)), str(replica_state(143, stopped=True))]
+    ['FAILED', 'CANCELLED']
+    >>> replica_state(0) == SUCCEEDED, replica_state(2, stopped=True) is StepState.FAILED
+    (True, True)
     """
     if reported in TERMINAL_STATES:
         return reported
@@ -439,7 +516,7 @@ def merge(
     >>> a = StepResult("app-1", SUCCEEDED, 0, outputs={"loss": 0.1})
     >>> b = StepResult("app-1", FAILED, 82, retryable=False, message="worker/1 exited 82")
     >>> m = merge("app-1", [a, b])
-    >>> (m.state, m.exit_code, m.retryable, m.outputs, m.message)
+    >>> (str(m.state), m.exit_code, m.retryable, m.outputs, m.message)
     ('FAILED', 82, False, {'loss': 0.1}, 'worker/1 exited 82')
     """
     reps = [rep for r in replicas for rep in r.replicas]
@@ -468,7 +545,7 @@ def merge(
         app_id=app_id,
         state=state,
         exit_code=exit_code,
-        retryable=is_retryable(state, non_retryable=any(not r.retryable for r in replicas if r.state != SUCCEEDED)),
+        retryable=is_retryable(state, non_retryable=any(is_final_failure(r) for r in replicas)),
         restarts=sum(r.restarts for r in replicas),
         duration_s=(t1 - t0) if (t0 is not None and t1 is not None) else 0.0,
         started_at=t0,

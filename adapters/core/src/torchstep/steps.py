@@ -40,11 +40,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from torchstep.errors import SpecError
+from torchstep.errors import RunError, SpecError
 from torchstep.local.status import PlainDisplay, ReplicaEvent
 from torchstep.plan.model import StepPlan
 from torchstep.plan.rules.retry import check_user_retries
-from torchstep.result import CANCELLED, FAILED, root_cause_line
+from torchstep.result import CANCELLED, FAILED, is_retryable, root_cause_line
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
@@ -423,7 +423,8 @@ class KubernetesStep(_Runner):
         ``.a3``... past every earlier Job of it that *failed* and was kept (a retry after a
         failure must start afresh; a rerun after the watcher died must attach). ``client``
         is required: finding the attempt reads the cluster. :func:`open_step` calls it for
-        an :class:`Attempt` without a try number.
+        an :class:`Attempt` without a try number. Raises :class:`~torchstep.RunError` (not
+        retryable) when ``MAX_KEPT_ATTEMPTS`` failed Jobs of it are kept.
 
         Example::
 
@@ -436,9 +437,9 @@ class KubernetesStep(_Runner):
             if step.found != FAILED:
                 return step
             log.info("torchstep: %s failed earlier and was kept; trying the next attempt", run_id)
-        raise SpecError(
-            "attempt_id", "kubernetes", f"{MAX_KEPT_ATTEMPTS} failed Jobs of {attempt_id!r} are still kept",
-            fix="delete the failed Jobs (kubectl delete jobs -l torchstep/app-id=...) or use on_finish='delete'",
+        raise RunError(
+            f"attempt {attempt_id!r}", f"{MAX_KEPT_ATTEMPTS} failed Jobs of it are still kept; fix: delete the failed "
+            "Jobs (kubectl delete jobs -l torchstep/app-id=...) or use on_finish='delete'", retryable=False,
         )  # fmt: skip
 
     @property
@@ -564,6 +565,8 @@ def open_step(
     if isinstance(given, Attempt) and given.try_number is None:
         from torchstep.kubernetes.client import OfficialClient
 
+        RunError: the cluster could not give the attempt a run (not retryable: too many
+            failed Jobs of it are kept, :meth:`KubernetesStep.for_attempt`).
         kube = client if client is not None else OfficialClient.from_config()
         step = KubernetesStep.for_attempt(plan, attempt_id=given.run_id, client=kube, cfg=cfg, on_line=on_line,
                                           cursor_store=cursor_store, **options)  # fmt: skip
@@ -633,6 +636,7 @@ def run_tries(
         retries = opts.retries if retries is None else retries
         step_retry = replace(
             step_retry, delay_s=opts.retry_delay if opts.retry_delay is not None else step_retry.delay_s
+        RunError: as :func:`open_step`.
         )
         cfg.pop("retries", None)
         cfg.pop("retry_delay", None)
@@ -649,7 +653,8 @@ def run_tries(
         if on_step is not None:
             on_step(step)
         result = _run_until_cancelled(step, cancel)
-        if result.succeeded or result.state == CANCELLED or not result.retryable or n > retries:
+        # the one rule: never after SUCCEEDED or CANCELLED, nor after a non-retryable failure
+        if not is_retryable(result.state, non_retryable=not result.retryable) or n > retries:
             if n > 1 or retries:
                 step.say(f"{result.state} after {n} attempt(s) (at most {retries + 1})")
             return result
@@ -659,7 +664,8 @@ def run_tries(
         if on_retry is not None:
             on_retry(result, n, delay)
         if (cancel or threading.Event()).wait(delay):  # a fresh Event: an interruptible sleep
-            result.state, result.retryable, result.message = CANCELLED, False, "cancelled while waiting to retry"
+            result.state, result.message = CANCELLED, "cancelled while waiting to retry"
+            result.retryable = is_retryable(result.state)
             if isinstance(step, LocalStep) and result.log_dir:
                 from torchstep.local.launcher import write_run_result
 

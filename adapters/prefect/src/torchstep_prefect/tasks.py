@@ -8,7 +8,9 @@ rank's line going to the task run's logger as it happens. It returns the step
 result dict and raises :class:`StepFailed` on failure.
 
 Retries come from the AppDef (APPLICATION → ``retries`` and ``retry_delay_seconds`` from
-``plan.step_retry``; a non-retryable failure is never retried: ``retry_condition_fn``).
+``plan.step_retry``; a non-retryable failure is never retried: ``retry_condition_fn``; a
+:class:`~torchstep.RunError` — the cluster failed the run — is, unless it says retrying
+cannot help).
 Prefect's ``timeout_seconds`` and the cancellation of the flow run stop every process of
 the step before the task ends (TimedOut / Cancelled).
 
@@ -32,7 +34,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torchstep.errors import SpecError
+from torchstep.errors import RunError, SpecError
 
 ORCHESTRATOR = "Prefect"
 TARGETS = ("local", "kubernetes")
@@ -140,8 +142,8 @@ def _apply_retries(plan: Any, options: dict[str, Any]) -> None:
 def _retry_condition(user: Callable[..., bool] | None) -> Callable[..., bool]:
     def torchstep_retry_condition(task: Any, task_run: Any, state: Any) -> bool:
         exc = getattr(state, "data", None)
-        if isinstance(exc, StepFailed) and not exc.retryable:
-            return False  # torchstep.NonRetryableError: retrying cannot help
+        if isinstance(exc, StepFailed | RunError) and not exc.retryable:
+            return False  # torchstep.NonRetryableError, or a RunError that says so: retrying cannot help
         return True if user is None else bool(user(task, task_run, state))
 
     return torchstep_retry_condition

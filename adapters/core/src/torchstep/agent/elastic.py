@@ -46,10 +46,14 @@ from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
 from torchstep.contract import is_non_retryable
+from torchstep.result import StepState
 
 log = logging.getLogger("torchstep.agent")
 
-RUNNING, SUCCEEDED, FAILED, CANCELLED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "STOPPED"
+# an attempt's states: the result's one Enum (STOPPED: the agent stopped the group itself)
+RUNNING, SUCCEEDED, FAILED, CANCELLED, STOPPED = (
+    StepState.RUNNING, StepState.SUCCEEDED, StepState.FAILED, StepState.CANCELLED, StepState.STOPPED,
+)  # fmt: skip
 
 
 @dataclass
@@ -88,7 +92,7 @@ class Attempt:
     started_at: float
     log_dir: str
     workers: dict[int, WorkerRecord] = field(default_factory=dict)
-    state: str = RUNNING
+    state: StepState = RUNNING
     failures: dict[int, Any] = field(default_factory=dict)  # global rank -> torch ProcessFailure
     non_retryable: bool = False
     stop_started_at: float | None = None

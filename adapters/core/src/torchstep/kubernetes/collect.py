@@ -40,8 +40,8 @@ def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: flo
         replica_result(rendered.app_id, role, idx, pod, state)
         for (role, idx), pod in sorted(latest.items(), key=lambda kv: (_index(order, kv[0][0]), kv[0][1]))
     ]
+    # merge applies the one rule (torchstep.result.is_retryable): a CANCELLED run is never retried
     merged = merge(rendered.app_id, per_replica, started_at=started, ended_at=time.time(), state=state)
-    merged.retryable = merged.retryable and state != CANCELLED
     if state == CANCELLED and not merged.message:
         merged.message = "cancelled: every object of the run was deleted"
     return merged

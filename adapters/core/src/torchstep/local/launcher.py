@@ -60,6 +60,8 @@ from torchstep.result import (
     RankResult,
     ReplicaResult,
     StepResult,
+    is_final_failure,
+    is_retryable,
     merge,
     replica_state,
     root_cause_line,
@@ -592,18 +594,18 @@ class Launcher:
         failed = self.failure
         own = [parts[k] for k, r in self.replicas.items() if not r.stopped]
         non_retryable = any(
-            (not p.retryable) or p.exit_code == NON_RETRYABLE_EXIT_CODE for p in own if p.state != SUCCEEDED
+            is_final_failure(p) or p.exit_code == NON_RETRYABLE_EXIT_CODE for p in own if p.state != SUCCEEDED
         )
         if self.reason == "cancelled":  # workers killed by our SIGTERM are no root cause
-            result.state, result.retryable, result.root_cause = CANCELLED, False, None
+            result.state, result.root_cause = CANCELLED, None
             result.message = "cancelled"
         elif self.reason == "timeout":
-            result.state, result.retryable = FAILED, not non_retryable
+            result.state = FAILED
             result.message = f"timed out after {self.timeout_s:g} s; every process was stopped"
             result.exit_code, result.root_cause = TIMEOUT_EXIT_CODE, None
         elif failed is not None:
             part = parts[failed.spec.key]
-            result.state, result.retryable = FAILED, not non_retryable
+            result.state = FAILED
             result.exit_code = part.exit_code if part.exit_code not in (None, 0) else failed.exit_code
             # a lost replica that could not be replaced is the cause; else the earliest
             # failure of any replica (merge's pick), else the replica that ended the run
@@ -611,10 +613,13 @@ class Launcher:
             rc = result.root_cause
             result.message = root_cause_line(rc) if rc is not None else part.message
         elif self._all_done():
-            result.state, result.exit_code, result.retryable = SUCCEEDED, 0, False
+            result.state, result.exit_code = SUCCEEDED, 0
             dropped = [r.lost.message for r in self.replicas.values() if r.dropped and r.lost and r.lost.message]
             result.message = "; ".join(dropped) or None
+        else:  # the run did not end in any of these ways: merge's verdict stands
+            non_retryable = not result.retryable
         if result.state == SUCCEEDED:
             result.root_cause = None
+        result.retryable = is_retryable(result.state, non_retryable=non_retryable)  # the one rule
         result.warnings = [*result.warnings, *(w for w in self.warnings if w not in result.warnings)]
         return result

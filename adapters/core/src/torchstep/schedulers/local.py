@@ -43,13 +43,14 @@ from torchx.specs import AppDef, AppDryRunInfo, ReplicaStatus, RoleStatus, runop
 
 from torchstep.errors import SpecError
 from torchstep.files import open_private
+from torchstep.result import FAILED, TERMINAL_STATES
 from torchstep.schedulers import base, records
 
 if TYPE_CHECKING:
     from torchstep.local.options import LocalOptions
 
 BACKEND = "torchstep_local"
-_FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+_FINAL = TERMINAL_STATES
 
 # -- options: the local target's own (torchstep.local.options: one table, resolve() -> the
 # frozen LocalOptions, runopts()), the same as `torchstep run` takes.
@@ -189,7 +190,7 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
             status = read_status(app_id) or status
             state = status.get("state") or state
             if state not in _FINAL:
-                state = "FAILED"
+                state = FAILED
                 msg = (
                     f"the torchstep_local supervisor (pid {record.get('pid')}) ended without a result "
                     "(killed?); its processes were stopped with it"

@@ -23,6 +23,7 @@ from typing import Any
 
 from torchstep.files import write_private
 from torchstep.local.status import PlainDisplay, ReplicaEvent
+from torchstep.result import FAILED, PENDING, RUNNING
 from torchstep.schedulers import local, records
 
 
@@ -38,7 +39,7 @@ class StatusWriter:
         self.app_id = app_id
         self.path = local.status_path(app_id)
         self.lock = threading.Lock()
-        self.status: dict[str, Any] = {"state": "PENDING", "replicas": {}, "restarts": 0}
+        self.status: dict[str, Any] = {"state": PENDING, "replicas": {}, "restarts": 0}
         self.log_dir = log_dir
         self.lost: str | None = None
 
@@ -54,8 +55,8 @@ class StatusWriter:
                 self.status["replicas"] = {}
                 self.status["run_dir"] = run_dir
             self.status["replicas"][f"{ev.role}/{ev.replica_id}"] = ev.state
-            if ev.state == "RUNNING":
-                self.status["state"] = "RUNNING"
+            if ev.state == RUNNING:
+                self.status["state"] = RUNNING
             self._save()
 
     def _save(self) -> None:
@@ -95,12 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = build_plan(app_from_dict(record["app"]), "local")
         opts = resolve(record["cfg"])
-        writer.update(state="PENDING", started=time.time())
+        writer.update(state=PENDING, started=time.time())
         # the run directory is <log_dir>/<app_id> (<app_id>-attempt-<n> for a retry): torchx knows it
         result = run_tries(plan, attempt=None, cfg=record["cfg"], cancel=cancel, on_status=writer.on_status,
                            display=PlainDisplay(show_output=opts.tee), app_id=app_id)  # fmt: skip
     except Exception as e:  # a SpecError on this machine, or a bug: the app FAILED, said why
-        writer.update(state="FAILED", message=f"{type(e).__name__}: {e}", ended=time.time())
+        writer.update(state=FAILED, message=f"{type(e).__name__}: {e}", ended=time.time())
         print(f"torchstep_local: {app_id} FAILED before it started: {e}", file=sys.stderr)
         return 1
     msg = result.message or ""
