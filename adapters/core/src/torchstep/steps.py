@@ -551,6 +551,8 @@ def open_step(
     Raises:
         SpecError: a plan for another target (``kfp``: the KFP adapter runs its plan's step
             through ``local`` or ``kubernetes``), a bad attempt or option.
+        RunError: the cluster could not give the attempt a run (not retryable: too many
+            failed Jobs of it are kept, :meth:`KubernetesStep.for_attempt`).
 
     Example::
 
@@ -565,8 +567,6 @@ def open_step(
     if isinstance(given, Attempt) and given.try_number is None:
         from torchstep.kubernetes.client import OfficialClient
 
-        RunError: the cluster could not give the attempt a run (not retryable: too many
-            failed Jobs of it are kept, :meth:`KubernetesStep.for_attempt`).
         kube = client if client is not None else OfficialClient.from_config()
         step = KubernetesStep.for_attempt(plan, attempt_id=given.run_id, client=kube, cfg=cfg, on_line=on_line,
                                           cursor_store=cursor_store, **options)  # fmt: skip
@@ -622,6 +622,7 @@ def run_tries(
 
     Raises:
         SpecError: as :func:`open_step`; anything that interrupts a try, after the try stopped.
+        RunError: as :func:`open_step`.
 
     Example::
 
@@ -636,7 +637,6 @@ def run_tries(
         retries = opts.retries if retries is None else retries
         step_retry = replace(
             step_retry, delay_s=opts.retry_delay if opts.retry_delay is not None else step_retry.delay_s
-        RunError: as :func:`open_step`.
         )
         cfg.pop("retries", None)
         cfg.pop("retry_delay", None)
