@@ -1,8 +1,8 @@
-"""One recorded fake of the Kubernetes API calls ``torchstep.kubernetes.JobSet`` makes (no
+"""One recorded fake of the Kubernetes API calls ``torchstep.kubernetes.JobGang`` makes (no
 cluster exists on these machines), shared by the core, Airflow, KFP and Prefect tests.
 
 Test code, not product code. Its responses have the shapes of the official client's
-objects (attribute access, snake_case fields) for the paths JobSet uses:
+objects (attribute access, snake_case fields) for the paths JobGang uses:
 
 - ``create_namespaced_job/pod/service`` store the body and answer it with a ``uid``;
 - each replica index gets a pod once its Job exists; a pod runs for ``polls`` status
@@ -73,7 +73,7 @@ class Script:
 
 
 class FakeKube:
-    """In-memory API server for ``JobSet`` (see the module docstring)."""
+    """In-memory API server for ``JobGang`` (see the module docstring)."""
 
     def __init__(
         self,

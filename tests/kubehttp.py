@@ -1,4 +1,4 @@
-"""A local HTTP fake of the Kubernetes API paths ``torchstep.kubernetes.JobSet`` uses, in its
+"""A local HTTP fake of the Kubernetes API paths ``torchstep.kubernetes.JobGang`` uses, in its
 own process, so its state outlives the process that watches a step: a test can SIGKILL the
 watcher (an Airflow task process, a launcher) and run the step again against the same
 "cluster". Test code, not product code; no cluster exists on these machines.

@@ -109,7 +109,7 @@ class Cluster:
             self.on_create(body)
         return self._by_app(body["metadata"]["labels"][LABEL_APP_ID])._create(body)
 
-    # the API JobSet calls
+    # the API JobGang calls
     def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> Any:
         return self._create(body)
 
@@ -237,7 +237,7 @@ def dead_watcher(op: AppDefOperator, try_number: int, store: Store | None) -> st
     run_id = run_id_of(context(try_number, store))
     if store is not None:
         store.set(RUN_ID_KEY, run_id)
-    core_step(op, run_id, cursor_store=store).job_set().create()  # records its Job's uid, as a real try does
+    core_step(op, run_id, cursor_store=store).job_gang().create()  # records its Job's uid, as a real try does
     return run_id
 
 
@@ -405,7 +405,7 @@ def test_without_the_mixin_a_retry_still_attaches_by_the_deterministic_name(
     assert durable.resumable_class() is None
     op = operator()
     attempt = attempt_id_of(context(1, None))
-    core_step(op, attempt).job_set().create()  # try 1 created the Job of the attempt, then died
+    core_step(op, attempt).job_gang().create()  # try 1 created the Job of the attempt, then died
     out = op.execute(context(2, Store()))
     assert out["state"] == "SUCCEEDED" and out["app_id"] == app_id(attempt)
     assert len(cluster.jobs()) == 1 and cluster.conflicts() == 2

@@ -56,7 +56,7 @@ sink = open(out, "a", buffering=1)
 step = KubernetesStep(plan, run_id="durable-1", cfg={"namespace": "ml"}, client=kube,
                       on_line=lambda line: (sink.write(line + "\n"), sink.flush()), poll_interval=0.2,
                       cursor_store=FileStore() if store_file else None)
-step.job_set().cursor_interval = 0.5
+step.job_gang().cursor_interval = 0.5
 
 def stop(signum, frame):
     raise KeyboardInterrupt  # the orchestrator cancels the step

@@ -1,4 +1,4 @@
-"""torchstep.kubernetes.JobSet against the recorded fake API (tests/kubefake.py): the
+"""torchstep.kubernetes.JobGang against the recorded fake API (tests/kubefake.py): the
 objects it creates, every pod's log lines (replaced pods and dropped streams included),
 the merged step result, cancel and cleanup on every exit path."""
 
@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import torchstep
 from kubefake import FakeKube, Script
-from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION, JobSet, render_app
+from torchstep.kubernetes import LABEL_APP_ID, MIN_KUBERNETES_VERSION, JobGang, render_app
 from torchstep.result import StepResult
 from torchx import specs
 
@@ -29,9 +29,9 @@ def rendered(replicas: int = 2, **role_kw):
     return render_app(specs.AppDef("train", roles=[role]), namespace="ml", cfg={"run_id": "run-42"})
 
 
-def run(fake: FakeKube, replicas: int = 2, **kw) -> tuple[JobSet, StepResult, list[str]]:
+def run(fake: FakeKube, replicas: int = 2, **kw) -> tuple[JobGang, StepResult, list[str]]:
     lines: list[str] = []
-    js = JobSet(rendered(replicas), fake, on_line=lines.append, poll_interval=0.01, **kw)
+    js = JobGang(rendered(replicas), fake, on_line=lines.append, poll_interval=0.01, **kw)
     return js, js.run(), lines
 
 
@@ -109,7 +109,7 @@ def test_success_deletes_everything_with_foreground_propagation() -> None:
 
 def test_cancel_from_another_thread_deletes_everything_even_when_keeping() -> None:
     fake = FakeKube({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
-    js = JobSet(rendered(), fake, on_line=lambda _: None, poll_interval=0.01, on_finish="keep")
+    js = JobGang(rendered(), fake, on_line=lambda _: None, poll_interval=0.01, on_finish="keep")
     threading.Timer(0.3, js.cancel).start()
     t0 = time.monotonic()
     result = js.run()
@@ -121,7 +121,7 @@ def test_cancel_from_another_thread_deletes_everything_even_when_keeping() -> No
 def test_an_api_error_while_waiting_deletes_everything_and_propagates() -> None:
     fake = FakeKube({0: Script()}, polls=10**6)
     fake.fail_status_reads = 1
-    js = JobSet(rendered(2), fake, on_line=lambda _: None, poll_interval=0.01)
+    js = JobGang(rendered(2), fake, on_line=lambda _: None, poll_interval=0.01)
     with pytest.raises(RuntimeError, match="500"):
         js.run()
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
@@ -129,7 +129,7 @@ def test_an_api_error_while_waiting_deletes_everything_and_propagates() -> None:
 
 def test_bad_on_finish_is_a_spec_error() -> None:
     with pytest.raises(torchstep.SpecError) as err:
-        JobSet(rendered(), FakeKube(), on_finish="sometimes")
+        JobGang(rendered(), FakeKube(), on_finish="sometimes")
     assert err.value.field == "on_finish"
 
 
@@ -142,7 +142,7 @@ def test_a_failing_line_callback_does_not_end_the_stream() -> None:
             raise ValueError("logger broke")
 
     fake = FakeKube({0: Script(lines=["a", "b", "c"])})
-    JobSet(rendered(1), fake, on_line=flaky, poll_interval=0.01).run()
+    JobGang(rendered(1), fake, on_line=flaky, poll_interval=0.01).run()
     assert seen == ["a (pod 0)", "b (pod 0)", "c (pod 0)"]
 
 
@@ -187,9 +187,29 @@ def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> Non
             def list_namespaced_pod(self, namespace: str, label_selector: str):
                 return ns(items=pods)
 
-        js = JobSet(rendered(2), Listing(), poll_interval=0.01)
+        js = JobGang(rendered(2), Listing(), poll_interval=0.01)
         js.owners.add("Job", rendered(2).roles[0].name, "uid-job")  # as create() does
         result = js.collect("SUCCEEDED", time.time())
         assert result.replicas[0].exit_code != 137, pods[0].status.phase
         if pods[0].status.phase == "Succeeded":
             assert result.outputs == {"loss": 0.1}
+
+
+def test_the_old_name_jobset_warns_and_is_jobgang() -> None:
+    """``JobSet`` (the name until 0.2, easily mistaken for the Kubernetes JobSet API) still
+    imports from the package and from its module for one release, with a warning."""
+    import torchstep.kubernetes.jobs
+    from torchstep.steps import KubernetesStep
+
+    with pytest.warns(DeprecationWarning, match="renamed JobGang"):
+        from torchstep.kubernetes import JobSet
+    assert JobSet is JobGang
+    with pytest.warns(DeprecationWarning, match="renamed JobGang"):
+        assert torchstep.kubernetes.jobs.JobSet is JobGang
+    assert "JobSet" not in torchstep.kubernetes.__all__ and "JobGang" in torchstep.kubernetes.__all__
+    with pytest.raises(AttributeError):
+        torchstep.kubernetes.NoSuchName  # noqa: B018
+    step = KubernetesStep.__new__(KubernetesStep)
+    step.jobs = "the try's gang"
+    with pytest.warns(DeprecationWarning, match="job_gang"):
+        assert step.job_set() == "the try's gang"

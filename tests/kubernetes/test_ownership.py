@@ -1,5 +1,5 @@
 """A result comes only from the Job this step created (issue 24, section 2), in core's
-``JobSet`` against the in-memory fake API (tests/kubefake.py; the cross-process version is
+``JobGang`` against the in-memory fake API (tests/kubefake.py; the cross-process version is
 in tests/kubernetes/test_durable.py).
 
 Run ids are predictable, so the run's labels are too: someone allowed to create pods (or
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torchstep
 from kubefake import FakeKube, Script
-from torchstep.kubernetes import JobSet, render_app
+from torchstep.kubernetes import JobGang, render_app
 from torchstep.kubernetes.ownership import UIDS_KEY
 from torchstep.result import SUCCEEDED, StepResult
 from torchx import specs
@@ -50,7 +50,7 @@ def test_a_forged_bare_pod_with_replica_0s_labels_is_ignored_and_said_once(repli
     fake = FakeKube(genuine(replicas))
     fake.impersonate(FORGED_LINES, FORGED)
     lines: list[str] = []
-    result = JobSet(rendered(replicas), fake, on_line=lines.append, poll_interval=0.01).run()
+    result = JobGang(rendered(replicas), fake, on_line=lines.append, poll_interval=0.01).run()
     assert result.state == SUCCEEDED and result.outputs == {"model_uri": "s3://ours/model"}
     assert [r.replica_id for r in result.replicas] == list(range(replicas))  # one result per replica, ours
     assert not [line for line in lines if "FORGED" in line]  # its lines never reach the step log
@@ -69,7 +69,7 @@ def test_a_pod_owned_by_another_job_is_ignored_too() -> None:
     labels = rendered().roles[0].workload["spec"]["template"]["metadata"]["labels"]
     fake.add_pod("other-0-x", labels, lines=FORGED_LINES, message=FORGED, owner_uid="uid-of-someone-elses-job")
     lines: list[str] = []
-    result = JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01).run()
+    result = JobGang(rendered(), fake, on_line=lines.append, poll_interval=0.01).run()
     assert result.outputs == {"model_uri": "s3://ours/model"} and not [x for x in lines if "FORGED" in x]
     assert [x for x in lines if "ignoring pod ml/other-0-x" in x and "uid-of-someone-elses-job" in x]
 
@@ -87,7 +87,7 @@ def test_a_forged_job_with_copied_labels_is_refused_by_name_under_a_state_store(
         store.values[UIDS_KEY] = {forged["metadata"]["name"]: recorded}
     lines: list[str] = []
     with pytest.raises(torchstep.SpecError) as err:
-        JobSet(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
+        JobGang(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
     text = str(err.value)
     assert err.value.field == f"Job ml/{forged['metadata']['name']}" and "not created by this run" in text
     assert "has uid uid-0" in text and (f"recorded uid {recorded}" in text if recorded else "no creation" in text)
@@ -98,11 +98,11 @@ def test_a_forged_job_with_copied_labels_is_refused_by_name_under_a_state_store(
 def test_the_job_this_task_created_is_attached_to_under_the_state_store() -> None:
     fake = FakeKube(genuine())
     store = Store()
-    first = JobSet(rendered(), fake, cursor_store=store)
+    first = JobGang(rendered(), fake, cursor_store=store)
     first.create()  # ... and the watcher dies here
     name = rendered().roles[0].name
     assert store.values[UIDS_KEY] == {name: "uid-0"}  # recorded as soon as the Job existed
-    second = JobSet(rendered(), fake, poll_interval=0.01, cursor_store=store)
+    second = JobGang(rendered(), fake, poll_interval=0.01, cursor_store=store)
     assert second.run().outputs == {"model_uri": "s3://ours/model"} and second.attached
 
 
@@ -115,7 +115,7 @@ def test_the_uid_is_recorded_before_anything_else_and_a_failure_to_record_delete
 
     fake = FakeKube(genuine())
     with pytest.raises(OSError, match="state store is down"):
-        JobSet(rendered(), fake, poll_interval=0.01, cursor_store=Broken()).run()
+        JobGang(rendered(), fake, poll_interval=0.01, cursor_store=Broken()).run()
     assert [o["kind"] for o in fake.objects] == ["Job"]  # the Service was not created: the uid came first
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}  # and the Job is gone again
 
@@ -130,7 +130,7 @@ def test_a_refusal_after_creating_deletes_only_what_this_run_created_by_name() -
     forged = dict(ra.roles[1].workload)
     fake.create_namespaced_job("ml", body=forged)
     with pytest.raises(torchstep.SpecError, match=f"Job ml/{forged['metadata']['name']}"):
-        JobSet(ra, fake, poll_interval=0.01, cursor_store=Store()).run()
+        JobGang(ra, fake, poll_interval=0.01, cursor_store=Store()).run()
     assert fake.deleted == [] and fake.deleted_names == [("jobs", f"metadata.name={ra.roles[0].name}")]
 
 
@@ -144,6 +144,6 @@ def test_an_existing_service_not_owned_by_the_runs_job_is_refused() -> None:
         {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": "uid-someone-else"}]}  # fmt: skip
     fake.create_namespaced_service("ml", body=service)
     with pytest.raises(torchstep.SpecError) as err:
-        JobSet(ra, fake, poll_interval=0.01).run()
+        JobGang(ra, fake, poll_interval=0.01).run()
     assert err.value.field == f"Service ml/{service['metadata']['name']}"
     assert f"not owned by Job {ra.roles[0].name}" in str(err.value)

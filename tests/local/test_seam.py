@@ -45,7 +45,7 @@ def test_open_step_attaches_to_the_jobs_of_an_earlier_try_and_says_so_once() -> 
     first = open_step(plan, attempt="job-1.task", cfg={"namespace": "ml"}, client=fake, on_line=lines.append,
                       poll_interval=0.01)  # fmt: skip
     assert isinstance(first, KubernetesStep) and first.found is None
-    first.job_set().create()  # its watcher died here
+    first.job_gang().create()  # its watcher died here
     assert not any("attaching" in line for line in lines)
     again = open_step(plan, attempt="job-1.task", cfg={"namespace": "ml"}, client=fake, on_line=lines.append,
                       poll_interval=0.01)  # fmt: skip

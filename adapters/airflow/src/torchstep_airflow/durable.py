@@ -5,9 +5,9 @@ With Airflow's ``ResumableJobMixin`` (3.3+) and a ``task_state_store`` in the co
 "external id" is the run id of the try that submitted (its objects' names are a hash of it),
 kept in the task state store under :data:`RUN_ID_KEY`. The mixin decides from it:
 
-- ``RUNNING`` on the cluster → reattach (logs continue after the cursor core's ``JobSet``
+- ``RUNNING`` on the cluster → reattach (logs continue after the cursor core's ``JobGang``
   saves in the same store under ``torchstep_log_cursor``). Reattaching, like collecting a
-  finished Job's result, requires the uid ``JobSet`` recorded in the same store when it
+  finished Job's result, requires the uid ``JobGang`` recorded in the same store when it
   created the Job (``torchstep_workload_uids``): a Job with the run's labels and another uid
   (made by someone else, in advance) is refused by name, and nothing is deleted;
 - ``SUCCEEDED`` → its result, collected without running anything again (same XCom);

@@ -67,7 +67,7 @@ OWNED_POD_ARGS = frozenset(
 JOB_ARGS = frozenset(
     {"kubernetes_conn_id", "in_cluster", "config_file", "cluster_context", "on_finish_action", "poll_interval"}
 )
-#: KubernetesPodOperator's ``on_finish_action`` → core's ``JobSet`` ``on_finish``.
+#: KubernetesPodOperator's ``on_finish_action`` → core's ``JobGang`` ``on_finish``.
 ON_FINISH = {"delete_pod": "delete", "delete_succeeded_pod": "delete_succeeded", "keep_pod": "keep"}
 
 

@@ -36,6 +36,7 @@ import re
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -357,7 +358,7 @@ class LocalStep(_Runner):
 
 
 class KubernetesStep(_Runner):
-    """One try of a plan for the kubernetes target, through :class:`torchstep.kubernetes.JobSet`.
+    """One try of a plan for the kubernetes target, through :class:`torchstep.kubernetes.JobGang`.
 
     Args:
         plan: ``torchstep.build_plan(app, "kubernetes")`` (rendered now: bad ``cfg`` fails
@@ -448,20 +449,24 @@ class KubernetesStep(_Runner):
         return bool(self.jobs is not None and self.jobs.attached)
 
     def state(self) -> str | None:
-        """The run's state on the cluster (:meth:`torchstep.kubernetes.JobSet.state`):
+        """The run's state on the cluster (:meth:`torchstep.kubernetes.JobGang.state`):
         ``None`` if nothing of it exists, else RUNNING, SUCCEEDED or FAILED."""
-        state: str | None = self.job_set().state()
+        state: str | None = self.job_gang().state()
         return state
 
-    def job_set(self) -> Any:
-        """The :class:`~torchstep.kubernetes.JobSet` of this try (created on first use)."""
+    def job_gang(self) -> Any:
+        """The :class:`~torchstep.kubernetes.JobGang` of this try (created on first use).
+
+        Returns:
+            The try's :class:`~torchstep.kubernetes.JobGang`, the same object on every call.
+        """
         if self.jobs is None:
             from torchstep.kubernetes.client import OfficialClient
-            from torchstep.kubernetes.jobs import JobSet
+            from torchstep.kubernetes.jobs import JobGang
 
             if self.client is None:
                 self.client = OfficialClient.from_config()
-            self.jobs = JobSet(
+            self.jobs = JobGang(
                 self.rendered, self.client, on_line=self.on_line, poll_interval=self.poll_interval,
                 on_finish=self.on_finish, cursor_store=self.cursor_store,
             )  # fmt: skip
@@ -469,9 +474,18 @@ class KubernetesStep(_Runner):
                 self.jobs.cancel()
         return self.jobs
 
+    def job_set(self) -> Any:
+        """Deprecated name of :meth:`job_gang` (until 0.2), for one release.
+
+        Returns:
+            :meth:`job_gang`, after a :class:`DeprecationWarning`.
+        """
+        warnings.warn("KubernetesStep.job_set() was renamed job_gang()", DeprecationWarning, stacklevel=2)
+        return self.job_gang()
+
     def run(self) -> StepResult:
         """Attach or create, follow, collect, clean up; the step result."""
-        jobs = self.job_set()
+        jobs = self.job_gang()
         return self._run(jobs.run)
 
     def cancel(self) -> None:

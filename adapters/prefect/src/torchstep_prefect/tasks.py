@@ -60,7 +60,7 @@ def app_task(
     ``"path/file.py:fn"`` / ``"pkg.module:fn"`` / ``"dist.ddp"``) as one torchstep step.
 
     ``target``: ``"local"`` (the agents run in the task's process tree) or
-    ``"kubernetes"`` (an Indexed Job per role through ``torchstep.kubernetes.JobSet``);
+    ``"kubernetes"`` (an Indexed Job per role through ``torchstep.kubernetes.JobGang``);
     ``cfg``: the target's run options (``torchstep runopts local|kubernetes``);
     ``client``: the Kubernetes client of target ``"kubernetes"`` (a
     ``torchstep.kubernetes.KubernetesClient``; default: the kubeconfig or in-cluster config);

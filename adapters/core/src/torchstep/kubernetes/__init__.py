@@ -2,9 +2,9 @@
 
 Per role: a bare Pod (1 replica; what KubernetesPodOperator runs) or an Indexed Job
 (several replicas, or retries that need the Job controller) plus a headless Service that
-gives replica 0 a stable DNS name for the rendezvous. :class:`JobSet` runs the rendered
-objects on a cluster (create, follow logs, collect the result, delete) through an injected
-client. Every container runs the embedded
+gives replica 0 a stable DNS name for the rendezvous. :class:`JobGang` runs the rendered
+objects of one attempt on a cluster (create, follow logs, collect the result, delete) through
+an injected client. Every container runs the embedded
 agent (``torchstep-agent``), so the image must contain ``torchstep[agent]``. The mapping is
 documented in ``docs/kubernetes.md``.
 
@@ -23,6 +23,9 @@ Example::
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from torchstep.kubernetes.client import KubernetesClient, OfficialClient
 from torchstep.kubernetes.failure import (
     REPLACED_EXIT_CODES,
@@ -32,7 +35,7 @@ from torchstep.kubernetes.failure import (
     classify_exit,
     job_failure_fields,
 )
-from torchstep.kubernetes.jobs import ON_FINISH, JobSet
+from torchstep.kubernetes.jobs import ON_FINISH, JobGang
 from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve, runopts
 from torchstep.kubernetes.pod import CONTAINER_NAME, LAUNCH_COMMAND
 from torchstep.kubernetes.render import (
@@ -65,7 +68,7 @@ __all__ = [
     "SIGKILLED_EXIT_CODE",
     "SIGTERMED_EXIT_CODE",
     "FailureKind",
-    "JobSet",
+    "JobGang",
     "KubernetesClient",
     "KubernetesOptions",
     "OfficialClient",
@@ -82,3 +85,26 @@ __all__ = [
     "resolve",
     "runopts",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated name ``JobSet`` (now :class:`JobGang`), for one release.
+
+    Args:
+        name: the attribute looked up on this package.
+
+    Returns:
+        :class:`JobGang` for ``JobSet``, after a :class:`DeprecationWarning`.
+
+    Raises:
+        AttributeError: for any other name.
+    """
+    if name == "JobSet":
+        warnings.warn(
+            "torchstep.kubernetes.JobSet was renamed JobGang (it is not the Kubernetes JobSet API); "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return JobGang
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Reading Kubernetes API objects as ``JobSet`` gets them: the official client's models
+"""Reading Kubernetes API objects as ``JobGang`` gets them: the official client's models
 (snake_case attributes, ``datetime`` timestamps) or plain dicts (camelCase keys, RFC 3339
 text), from either the client or a test fake.
 

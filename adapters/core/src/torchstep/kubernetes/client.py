@@ -1,4 +1,4 @@
-"""The Kubernetes API calls :class:`~torchstep.kubernetes.JobSet` makes, as a small
+"""The Kubernetes API calls :class:`~torchstep.kubernetes.JobGang` makes, as a small
 protocol, and its default implementation over the official ``kubernetes`` client
 (``pip install "torchstep[kubernetes]"``).
 
@@ -13,7 +13,7 @@ Example::
     config.load_kube_config()
     api = client.ApiClient()
     kube = OfficialClient(core=client.CoreV1Api(api), batch=client.BatchV1Api(api), api_client=api)
-    JobSet(rendered, kube).run()
+    JobGang(rendered, kube).run()
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 
 class KubernetesClient(Protocol):
-    """Exactly the calls a :class:`~torchstep.kubernetes.JobSet` uses (official client names).
+    """Exactly the calls a :class:`~torchstep.kubernetes.JobGang` uses (official client names).
     An API error carries its HTTP status as ``.status`` (409: exists, 404: not found), as
     the official client's ``ApiException`` does."""
 

@@ -1,4 +1,8 @@
-"""``JobSet``: the lifecycle of a rendered app on a cluster, for every adapter.
+"""``JobGang``: the lifecycle of a rendered app on a cluster, for every adapter.
+
+One :class:`JobGang` is one logical attempt's gang of Jobs (or bare Pods) and their headless
+Services. It is torchstep's own class, not the Kubernetes JobSet API (``jobset.x-k8s.io``);
+it was named ``JobSet`` until 0.2, and that name still imports for one release and warns.
 
 Create the objects of :func:`torchstep.kubernetes.render_app` (each role's Job or Pod, and
 its headless Service owned by it), wait for the workloads, follow every pod's log as lines
@@ -29,7 +33,7 @@ all drive the same code.
 Example::
 
     rendered = torchstep.kubernetes.render_app(app, namespace="ml", cfg={"run_id": run_id})
-    jobs = JobSet(rendered, OfficialClient.from_config(), on_line=print)
+    jobs = JobGang(rendered, OfficialClient.from_config(), on_line=print)
     result = jobs.run()          # blocks; jobs.cancel() from another thread stops it
 """
 
@@ -39,6 +43,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -80,7 +85,7 @@ class CursorStore(Protocol):
     def set(self, key: str, value: Any) -> Any: ...
 
 
-class JobSet:
+class JobGang:
     """Every object of one run of a rendered app (see the module docstring).
 
     ``on_line(text)`` receives every line of every pod's main container (the agent already
@@ -530,3 +535,26 @@ class JobSet:
 
 def _print_line(text: str) -> None:
     print(text, flush=True)
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated name ``JobSet`` (:class:`JobGang` until 0.2), for one release.
+
+    Args:
+        name: the attribute looked up on this module.
+
+    Returns:
+        :class:`JobGang` for ``JobSet``, after a :class:`DeprecationWarning`.
+
+    Raises:
+        AttributeError: for any other name.
+    """
+    if name == "JobSet":
+        warnings.warn(
+            "torchstep.kubernetes.JobSet was renamed JobGang (it is not the Kubernetes JobSet API); "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return JobGang
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
