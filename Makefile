@@ -12,7 +12,7 @@ PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench system-deps lock clean
+.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench soak system-deps lock clean
 
 env: $(STAMP)
 
@@ -76,6 +76,14 @@ docs-examples: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# A seeded fault campaign (issue 27): SOAK_FAULTS runs (default 100), each a surface x fault
+# class x moment drawn from SOAK_SEED (printed first; the same seed replays the same campaign),
+# every invariant checked after each run; writes docs/reliability.md, fails on any violation.
+# One run again: .venv/bin/python -m tools.soak --seed SEED --only INDEX
+SOAK_FAULTS ?= 100
+soak: $(STAMP)
+	SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$(SOAK_SEED) $(BIN)/python -m tools.soak
 
 # Regenerate the pinned dependency set after editing requirements/dev.in.
 lock: $(STAMP)

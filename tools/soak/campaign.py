@@ -1,0 +1,100 @@
+"""The seeded plan and its execution: every run is a surface x fault class x moment x rank
+drawn from ``random.Random(seed)``, so the same seed replays the same campaign.
+
+The plan first covers every (surface, fault class) pair once, in a seeded order, then draws
+surface and class at random; the moment (the line before which the fault strikes) and the
+faulty rank are drawn for every run.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from tools.soak import faults, invariants
+from tools.soak.model import Observation, Run, Violation
+from tools.soak.surfaces import local
+
+#: The surfaces the campaign drives, by name.
+SURFACES: dict[str, ModuleType] = {local.NAME: local}
+
+
+def pairs(surfaces: list[str]) -> list[tuple[str, str]]:
+    """Every (surface, fault class) pair the given surfaces can inject."""
+    return [(s, f) for s in surfaces for f in SURFACES[s].FAULTS]
+
+
+def plan(seed: int, size: int, surfaces: list[str] | None = None) -> list[Run]:
+    """The campaign ``seed`` gives: ``size`` runs.
+
+    Args:
+        seed: the campaign's seed.
+        size: how many runs.
+        surfaces: the surfaces to draw from (default all of SURFACES).
+
+    Returns:
+        The runs, in order.
+    """
+    names = surfaces or list(SURFACES)
+    rng = random.Random(seed)
+    cover = pairs(names)
+    rng.shuffle(cover)
+    runs = []
+    for i in range(size):
+        if i < len(cover):
+            surface, fault = cover[i]
+        else:
+            surface = rng.choice(names)
+            fault = rng.choice(SURFACES[surface].FAULTS)
+        lines = SURFACES[surface].LINES
+        runs.append(Run(i, surface, fault, rng.randint(1, lines - 2), rng.randrange(faults.WORLD)))
+    return runs
+
+
+@dataclass
+class Outcome:
+    """One executed run: what was observed and what did not hold."""
+
+    run: Run
+    observation: Observation
+    violations: list[Violation] = field(default_factory=list)
+
+
+def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep: bool = False) -> list[Outcome]:
+    """Run ``runs`` one after the other and check every invariant after each.
+
+    Args:
+        runs: the runs (from :func:`plan` or one ``--replay``).
+        seed: the campaign's seed (for replay commands).
+        say: where progress lines go.
+        keep: keep every run's directory (by default only those of runs that broke something).
+
+    Returns:
+        One outcome per run.
+    """
+    outcomes = []
+    for run in runs:
+        surface = SURFACES[run.surface]
+        workdir = Path(tempfile.mkdtemp(prefix=f"soak-{run.index}-"))
+        started = time.monotonic()
+        obs = surface.run(run, seed, workdir / "run")
+        bad = invariants.check(run, obs, surface.LINES)
+        outcomes.append(Outcome(run, obs, bad))
+        verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"
+        say(f"soak run {run.index} {run.key}: rc {obs.rc}, "
+            f"{(obs.result or {}).get('state', 'no result')}, {time.monotonic() - started:.1f} s: {verdict}")  # fmt: skip
+        for note in obs.notes:
+            say(f"    note: {note}")
+        for violation in bad:
+            say(f"    invariant {violation.invariant}: {violation.detail}")
+        if bad or keep:
+            say(f"    kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return outcomes

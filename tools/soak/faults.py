@@ -1,0 +1,273 @@
+"""The fault classes: what each injects, and the outcome torchstep must give under it (the
+one table of expected final states, also printed into docs/reliability.md).
+
+A fault is either *in-worker* (the job injures itself, driven by ``SOAK_FAULT*`` env vars,
+see job.py) or *external* (the harness acts on a process or the disk at a line number).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Replicas (agents) x processes per replica of the soak job.
+REPLICAS, NPROC = 2, 2
+WORLD = REPLICAS * NPROC
+#: Seconds ``cancel`` gives the run before SIGKILL (cfg grace_period) and the margin allowed.
+GRACE_S, CANCEL_MARGIN_S = 3.0, 12.0
+#: The run's own timeout (cfg timeout), generous: 2 shared cores may run 4 campaigns at once.
+RUN_TIMEOUT_S = 150
+#: ... except under ``stop``, where it is what ends a rank stopped without a timer.
+STOP_TIMEOUT_S = 45
+#: The harness's deadline for a run, past its timeout: past it the run counts as a hang (invariant 5).
+DEADLINE_MARGIN_S = 45
+
+
+def timeout_of(fault: str) -> int:
+    """The run's own ``timeout`` (cfg) under ``fault``."""
+    return STOP_TIMEOUT_S if fault == "stop" else RUN_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Expect:
+    """The outcome a fault class must give on the local target.
+
+    Attributes:
+        state: the result's final state (None: no final result is required).
+        exit_code: the exit status of ``torchstep run``.
+        restarts: agent restarts summed over replicas (each agent restarting its workers once
+            counts one; a replaced agent counts one).
+        attempts: ``torchstep run`` tries (``--retries 0``: always 1).
+        names_rank: the root cause must name the faulty rank.
+        guarantee: the sentence docs/reliability.md prints for the class.
+    """
+
+    state: str | None
+    exit_code: int
+    restarts: int
+    attempts: int = 1
+    names_rank: bool = False
+    guarantee: str = ""
+
+
+#: fault class -> (in_worker, expected outcome on the local target)
+FAULTS: dict[str, tuple[bool, Expect]] = {
+    "none": (False, Expect("SUCCEEDED", 0, 0, guarantee="no fault: every line once, exit 0, no restart")),
+    "exit": (
+        True,
+        Expect(
+            "SUCCEEDED",
+            0,
+            REPLICAS,
+            guarantee=(
+                "a rank exits non-zero once: the agents restart the group once (one unit of each agent's "
+                "budget), it resumes after the checkpoint and SUCCEEDS; no orchestrator retry"
+            ),
+        ),
+    ),
+    "sigkill_rank": (
+        False,
+        Expect(
+            "SUCCEEDED",
+            0,
+            REPLICAS,
+            guarantee=("a rank is SIGKILLed: as a non-zero exit (group restart from the budget, SUCCEEDED)"),
+        ),
+    ),
+    "stop_timer": (
+        True,
+        Expect(
+            "SUCCEEDED",
+            0,
+            REPLICAS,
+            guarantee=(
+                "a rank SIGSTOPs inside `torchstep.expires(after=2)`: the agent's timer kills it, the "
+                "group restarts once and SUCCEEDS"
+            ),
+        ),
+    ),
+    "stop": (
+        True,
+        Expect(
+            "FAILED",
+            124,
+            0,
+            guarantee=(
+                "a rank SIGSTOPs with no timer: nothing inside the job can tell a stopped rank from a slow "
+                "one; the run's `timeout` ends it: FAILED, exit 124, every process killed, never a hang"
+            ),
+        ),
+    ),
+    "sigkill_agent": (
+        False,
+        Expect(
+            "SUCCEEDED",
+            0,
+            REPLICAS,
+            guarantee=(
+                "an agent is SIGKILLed (a lost node): a new agent replaces it from the same budget, the "
+                "group re-forms and SUCCEEDS; its workers are killed, never orphaned"
+            ),
+        ),
+    ),
+    "sigkill_watcher": (
+        False,
+        Expect(
+            None,
+            -signal.SIGKILL,
+            0,
+            guarantee=(
+                "`torchstep run` itself is SIGKILLed: no process of the run survives it (death signal, "
+                "launch-token scan); no final result can be written by a dead process"
+            ),
+        ),
+    ),
+    "cancel": (
+        False,
+        Expect(
+            "CANCELLED",
+            128 + signal.SIGTERM,
+            0,
+            guarantee=(
+                "SIGTERM to `torchstep run`: CANCELLED, exit 143, within grace_period + a margin, nothing left running"
+            ),
+        ),
+    ),
+    "logfull": (
+        False,
+        Expect(
+            "SUCCEEDED",
+            0,
+            0,
+            guarantee=(
+                "the log filesystem fills mid-run: the step's outcome is unchanged (SUCCEEDED), the "
+                "console keeps every line, `warnings` name the truncated files"
+            ),
+        ),
+    ),
+    "flood": (
+        True,
+        Expect(
+            "SUCCEEDED",
+            0,
+            REPLICAS,
+            guarantee=("a rank writes 20 MiB then exits 3: logged, group restarted once, SUCCEEDED"),
+        ),
+    ),
+    "daemon": (
+        True,
+        Expect(
+            "SUCCEEDED",
+            0,
+            0,
+            guarantee=(
+                "a rank leaves a double-forked `setsid` daemon: the run SUCCEEDS and the daemon is killed at the end"
+            ),
+        ),
+    ),
+    "nonretryable": (
+        True,
+        Expect(
+            "FAILED",
+            82,
+            0,
+            names_rank=True,
+            guarantee=(
+                "a rank raises `torchstep.NonRetryableError`: FAILED, exit 82, `retryable: false`, never "
+                "restarted nor retried, root cause names the rank"
+            ),
+        ),
+    ),
+}
+
+#: Fault classes of the issue no surface injects yet (docs/reliability.md lists them).
+NOT_YET = {
+    "rdzv_stall": "the rendezvous endpoint stalls (a TCP proxy in front of the c10d store)",
+    "k8s_api": "Kubernetes API 500 / 429 / watch reset / pod deleted under the watcher",
+}
+
+
+def in_worker_env(fault: str, rank: int, line: int) -> dict[str, str]:
+    """The job's environment for an in-worker fault (empty for an external one).
+
+    Args:
+        fault: a key of FAULTS.
+        rank: the global rank that injures itself.
+        line: the line number before which it does.
+
+    Returns:
+        The ``SOAK_FAULT*`` variables.
+    """
+    if not FAULTS[fault][0]:
+        return {}
+    return {"SOAK_FAULT": fault, "SOAK_FAULT_RANK": str(rank), "SOAK_FAULT_LINE": str(line)}
+
+
+def progress_of(progress: Path, rank: int) -> tuple[int, int] | None:
+    """``(pid, line)`` rank ``rank`` last reported, or None before its first line."""
+    try:
+        pid, line = (progress / f"rank{rank}").read_text().split()
+        return int(pid), int(line)
+    except (OSError, ValueError):
+        return None
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid from /proc (0 when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def agent_of(worker: int, launcher: int) -> int:
+    """The agent above ``worker``: its ancestor whose parent is the launcher (``torchstep run``)."""
+    pid = worker
+    while pid > 1:
+        up = parent_of(pid)
+        if up == launcher:
+            return pid
+        pid = up
+    return 0
+
+
+def kill(pid: int, sig: int) -> bool:
+    """Send ``sig``; False when the process is already gone."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def mount_tmpfs(path: Path, size: str = "256k") -> str | None:
+    """Mount a small private tmpfs on ``path``; the reason on failure (not root, no CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                          capture_output=True, text=True)  # fmt: skip
+    return None if done.returncode == 0 else done.stderr.strip() or "mount failed"
+
+
+def umount(path: Path) -> None:
+    """Unmount ``path`` (lazily when still busy)."""
+    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path: Path) -> None:
+    """Write a filler file into ``path`` until its filesystem is full (ENOSPC)."""
+    with open(path / ".filler", "wb", buffering=0) as f:
+        block = b"\0" * 4096
+        try:
+            while True:
+                f.write(block)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise

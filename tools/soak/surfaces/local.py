@@ -1,0 +1,172 @@
+"""Surface ``local``: ``torchstep run --app soak.json`` (the local target), watched as a
+subprocess in its own session; every process of the run carries ``SOAK_MARK=<token>``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tools.soak import faults
+from tools.soak.model import Observation, Run
+from tools.soak.procs import describe, procs_with_env
+
+NAME = "local"
+FAULTS = tuple(faults.FAULTS)
+JOB = Path(__file__).resolve().parent.parent / "job.py"
+#: Lines every rank prints and the pause after each (the job is short on purpose).
+LINES, INTERVAL_S = 10, 0.15
+
+
+def app_json() -> dict[str, Any]:
+    """The soak AppDef as ``torchstep run --app`` reads it: 2 replicas x 2 processes,
+    REPLICA retries with a budget of 1 restart per agent."""
+    from torchstep.local.appfile import app_to_dict
+    from torchx import specs
+
+    role = specs.Role(
+        name="soak",
+        image="unused",
+        entrypoint=sys.executable,
+        args=[str(JOB)],
+        num_replicas=faults.REPLICAS,
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+        max_retries=1,
+        retry_policy=specs.RetryPolicy.REPLICA,
+        metadata={"torchstep": {"nproc_per_node": faults.NPROC}},
+    )
+    return app_to_dict(specs.AppDef("soak", roles=[role]))
+
+
+def _printed_result(out: str) -> dict[str, Any] | None:
+    at = out.rfind("\n{\n")
+    if at < 0:
+        return None
+    try:
+        return json.loads(out[at + 1 :])
+    except ValueError:
+        return None
+
+
+def _inject(run: Run, proc: subprocess.Popen[bytes], progress: Path, log_dir: Path) -> bool:
+    """Wait until the faulty rank reached the moment, then inject an external fault.
+    Returns whether it was injected (False: the run ended first)."""
+    while proc.poll() is None:
+        seen = faults.progress_of(progress, run.rank)
+        if seen and seen[1] >= run.moment:
+            pid = seen[0]
+            if run.fault == "sigkill_rank":
+                return faults.kill(pid, signal.SIGKILL)
+            if run.fault == "sigkill_agent":
+                agent = faults.agent_of(pid, proc.pid)
+                return bool(agent) and faults.kill(agent, signal.SIGKILL)
+            if run.fault == "sigkill_watcher":
+                return faults.kill(proc.pid, signal.SIGKILL)
+            if run.fault == "cancel":
+                return faults.kill(proc.pid, signal.SIGTERM)
+            if run.fault == "logfull":
+                faults.fill(log_dir)
+                return True
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def run(run: Run, seed: int, workdir: Path) -> Observation:
+    """Run the soak job once through ``torchstep run`` with ``run``'s fault.
+
+    Args:
+        run: the planned run.
+        seed: the campaign's seed (for the notes only).
+        workdir: a fresh private directory for this run.
+
+    Returns:
+        What was observed.
+    """
+    expect = faults.FAULTS[run.fault][1]
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    app = workdir / "soak.json"
+    app.write_text(json.dumps(app_json()))
+    ckpt, progress, log_dir = workdir / "ckpt", workdir / "progress", workdir / "logs"
+    ckpt.mkdir(mode=0o700)
+    progress.mkdir(mode=0o700)
+    notes: list[str] = []
+    mounted = False
+    if run.fault == "logfull":
+        why = faults.mount_tmpfs(log_dir)
+        if why:
+            notes.append(f"logfull: no tmpfs ({why}); the disk was not filled")
+        mounted = why is None
+    token = uuid.uuid4().hex
+    env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
+               SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
+               **faults.in_worker_env(run.fault, run.rank, run.moment))  # fmt: skip
+    cfg = f"timeout={faults.timeout_of(run.fault)},grace_period={faults.GRACE_S:g},retry_delay=0"
+    argv = [sys.executable, "-m", "torchstep.cli", "run", "--app", str(app), "--log-dir", str(log_dir),
+            "--retries", "0", "-c", cfg, "--json", "--no-live"]  # fmt: skip
+    console = workdir / "console.txt"
+    started = time.monotonic()
+    hung = False
+    with open(console, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        injected = True
+        try:
+            if not faults.FAULTS[run.fault][0] and run.fault != "none":
+                injected = _inject(run, proc, progress, log_dir)
+                sent = time.monotonic()
+                if run.fault == "cancel" and injected:
+                    try:
+                        proc.wait(timeout=faults.GRACE_S + faults.CANCEL_MARGIN_S)
+                    except subprocess.TimeoutExpired:
+                        notes.append(
+                            f"cancel: still running {faults.GRACE_S + faults.CANCEL_MARGIN_S:g} s after SIGTERM"
+                        )
+                        hung = True
+                    else:
+                        notes.append(f"cancel: ended {time.monotonic() - sent:.1f} s after SIGTERM")
+            if not hung:
+                proc.wait(
+                    timeout=max(
+                        1.0, faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S - (time.monotonic() - started)
+                    )
+                )
+        except subprocess.TimeoutExpired:
+            hung = True
+        if hung:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    duration = time.monotonic() - started
+    text = console.read_text(errors="replace")
+    run_dir = next((p for p in sorted(log_dir.glob("soak-*")) if p.is_dir()), None) if log_dir.exists() else None
+    result, source = None, "none"
+    if run_dir and (run_dir / "result.json").exists():
+        try:
+            result, source = json.loads((run_dir / "result.json").read_text()), "result.json"
+        except (OSError, ValueError) as e:
+            notes.append(f"result.json unreadable: {e}")
+    if result is None:
+        result = _printed_result(text)
+        source = "--json" if result is not None else "none"
+    marker = f"SOAK_MARK={token}"
+    deadline = time.monotonic() + 15
+    while (left := procs_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftovers = describe(left) if left else []
+    for pid in left:
+        faults.kill(pid, signal.SIGKILL)
+    if mounted:
+        faults.umount(log_dir)
+    if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
+        injected = (ckpt / f".fault-{run.fault}").exists()
+    if not injected and run.fault != "none":
+        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    del expect, seed
+    return Observation(rc=proc.returncode, duration_s=duration, result=result, result_source=source,
+                       console=text, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
+                       notes=notes, expect_lines_in_files=run.fault != "logfull")  # fmt: skip
