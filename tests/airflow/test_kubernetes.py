@@ -248,3 +248,21 @@ def test_job_path_ignores_a_forged_pod_with_replica_0s_labels(capsys, monkeypatc
     out = capsys.readouterr().out
     assert "[trainer/0] hello" in out and "FORGED" not in out
     assert out.count("ignoring pod ml/") == 1
+
+
+def test_a_run_error_is_retried_by_airflow_unless_it_says_retrying_cannot_help(monkeypatch):
+    """A RunError (the cluster failed the run, the input is fine) is raised as is for Airflow
+    to retry; one that is not retryable fails the task (AirflowFailException), as a SpecError does."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    t = task(app(replicas=2))
+    plan = t.build_app()[1]
+    for retryable in (True, False):
+
+        def refused(*args, retryable=retryable, **kwargs):
+            raise torchstep.RunError("Job ml/train-1a2b", "the API server refused it; fix: retry", retryable=retryable)
+
+        monkeypatch.setattr(airflow_kubernetes, "run_kubernetes", refused)
+        expected = torchstep.RunError if retryable else AirflowFailException
+        with pytest.raises(expected, match=r"Job ml/train-1a2b: the API server refused it"):
+            t._run(plan, {"ti": TI})

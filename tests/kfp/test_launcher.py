@@ -214,3 +214,16 @@ def test_a_forged_pod_with_replica_0s_labels_changes_neither_the_output_nor_the_
     out = capsys.readouterr().out
     assert "[trainer/0] step 1 (pod 0)" in out and "FORGED" not in out
     assert out.count("ignoring pod ml/") == 1 and "-0-evil" in out
+
+
+def test_too_many_kept_failed_jobs_is_a_run_error_that_no_retry_can_help(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run id of the task's attempt names a failed Job that was kept: a RunError (not a
+    SpecError: the input is fine), not retryable, so the step exits 82 and says the fix."""
+    from torchstep.steps import KubernetesStep
+
+    monkeypatch.setattr(KubernetesStep, "state", lambda self: "FAILED")
+    assert entry.main(argv(tmp_path, replicas=2, nproc_per_node=1), client=FakeKube({})) == 82
+    err = capsys.readouterr().err
+    assert "failed Jobs of it are still kept; fix: delete the failed Jobs" in err

@@ -213,3 +213,26 @@ def test_the_old_name_jobset_warns_and_is_jobgang() -> None:
     step.jobs = "the try's gang"
     with pytest.warns(DeprecationWarning, match="job_gang"):
         assert step.job_set() == "the try's gang"
+
+
+def test_a_creation_the_api_server_refuses_is_a_run_error_that_names_the_object_and_the_fix(monkeypatch) -> None:
+    """Not a SpecError (the input is fine) and not the client's raw error: one line with the
+    HTTP status, the server's message and the fix; retryable (a quota may let a retry in)."""
+    from kubefake import ApiError
+
+    fake = FakeKube()
+    refused = ApiError(403, "Forbidden")
+    refused.body = '{"kind": "Status", "message": "jobs.batch is forbidden: User \\"ml:runner\\" cannot create"}'
+
+    def create(namespace, body):
+        raise refused
+
+    monkeypatch.setattr(fake, "create_namespaced_job", create)
+    js = JobGang(rendered(), fake, poll_interval=0.01)
+    with pytest.raises(torchstep.RunError) as err:
+        js.run()
+    text = str(err.value)
+    assert err.value.what == f"Job ml/{js.rendered.roles[0].name}" and err.value.retryable is True
+    assert "(HTTP 403 Forbidden: jobs.batch is forbidden: User" in text
+    assert "fix: let the step's identity create jobs in namespace ml (RBAC)" in text
+    assert err.value.__cause__ is refused and not isinstance(err.value, torchstep.SpecError)

@@ -41,6 +41,11 @@ def test_app_task_builds_a_prefect_task_with_whatever_prefect_this_environment_h
     refuse = StepFailed("bad input", {"retryable": False})
     assert t.retry_condition_fn(t, None, Failed(data=refuse)) is False
     assert t.retry_condition_fn(t, None, Failed(data=StepFailed("flaky", {"retryable": True}))) is True
+    from torchstep import RunError
+
+    kept = RunError("attempt 'x'", "3 failed Jobs of it are still kept; fix: delete them", retryable=False)
+    assert t.retry_condition_fn(t, None, Failed(data=kept)) is False  # a RunError that says so: no retry
+    assert t.retry_condition_fn(t, None, Failed(data=RunError("Job ml/x", "HTTP 503; fix: retry"))) is True
     assert job_variables(specs.AppDef("a", roles=[role]))["cpu_request"] == "2"
     with pytest.raises(Exception, match="max_retries"):
         app_task(specs.AppDef("a", roles=[role]), retries=7)

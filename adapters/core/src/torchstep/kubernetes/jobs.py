@@ -47,12 +47,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from torchstep.errors import SpecError
+from torchstep.errors import RunError, SpecError
 from torchstep.kubernetes.apiobj import began, get, http_status, uid_of
 from torchstep.kubernetes.client import KubernetesClient
 from torchstep.kubernetes.collect import collect
 from torchstep.kubernetes.logcursor import Cursor, cursor_value, lines_of
-from torchstep.kubernetes.ownership import Owners, record_uid, recorded_uids, refusal
+from torchstep.kubernetes.ownership import Owners, record_uid, recorded_uids, refusal, refused_creation
 from torchstep.kubernetes.pod import CONTAINER_NAME
 from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, RenderedApp, owned_by
 from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, StepResult
@@ -171,7 +171,9 @@ class JobGang:
         """Attach or create each role's workload, then its Service owned by it (deleted
         with it). A workload that already exists with this run's labels (and, given a
         ``cursor_store``, the uid recorded there) is attached to (see the module docstring);
-        any other stops the run with a :class:`SpecError` and is left alone."""
+        any other stops the run with a :class:`SpecError` and is left alone. A creation the
+        API server refuses (any answer but 409) stops it with a :class:`RunError` (the HTTP
+        status, the server's message and the fix)."""
         for role in self.rendered.roles:
             body = dict(role.workload)
             kind, name = body["kind"], body["metadata"]["name"]
@@ -182,7 +184,7 @@ class JobGang:
                     created = self.client.create_namespaced_pod(self.ns, body=body)
             except Exception as e:
                 if http_status(e) != 409:
-                    raise
+                    raise refused_creation(kind, self.ns, name, e) from e
                 created = self._read_ours(kind, name)
                 self.owners.add(kind, name, self._attachable_uid(kind, name, created))
                 self.attached = True
@@ -202,7 +204,7 @@ class JobGang:
                     self.client.create_namespaced_service(self.ns, body=service)
                 except Exception as e:
                     if http_status(e) != 409:
-                        raise
+                        raise refused_creation("Service", self.ns, service["metadata"]["name"], e) from e
                     self._check_service(service["metadata"]["name"], kind, name)
         if self.attached and self.cursor_store is not None:
             self._resume_merge(cursor_value(self._store_get()))
@@ -213,7 +215,8 @@ class JobGang:
         created is deleted, as on any error)."""
         uid = uid_of(created)
         if uid is None:
-            raise RuntimeError(f"the API server answered the creation of {kind} {self.ns}/{name} without a uid")
+            raise RunError(f"{kind} {self.ns}/{name}", "the API server answered its creation without a uid; fix: "
+                           "check the Kubernetes API server (every object it creates has one)")  # fmt: skip
         self.owners.add(kind, name, uid)
         if self.cursor_store is not None:
             record_uid(self.cursor_store, name, uid)
@@ -224,7 +227,8 @@ class JobGang:
         uid = uid_of(existing)
         if self.cursor_store is None:
             if uid is None:
-                raise RuntimeError(f"the API server answered {kind} {self.ns}/{name} without a uid")
+                raise RunError(f"{kind} {self.ns}/{name}", "the API server answered it without a uid; fix: check the "
+                               "Kubernetes API server (every object it keeps has one)")  # fmt: skip
             return uid
         recorded = recorded_uids(self.cursor_store).get(name)
         if uid is None or uid != recorded:

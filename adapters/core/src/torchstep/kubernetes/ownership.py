@@ -30,10 +30,11 @@ that leaves open and what a cluster admin does about it is in ``docs/security.md
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from torchstep.errors import SpecError
-from torchstep.kubernetes.apiobj import controller_uid, get, uid_of
+from torchstep.errors import RunError, SpecError
+from torchstep.kubernetes.apiobj import controller_uid, get, http_status, uid_of
 
 #: The key, in an orchestrator's state store, of the uids of the workloads a run created:
 #: ``{workload name: uid}`` (renaming it breaks the reattach of tries in flight).
@@ -60,12 +61,81 @@ def record_uid(store: Any, name: str, uid: str) -> None:
 
 
 def refusal(kind: str, namespace: str, name: str, problem: str) -> SpecError:
-    """The error for an existing object a run will not use (named by ``kind ns/name``)."""
+    """The error for an existing object a run will not use (named by ``kind ns/name``).
+
+    A :class:`~torchstep.SpecError`, not a :class:`~torchstep.RunError`, though it is found
+    at run time: object names are derived from the run id the user (or orchestrator) chose,
+    and that name is taken by an object this run did not create. Retrying the same step
+    meets the same object; choosing another run id or namespace (or deleting that object)
+    is the fix, as for any bad input.
+
+    Args:
+        kind: ``Job``, ``Pod`` or ``Service``.
+        namespace: the run's namespace.
+        name: the object's name.
+        problem: why it is not this run's (its labels, its uid).
+
+    Returns:
+        The :class:`~torchstep.SpecError` to raise.
+    """
     return SpecError(
         f"{kind} {namespace}/{name}", "kubernetes", f"already exists and was not created by this run ({problem})",
         fix="delete that object, or give this step another name or namespace; torchstep never adopts or deletes "
         "objects that are not its own (who may create them in this namespace: docs/security.md)",
     )  # fmt: skip
+
+
+def refused_creation(kind: str, namespace: str, name: str, error: BaseException) -> RunError:
+    """The error for an object the API server would not create (any answer but 409, which
+    is attach-or-create's): one line with the HTTP status, the server's message and the fix.
+    Retryable, as the raw API error was: a quota or a busy API server may let a retry in.
+
+    Args:
+        kind: ``Job``, ``Pod`` or ``Service``.
+        namespace: the run's namespace.
+        name: the object's name.
+        error: what the client raised (the official client's ``ApiException``, or a
+            connection error).
+
+    Returns:
+        The :class:`~torchstep.RunError` to raise from ``error``.
+
+    >>> class Forbidden(Exception):
+    ...     status, reason, body = 403, "Forbidden", '{"message": "jobs.batch is forbidden: User x cannot create"}'
+    >>> print(refused_creation("Job", "ml", "train-1a2b", Forbidden()))  # doctest: +NORMALIZE_WHITESPACE
+    Job ml/train-1a2b: the API server refused its creation (HTTP 403 Forbidden: jobs.batch is forbidden: User x
+    cannot create); fix: let the step's identity create jobs in namespace ml (RBAC), or run it in another namespace
+    """
+    status = http_status(error)
+    said = _server_message(error)
+    if status is None:
+        what = f"could not create it ({type(error).__name__}: {said})"
+        fix = "check that the Kubernetes API server is reachable from here"
+    else:
+        reason = getattr(error, "reason", None)
+        what = f"the API server refused its creation (HTTP {status}{f' {reason}' if reason else ''}: {said})"
+        fix = {
+            403: f"let the step's identity create {kind.lower()}s in namespace {namespace} (RBAC), or run it in "
+            "another namespace",
+            404: f"create namespace {namespace}, or run the step in another one",
+            422: "the object is invalid for this cluster's Kubernetes version: `torchstep render` prints it",
+        }.get(status, "check the API server's health; a retry may succeed")
+    return RunError(f"{kind} {namespace}/{name}", f"{what}; fix: {fix}")
+
+
+def _server_message(error: BaseException) -> str:
+    """The API server's own message (the ``message`` of a Status body), else the error's
+    first line."""
+    body = getattr(error, "body", None)
+    if body:
+        try:
+            data = json.loads(body)
+        except (TypeError, ValueError):
+            data = None
+        if isinstance(data, dict) and data.get("message"):
+            return str(data["message"])
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 class Owners:
