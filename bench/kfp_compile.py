@@ -10,7 +10,7 @@ APPLICATION retries with a delay, an env var), build and compile the pipeline tw
 
 Timed: building the components, decorating the pipeline and ``Compiler().compile`` to a
 file, in one process after a warm-up (imports excluded: both pay the same kfp import).
-Medians of REPEATS runs, interleaved. Goal: ratio <= 1.5 at 50 steps.
+Medians of REPEATS runs, interleaved. Goal: ratio <= 1.1 at 50 and at 500 steps.
 Prints the ratios and writes bench/results/kfp.md. Usage: ``python bench/kfp_compile.py``.
 """
 
@@ -35,7 +35,7 @@ from figures import curve, full, record  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "kfp.md"
 REPEATS = int(os.environ.get("BENCH_REPEATS", "7" if full() else "3"))
 SIZES = (10, 50, 200, 500)
-GOAL = 1.5
+GOAL = 1.1
 IMAGE = "ghcr.io/acme/train:1"
 
 
@@ -104,23 +104,24 @@ def main() -> int:
             a, b = statistics.median(ours), statistics.median(theirs)
             rows.append((n, a, b, a / b))
             print(f"{n:4d} steps: torchstep {a * 1000:8.1f} ms, hand-written {b * 1000:8.1f} ms, ratio {a / b:.2f}")
-    ratio50 = next(r for n, _, _, r in rows if n == 50)
-    record(
-        "6",
-        "KFP compile of 50 steps vs hand-written container components",
-        *samples[50],
-        peer_name="hand-written KFP",
-        goal=GOAL,
-        command="python bench/kfp_compile.py",
-    )
+    ratio = {n: r for n, _, _, r in rows}
+    for fig, n in (("6", 50), ("6b", 500)):
+        record(
+            fig,
+            f"KFP compile of {n} steps vs hand-written container components",
+            *samples[n],
+            peer_name="hand-written KFP",
+            goal=GOAL,
+            command="python bench/kfp_compile.py",
+        )
     curve(
         "kfp_compile",
         "KFP compile time by pipeline size",
         "steps",
         {"torchstep": [(n, a) for n, a, _, _ in rows], "hand-written": [(n, b) for n, _, b, _ in rows]},
     )
-    verdict = "meets" if ratio50 <= GOAL else "misses"
-    print(f"50 steps: ratio {ratio50:.2f} ({verdict} the goal <= {GOAL})")
+    verdict = "meet" if max(ratio[50], ratio[500]) <= GOAL else "miss"
+    print(f"50 / 500 steps: ratio {ratio[50]:.2f} / {ratio[500]:.2f} ({verdict} the goal <= {GOAL})")
     lines = [
         "# KFP: pipeline compile time, torchstep vs hand-written",
         "",
@@ -133,16 +134,17 @@ def main() -> int:
         "|---|---|---|---|",
         *[f"| {n} | {a * 1000:.1f} | {b * 1000:.1f} | {r:.2f} |" for n, a, b, r in rows],
         "",
-        f"Goal at 50 steps: ratio <= {GOAL} — {verdict} ({ratio50:.2f}).",
+        f"Goal at 50 and 500 steps: ratio <= {GOAL} — {verdict}s ({ratio[50]:.2f} / {ratio[500]:.2f}).",
         "",
-        "Where the time goes (cProfile of 50 steps, both sides): most of both columns is KFP's own",
-        "`PipelineTask._ensure_container_spec_exists`, which calls `inspect.stack()` (source context",
-        "of every frame of the caller's stack, `inspect.getmodule` scanning `sys.modules`) on each",
-        "`set_cpu_*`, `set_memory_*` and `set_env_variable`: the same calls on both sides. Ours",
-        "beyond that: the compiled YAML is about twice as large (per step the AppDef as the",
-        "`--spec` argument, the `torchstep_job_id` input and the `result` output, which the",
-        "hand-written step does not have and the step needs at run time), so `yaml.dump` takes",
-        "about twice as long; building the plan and the component is under 1 ms per step.",
+        "Where the time goes (cProfile of 50 steps, both sides): the hand-written column is mostly",
+        "KFP's own `PipelineTask._ensure_container_spec_exists`, which calls `inspect.stack()`",
+        "(source context of every frame of the caller's stack, `inspect.getmodule` scanning",
+        "`sys.modules`) on each `set_cpu_*`, `set_memory_*` and `set_env_variable`. torchstep makes",
+        "that check once per task and lets the same `set_*` calls skip it (`apply_plan`; the IR is",
+        "byte for byte the one the plain calls give: tests/kfp/test_apply_plan.py). What is left",
+        "of ours is `yaml.dump` of a larger spec (per step the AppDef as the `--spec` argument and",
+        "the `result` output, which the step needs at run time); building the plan and the",
+        "component is under 1 ms per step.",
         "",
     ]
     RESULTS.write_text("\n".join(lines))

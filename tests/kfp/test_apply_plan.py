@@ -105,3 +105,44 @@ def test_a_plan_for_another_target_or_a_missing_role_is_refused(tmp_path: Path) 
     with pytest.raises(torchstep.SpecError) as err:
         compile_with(tmp_path, app(), role="evaluator")
     assert err.value.field == "role"
+
+
+def test_the_container_check_made_once_gives_the_ir_kfps_own_checks_give(tmp_path: Path, monkeypatch) -> None:
+    """apply_plan lets KFP's set_* skip their inspect.stack() check (made once instead): the
+    compiled pipeline is byte for byte the one the plain calls give, and the task is left
+    as KFP made it (the user's own set_* calls afterwards check as usual)."""
+    import contextlib
+
+    from torchstep_kfp import tasks
+
+    the_app = app(max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION,
+                  mounts=[specs.VolumeMount(src="datasets", dst_path="/data")])  # fmt: skip
+    fast = compile_with(tmp_path, the_app)
+    monkeypatch.setattr(tasks, "_container_checked", lambda task: contextlib.nullcontext())
+    plain = compile_with(tmp_path, the_app)
+    assert fast == plain and fast[0]["deploymentSpec"]["executors"]
+    monkeypatch.undo()
+
+    seen: list[Any] = []
+
+    @dsl.pipeline(name="p")
+    def pipeline():
+        task = apply_plan(train_op(), the_app)
+        seen.append("_ensure_container_spec_exists" in vars(task))
+
+    compiler.Compiler().compile(pipeline, str(tmp_path / "q.yaml"))
+    assert seen == [False]
+
+
+def test_a_task_without_a_container_is_refused_naming_it(tmp_path: Path) -> None:
+    @dsl.pipeline(name="inner")
+    def inner():
+        train_op()
+
+    with pytest.raises(torchstep.SpecError) as err:
+
+        @dsl.pipeline(name="p")
+        def pipeline():
+            apply_plan(inner(), app())
+
+    assert err.value.field == "task" and "container" in str(err.value)

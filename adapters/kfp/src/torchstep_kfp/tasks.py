@@ -25,6 +25,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torchstep.errors import SpecError
@@ -67,8 +69,38 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     plan = plan_of(app)
     r = role_of(plan, role)
     warn_inlined(plan, INLINED_INTO[TARGET])
-    if launcher:
-        return _launcher(task, plan, caching)
+    with _container_checked(task):
+        if launcher:
+            return _launcher(task, plan, caching)
+        return _apply_role(task, plan, r, caching)
+
+
+@contextmanager
+def _container_checked(task: Any) -> Iterator[None]:
+    """Check once that ``task`` runs a container, then let KFP's ``set_*`` methods skip that
+    check: KFP makes it on every call with ``inspect.stack()``, which reads the source of
+    every frame of the caller's stack — most of a pipeline's compile time, and more the
+    deeper the call (ours is a few frames deeper than a hand-written ``set_*``). Same
+    calls, same IR; only the repeated stack walk goes."""
+    if getattr(task, "container_spec", None) is None:
+        raise SpecError("task", TARGET, f"{type(task).__name__} has no container to set a step's settings on",
+                        fix="apply_plan a task of a container component (@dsl.container_component or a torchstep component)")  # fmt: skip
+    own = vars(task)
+    own[_CHECK] = _checked
+    try:
+        yield
+    finally:
+        own.pop(_CHECK, None)
+
+
+_CHECK = "_ensure_container_spec_exists"
+
+
+def _checked() -> None:
+    """KFP's container check, made once by :func:`_container_checked`."""
+
+
+def _apply_role(task: Any, plan: StepPlan, r: RolePlan, caching: bool) -> Any:
     res = r.resources
     if res.cpu is not None:
         task.set_cpu_request(f"{res.cpu:g}")
