@@ -42,11 +42,9 @@ from torchstep.policy import resolve as resolve_policy
 from torchstep.result import StepResult
 from torchstep.steps import failure_summary
 
-from torchstep_airflow.operators import TARGETS, AppDefOperator
+from torchstep_airflow.operators import AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
 from torchstep_airflow.torchx_scheduler import DAG_ID, TASK_ID, dag_id_for
-
-CONF_KEYS = ("app", "target", "cfg")
 
 DAG_FILE = '''"""The generic DAG of `torchx run -s airflow` (torchstep-airflow)."""
 from torchstep_airflow.torchx_dag import torchx_dag  # an Airflow DAG
@@ -83,27 +81,10 @@ def app_from_conf(
 
 def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tuple[Any, StepPlan, str, dict[str, Any]]:
     """:func:`app_from_conf`, and the AppDef's plan (made once, by core's
-    :func:`torchstep.schedulers.base.app_received`)."""
-    from torchstep.schedulers.base import app_received
+    :func:`torchstep.schedulers.base.step_received`)."""
+    from torchstep.schedulers.base import step_received
 
-    if not isinstance(conf, Mapping) or "app" not in conf:
-        raise SpecError(
-            "conf['app']", None, "the DAG run carries no AppDef",
-            fix="trigger it with `torchx run -s airflow` (conf {'app': <AppDef as JSON>})",
-        )  # fmt: skip
-    unknown = sorted(set(conf) - set(CONF_KEYS))
-    if unknown:
-        raise SpecError(f"conf[{unknown[0]!r}]", None, "unknown key", fix=f"use only {', '.join(CONF_KEYS)}")
-    target = conf.get("target") or "local"
-    if target not in TARGETS:
-        raise SpecError("conf['target']", None, f"unknown target {target!r}", fix=f"use one of: {', '.join(TARGETS)}")
-    cfg = conf.get("cfg") or {}
-    if not isinstance(cfg, Mapping):
-        raise SpecError(
-            "conf['cfg']", target, f"must be a mapping, got {type(cfg).__name__}", fix='e.g. {"timeout": 600}'
-        )
-    app, plan = app_received(conf["app"], target, cfg, policy, field="conf['app']", name_target=False)
-    return app, plan, target, dict(cfg)
+    return step_received(conf, policy, field="conf", what="the DAG run", scheduler="airflow")
 
 
 class TorchxAppOperator(AppDefOperator):

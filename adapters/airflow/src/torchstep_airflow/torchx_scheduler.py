@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -130,21 +129,6 @@ def dag_id_for(queue: str | None = None, dag_id: str = DAG_ID) -> str:
     return f"{dag_id}_{queue}" if queue else dag_id
 
 
-def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str) -> None:
-    """What the generic DAG's task checks of its ``cfg`` before it starts the step: the
-    target's options, with the task's own step made here and never run; a SpecError naming
-    ``cfg['step_cfg'][<key>]`` otherwise."""
-    from torchstep.plan.planner import build_plan
-    from torchstep.steps import KubernetesStep, LocalStep
-
-    try:
-        (LocalStep if target == "local" else KubernetesStep)(build_plan(app, target), run_id=run_id, cfg=cfg)
-    except SpecError as e:
-        if not e.field.startswith("cfg["):
-            raise
-        raise SpecError("cfg['step_cfg']" + e.field.removeprefix("cfg"), e.target, e.problem, fix=e.fix) from None
-
-
 # -- the request and the API ------------------------------------------------------------
 @dataclass
 class AirflowRequest:
@@ -214,15 +198,15 @@ class AirflowScheduler(base.TorchstepScheduler):
         opts = resolve(cfg)
         run_id = base.new_app_id(app.name)
         step_cfg = {**opts.step_cfg, **({"namespace": opts.namespace} if opts.namespace else {})}
-        conf = {"app": base.app_payload(app, opts.target), "target": opts.target, "cfg": step_cfg}
-        check_step_cfg(app, opts.target, step_cfg, run_id)
+        conf = base.step_conf(app, opts.target, step_cfg)
+        base.check_step_cfg(app, opts.target, step_cfg, run_id, field="cfg['step_cfg']")
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": "torchx run"}
         return AppDryRunInfo(AirflowRequest(opts.endpoint, dag_id_for(opts.queue, opts.dag_id), body, opts.api), str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         req: AirflowRequest = dryrun_info.request
         api = AirflowAPI(req.endpoint, **req.api)
-        dag = api.call("GET", f"/api/v2/dags/{_quote(req.dag_id)}", ok404=True)
+        dag = api.call("GET", f"/api/v2/dags/{rest.segment(req.dag_id)}", ok404=True)
         if dag is None:
             raise base.SchedulerError(
                 f"airflow: the DAG {req.dag_id} is not deployed at {req.endpoint}; fix: "
@@ -232,11 +216,11 @@ class AirflowScheduler(base.TorchstepScheduler):
             raise base.SchedulerError(
                 f"airflow: the DAG {req.dag_id} is paused; fix: airflow dags unpause {req.dag_id}"
             )
-        runs = f"/api/v2/dags/{_quote(req.dag_id)}/dagRuns"
+        runs = f"/api/v2/dags/{rest.segment(req.dag_id)}/dagRuns"
         run_id = req.body["dag_run_id"]
 
         def ours() -> Any:  # an earlier try made it (its answer was lost): the same run, not a second one
-            run = api.call("GET", f"{runs}/{_quote(run_id)}")
+            run = api.call("GET", f"{runs}/{rest.segment(run_id)}")
             if run.get("conf") != req.body["conf"]:
                 raise base.SchedulerError(f"airflow: a DAG run {run_id} exists already and is not this submission; "
                                           "fix: submit again (a new run id)")  # fmt: skip
@@ -262,7 +246,7 @@ class AirflowScheduler(base.TorchstepScheduler):
             if not sep or not endpoint:
                 return None
             api = AirflowAPI(endpoint)
-        return api, f"/api/v2/dags/{_quote(dag_id)}/dagRuns/{_quote(run_id)}"
+        return api, f"/api/v2/dags/{rest.segment(dag_id)}/dagRuns/{rest.segment(run_id)}"
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         found = self._locate(app_id)
@@ -285,7 +269,7 @@ class AirflowScheduler(base.TorchstepScheduler):
         msg = ti.get("state") or ""
         if state in (AppState.FAILED, AppState.SUCCEEDED):
             msg = self._result_message(api, path) or msg
-        ui = f"{api.endpoint}/dags/{_quote(run.get('dag_id', ''))}/runs/{_quote(run.get('dag_run_id', ''))}"
+        ui = f"{api.endpoint}/dags/{rest.segment(run.get('dag_id', ''))}/runs/{rest.segment(run.get('dag_run_id', ''))}"
         resp = base.response(app_id, state, msg, ui_url=ui)
         resp.num_restarts = max(0, int(ti.get("try_number") or 1) - 1)
         resp.roles = base.roles_of((run.get("conf") or {}).get("app"))
@@ -299,22 +283,7 @@ class AirflowScheduler(base.TorchstepScheduler):
             xcom = api.call("GET", f"{path}/taskInstances/{TASK_ID}/xcomEntries/return_value?deserialize=true")
         except base.SchedulerError:
             return ""
-        value = (xcom or {}).get("value")
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                return ""
-        if not isinstance(value, dict):
-            return ""
-        from torchstep.result import StepResult
-        from torchstep.steps import failure_summary
-
-        try:
-            result = StepResult.from_dict(value)
-        except (KeyError, TypeError, ValueError):
-            return ""
-        return "" if result.succeeded else failure_summary(result)
+        return base.result_message((xcom or {}).get("value"))
 
     def _cancel_existing(self, app_id: str) -> None:
         found = self._locate(app_id)
@@ -355,10 +324,6 @@ class AirflowScheduler(base.TorchstepScheduler):
             return list(base.lines_of_role(lines[cursor:], role_name, names)), len(lines)
 
         return base.follow(fetch, lambda: self.finished(app_id), tail=tail, until=until)
-
-
-def _quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="")
 
 
 def _log_line(entry: Any) -> str:

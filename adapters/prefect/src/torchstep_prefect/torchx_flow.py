@@ -39,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefect import flow
-from torchstep.errors import SpecError
 from torchstep.policy import ENV_POLICY, Policy, PolicyError, untrusted_cfg
 from torchstep.policy import resolve as resolve_policy
 
@@ -47,7 +46,6 @@ from torchstep.policy import resolve as resolve_policy
 FLOW_NAME = "torchstep-torchx"
 #: The deployment name ``serve`` uses by default (the scheduler's default ``deployment``).
 DEPLOYMENT_NAME = "torchx"
-TARGETS = ("local", "kubernetes")
 
 
 def load_app(
@@ -74,11 +72,10 @@ def load_app(
 
         app = load_app(parameters["app"], "kubernetes", cfg={"namespace": "ml"})
     """
-    from torchstep.schedulers.base import app_received
+    from torchstep.schedulers.base import step_received
 
-    if target not in TARGETS:
-        raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
-    return app_received(data, target, cfg, policy)[0]
+    conf = {"app": data, "target": target, "cfg": cfg or {}}
+    return step_received(conf, policy, field=None, what="the flow run", scheduler="prefect")[0]
 
 
 @flow(name=FLOW_NAME, retries=0, persist_result=False, validate_parameters=True)

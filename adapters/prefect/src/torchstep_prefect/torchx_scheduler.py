@@ -42,12 +42,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
 
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, records, rest
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
-from torchx.specs import AppDef, AppDryRunInfo, AppState, Role, macros
+from torchx.specs import AppDef, AppDryRunInfo, AppState, Role
 
 BACKEND = "prefect"
 FLOW_NAME = "torchstep-torchx"  # torchx_flow.FLOW_NAME (that module imports prefect)
@@ -227,14 +226,7 @@ def ui_url(endpoint: str, flow_run_id: str) -> str:
 
 def roles_of(parameters: Any) -> list[Role]:
     """The roles (name, replicas) of the AppDef in a flow run's parameters."""
-    app = parameters.get("app") if isinstance(parameters, dict) else None
-    roles = app.get("roles") if isinstance(app, dict) else None
-    out = []
-    for r in roles if isinstance(roles, list) else []:
-        if isinstance(r, dict) and isinstance(r.get("name"), str):
-            n = r.get("num_replicas", 1)
-            out.append(Role(r["name"], image=str(r.get("image", "")), num_replicas=n if isinstance(n, int) else 1))
-    return out
+    return base.roles_of(parameters.get("app") if isinstance(parameters, dict) else None, lenient=True)
 
 
 # -- the scheduler ----------------------------------------------------------------------
@@ -246,17 +238,13 @@ class PrefectScheduler(base.TorchstepScheduler):
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         opts = resolve(cfg)
-        payload = base.app_payload(app, opts.target)  # SpecError naming the field
         app_id = base.new_app_id(app.name)
-        for role in payload["roles"]:  # the handle TorchX tells the app is this one, not a try's id
-            job_id = (role.get("env") or {}).get("TORCHX_JOB_ID")
-            if isinstance(job_id, str):
-                role["env"]["TORCHX_JOB_ID"] = job_id.replace(macros.app_id, app_id)
+        step_cfg = {"namespace": opts.namespace} if opts.namespace else {}
         request = PrefectRequest(
             app_id=app_id,
             endpoint=opts.endpoint,
             deployment=opts.deployment,
-            parameters={"app": payload, "target": opts.target, "cfg": {"namespace": opts.namespace} if opts.namespace else {}},
+            parameters=base.step_conf(app, opts.target, step_cfg, app_id=app_id),  # SpecError naming the field
             queue=opts.queue,
             tags=list(opts.tags),
             api_key_env=opts.api_key_env,
@@ -268,7 +256,7 @@ class PrefectScheduler(base.TorchstepScheduler):
         req: PrefectRequest = dryrun_info.request
         api = PrefectAPI(req.endpoint, req.api_key_env, req.auth_string_env)
         flow, _, name = req.deployment.partition("/")
-        dep = api.call("GET", f"/deployments/name/{quote(flow, safe='')}/{quote(name, safe='')}", ok404=True)
+        dep = api.call("GET", f"/deployments/name/{rest.segment(flow)}/{rest.segment(name)}", ok404=True)
         if dep is None:
             raise base.SchedulerError(f"prefect: no deployment {req.deployment!r} at {req.endpoint}; fix: {_SERVE_FIX}")
         try:  # the idempotency key makes a repeated create return the run the first one made

@@ -24,6 +24,7 @@ import random
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,6 +84,16 @@ def retry_after(value: str | None) -> float | None:
         except (TypeError, ValueError):
             return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def segment(text: str) -> str:
+    """``text`` as one segment of a URL path (every ``/`` and reserved character escaped):
+    an id from a record or a command line never reaches another path.
+
+    >>> segment("manual__2026-01-01T00:00:00+00:00/x")
+    'manual__2026-01-01T00%3A00%3A00%2B00%3A00%2Fx'
+    """
+    return urllib.parse.quote(text, safe="")
 
 
 class _NotSent(Exception):
