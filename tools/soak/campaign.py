@@ -19,10 +19,10 @@ from types import ModuleType
 
 from tools.soak import faults, invariants
 from tools.soak.model import Observation, Run, Violation
-from tools.soak.surfaces import local
+from tools.soak.surfaces import local, torchx
 
 #: The surfaces the campaign drives, by name.
-SURFACES: dict[str, ModuleType] = {local.NAME: local}
+SURFACES: dict[str, ModuleType] = {local.NAME: local, torchx.NAME: torchx}
 
 
 def pairs(surfaces: list[str]) -> list[tuple[str, str]]:
@@ -84,7 +84,7 @@ def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep
         workdir = Path(tempfile.mkdtemp(prefix=f"soak-{run.index}-"))
         started = time.monotonic()
         obs = surface.run(run, seed, workdir / "run")
-        bad = invariants.check(run, obs, surface.LINES)
+        bad = invariants.check(run, obs, surface.LINES, getattr(surface, "EXPECT", {}).get(run.fault))
         outcomes.append(Outcome(run, obs, bad))
         verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"
         say(f"soak run {run.index} {run.key}: rc {obs.rc}, "

@@ -11,6 +11,8 @@ import errno
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,21 +39,24 @@ class Expect:
     """The outcome a fault class must give on the local target.
 
     Attributes:
-        state: the result's final state (None: no final result is required).
-        exit_code: the exit status of ``torchstep run``.
+        state: the final state (None: no final state is required).
+        exit_code: the exit status of ``torchstep run`` (None: not checked).
         restarts: agent restarts summed over replicas (each agent restarting its workers once
-            counts one; a replaced agent counts one).
+            counts one; a replaced agent counts one); None: not compared, but no worker group
+            may have been started twice (no ``attempt_1`` directory).
         attempts: ``torchstep run`` tries (``--retries 0``: always 1).
         names_rank: the root cause must name the faulty rank.
         guarantee: the sentence docs/reliability.md prints for the class.
+        record: a result record is required (result.json or the ``--json`` print).
     """
 
     state: str | None
-    exit_code: int
-    restarts: int
+    exit_code: int | None
+    restarts: int | None
     attempts: int = 1
     names_rank: bool = False
     guarantee: str = ""
+    record: bool = True
 
 
 #: fault class -> (in_worker, expected outcome on the local target)
@@ -124,6 +129,7 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
                 "`torchstep run` itself is SIGKILLed: no process of the run survives it (death signal, "
                 "launch-token scan); no final result can be written by a dead process"
             ),
+            record=False,
         ),
     ),
     "cancel": (
@@ -174,11 +180,12 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
         Expect(
             "FAILED",
             82,
-            0,
+            None,
             names_rank=True,
             guarantee=(
-                "a rank raises `torchstep.NonRetryableError`: FAILED, exit 82, `retryable: false`, never "
-                "restarted nor retried, root cause names the rank"
+                "a rank raises `torchstep.NonRetryableError`: FAILED, exit 82, `retryable: false`, no worker "
+                "restarted nor the step retried, root cause names the rank (a peer agent whose own workers "
+                "failed first may count a restart it never ran: see Violations found)"
             ),
         ),
     ),
@@ -205,6 +212,19 @@ def in_worker_env(fault: str, rank: int, line: int) -> dict[str, str]:
     if not FAULTS[fault][0]:
         return {}
     return {"SOAK_FAULT": fault, "SOAK_FAULT_RANK": str(rank), "SOAK_FAULT_LINE": str(line)}
+
+
+def tail_env(fault: str) -> dict[str, str]:
+    """Under ``cancel``, the job stays alive after its last line, so that a cancel through an
+    orchestrator's CLI (seconds to start) always finds the step running.
+
+    Args:
+        fault: a key of FAULTS.
+
+    Returns:
+        ``SOAK_TAIL_S`` for the job, or nothing.
+    """
+    return {"SOAK_TAIL_S": "60"} if fault == "cancel" else {}
 
 
 def progress_of(progress: Path, rank: int) -> tuple[int, int] | None:
@@ -271,3 +291,41 @@ def fill(path: Path) -> None:
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
+
+
+def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], bool], watcher: int,
+                    progress: Path, log_dir: Path, cancel: Callable[[], None]) -> bool:  # fmt: skip
+    """Wait until rank ``rank`` printed line ``moment``, then inject the external ``fault``.
+
+    Args:
+        fault: sigkill_rank, sigkill_agent, sigkill_watcher, cancel or logfull.
+        rank: the faulty rank (whose progress times the fault).
+        moment: the line number.
+        alive: whether the run still runs.
+        watcher: the pid of the process watching the step (the agents' parent).
+        progress: the job's progress directory.
+        log_dir: the run's log directory (a tmpfs under ``logfull``).
+        cancel: cancels the step through the orchestrator.
+
+    Returns:
+        Whether it was injected (False: the run ended first).
+    """
+    while alive():
+        seen = progress_of(progress, rank)
+        if seen and seen[1] >= moment:
+            pid = seen[0]
+            if fault == "sigkill_rank":
+                return kill(pid, signal.SIGKILL)
+            if fault == "sigkill_agent":
+                agent = agent_of(pid, watcher)
+                return bool(agent) and kill(agent, signal.SIGKILL)
+            if fault == "sigkill_watcher":
+                return kill(watcher, signal.SIGKILL)
+            if fault == "cancel":
+                cancel()
+                return True
+            if fault == "logfull":
+                fill(log_dir)
+            return True
+        time.sleep(0.02)
+    return False

@@ -83,7 +83,7 @@ def check_lines(obs: Observation, lines: int, complete: bool) -> list[str]:
         bad += _covered("console", console, lines)
         if obs.run_dir is not None and obs.expect_lines_in_files:
             bad += _covered("rank logs", files, lines)
-    if files and obs.rc != -9:  # a SIGKILLed `torchstep run` stops printing at once
+    if files and not obs.watcher_killed:  # a SIGKILLed watcher stops printing at once
         for pid, items in files.items():
             if console.get(pid, []) != items:
                 bad.append(f"console and rank log of pid {pid} differ: {console.get(pid)} vs {items}")
@@ -107,56 +107,62 @@ def check_private(run_dir: Path | None) -> list[str]:
     return bad
 
 
-def check(run: Run, obs: Observation, lines: int) -> list[Violation]:
-    """Every invariant of one local run.
+def check(run: Run, obs: Observation, lines: int, expect: faults.Expect | None = None) -> list[Violation]:
+    """Every invariant of one run.
 
     Args:
         run: the planned run.
         obs: what the surface observed.
         lines: lines per rank of a complete run.
+        expect: the surface's expected outcome (default: the local target's, faults.FAULTS).
 
     Returns:
         The violations (empty: the run held).
     """
     fault = run.fault if obs.injected else "none"
-    exp = faults.FAULTS[fault][1]
+    exp = expect if expect is not None and obs.injected else faults.FAULTS[fault][1]
     out: list[Violation] = []
 
     def v(inv: str, detail: str) -> None:
         out.append(Violation(run, NAMES[inv], detail))
 
     res = obs.result
+    state = obs.state if obs.state is not None else (res or {}).get("state")
     # 5: never a hang
     if obs.hung:
         v("5", f"killed at the deadline after {obs.duration_s:.0f} s ({'; '.join(obs.notes)})")
     # 1: the final state of this class, the root cause naming the rank
-    if obs.rc != exp.exit_code:
+    if exp.exit_code is not None and obs.rc != exp.exit_code:
         v("1", f"exit status {obs.rc}, expected {exp.exit_code}")
-    if exp.state is not None:
-        if res is None:
-            v("6", "no result record (neither result.json nor --json)")
-        else:
-            if res.get("state") != exp.state:
-                v("1", f"state {res.get('state')}, expected {exp.state} (message: {res.get('message')})")
-            cause = res.get("root_cause") or {}
-            if exp.names_rank and cause.get("rank") != run.rank:
-                v("1", f"root cause names rank {cause.get('rank')}, the faulty rank is {run.rank}")
-            # 4: restarts and tries exactly as planned, never a retry of a non-retryable error
-            if res.get("restarts") != exp.restarts or res.get("attempts") != exp.attempts:
-                v("4", f"restarts {res.get('restarts')} attempts {res.get('attempts')}, expected "
-                       f"{exp.restarts} / {exp.attempts}")  # fmt: skip
-            if fault == "nonretryable" and res.get("retryable") is not False:
-                v("4", f"a non-retryable error reported retryable={res.get('retryable')}")
-            # 6: the record agrees with the exit status
-            if res.get("exit_code") != obs.rc or (res.get("state") == "SUCCEEDED") != (obs.rc == 0):
-                v("6", f"result says {res.get('state')} exit {res.get('exit_code')}, the process exited {obs.rc}")
-            if fault == "logfull" and obs.injected and not res.get("warnings"):
-                v("1", "the log disk filled but the result has no warning")
+    if exp.state is not None and state != exp.state:
+        v("1", f"state {state}, expected {exp.state} (message: {(res or {}).get('message')})")
+    if exp.record and res is None:
+        v("6", f"no result record ({obs.result_source})")
+    elif exp.record and res is not None:
+        cause = res.get("root_cause") or {}
+        if exp.names_rank and cause.get("rank") != run.rank:
+            v("1", f"root cause names rank {cause.get('rank')}, the faulty rank is {run.rank}")
+        # 4: restarts and tries exactly as planned, never a retry of a non-retryable error
+        again = (
+            sorted(str(p.relative_to(obs.run_dir)) for p in obs.run_dir.glob("*/*/attempt_1")) if obs.run_dir else []
+        )
+        if exp.restarts is None and again:
+            v("4", f"a worker group was started again: {again}")
+        if (exp.restarts is not None and res.get("restarts") != exp.restarts) or res.get("attempts") != exp.attempts:
+            v("4", f"restarts {res.get('restarts')} attempts {res.get('attempts')}, expected "
+                   f"{exp.restarts} / {exp.attempts}")  # fmt: skip
+        if fault == "nonretryable" and res.get("retryable") is not False:
+            v("4", f"a non-retryable error reported retryable={res.get('retryable')}")
+        # 6: the record agrees with the exit status and the orchestrator's state
+        if res.get("exit_code") != obs.rc or res.get("state") != state:
+            v("6", f"result says {res.get('state')} exit {res.get('exit_code')}; observed {state}, exit {obs.rc}")
+        if fault == "logfull" and not res.get("warnings"):
+            v("1", "the log disk filled but the result has no warning")
     # 2: nothing left
     if obs.leftovers:
         v("2", "alive 15 s after the end: " + " | ".join(obs.leftovers))
     # 3: lines
-    complete = res is not None and res.get("state") == "SUCCEEDED" and exp.state == "SUCCEEDED"
+    complete = state == "SUCCEEDED" and exp.state == "SUCCEEDED"
     for detail in check_lines(obs, lines, complete):
         v("3", detail)
     # 6: private files

@@ -13,7 +13,8 @@ the checkpoint dir), on rank ``SOAK_FAULT_RANK`` just before it prints line ``SO
 - ``flood``: write 20 MiB to stdout, then exit 3;
 - ``daemon``: leave a double-forked daemon (``setsid``) sleeping 600 s, and carry on.
 
-Every rank also writes ``SOAK_PROGRESS/rank<R>`` (``<pid> <line>``) so the harness can
+``SOAK_TAIL_S`` keeps every rank alive that long after its last line (a cancel through a
+CLI takes seconds to land). Every rank also writes ``SOAK_PROGRESS/rank<R>`` (``<pid> <line>``) so the harness can
 inject external faults (SIGKILL a rank or its agent, fill the log disk) at a line number.
 """
 
@@ -106,6 +107,7 @@ def main() -> None:
         print(f"soak rank={rank} attempt={attempt} pid={os.getpid()} line={n}", flush=True)
         write_atomic(os.path.join(progress, f"rank{rank}"), f"{os.getpid()} {n}")
         time.sleep(interval)
+    time.sleep(float(os.environ.get("SOAK_TAIL_S", "0")))  # still running when a slow cancel lands
     dist.barrier()
     if rank == 0:
         write_atomic(done_file, str(lines - 1))

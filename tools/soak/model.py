@@ -61,6 +61,8 @@ class Observation:
         injected: whether the external fault was really injected (the moment was reached).
         notes: free text for the report.
         expect_lines_in_files: rank logs must hold every line (False on a full log disk).
+        state: the final state as the orchestrator reports it (None: the result's).
+        watcher_killed: the process that printed the console was SIGKILLed (its tail is lost).
     """
 
     rc: int
@@ -74,6 +76,8 @@ class Observation:
     injected: bool = True
     notes: list[str] = field(default_factory=list)
     expect_lines_in_files: bool = True
+    state: str | None = None
+    watcher_killed: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 
 def procs_with_env(marker: str) -> list[int]:
@@ -42,3 +44,26 @@ def describe(pids: list[int]) -> list[str]:
         except OSError:
             pass
     return lines
+
+
+def leftovers(marker: str, within: float = 15.0) -> list[str]:
+    """Wait up to ``within`` seconds for every process carrying ``marker`` to end; SIGKILL
+    and describe those still alive (invariant 2).
+
+    Args:
+        marker: ``NAME=value``.
+        within: the grace the run's processes get after its end.
+
+    Returns:
+        ``pid: command line`` of each process that was still alive.
+    """
+    deadline = time.monotonic() + within
+    while (left := procs_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = describe(left)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return text

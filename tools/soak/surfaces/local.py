@@ -13,35 +13,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import faults
+from tools.soak import component, faults, procs
 from tools.soak.model import Observation, Run
-from tools.soak.procs import describe, procs_with_env
 
 NAME = "local"
 FAULTS = tuple(faults.FAULTS)
-JOB = Path(__file__).resolve().parent.parent / "job.py"
 #: Lines every rank prints and the pause after each (the job is short on purpose).
 LINES, INTERVAL_S = 10, 0.15
 
 
 def app_json() -> dict[str, Any]:
-    """The soak AppDef as ``torchstep run --app`` reads it: 2 replicas x 2 processes,
-    REPLICA retries with a budget of 1 restart per agent."""
+    """The soak AppDef (tools/soak/component.py) as ``torchstep run --app`` reads it."""
     from torchstep.local.appfile import app_to_dict
-    from torchx import specs
 
-    role = specs.Role(
-        name="soak",
-        image="unused",
-        entrypoint=sys.executable,
-        args=[str(JOB)],
-        num_replicas=faults.REPLICAS,
-        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
-        max_retries=1,
-        retry_policy=specs.RetryPolicy.REPLICA,
-        metadata={"torchstep": {"nproc_per_node": faults.NPROC}},
-    )
-    return app_to_dict(specs.AppDef("soak", roles=[role]))
+    return app_to_dict(component.soak(faults.REPLICAS, faults.NPROC))
 
 
 def _printed_result(out: str) -> dict[str, Any] | None:
@@ -52,30 +37,6 @@ def _printed_result(out: str) -> dict[str, Any] | None:
         return json.loads(out[at + 1 :])
     except ValueError:
         return None
-
-
-def _inject(run: Run, proc: subprocess.Popen[bytes], progress: Path, log_dir: Path) -> bool:
-    """Wait until the faulty rank reached the moment, then inject an external fault.
-    Returns whether it was injected (False: the run ended first)."""
-    while proc.poll() is None:
-        seen = faults.progress_of(progress, run.rank)
-        if seen and seen[1] >= run.moment:
-            pid = seen[0]
-            if run.fault == "sigkill_rank":
-                return faults.kill(pid, signal.SIGKILL)
-            if run.fault == "sigkill_agent":
-                agent = faults.agent_of(pid, proc.pid)
-                return bool(agent) and faults.kill(agent, signal.SIGKILL)
-            if run.fault == "sigkill_watcher":
-                return faults.kill(proc.pid, signal.SIGKILL)
-            if run.fault == "cancel":
-                return faults.kill(proc.pid, signal.SIGTERM)
-            if run.fault == "logfull":
-                faults.fill(log_dir)
-                return True
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
@@ -106,7 +67,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     token = uuid.uuid4().hex
     env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
                SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
-               **faults.in_worker_env(run.fault, run.rank, run.moment))  # fmt: skip
+               **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault))  # fmt: skip
     cfg = f"timeout={faults.timeout_of(run.fault)},grace_period={faults.GRACE_S:g},retry_delay=0"
     argv = [sys.executable, "-m", "torchstep.cli", "run", "--app", str(app), "--log-dir", str(log_dir),
             "--retries", "0", "-c", cfg, "--json", "--no-live"]  # fmt: skip
@@ -118,7 +79,16 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         injected = True
         try:
             if not faults.FAULTS[run.fault][0] and run.fault != "none":
-                injected = _inject(run, proc, progress, log_dir)
+                injected = faults.inject_external(
+                    run.fault,
+                    run.rank,
+                    run.moment,
+                    alive=lambda: proc.poll() is None,
+                    watcher=proc.pid,
+                    progress=progress,
+                    log_dir=log_dir,
+                    cancel=lambda: proc.send_signal(signal.SIGTERM),
+                )
                 sent = time.monotonic()
                 if run.fault == "cancel" and injected:
                     try:
@@ -153,13 +123,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     if result is None:
         result = _printed_result(text)
         source = "--json" if result is not None else "none"
-    marker = f"SOAK_MARK={token}"
-    deadline = time.monotonic() + 15
-    while (left := procs_with_env(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leftovers = describe(left) if left else []
-    for pid in left:
-        faults.kill(pid, signal.SIGKILL)
+    leftovers = procs.leftovers(f"SOAK_MARK={token}")
     if mounted:
         faults.umount(log_dir)
     if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
@@ -169,4 +133,5 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     del expect, seed
     return Observation(rc=proc.returncode, duration_s=duration, result=result, result_source=source,
                        console=text, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
-                       notes=notes, expect_lines_in_files=run.fault != "logfull")  # fmt: skip
+                       notes=notes, expect_lines_in_files=run.fault != "logfull",
+                       watcher_killed=run.fault == "sigkill_watcher" and injected)  # fmt: skip
