@@ -65,53 +65,29 @@ def job_variables(app: Any, *, target: str = "local") -> dict[str, Any]:
     ('8', '16384Mi', 2)
     """
     import torchstep
-    from torchstep.kubernetes.options import resolve
-    from torchstep.kubernetes.pod import volumes
+    from torchstep.kubernetes.hostpod import host_pod
 
     app_def = torchstep.materialize(app)
     plan = torchstep.build_plan(app_def, "kubernetes")
-    images = {r.image for r in plan.roles}
     out: dict[str, Any] = {"image": plan.roles[0].image}
     if target == "kubernetes":
         return {**out, **LAUNCHER_RESOURCES}
     if target != "local":
         raise SpecError("target", None, f"unknown target {target!r}", fix="use 'local' or 'kubernetes'")
-    if len(images) > 1:
-        raise SpecError("roles", "prefect", f"the roles use {len(images)} images, but a flow-run pod has one",
+    pod = host_pod(plan)  # every replica in the one flow-run pod
+    if len(pod.images) > 1:
+        raise SpecError("roles", "prefect", f"the roles use {len(pod.images)} images, but a flow-run pod has one",
                         fix="use one image, or app_task(..., target='kubernetes') (a pod per replica)")  # fmt: skip
-    cpu = sum((r.resources.cpu or 0) * r.num_replicas for r in plan.roles)
-    mem = sum((r.resources.mem_mb or 0) * r.num_replicas for r in plan.roles)
-    gpu = sum((r.resources.gpu or 0) * r.num_replicas for r in plan.roles)
-    if cpu:
-        out["cpu_request"] = out["cpu_limit"] = f"{cpu:g}"
-    if mem:
-        out["memory_request"] = out["memory_limit"] = f"{mem}Mi"
-    if gpu:
-        out["gpu_limit"] = int(gpu)
-    opts = resolve({})
-    vols: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    selector: dict[str, str] = {}
-    tolerations: list[Any] = []
-    env: dict[str, str] = {}
-    secret_env: list[dict[str, Any]] = []
-    for r in plan.roles:
-        v, m, _ = volumes(r, opts)
-        vols += [x for x in v if x not in vols]
-        mounts += [x for x in m if x not in mounts]
-        selector.update({k: str(val) for k, val in r.resources.capabilities.items()})
-        overlay = r.metadata.get("kubernetes") or {}
-        spec = overlay.get("spec", overlay) if isinstance(overlay, dict) else {}
-        selector.update(spec.get("nodeSelector") or {})
-        tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
-        env.update(r.env)
-        secret_env += [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
-                       for s in r.secret_env]  # fmt: skip
-    out.update({"volumes": vols, "volume_mounts": mounts})
-    for key, value in (("node_selector", selector), ("tolerations", tolerations), ("env", env),
-                       ("secret_env", secret_env)):  # fmt: skip
-        if value:
-            out[key] = value
+    if pod.cpu:
+        out["cpu_request"] = out["cpu_limit"] = f"{pod.cpu:g}"
+    if pod.mem_mb:
+        out["memory_request"] = out["memory_limit"] = f"{pod.mem_mb}Mi"
+    if pod.gpu:
+        out["gpu_limit"] = pod.gpu
+    out.update({"volumes": pod.volumes, "volume_mounts": pod.volume_mounts})
+    for key in ("node_selector", "tolerations", "env", "secret_env"):
+        if getattr(pod, key):
+            out[key] = getattr(pod, key)
     return out
 
 
