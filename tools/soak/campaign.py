@@ -83,7 +83,14 @@ def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep
         surface = SURFACES[run.surface]
         workdir = Path(tempfile.mkdtemp(prefix=f"soak-{run.index}-"))
         started = time.monotonic()
-        obs = surface.run(run, seed, workdir / "run")
+        try:
+            obs = surface.run(run, seed, workdir / "run")
+        except Exception as e:  # the harness itself broke: a violation to look at, not a crash
+            obs = Observation(rc=-1, duration_s=time.monotonic() - started, result=None, result_source="none",
+                              console="", run_dir=None, notes=[f"harness error: {e!r}"])  # fmt: skip
+            outcomes.append(Outcome(run, obs, [Violation(run, "harness", f"{type(e).__name__}: {e}")]))
+            say(f"soak run {run.index} {run.key}: harness error {e!r}; kept: {workdir}")
+            continue
         bad = invariants.check(run, obs, surface.LINES, getattr(surface, "EXPECT", {}).get(run.fault))
         outcomes.append(Outcome(run, obs, bad))
         verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"

@@ -9,5 +9,6 @@ NOT_COVERED = {
     "kfp.local": "kfp.local (tests/kfp/test_local_runs.py)",
     "prefect": "Prefect with a real `prefect server`",
     "airflow": "Airflow `dag.test` and the scheduler with PostgreSQL",
-    "torchx (airflow, prefect)": "`torchx run -s torchstep_airflow|torchstep_prefect` (torchstep_local is covered)",
+    "torchx (airflow, prefect)": "`torchx run` with `-s torchstep_airflow` or `-s torchstep_prefect` "
+    "(`-s torchstep_local` is covered)",
 }
