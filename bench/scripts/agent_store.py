@@ -1,4 +1,4 @@
-"""Host a c10d TCPStore on a free loopback port until killed (the local launcher's role).
+"""Host a c10d TCPStore on a free loopback port until killed (the local supervisor's role).
 
 Usage: agent_store.py PORT_FILE
 """

@@ -159,7 +159,7 @@ class Agents:
 
 
 class StoreHost:
-    """A process that hosts the c10d rendezvous store, as the local launcher does."""
+    """A process that hosts the c10d rendezvous store, as the local supervisor does."""
 
     def __init__(self, tmp_path: Path) -> None:
         port_file = tmp_path / "store.port"

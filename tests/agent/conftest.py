@@ -25,7 +25,7 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StoreHost]:
-    """A separate process hosting the c10d store (what the local launcher does)."""
+    """A separate process hosting the c10d store (what the local supervisor does)."""
     host = StoreHost(tmp_path)
     try:
         yield host

@@ -49,7 +49,7 @@ def test_on_a_full_log_dir_the_agent_ends_with_the_workers_outcome(agents: Agent
 def test_a_result_file_on_a_full_disk_reaches_its_reader_by_the_termination_log(agents: Agents, tmp_path: Path) -> None:
     """``--result-file`` cannot be written: exit 83 when nothing else carries the result (a
     caller must not see success without it); with a termination log elsewhere (what the
-    local launcher and Kubernetes read) the step's own exit 0 and a summary that says why."""
+    local supervisor and Kubernetes read) the step's own exit 0 and a summary that says why."""
     with full_tmpfs(tmp_path / "full") as full:
         fill(full)
         argv = [

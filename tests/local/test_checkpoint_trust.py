@@ -132,7 +132,7 @@ def test_a_file_planted_by_another_user_is_never_the_last_checkpoint(tmp_path: P
 
 @needs_root
 def test_last_checkpoint_checks_again_on_every_call_inside_a_running_worker(tmp_path: Path) -> None:
-    """The entry is planted *after* the launcher checked the directory and started the
+    """The entry is planted *after* the supervisor checked the directory and started the
     worker: the worker's own torchstep.last_checkpoint() still refuses it, and says why."""
     ckpt = tmp_path / "ckpt"
     script = tmp_path / "late.py"

@@ -347,7 +347,7 @@ def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory
 ) -> None:
     import tempfile
 
-    # this run's own temporary directory (the launcher's and every agent's): what other
+    # this run's own temporary directory (the supervisor's and every agent's): what other
     # torchstep runs on the machine leave in the shared one is not this run's leftover
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -367,20 +367,20 @@ def test_a_killed_agent_leaves_a_final_replica_result_and_no_temporary_directory
 def test_a_full_disk_under_the_console_log_truncates_it_and_the_run_still_ends_right(
     log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ENOSPC on every write of the launcher's console.log (the file is /dev/full): the
+    """ENOSPC on every write of the supervisor's console.log (the file is /dev/full): the
     console keeps every line, the run ends with its real outcome, the result says so."""
-    import torchstep.local.launcher as launcher
+    import torchstep.local.supervisor as supervisor
     from torchstep.plan.planner import build_plan
     from torchstep.steps import LocalStep
 
-    real_open = launcher.open_private
+    real_open = supervisor.open_private
 
     def full_disk(path: str, flags: int = os.O_WRONLY) -> int:
         if str(path).endswith("console.log"):
             return os.open("/dev/full", os.O_WRONLY)
         return real_open(path, flags)
 
-    monkeypatch.setattr(launcher, "open_private", full_disk)
+    monkeypatch.setattr(supervisor, "open_private", full_disk)
     out = tmp_path / "out"
     out.mkdir()
     cases = {

@@ -1,4 +1,4 @@
-"""What the launcher decides before starting anything (no processes): the GPU partition
+"""What the supervisor decides before starting anything (no processes): the GPU partition
 with a fake device count, the mount rewrite, run options."""
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_two_roles_each_form_their_own_world(tmp_path: Path, log_dir: Path, caps
 def test_a_replica_whose_workers_failed_on_their_own_is_failed_live_and_in_the_result(
     tmp_path: Path, log_dir: Path
 ) -> None:
-    """Two roles whose workers both exit 2 at once: the launcher ends the run on the first
+    """Two roles whose workers both exit 2 at once: the supervisor ends the run on the first
     exit it sees, while the other agent has already failed on its own. One rule
     (``torchstep.result.replica_state``) names both in the live lines and in the result:
     FAILED (exit 2), never CANCELLED in one place and FAILED in the other."""
@@ -108,7 +108,7 @@ def test_a_replica_whose_workers_failed_on_their_own_is_failed_live_and_in_the_r
     def on_status(ev: ReplicaEvent) -> None:
         events.append(ev)
         if ev.state == "FAILED" and sum(e.state == "FAILED" for e in events) == 1:
-            # hold the launcher until the other agent has failed by itself: the stop that
+            # hold the supervisor until the other agent has failed by itself: the stop that
             # follows reaches an agent that is writing its own result, or already gone
             other = "beta" if ev.role == "alpha" else "alpha"
             wait_for(lambda: final(ev, other), 60, f"{other}'s own result")
@@ -203,7 +203,7 @@ def test_bad_input_is_refused_before_anything_starts(case: str, log_dir: Path, m
 
 
 def test_role_policy_restarts_the_role(tmp_path: Path, log_dir: Path) -> None:
-    """ROLE (TorchX nightly; a policy name works with any TorchX): the launcher restarts the role."""
+    """ROLE (TorchX nightly; a policy name works with any TorchX): the supervisor restarts the role."""
     counter = tmp_path / "attempts.txt"
     app = specs.AppDef(
         "role-policy",

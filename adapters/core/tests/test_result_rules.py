@@ -1,6 +1,6 @@
 """The one rule per question in ``torchstep.result`` (issue 23): which line names a root
 cause, what state a replica ended in, whether a result is retryable — and that the compact
-summary (termination message, the local launcher's fallback) carries them."""
+summary (termination message, the local supervisor's fallback) carries them."""
 
 from __future__ import annotations
 

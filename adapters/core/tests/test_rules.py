@@ -308,7 +308,7 @@ CASES = [
         "port-rdzv",
         lambda: app(role(port_map={"c10d": 29500})),
         "roles[0].port_map['c10d']",
-        per((H, "launcher's store port"), (H, "containerPort 29500"), (H, "rendezvous port")),
+        per((H, "supervisor's store port"), (H, "containerPort 29500"), (H, "rendezvous port")),
     ),
     Case(
         "port-other",

@@ -1,4 +1,4 @@
-"""Host a c10d TCPStore on a free loopback port (like the local launcher) until killed.
+"""Host a c10d TCPStore on a free loopback port (like the local supervisor) until killed.
 
 Usage: python store.py PORT_FILE — the port is written to PORT_FILE when ready.
 """

@@ -3,7 +3,7 @@ hold in its environment?
 
 env_probe.py SHA256   prints the names of its environment variables, its own values of
                       the allowlisted ones, publishes the names as the rank-0 output "env",
-                      and reports every process of its run (the launcher's token) whose
+                      and reports every process of its run (the supervisor's token) whose
                       environment holds a value with this SHA-256 — never the value itself.
 """
 

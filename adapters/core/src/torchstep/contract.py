@@ -1,7 +1,7 @@
 """The contract between the launchers, the agent and the workers: environment variable
 names, reserved exit codes, the worker error-file format and signal names.
 
-Standard library only: the agent, the worker API, the local launcher, the Kubernetes
+Standard library only: the agent, the worker API, the local supervisor, the Kubernetes
 renderer and every adapter import it, and nothing here may pull in more than that.
 
 Example::

@@ -681,7 +681,7 @@ def run_tries(
             result.state, result.message = CANCELLED, "cancelled while waiting to retry"
             result.retryable = is_retryable(result.state)
             if isinstance(step, LocalStep) and result.log_dir:
-                from torchstep.local.launcher import write_run_result
+                from torchstep.local.supervisor import write_run_result
 
                 write_run_result(result, f"{result.log_dir}/result.json", step.display)
             return result

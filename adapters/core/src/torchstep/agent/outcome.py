@@ -348,7 +348,7 @@ def _write_each(result: StepResult, paths: list[str]) -> dict[str, str]:
     termination_log = os.environ.get(ENV_TERMINATION_LOG)
     if termination_log and result.state in TERMINAL_STATES:
         # Kubernetes shows this file as the container's termination message: Job watchers
-        # (and the local launcher, when the result file could not be written) read each
+        # (and the local supervisor, when the result file could not be written) read each
         # replica's final result (outputs included) from it.
         try:
             with open(termination_log, "w") as f:

@@ -42,7 +42,7 @@ def run_plan(
     app_id: str | None = None,
     attempt: int = 1,
 ) -> StepResult:
-    """Run a local ``plan`` once (one :class:`~torchstep.local.launcher.Launcher`): the
+    """Run a local ``plan`` once (one :class:`~torchstep.local.supervisor.Supervisor`): the
     engine of :class:`torchstep.steps.LocalStep`, which :func:`torchstep.run_local`, ``torchstep
     run`` and every adapter use (retries of the whole app: :func:`torchstep.steps.run_tries`).
 
@@ -67,9 +67,9 @@ def run_plan(
     >>> _app_id(plan, resolve({"run_id": "try-1"})) == run_name(plan.k8s_name, "try-1")
     True
     """
-    from torchstep.local.launcher import Launcher
+    from torchstep.local.supervisor import Supervisor
 
-    launcher = Launcher(
+    supervisor = Supervisor(
         plan,
         opts,
         app_id=app_id or _app_id(plan, opts),
@@ -79,7 +79,7 @@ def run_plan(
         display=display or PlainDisplay(show_output=opts.tee),
         attempt=attempt,
     )
-    return launcher.run()
+    return supervisor.run()
 
 
 def _app_id(plan: StepPlan, opts: LocalOptions) -> str | None:

@@ -157,7 +157,7 @@ def prepare(
                 env["OMP_NUM_THREADS"] = str(max(1, len(cpus[key]) // role.nproc_per_node))
             env.update(ports.get(key, {}))
             if role.grace_period_s is None:
-                env[contract.ENV_GRACE_PERIOD] = f"{opts.grace_period:g}"  # the launcher waits that long
+                env[contract.ENV_GRACE_PERIOD] = f"{opts.grace_period:g}"  # the supervisor waits that long
             out.append(
                 ReplicaSpec(
                     role=role,

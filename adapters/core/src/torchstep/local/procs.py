@@ -1,7 +1,7 @@
-"""Process plumbing of the local launcher: how an agent is started, and how every process
+"""Process plumbing of the local supervisor: how an agent is started, and how every process
 of a run is found and killed — including workers orphaned by an agent that was SIGKILLed.
 
-Every process the launcher starts carries ``TORCHSTEP_LAUNCH_TOKEN=<run token>/<replica
+Every process the supervisor starts carries ``TORCHSTEP_LAUNCH_TOKEN=<run token>/<replica
 token>`` in its environment, and every descendant inherits it (the agent passes its
 environment to its workers, ``bash -c`` does too). ``/proc/<pid>/environ`` holds the
 environment a process was started with, so a scan finds every survivor whatever process
@@ -29,7 +29,7 @@ from torchstep.contract import ENV_LAUNCH_TOKEN
 ENV_TOKEN = ENV_LAUNCH_TOKEN
 _TOKEN_PREFIX = (ENV_TOKEN + "=").encode()
 
-# Runs between fork and the agent: ties the agent's life to the launcher thread that started
+# Runs between fork and the agent: ties the agent's life to the supervisor thread that started
 # it (PR_SET_PDEATHSIG survives execve), then applies the CPU affinity before the agent can
 # start workers (they inherit it), then execs the agent. A constant program: user data only
 # travels as argv.
@@ -37,7 +37,7 @@ _EXEC_SHIM = """\
 import ctypes, os, signal, sys
 ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 if os.getppid() != int(sys.argv[1]):
-    os._exit(70)  # the launcher died before prctl took effect
+    os._exit(70)  # the supervisor died before prctl took effect
 if sys.argv[2]:
     os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
 os.execvp(sys.argv[3], sys.argv[3:])
@@ -53,7 +53,7 @@ def spawn(
     stdin: int | None = subprocess.DEVNULL,
     pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session (the launcher alone decides when it stops), with
+    """Start ``argv`` in its own session (the supervisor alone decides when it stops), with
     its stdout and stderr merged into one pipe, dying with the calling thread's process.
     """
     shim = [sys.executable, "-S", "-c", _EXEC_SHIM, str(os.getpid()), ",".join(map(str, cpus))]

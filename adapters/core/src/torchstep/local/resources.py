@@ -133,7 +133,7 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
     """``(role, replica) -> {TORCHSTEP_PORT_<NAME>: port}``: replica ``r`` of a role gets
     ``port + r`` for each non-rendezvous ``port_map`` entry (replicas share one host). Every
     port is checked free now, so a taken port is a SpecError before any process starts.
-    The rendezvous port (``c10d``...) is ignored: the launcher picks a free one.
+    The rendezvous port (``c10d``...) is ignored: the supervisor picks a free one.
     """
     out: dict[tuple[str, int], dict[str, str]] = {}
     claimed: dict[int, str] = {}

@@ -2,13 +2,13 @@
 
 Several agents on one host cannot safely host their own c10d store: the first to bind
 hosts it, and when that agent dies every other agent dies with it (the store goes down with
-its host). So the launcher hosts one ``TCPStore`` per multi-replica role in a small process
+its host). So the supervisor hosts one ``TCPStore`` per multi-replica role in a small process
 of its own and every agent joins with ``--rdzv-conf is_host=false``: any agent may die and be replaced.
 
-There is no port race: the launcher binds and listens on ``127.0.0.1:0`` itself and hands
+There is no port race: the supervisor binds and listens on ``127.0.0.1:0`` itself and hands
 the listening socket to the store process (``master_listen_fd``); agents that connect before
 the store is up wait in the socket's backlog. The store process exits when its stdin (a pipe
-from the launcher) closes, so it never outlives the launcher.
+from the supervisor) closes, so it never outlives the supervisor.
 
 Example::
 
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m torchstep.local.store FD...``: serve until stdin closes."""
     fds = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
     stores = serve(fds)
-    sys.stdin.buffer.read()  # EOF: the launcher closed the pipe or died
+    sys.stdin.buffer.read()  # EOF: the supervisor closed the pipe or died
     del stores
 
 

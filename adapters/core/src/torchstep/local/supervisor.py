@@ -1,22 +1,22 @@
-"""The local launcher: every replica of every role is one ``torchstep-agent`` process on
+"""The local supervisor: every replica of every role is one ``torchstep-agent`` process on
 this machine, all started together, supervised until the run ends, and never left behind.
 
 What it owns (the agent owns the rest — worker restarts, per-rank logs, signal forwarding):
 
 * one rendezvous per role on 127.0.0.1: a multi-replica role joins a store hosted by the
-  launcher (:mod:`torchstep.local.store`); a single-replica agent hosts its own on a port
+  supervisor (:mod:`torchstep.local.store`); a single-replica agent hosts its own on a port
   the kernel picks (``127.0.0.1:0``), so concurrent runs never collide;
 * lost replicas: an agent that dies of a signal it could not handle (SIGKILL, OOM) is a
   lost node — its orphaned workers are killed and, while the role's REPLICA budget lasts,
   a new agent takes its place and joins the rendezvous (it gets ``--max-restarts`` = what
-  is left of the budget, so the launcher and the agents spend one budget). An agent that
+  is left of the budget, so the supervisor and the agents spend one budget). An agent that
   *exits* — budget spent, non-retryable failure — is final: the run fails;
 * stop: cancel / timeout / a failed replica → SIGTERM to every agent's process group, the
   grace period, then SIGKILL of every process tagged with the run's token;
 * the aggregated :class:`~torchstep.StepResult`, written to ``<log_dir>/<app_id>/result.json``.
 
 Nothing a full disk does to a file changes the outcome: each agent also leaves its result's
-summary in the launcher's private temporary directory (``TORCHSTEP_TERMINATION_LOG``), read
+summary in the supervisor's private temporary directory (``TORCHSTEP_TERMINATION_LOG``), read
 when its replica's ``result.json`` could not be written; a run result that cannot be written
 is still returned (and printed), its ``warnings`` naming every file that was truncated or
 not written.
@@ -67,8 +67,8 @@ from torchstep.result import (
     root_cause_line,
 )
 
-#: How the launcher starts the agent (``python -m torchstep.agent``, the interpreter running
-#: the launcher: no dependence on PATH).
+#: How the supervisor starts the agent (``python -m torchstep.agent``, the interpreter running
+#: the supervisor: no dependence on PATH).
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
 #: Exit code of a run stopped by its timeout (as GNU ``timeout``).
 
@@ -120,12 +120,12 @@ class _Replica:
     exit_code: int | None = None
     replaced: int = 0  # lost agents replaced so far
     lost: RankResult | None = None  # set when a loss ended this replica (budget spent)
-    stopped: bool = False  # stopped by the launcher (cancel, timeout, failure elsewhere)
+    stopped: bool = False  # stopped by the supervisor (cancel, timeout, failure elsewhere)
     dropped: bool = False  # lost, not replaced, and its elastic role went on without it
     threads: list[threading.Thread] = field(default_factory=list)
 
 
-class Launcher:
+class Supervisor:
     """One attempt of a local run (:func:`torchstep.local.run_plan`, under :class:`torchstep.steps.LocalStep`)."""
 
     def __init__(
@@ -510,7 +510,7 @@ class Launcher:
 
     def _reported(self, rep: _Replica) -> StepResult | None:
         """The agent's own word on ``rep``: its ``result.json``, unless that is missing or not
-        final and the summary it left in the launcher's directory is (a full disk)."""
+        final and the summary it left in the supervisor's directory is (a full disk)."""
         spec = rep.spec
         loaded: StepResult | None = None
         if os.path.exists(spec.result_file):
@@ -549,7 +549,7 @@ class Launcher:
         final = loaded is not None and loaded.replicas and loaded.state in (SUCCEEDED, FAILED, CANCELLED)
         if loaded is not None and loaded.replicas and (not final or rep.lost):
             # the agent died before its final word (its reaper may have marked it): the
-            # launcher knows better
+            # supervisor knows better
             loaded.state, loaded.exit_code = state, rep.exit_code
             for r in loaded.replicas:
                 r.state, r.exit_code = state, rep.exit_code
@@ -590,7 +590,7 @@ class Launcher:
             attempts=self.attempt,
             log_dir=self.dir,
         )
-        # the launcher knows why the run ended: replicas it stopped are not failures
+        # the supervisor knows why the run ended: replicas it stopped are not failures
         failed = self.failure
         own = [parts[k] for k, r in self.replicas.items() if not r.stopped]
         non_retryable = any(

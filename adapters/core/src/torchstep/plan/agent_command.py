@@ -1,6 +1,6 @@
 """How one replica of a planned role is started — shared by every target.
 
-The local launcher, the Kubernetes renderer and the KFP adapter all start a replica the
+The local supervisor, the Kubernetes renderer and the KFP adapter all start a replica the
 same way: the embedded agent wraps the role's argv (or, when the role already runs its own
 ``torchrun``, the ``torchrun`` shim first on PATH turns it into our agent), with the same
 per-replica environment. Only where the rendezvous lives differs per target.

@@ -77,7 +77,7 @@ class RetryOwner(str, enum.Enum):
 
     ORCHESTRATOR = "orchestrator"  # Airflow retries / KFP set_retry / Prefect retries
     AGENT = "agent"  # the embedded agent's --max-restarts (+ lost-replica replacement)
-    ROLE = "role"  # the launcher / Job of the role restarts every replica of it
+    ROLE = "role"  # the local supervisor / the Job of the role restarts every replica of it
     NONE = "none"  # max_retries == 0
 
 
@@ -106,11 +106,11 @@ class RetryBudget:
 
     @property
     def role_retries(self) -> int:
-        """Restarts of every replica of the role by its launcher / Job (``ROLE``, TorchX nightly)."""
+        """Restarts of every replica of the role by the local supervisor / its Job (``ROLE``, TorchX nightly)."""
         return self.count if self.owner is RetryOwner.ROLE else 0
 
 
-#: The retry budget table of ARCHITECTURE.md (policy → owner). HOT_SPARE keeps spare
+#: The retry budget table of docs/translation.md (policy → owner). HOT_SPARE keeps spare
 #: replicas in the elastic range, so its failures are the agent's like REPLICA.
 RETRY_OWNERS: dict[str, RetryOwner] = {
     "APPLICATION": RetryOwner.ORCHESTRATOR,

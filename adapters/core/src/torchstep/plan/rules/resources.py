@@ -359,7 +359,7 @@ def role_ports(rec: Recorder, p: str, role: Any) -> list[Port]:
         rdzv = name in RDZV_PORT_NAMES
         if t == "local":
             if rdzv:
-                rec.ok(path, port, "the rendezvous port: replaced by the launcher's store port")
+                rec.ok(path, port, "the rendezvous port: replaced by the supervisor's store port")
                 out.append(Port(name, port, rendezvous=True))
                 continue
             suffix = env_suffix(name)

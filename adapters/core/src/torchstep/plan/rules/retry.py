@@ -49,7 +49,7 @@ BECOMES: dict[str, Wording] = {
         "kfp": "agent --max-restarts {n} inside the step; no set_retry",
     },
     RetryOwner.ROLE.value: {
-        "local": "{n} restarts of every replica of the role by the launcher",
+        "local": "{n} restarts of every replica of the role by the local supervisor",
         "kubernetes": "Job backoffLimit {n} for the role (every replica restarts)",
         "kfp": "{n} restarts of the role's Job by the launcher step",
     },
