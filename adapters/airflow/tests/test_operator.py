@@ -202,3 +202,22 @@ def test_task_torchstep_passes_positional_and_varargs_by_name():
     op = out.operator
     op.render_template_fields({"params": {"epochs": 3}})
     assert op.build_app()[0].roles[0].args == ["main.py", "--epochs", "3"]
+
+
+def test_airflow_task_arguments_carry_the_same_timing() -> None:
+    """The step's retry waits (StepRetry.delays, adapters/core/tests/test_retry_delays.py)
+    become the task's Airflow retry arguments: the first role of two owns the timing."""
+
+    def role(name: str, **opts: float) -> specs.Role:
+        return specs.Role(name, image="img:1", entrypoint="python", args=["-c", "pass"], max_retries=2,
+                          retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": opts})  # fmt: skip
+
+    two_roles = specs.AppDef(
+        "two", [role("a", retry_delay=5, retry_backoff=2, max_retry_delay=8), role("b", retry_delay=1)]
+    )
+    with DAG("retry_delays", schedule=None):
+        op = AppDefOperator(task_id="t", app=two_roles, target="local")
+    assert op.retries == 2
+    assert op.retry_delay == datetime.timedelta(seconds=5)
+    assert op.retry_exponential_backoff == 2
+    assert op.max_retry_delay == datetime.timedelta(seconds=8)

@@ -1,4 +1,4 @@
-"""The retry budget table of ARCHITECTURE.md, for every policy: one owner per budget,
+"""The retry budget table of docs/translation.md, for every policy: one owner per budget,
 never two layers; and how the budget reaches the agent on every target."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torchx.specs import AppDef, RetryPolicy, Role
 
 TARGETS = ("local", "kubernetes", "kfp")
 
-# The table of ARCHITECTURE.md, written out independently of the code under test.
+# The table of docs/translation.md ("Retries: one budget, one owner"), written out independently of the code under test.
 TABLE = {
     "APPLICATION": RetryOwner.ORCHESTRATOR,
     "REPLICA": RetryOwner.AGENT,
@@ -32,7 +32,7 @@ class NightlyRetryPolicy(str, enum.Enum):
     ROLE = "ROLE"
 
 
-def test_the_table_is_the_architecture_table() -> None:
+def test_the_table_is_the_documented_table() -> None:
     assert RETRY_OWNERS == TABLE
     assert {p.name for p in RetryPolicy} <= set(TABLE)  # every policy of the installed torchx
 

@@ -1,11 +1,9 @@
 """One rule for the step's retry waits (StepRetry.delays): a two-role app whose roles set
-different delays is retried after the same waits by `torchstep run`, in the Airflow task
-arguments and in the explain table. (The local launcher's real waits are measured in
-tests/local.)"""
+different delays is planned with the same waits on every target and in the explain table.
+(The Airflow task arguments carry them too: adapters/airflow/tests/test_operator.py; the
+local supervisor's real waits are measured in tests/local.)"""
 
 from __future__ import annotations
-
-import datetime
 
 import pytest
 import torchstep
@@ -51,15 +49,3 @@ def test_explain_says_when_the_orchestrator_default_applies() -> None:
         line for line in torchstep.explain(app, "kubernetes", width=400).splitlines() if line.startswith("retries ")
     )
     assert "default delay" in row
-
-
-def test_airflow_task_arguments_carry_the_same_timing() -> None:
-    from airflow.sdk import DAG
-    from torchstep_airflow import AppDefOperator
-
-    with DAG("retry_delays", schedule=None):
-        op = AppDefOperator(task_id="t", app=two_roles(), target="local")
-    assert op.retries == 2
-    assert op.retry_delay == datetime.timedelta(seconds=5)
-    assert op.retry_exponential_backoff == 2
-    assert op.max_retry_delay == datetime.timedelta(seconds=8)

@@ -82,7 +82,7 @@ def check_parameter_names(component: Any, names: Iterable[Any]) -> None:
     ...
     torchstep.components.materialize.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
     """
-    fn, label = _resolve(component)
+    fn, label = component_of(component)
     params = _parameters(fn, label)
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
@@ -130,13 +130,29 @@ def materialize(
                 fix="pass the component function (or its reference) instead of an AppDef",
             )
         return component
-    fn, label = _resolve(component)
-    return _materialize_resolved(fn, label, args, kwargs)
+    fn, label = component_of(component)
+    return materialize_resolved(fn, label, args, kwargs)
 
 
-def _materialize_resolved(
+def materialize_resolved(
     fn: Callable[..., Any], label: str, args: Sequence[str] | Mapping[str, Any] | None, kwargs: Mapping[str, Any]
 ) -> Any:
+    """:func:`materialize` for a component already found by :func:`component_of` (the plan
+    cache finds it once and keys on the function).
+
+    Args:
+        fn: the component function.
+        label: its label, as :func:`component_of` returns it (errors are named by it).
+        args: the component's command-line arguments, or a mapping of its parameters.
+        kwargs: keyword arguments (not together with ``args``).
+
+    Returns:
+        The checked ``torchx.specs.AppDef``.
+
+    Raises:
+        SpecError: both ``args`` and ``kwargs``, an unknown or badly typed argument, the
+            component raised, or it did not return an AppDef.
+    """
     if kwargs and args:
         raise SpecError(
             "component",
@@ -159,7 +175,20 @@ def _materialize_resolved(
     return _check_app(_materialize_argv(fn, label, argv), label)
 
 
-def _resolve(component: Any) -> tuple[Callable[..., Any], str]:
+def component_of(component: Any) -> tuple[Callable[..., Any], str]:
+    """The component function of ``component`` and its label (the reference as given, or
+    the function's qualified name).
+
+    Args:
+        component: a callable, or a reference string as :func:`materialize` takes
+            (``"dist.ddp"``, ``"components/train.py:trainer"``, ``"pkg.module:fn"``).
+
+    Returns:
+        ``(fn, label)``: the component function and the label its errors are named by.
+
+    Raises:
+        SpecError: the reference cannot be found or imported, or is not a function.
+    """
     if callable(component):
         return component, getattr(component, "__qualname__", repr(component))
     if not isinstance(component, str) or not component.strip():
@@ -527,7 +556,7 @@ def reference_of(component: Any) -> str:
     """
     if isinstance(component, str):
         return component.strip()
-    fn, _ = _resolve(component)
+    fn, _ = component_of(component)
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if module and module != "__main__" and "<" not in qualname and "." not in qualname:
         return f"{module}:{qualname}"
@@ -539,13 +568,6 @@ def reference_of(component: Any) -> str:
     return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
 
 
-def component_of(component: Any) -> tuple[Callable[..., Any], str]:
-    """The component function of ``component`` (a callable or a reference string, as
-    :func:`materialize` takes) and its label; a :class:`~torchstep.SpecError` when it
-    cannot be found."""
-    return _resolve(component)
-
-
 def parameters_of(component: Any) -> list[ComponentParameter]:
     """The typed parameters of a component function (see :class:`ComponentParameter`), in
     order. A parameter whose annotation is not a plain type an orchestrator can carry is a
@@ -553,7 +575,7 @@ def parameters_of(component: Any) -> list[ComponentParameter]:
     """
     from torchx.specs.file_linter import get_fn_docstring
 
-    fn, label = _resolve(component)
+    fn, label = component_of(component)
     fn_eval = _with_evaluated_annotations(fn)
     _, descriptions = get_fn_docstring(fn)
     out = []
@@ -604,7 +626,7 @@ def static_values(
     value of the wrong type or a name the component lacks is a :class:`~torchstep.SpecError`
     whose fix names ``builder`` (e.g. ``"component_from_fn"``).
     """
-    _, label = _resolve(component)
+    _, label = component_of(component)
     params = parameters_of(component)
     names = {p.name for p in params}
     given = dict(defaults or {})

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchstep.components import cache as component_cache
-from torchstep.components.materialize import _materialize_resolved, _resolve, materialize
+from torchstep.components.materialize import component_of, materialize, materialize_resolved
 
 #: Most (component, arguments, target) plans :func:`materialize_and_plan` keeps per process.
 MAX_PLANS = 512
@@ -69,7 +69,7 @@ def materialize_and_plan(
     if isinstance(component, AppDef):
         app = materialize(component, args)
         return app, build_plan(app, target)
-    fn, label = _resolve(component)
+    fn, label = component_of(component)
     key: tuple[Any, ...] | None = None
     if isinstance(fn, types.FunctionType):
         try:
@@ -85,7 +85,7 @@ def materialize_and_plan(
         elif _seen.get(key) is None:  # copies are kept from the second identical call on: a
             _seen.put(key, True)  # DAG whose tasks all differ does not pay for them
             key = None
-    app = _materialize_resolved(fn, label, args, {})
+    app = materialize_resolved(fn, label, args, {})
     plan = build_plan(app, target)
     if key is not None:
         images = tuple(str(role.image) for role in app.roles)

@@ -1,8 +1,8 @@
 """Retries on Kubernetes: a role's one retry budget and the agent's exit codes → Job
 failure handling (``backoffLimit`` / ``backoffLimitPerIndex`` / ``podFailurePolicy``).
 
-Every failure is handled by exactly one layer (ARCHITECTURE.md, "Retries: one budget, one
-owner"). Inside a pod the agent restarts failed workers; a non-zero exit of the agent is its
+Every failure is handled by exactly one layer (docs/translation.md, "Retries: one budget,
+one owner"). Inside a pod the agent restarts failed workers; a non-zero exit of the agent is its
 final answer, so the Job controller only replaces a pod that was *lost* — evicted, preempted,
 its node gone (the ``DisruptionTarget`` condition), or the agent itself killed or stopped —
 and never a pod whose agent gave up.
