@@ -29,15 +29,48 @@ spread. Benchmarks are not tests: a shared 2-core machine moves wall times by ±
 ratios, not the seconds.
 """
 
+THROUGHPUT = """## What a long job pays (figures 9-11)
+
+Three benchmarks measure the launcher while a job runs, not while it starts: torchstep-agent
+against torchrun on the same worker (`bench/scripts/throughput_worker.py`), both launched with
+`--nproc-per-node 2 --tee 3 --log-dir DIR`, runs alternated. Every line a worker prints is
+numbered, and every number must be found exactly once both in the console capture and in the
+rank's `DIR/<run>/attempt_<k>/<local_rank>/stdout.log`; a line of torchstep-agent lost,
+duplicated or torn fails the benchmark whatever its ratio (the notes give the count for both
+launchers).
+
+- **Training throughput** (`bench/train_throughput.py`, 9a and 9b): DDP on gloo, 2 ranks of
+  one thread each, an MLP whose step takes about 50 ms on one core; rank 0 times a window of
+  steps by wall clock after 20 warm-up steps, once plain (goal: at least 0.99x torchrun's
+  steps/s) and once with every rank printing 2,000 lines/s (goal: at least 0.97x, not one line
+  lost).
+- **Log throughput** (`bench/log_throughput.py`, 10): each rank prints a fixed count of
+  ~90-byte lines as fast as it can; the figure is the lines/s per rank that reach both the
+  console and the rank file intact, from the first line to the last one on the console (goal:
+  at least 1.0x torchrun).
+- **The launcher's own cost** (`bench/agent_cost.py`, 11a and 11b): the launcher process alone
+  (workers and the zygote excluded), sampled from `/proc/<pid>` while the ranks train and
+  print 2,000 lines/s each: CPU seconds per minute of training (goal: no more than torchrun)
+  and the growth of its resident set from minute 1 to the end of a 10-minute run
+  (`BENCH_FULL=1`; quick mode trains 30 s; goal: flat, at most 5 MiB).
+"""
+
 
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
     if unit == "s" and value < 1:
         return f"{value * 1000:.0f} ms"
-    if unit == "MiB":
-        return f"{value:.0f} MiB"
+    if unit == "MiB":  # a growth of a few MiB (figure 11b) needs its decimal
+        return f"{value:.1f} MiB" if abs(value) < 10 else f"{value:.0f} MiB"
+    if unit != "s" and abs(value) >= 1000:  # lines/s: no decimals, thousands separated
+        return f"{value:,.0f} {unit}"
     return f"{value:.2f} {unit}"
+
+
+def _order(fig: str) -> tuple[int, str]:
+    """Figures in numeric order: 1, 1e, 2, ..., 9a, 10, 11a."""
+    return int("".join(c for c in fig if c.isdigit()) or 0), fig
 
 
 def table(figures: dict[str, dict]) -> str:
@@ -45,11 +78,12 @@ def table(figures: dict[str, dict]) -> str:
         "| # | what is measured | ours (median, min-max) | peer | peer (median) | ratio | goal | met |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for fig in sorted(figures, key=lambda f: (int("".join(c for c in f if c.isdigit()) or 0), f)):
+    for fig in sorted(figures, key=_order):
         r = figures[fig]
         o, p, u = r["ours"], r["peer"], r["unit"]
         spread = f"{_fmt(o['min'], u)}-{_fmt(o['max'], u)}" if o["n"] > 1 else f"n={o['n']}"
-        goal = f"ratio ≤ {r['goal']}" if r["goal_on"] == "ratio" else f"≤ {_fmt(r['goal'], u)}"
+        cmp = "≥" if r.get("better") == "higher" else "≤"
+        goal = f"ratio {cmp} {r['goal']}" if r["goal_on"] == "ratio" else f"{cmp} {_fmt(r['goal'], u)}"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "—"
         rows.append(
             f"| {fig} | {r['what']} | {_fmt(o['median'], u)} ({spread}) | {r['peer_name']} | "
@@ -60,7 +94,7 @@ def table(figures: dict[str, dict]) -> str:
 
 def notes(figures: dict[str, dict]) -> str:
     out = []
-    for fig in sorted(figures):
+    for fig in sorted(figures, key=_order):
         r = figures[fig]
         line = f"- **{fig}** ({r['mode']}, {r['measured']}): `{r['command']}`" if r["command"] else f"- **{fig}**"
         if r["note"]:
@@ -136,6 +170,8 @@ def main() -> int:
     data = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     figures, curve_data = data.get("figures", {}), data.get("curves", {})
     parts = [INTRO, machine_line(figures), "", "## Figures", "", table(figures), "", notes(figures), ""]
+    if any(f in figures for f in ("9a", "9b", "10", "11a", "11b")):
+        parts += [THROUGHPUT]
     if curve_data:
         parts += ["## Scaling", "", curves(curve_data)]
     extra = ROOT / "bench" / "results" / "analysis.md"

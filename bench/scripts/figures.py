@@ -3,7 +3,8 @@
 
 A figure is one comparison: what is measured, our median, the peer's median (both with
 min/max and the samples' count), the ratio ours/peer, and the goal on that ratio (or on our
-absolute value, ``goal_on="ours"``, e.g. node-loss recovery < 5 s). Curves (``curve``) are
+absolute value, ``goal_on="ours"``, e.g. node-loss recovery < 5 s); the goal is a ceiling
+unless ``better="higher"`` makes it a floor (throughput: steps/s, lines/s). Curves (``curve``) are
 series of (x, seconds) points per variant, plotted by the report.
 
 Quick mode is the default (few runs); ``BENCH_FULL=1`` asks every benchmark for its long
@@ -85,11 +86,20 @@ def record(
     unit: str = "s",
     command: str = "",
     note: str = "",
+    better: str = "lower",
+    valid: bool = True,
 ) -> dict[str, Any]:
-    """Record figure ``fig`` (``"1"``...``"8"``, or ``"5b"``); returns the stored row."""
+    """Record figure ``fig`` (``"1"``...``"11"``, or ``"5b"``); returns the stored row.
+
+    ``better="higher"`` for a throughput: the goal is then met when the judged value is at
+    least ``goal``. ``valid=False`` when the run broke a condition of the goal (a lost log
+    line): the figure is not met whatever the ratio.
+    """
     o, p = stats(ours), stats(peer)
     ratio = o["median"] / p["median"] if o["median"] is not None and p["median"] else None
     judged = ratio if goal_on == "ratio" else o["median"]
+    met = judged is not None and (judged >= goal if better == "higher" else judged <= goal) and valid
+    cmp = ">=" if better == "higher" else "<="
     row = {
         "what": what,
         "ours": o,
@@ -98,7 +108,8 @@ def record(
         "ratio": ratio,
         "goal": goal,
         "goal_on": goal_on,
-        "met": judged is not None and judged <= goal,
+        "better": better,
+        "met": met,
         "unit": unit,
         "command": command,
         "note": note,
@@ -110,7 +121,7 @@ def record(
     print(
         f"[figure {fig}] {what}: ours {o['median']:.3g} {unit} vs {peer_name} "
         f"{p['median'] if p['median'] is not None else float('nan'):.3g} {unit} -> "
-        f"ratio {ratio if ratio is not None else float('nan'):.2f} (goal {goal_on} <= {goal}: "
+        f"ratio {ratio if ratio is not None else float('nan'):.2f} (goal {goal_on} {cmp} {goal}: "
         f"{'met' if row['met'] else 'MISSED'})",
         flush=True,
     )
