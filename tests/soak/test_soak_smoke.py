@@ -44,5 +44,7 @@ def test_soak_run_holds_every_invariant(run: Run, tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     said: list[str] = []
     (outcome,) = campaign.execute([run], SEED, say=said.append)
-    assert outcome.observation.injected or run.fault == "none", "\n".join(said)
     assert not outcome.violations, "\n".join(said)
+    if any("no tmpfs" in note for note in outcome.observation.notes):
+        pytest.skip("a full log disk needs a tmpfs (root, CAP_SYS_ADMIN): " + "\n".join(said))
+    assert outcome.observation.injected or run.fault == "none", "\n".join(said)

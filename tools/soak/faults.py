@@ -325,6 +325,8 @@ def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], b
                 cancel()
                 return True
             if fault == "logfull":
+                if not os.path.ismount(log_dir):  # never fill a real disk: no tmpfs, no fault
+                    return False
                 fill(log_dir)
             return True
         time.sleep(0.02)
