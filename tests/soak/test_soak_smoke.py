@@ -48,3 +48,15 @@ def test_soak_run_holds_every_invariant(run: Run, tmp_path: Path, monkeypatch: p
     if any("no tmpfs" in note for note in outcome.observation.notes):
         pytest.skip("a full log disk needs a tmpfs (root, CAP_SYS_ADMIN): " + "\n".join(said))
     assert outcome.observation.injected or run.fault == "none", "\n".join(said)
+
+
+def test_a_non_retryable_error_whose_workers_ran_again_is_a_violation(tmp_path: Path) -> None:
+    run_dir = tmp_path / "soak-abc"
+    (run_dir / "soak" / "1" / "attempt_1").mkdir(parents=True)
+    for d in (run_dir, run_dir / "soak", run_dir / "soak" / "1", run_dir / "soak" / "1" / "attempt_1"):
+        d.chmod(0o700)
+    result = {"state": "FAILED", "exit_code": 82, "restarts": 1, "attempts": 1, "retryable": False,
+              "root_cause": {"rank": 3}}  # fmt: skip
+    obs = Observation(rc=82, duration_s=1, result=result, result_source="result.json", console="", run_dir=run_dir)
+    (bad,) = invariants.check(Run(0, "local", "nonretryable", 3, 3), obs, 10)
+    assert bad.invariant == invariants.NAMES["4"] and "soak/1/attempt_1" in bad.detail
