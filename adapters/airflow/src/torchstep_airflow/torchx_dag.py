@@ -81,8 +81,8 @@ def app_from_conf(
 
 def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tuple[Any, StepPlan, str, dict[str, Any]]:
     """:func:`app_from_conf`, and the AppDef's plan (made once, by core's
-    :func:`torchstep.schedulers.base.step_received`)."""
-    from torchstep.schedulers.base import step_received
+    :func:`torchstep.schedulers.generic.step_received`)."""
+    from torchstep.schedulers.generic import step_received
 
     return step_received(conf, policy, field="conf", what="the DAG run", scheduler="airflow")
 

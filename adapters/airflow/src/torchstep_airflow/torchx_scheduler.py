@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.schedulers import base, records, rest
+from torchstep.schedulers import base, generic, records, rest
 from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppDef, AppDryRunInfo, AppState
 
@@ -198,8 +198,8 @@ class AirflowScheduler(base.TorchstepScheduler):
         opts = resolve(cfg)
         run_id = base.new_app_id(app.name)
         step_cfg = {**opts.step_cfg, **({"namespace": opts.namespace} if opts.namespace else {})}
-        conf = base.step_conf(app, opts.target, step_cfg)
-        base.check_step_cfg(app, opts.target, step_cfg, run_id, field="cfg['step_cfg']")
+        conf = generic.step_conf(app, opts.target, step_cfg)
+        generic.check_step_cfg(app, opts.target, step_cfg, run_id, field="cfg['step_cfg']")
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": "torchx run"}
         return AppDryRunInfo(AirflowRequest(opts.endpoint, dag_id_for(opts.queue, opts.dag_id), body, opts.api), str)
 
@@ -283,7 +283,7 @@ class AirflowScheduler(base.TorchstepScheduler):
             xcom = api.call("GET", f"{path}/taskInstances/{TASK_ID}/xcomEntries/return_value?deserialize=true")
         except base.SchedulerError:
             return ""
-        return base.result_message((xcom or {}).get("value"))
+        return generic.result_message((xcom or {}).get("value"))
 
     def _cancel_existing(self, app_id: str) -> None:
         found = self._locate(app_id)

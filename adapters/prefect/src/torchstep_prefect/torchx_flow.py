@@ -72,7 +72,7 @@ def load_app(
 
         app = load_app(parameters["app"], "kubernetes", cfg={"namespace": "ml"})
     """
-    from torchstep.schedulers.base import step_received
+    from torchstep.schedulers.generic import step_received
 
     conf = {"app": data, "target": target, "cfg": cfg or {}}
     return step_received(conf, policy, field=None, what="the flow run", scheduler="prefect")[0]

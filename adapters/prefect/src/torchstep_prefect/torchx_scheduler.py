@@ -44,7 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from torchstep.errors import SpecError
-from torchstep.schedulers import base, records, rest
+from torchstep.schedulers import base, generic, records, rest
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
 from torchx.specs import AppDef, AppDryRunInfo, AppState, Role
 
@@ -244,7 +244,7 @@ class PrefectScheduler(base.TorchstepScheduler):
             app_id=app_id,
             endpoint=opts.endpoint,
             deployment=opts.deployment,
-            parameters=base.step_conf(app, opts.target, step_cfg, app_id=app_id),  # SpecError naming the field
+            parameters=generic.step_conf(app, opts.target, step_cfg, app_id=app_id),  # SpecError naming the field
             queue=opts.queue,
             tags=list(opts.tags),
             api_key_env=opts.api_key_env,
