@@ -188,7 +188,7 @@ def test_application_and_role_policies(role):
     assert job_spec(specs.RetryPolicy.HOT_SPARE, 2)["backoffLimitPerIndex"] == 2
 
 
-def test_torchrun_role_runs_through_the_launcher(check):
+def test_torchrun_role_runs_through_the_launch_shim(check):
     app = torchstep.materialize("dist.ddp", ["-j", "2x4", "--script", "train.py"])
     rendered = render_plan(torchstep.build_plan(app, "kubernetes"), namespace="ml", run_id="run-1")
     c = rendered.roles[0].workload["spec"]["template"]["spec"]["containers"][0]
