@@ -35,7 +35,7 @@ SCHEMA_VERSION = 1
 
 class StepState(enum.StrEnum):
     """The one set of state names of a step, a replica, a rank or an agent attempt: the
-    agent, the local launcher, the Kubernetes paths and every adapter use these members.
+    agent, the local supervisor, the Kubernetes paths and every adapter use these members.
 
     A member *is* its name as a string (``StepState.FAILED == "FAILED"``, ``str()``,
     f-strings and ``json.dumps`` give ``"FAILED"``), so the result file (``"schema": 1``)
