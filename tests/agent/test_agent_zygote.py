@@ -194,6 +194,17 @@ def test_a_worker_killed_by_a_signal_is_reported_as_such(agents: Agents, path: s
     assert a.result["root_cause"]["signal"] == "SIGKILL"
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_script_that_cannot_be_opened_ends_as_python_ends(agents: Agents, tmp_path: Path, path: str) -> None:
+    # python's own line and exit status 2, on both paths (not a traceback from the zygote)
+    missing = tmp_path / "missing.py"
+    a = agents.run([*PATHS[path], "--nproc-per-node", "1", str(missing)])
+    assert a.returncode == 2, a.diagnostics()
+    assert a.result["root_cause"]["exit_code"] == 2
+    assert f"can't open file '{missing}': [Errno 2] No such file or directory" in a.stderr
+    assert "Traceback" not in a.stderr
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 @pytest.mark.parametrize("path", list(PATHS))

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
     zygote = os.environ.pop("TORCHSTEP_ZYGOTE_SOCKET", "")
     if zygote:
         request = python_request(cmd)
-        if request is not None:
+        if request is not None and _opens(request):
             _run_in_zygote(zygote, request)  # returns only when the zygote cannot be used
     try:
         os.execvp(cmd[0], cmd)
@@ -104,6 +104,19 @@ def python_request(cmd: list) -> "dict | None":
     if rest and not rest[0].startswith("-"):
         return {"module": None, "argv": rest}
     return None
+
+
+def _opens(request: dict) -> bool:
+    """Whether the interpreter could open the request's script (a module: left to it). A
+    script that cannot be opened is exec'd, so the worker ends exactly as ``python`` ends
+    then: its "can't open file" line and exit status 2, not a traceback from the zygote."""
+    if request["module"] is not None:
+        return True
+    try:
+        with open(request["argv"][0], "rb"):
+            return True
+    except OSError:
+        return False
 
 
 def _run_in_zygote(path: str, request: dict) -> None:
