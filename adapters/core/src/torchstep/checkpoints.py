@@ -50,10 +50,18 @@ class CheckpointWarning(UserWarning):
 
 def prepare_checkpoint_dir(directory: str | os.PathLike[str]) -> list[str]:
     """Create the checkpoint directory (``0700``, missing parents too) or check the existing
-    one; returns the warnings to show (an existing directory others can read keeps its mode:
-    it is said, never changed). Raises :class:`~torchstep.files.UnsafePathError` for a
-    symlink, a directory owned by someone else or writable by others, or one under a
-    directory that fails :func:`~torchstep.files.check_ancestors`.
+    one (an existing directory others can read keeps its mode: it is said, never changed).
+
+    Args:
+        directory: the checkpoint directory.
+
+    Returns:
+        The warnings to show (empty when all is well).
+
+    Raises:
+        torchstep.files.UnsafePathError: a symlink, a directory owned by someone else or
+            writable by others, or one under a directory that fails
+            :func:`~torchstep.files.check_ancestors`.
 
     Example::
 
@@ -81,8 +89,19 @@ def latest_checkpoint(directory: str | os.PathLike[str], *, warn: Callable[[str]
     """The path of the newest complete checkpoint in ``directory`` (see the module
     docstring), or ``None`` when it holds none or does not exist. Every call checks the
     directory again; an entry skipped because of its owner or mode is reported through
-    ``warn`` (default: a :class:`CheckpointWarning`). Raises
-    :class:`~torchstep.files.UnsafePathError` when the directory or one above it is unsafe."""
+    ``warn`` (default: a :class:`CheckpointWarning`).
+
+    Args:
+        directory: the checkpoint directory.
+        warn: called with one line per skipped entry; ``None``: warn with
+            :class:`CheckpointWarning`.
+
+    Returns:
+        The newest complete entry's path, or ``None``.
+
+    Raises:
+        torchstep.files.UnsafePathError: the directory or one above it is unsafe.
+    """
     path = os.fspath(directory)
     try:
         os.lstat(path)

@@ -29,6 +29,12 @@ class SpecError(ValueError):
 
     ``field`` is the path of the field (``roles[0].resource.gpu``), ``target`` the target
     (``local``, ``kubernetes``, ``kfp``) and the message says what to do instead.
+
+    Args:
+        field: the path of the offending field (``roles[0].resource.gpu``, ``cfg.namespace``).
+        target: the target it cannot be honoured on; ``None`` when it is wrong everywhere.
+        problem: what is wrong, in one sentence.
+        fix: what to do instead; ``None``: the problem says it.
     """
 
     def __init__(self, field: str, target: str | None, problem: str, *, fix: str | None = None) -> None:

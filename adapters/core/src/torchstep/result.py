@@ -93,7 +93,23 @@ TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
 
 @dataclass
 class RankResult:
-    """One worker process (a torch.distributed rank) of one replica."""
+    """One worker process (a torch.distributed rank) of one replica.
+
+    Args:
+        role: the role's name.
+        rank: the global rank (torch's ``RANK``).
+        local_rank: the rank inside its replica (torch's ``LOCAL_RANK``).
+        state: a :class:`StepState` name.
+        exit_code: the worker's exit code; ``None``: not known (still running, or lost).
+        signal: the signal it died of (``"SIGKILL"``); ``None``: it exited on its own.
+        message: the error message from the worker's error file, or what the agent saw.
+        traceback: the worker's recorded traceback, when it wrote one.
+        timestamp: unix time of the failure, when known (the root cause is the earliest).
+        reason: why it ended: ``worker_failed``, ``timer_expired``, ``heartbeat_timeout``...
+        replica_id: the replica it ran in; ``None``: not known.
+        log_file: the path of its log file, where there is one.
+        tail: the last lines of its log when it failed.
+    """
 
     role: str
     rank: int  # global rank (torch RANK)
@@ -112,7 +128,19 @@ class RankResult:
 
 @dataclass
 class ReplicaResult:
-    """One agent (one "node") of one role."""
+    """One agent (one "node") of one role.
+
+    Args:
+        role: the role's name.
+        replica_id: the replica's index in the role (0-based).
+        state: a :class:`StepState` name.
+        exit_code: the agent's exit code; ``None``: not known.
+        restarts: how many times the agent restarted its workers.
+        ranks: its worker processes' results.
+        log_dir: the directory of its logs, where there is one.
+        result_file: the path of the result file it wrote.
+        message: an agent-level message (rendezvous timeout, signal...).
+    """
 
     role: str
     replica_id: int
@@ -133,6 +161,25 @@ class StepResult:
     timestamp) or ``None``; ``retryable`` follows :func:`is_retryable`: never for a SUCCEEDED
     or CANCELLED step, ``False`` when any failure was a :class:`torchstep.NonRetryableError`
     (or the reserved exit code).
+
+    Args:
+        app_id: the run's id (TorchX's app id, or the step's run name).
+        state: a :class:`StepState` name.
+        exit_code: the step's exit code (the first failure's); ``None``: not known.
+        retryable: ``False`` when a failure said retrying cannot help; recomputed from
+            ``state`` by :func:`is_retryable`.
+        restarts: worker restarts summed over every replica.
+        duration_s: wall-clock seconds from start to end.
+        started_at: unix time the step started; ``None``: not known.
+        ended_at: unix time the step ended; ``None``: not known.
+        root_cause: the earliest failed rank; ``None`` when nothing failed.
+        replicas: one result per agent.
+        outputs: what the workers recorded with :func:`torchstep.output` (rank 0's).
+        message: a one-line summary of what happened.
+        log_dir: the directory of the run's logs, where there is one.
+        attempts: how many times the step was tried in this run.
+        schema: the result file's schema version.
+        warnings: problems beside the outcome that did not change it.
     """
 
     app_id: str
@@ -165,6 +212,7 @@ class StepResult:
 
     @property
     def succeeded(self) -> bool:
+        """Whether the step's state is SUCCEEDED."""
         return self.state == SUCCEEDED
 
     def app_status(self) -> Any:
@@ -205,10 +253,29 @@ class StepResult:
         return dataclasses.asdict(self, dict_factory=_plain_states)
 
     def to_json(self, indent: int | None = 2) -> str:
+        """This result as JSON text (:meth:`to_dict`).
+
+        Args:
+            indent: spaces per nesting level; ``None``: one line.
+
+        Returns:
+            The JSON text.
+        """
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepResult:
+        """The result in JSON data written by :meth:`to_dict` (a result file).
+
+        Args:
+            data: the decoded JSON object; unknown keys are ignored.
+
+        Returns:
+            The result, ranks and replicas included.
+
+        Raises:
+            ValueError: ``data["schema"]`` is not the schema this version reads.
+        """
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"unsupported step result schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
         d = dict(data)
@@ -224,6 +291,13 @@ class StepResult:
         """A compact JSON of this result that fits ``max_bytes`` (a termination message):
         state, exit code, retryable, restarts, the root cause without its traceback, and the
         outputs — dropped (``"outputs_truncated": true``) only when they do not fit.
+
+        Args:
+            max_bytes: the most bytes the text may take (Kubernetes keeps 4096 of a
+                termination message).
+
+        Returns:
+            The JSON text; :meth:`from_summary` reads it back.
 
         >>> r = StepResult(app_id="a-1", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.1})
         >>> StepResult.from_summary(r.summary()).outputs
@@ -280,7 +354,14 @@ class StepResult:
     @classmethod
     def from_summary(cls, text: str | None) -> StepResult | None:
         """The result in a :meth:`summary` text, or ``None`` when ``text`` is not one
-        (e.g. a termination message that fell back to the container's last log lines)."""
+        (e.g. a termination message that fell back to the container's last log lines).
+
+        Args:
+            text: a termination message or any text; ``None`` reads as not a summary.
+
+        Returns:
+            The result (without replicas, the root cause's tail its meaningful line), or ``None``.
+        """
         try:
             data = json.loads(text or "")
         except ValueError:
@@ -309,10 +390,29 @@ class StepResult:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> StepResult:
+        """Read a result file written by :meth:`write`.
+
+        Args:
+            path: the result file.
+
+        Returns:
+            The result.
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: it is not JSON, or not of this schema.
+        """
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def write(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically (temp file in the same directory + rename)."""
+        """Write atomically (temp file in the same directory + rename).
+
+        Args:
+            path: the result file; missing parent directories are created.
+
+        Raises:
+            torchstep.files.UnsafePathError: ``path`` is a symlink.
+        """
         write_json_atomic(path, self.to_dict())
 
 
@@ -349,14 +449,30 @@ def _declared(cls: Any, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON so a reader never sees a half-written file, even if we are killed."""
+    """Write JSON so a reader never sees a half-written file, even if we are killed.
+
+    Args:
+        path: the file to write (``0600``, as :func:`write_text_atomic`).
+        data: JSON-serialisable data; other values are written as their ``str``.
+
+    Raises:
+        torchstep.files.UnsafePathError: ``path`` is a symlink.
+    """
     write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to a temp file beside ``path``, fsync it, then rename it into place.
     The file is ``0600``; missing parent directories are created ``0700``; a symlink at
-    ``path`` is refused (:class:`torchstep.files.UnsafePathError`), never followed."""
+    ``path`` is refused, never followed.
+
+    Args:
+        path: the file to write.
+        text: its whole content.
+
+    Raises:
+        torchstep.files.UnsafePathError: ``path`` is a symlink.
+    """
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not os.path.isdir(parent):
         private_dir(parent)
@@ -417,6 +533,15 @@ def replica_state(exit_code: int | None, *, reported: str | None = None, stopped
     failure elsewhere) that ended by a signal (``-S`` or ``128+S``) is CANCELLED; anything
     else is FAILED.
 
+    Args:
+        exit_code: the agent process's exit code (negative: killed by that signal);
+            ``None``: not known.
+        reported: the state the agent wrote in its final result, if any.
+        stopped: whether its supervisor stopped it.
+
+    Returns:
+        A :class:`StepState` name.
+
     >>> [str(replica_state(2, reported="FAILED", stopped=True)), str(replica_state(143, stopped=True))]
     ['FAILED', 'CANCELLED']
     >>> replica_state(0) == SUCCEEDED, replica_state(2, stopped=True) is StepState.FAILED
@@ -443,6 +568,12 @@ def last_meaningful_line(lines: list[str]) -> str | None:
     """The line of a log tail that says what went wrong: the exception line of its last
     Python traceback, else its last non-empty line (torch's own warning lines skipped).
 
+    Args:
+        lines: the log's last lines, oldest first.
+
+    Returns:
+        The line, stripped; ``None`` when every line is empty or torch's noise.
+
     >>> last_meaningful_line(["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
     ...                       "ValueError: bad lr", "[W1125 11:53:21.62 ProcessGroup.cpp] destroy not called"])
     'ValueError: bad lr'
@@ -468,6 +599,12 @@ def root_cause_line(rank: RankResult) -> str:
     rank's last meaningful log line (:func:`last_meaningful_line` of its ``tail``), else its
     message.
 
+    Args:
+        rank: the failed rank.
+
+    Returns:
+        One line, never empty (at worst ``"exit code N"``).
+
     >>> root_cause_line(RankResult("train", 0, 0, "FAILED", 2, message="exited with code 2",
     ...                            tail=["python: can't open file '/x/missing.py': [Errno 2] No such file"]))
     "python: can't open file '/x/missing.py': [Errno 2] No such file"
@@ -485,7 +622,14 @@ def root_cause_line(rank: RankResult) -> str:
 
 
 def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
-    """The root cause: the failed rank with the earliest timestamp (unknown times last)."""
+    """The root cause: the failed rank with the earliest timestamp (unknown times last).
+
+    Args:
+        ranks: every rank of a run.
+
+    Returns:
+        The earliest failed rank; ``None`` when none failed.
+    """
     failed = [
         r for r in ranks if r.state not in (SUCCEEDED, UNKNOWN, RUNNING, PENDING) or (r.exit_code not in (None, 0))
     ]
@@ -512,6 +656,18 @@ def merge(
     when all succeeded. Outputs come from the first replica that has any (the replica that
     holds global rank 0 of the first role, in role / replica order). Restarts are summed;
     the root cause is the earliest failure; the message is the first replica's message.
+
+    Args:
+        app_id: the run's id, the merged result's ``app_id``.
+        replicas: the per-agent (or per-part) results.
+        started_at: unix start time; ``None``: the earliest of ``replicas``.
+        ended_at: unix end time; ``None``: the latest of ``replicas``.
+        attempts: how many times the step was tried.
+        log_dir: the run's log directory, where there is one.
+        state: the step's state when the caller knows it better; ``None``: from ``replicas``.
+
+    Returns:
+        The step result.
 
     >>> a = StepResult("app-1", SUCCEEDED, 0, outputs={"loss": 0.1})
     >>> b = StepResult("app-1", FAILED, 82, retryable=False, message="worker/1 exited 82")

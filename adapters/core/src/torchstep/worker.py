@@ -99,8 +99,16 @@ def write_error_file(exc: BaseException, *, retryable: bool = True, path: str | 
 
     torch's ``ProcessFailure`` reads ``message`` (with an integer ``timestamp``); the
     ``torchstep`` key adds what torch's format lacks: the exception's qualified type, a
-    sub-second timestamp and whether the failure may be retried. Returns the path, or
-    ``None`` when no error file is configured.
+    sub-second timestamp and whether the failure may be retried.
+
+    Args:
+        exc: the exception to record (its message, type and traceback).
+        retryable: ``False`` when retrying cannot help (the agent stops restarting).
+        path: the file to write; ``None``: ``TORCHELASTIC_ERROR_FILE`` as the agent set it.
+
+    Returns:
+        The path written, or ``None`` when no error file is configured or it could not be
+        written (said on stderr; the worker's own exception is never hidden).
 
     Example::
 
@@ -130,6 +138,16 @@ def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
     :class:`torchstep.NonRetryableError` makes the worker exit with
     ``torchstep.NON_RETRYABLE_EXIT_CODE`` (82) after writing the file: the agent then stops
     restarting at once. ``sys.exit(0)`` inside ``fn`` returns ``None``, as in torch.
+
+    Args:
+        fn: the worker's main function.
+
+    Returns:
+        ``fn`` wrapped: same arguments and result (``None`` after ``sys.exit(0)``).
+
+    Raises:
+        SystemExit: with code 82 when ``fn`` raised :class:`torchstep.NonRetryableError`;
+            any other exception of ``fn`` is re-raised as it is.
 
     Example::
 
@@ -183,6 +201,13 @@ class expires:
     afterwards too. Only the stuck worker's process group is killed, never the agent.
     ``scope`` names the timer in the step result (default: the caller's ``file#line``).
     Without the agent it does nothing.
+
+    Args:
+        after: seconds the block may take (> 0).
+        scope: the timer's name in the step result; ``None``: the caller's ``file#line``.
+
+    Raises:
+        ValueError: ``after`` is not positive.
 
     Example::
 
@@ -249,6 +274,14 @@ def output(name: str, value: Any) -> None:
     The values of global rank 0 (its last value per name, from the last attempt) land in
     the step result's ``outputs`` — Airflow XCom, Prefect task result, KFP output. Other
     ranks may call it too; their values are kept in their own files but not reported.
+    Without the agent (no output file configured) the value is checked, then dropped.
+
+    Args:
+        name: the output's name (non-empty); a later value under the same name wins.
+        value: any JSON-serialisable value.
+
+    Raises:
+        ValueError: ``name`` is empty or not a string, or ``value`` is not JSON-serialisable.
 
     Example::
 

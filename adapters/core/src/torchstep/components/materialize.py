@@ -61,6 +61,16 @@ def unknown_parameter(
     """The error for argument ``name``, which ``label`` (a component) does not have: the
     same words on every path (a command line, a mapping, keyword arguments, defaults).
 
+    Args:
+        label: the component's label (its reference or qualified name).
+        name: the argument's name as given.
+        params: the parameters the component has (listed in the fix; the closest is suggested).
+        field: the error's field path; ``None``: ``component.<name>``.
+        target: the target the error is about; ``None``: any.
+
+    Returns:
+        The error, to raise.
+
     >>> str(unknown_parameter("train.py:fn", "stpes", ["steps", "lr"]))
     "component.stpes: train.py:fn has no parameter 'stpes'; fix: use one of: steps, lr (did you mean 'steps'?)"
     """
@@ -75,6 +85,14 @@ def check_parameter_names(component: Any, names: Iterable[Any]) -> None:
     parameter of ``component`` (a callable or a reference, as :func:`materialize` takes).
     Names are static where values may be templates: an orchestrator checks them when the
     pipeline is defined.
+
+    Args:
+        component: a component callable or reference.
+        names: the argument names to check (non-strings are checked as their ``str``).
+
+    Raises:
+        UnknownParameterError: the first name the component has no parameter for.
+        SpecError: the component cannot be found.
 
     >>> check_parameter_names("utils.echo", ["msg"])
     >>> check_parameter_names("utils.echo", ["mgs"])
@@ -108,6 +126,19 @@ def materialize(
     list). ``kwargs`` are passed to the function as Python values, unparsed. Every failure
     is a :class:`~torchstep.SpecError` (never ``SystemExit``) whose ``field`` is
     ``component``, ``component.<param>`` or ``component.args[i]``.
+
+    Args:
+        component: an AppDef, a callable or a reference string.
+        args: command-line strings, or parameter name → value; ``None``: the defaults.
+        **kwargs: parameters passed to the function as Python values (not with ``args``).
+
+    Returns:
+        The checked ``torchx.specs.AppDef``.
+
+    Raises:
+        UnknownParameterError: an argument names no parameter of the component.
+        SpecError: the component cannot be found, an argument cannot be parsed or has the
+            wrong type, the component raised, or it did not return an AppDef.
 
     >>> materialize("utils.sh", {"args": ["echo", "--not-a-flag"]}).roles[0].args
     ['-c', 'echo --not-a-flag']
@@ -509,6 +540,14 @@ class ComponentParameter:
     function's default (:data:`inspect.Parameter.empty` when required), ``description`` from
     the docstring's ``Args:`` section, ``variadic`` for ``*args`` (a ``list`` parameter).
 
+    Args:
+        name: the parameter's name.
+        type: one of :data:`PARAMETER_TYPES`.
+        default: the function's default, or :data:`inspect.Parameter.empty` when required.
+        optional: whether ``None`` is a valid value (``Optional[X]`` or a ``None`` default).
+        description: its line in the component's docstring (empty when none).
+        variadic: whether it is the ``*args`` parameter.
+
     >>> [p.name for p in parameters_of("utils.echo")]
     ['msg', 'image', 'num_replicas']
     """
@@ -522,12 +561,19 @@ class ComponentParameter:
 
     @property
     def required(self) -> bool:
+        """Whether a value must be given: no default, not optional, not ``*args``."""
         return self.default is inspect.Parameter.empty and not self.optional and not self.variadic
 
     def keyword(self, default: Any) -> inspect.Parameter:
         """The parameter as a keyword-only one of an orchestrator's task function, with
         ``default`` (its value before run time): an optional type is ``typing.Optional``,
         which KFP's and Prefect's schemas read.
+
+        Args:
+            default: the parameter's value before run time.
+
+        Returns:
+            A keyword-only ``inspect.Parameter`` with this parameter's name and type.
 
         >>> p = next(p for p in parameters_of("utils.echo") if p.name == "msg")
         >>> p.keyword("hi")
@@ -547,6 +593,12 @@ def reference_of(component: Any) -> str:
     """The reference another process (a pipeline step's container) resolves ``component``
     by: a reference string as it is; a function's ``module:qualname`` when importable by
     that name, else ``file.py:name`` (relative to the working directory when under it).
+
+    Args:
+        component: a component callable or a reference string.
+
+    Returns:
+        The reference, stripped.
 
     Raises:
         SpecError: a function that cannot be found again by name (nested, a lambda).
@@ -572,6 +624,16 @@ def parameters_of(component: Any) -> list[ComponentParameter]:
     """The typed parameters of a component function (see :class:`ComponentParameter`), in
     order. A parameter whose annotation is not a plain type an orchestrator can carry is a
     :class:`~torchstep.SpecError` naming it.
+
+    Args:
+        component: a component callable or a reference string.
+
+    Returns:
+        One :class:`ComponentParameter` per parameter, in the function's order.
+
+    Raises:
+        SpecError: the component cannot be found, has a ``**kwargs`` parameter, or a
+            parameter whose type an orchestrator cannot carry.
     """
     from torchx.specs.file_linter import get_fn_docstring
 
@@ -625,6 +687,19 @@ def static_values(
     defined (image, resources, the retry budget). A required parameter with no value, a
     value of the wrong type or a name the component lacks is a :class:`~torchstep.SpecError`
     whose fix names ``builder`` (e.g. ``"component_from_fn"``).
+
+    Args:
+        component: a component callable or a reference string.
+        defaults: parameter name → value fixed when the pipeline is defined; ``None``: none.
+        target: the orchestrator's target, for the errors.
+        builder: the adapter function the user called, named in the fix.
+
+    Returns:
+        ``(params, app)``: each parameter with its static value, and the AppDef built from them.
+
+    Raises:
+        UnknownParameterError: ``defaults`` names a parameter the component lacks.
+        SpecError: a required parameter has no value, or a value has the wrong type.
     """
     _, label = component_of(component)
     params = parameters_of(component)
@@ -655,7 +730,17 @@ def static_values(
 
 
 def check_value(p: ComponentParameter, value: Any, field_path: str, target: str | None) -> None:
-    """``value`` fits parameter ``p`` (``None`` always does); else a SpecError naming ``field_path``."""
+    """Check that ``value`` fits parameter ``p`` (``None`` always does).
+
+    Args:
+        p: the parameter.
+        value: the value to check (must also be JSON data).
+        field_path: the error's field path (``defaults.lr``).
+        target: the error's target; ``None``: any.
+
+    Raises:
+        SpecError: ``value`` is not of ``p``'s type, or not JSON data.
+    """
     if value is None:
         return
     ok = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))

@@ -30,6 +30,14 @@ def explain(app: Any, target: str, *, width: int = 120) -> str:
     Never raises for a bad AppDef: the rejected fields are rows of the table, and the first
     line says how many fields were rejected or warned about (``OK`` when none).
 
+    Args:
+        app: the ``torchx.specs.AppDef``.
+        target: ``local``, ``kubernetes`` or ``kfp``.
+        width: the table's width in characters (long values are wrapped).
+
+    Returns:
+        The table as text, notes on secret-looking values below it.
+
     >>> import torchstep
     >>> from torchx.specs import AppDef, Role
     >>> text = explain(AppDef("x", [Role("r", image="", entrypoint="python")]), "kfp")
@@ -48,6 +56,13 @@ def notes_of(app: Any, target: str) -> list[str]:
     """What :func:`explain` says below the table: secret-looking plain env values and where
     they end up on ``target``.
 
+    Args:
+        app: the ``torchx.specs.AppDef``.
+        target: ``local``, ``kubernetes`` or ``kfp``.
+
+    Returns:
+        One line per note (empty when there is nothing to say).
+
     >>> from torchx.specs import AppDef, Role
     >>> notes_of(AppDef("x", [Role("r", image="i", entrypoint="e", env={"DB_PASSWORD": "p"})]), "kfp")[0][:60]
     "roles[0].env['DB_PASSWORD'] looks like a secret and is writt"
@@ -62,7 +77,18 @@ def notes_of(app: Any, target: str) -> list[str]:
 def render_table(
     decisions: list[Decision], *, app_name: str, target: str, width: int = 120, notes: Sequence[str] = ()
 ) -> str:
-    """The table of :func:`explain` for decisions already made; ``notes`` follow it."""
+    """The table of :func:`explain` for decisions already made; ``notes`` follow it.
+
+    Args:
+        decisions: the rows (:func:`~torchstep.plan.planner.plan_decisions`).
+        app_name: the AppDef's name, for the first line.
+        target: the target, for the first line.
+        width: the table's width in characters.
+        notes: lines printed below the table.
+
+    Returns:
+        The table as text.
+    """
     rejected = sum(d.action == "rejected" for d in decisions)
     warned = sum(d.action == "warning" for d in decisions)
     counts = []

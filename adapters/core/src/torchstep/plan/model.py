@@ -88,6 +88,12 @@ class RetryBudget:
     >>> b = RetryBudget("REPLICA", RetryOwner.AGENT, 3)
     >>> (b.agent_restarts, b.orchestrator_retries, b.role_retries)
     (3, 0, 0)
+
+    Args:
+        policy: the TorchX retry policy's name (``APPLICATION``, ``REPLICA``, ``HOT_SPARE``,
+            ``ROLE``).
+        owner: the one layer that spends the budget (:class:`RetryOwner`).
+        count: the role's ``max_retries`` (0 means nobody retries).
     """
 
     policy: str
@@ -127,6 +133,13 @@ def policy_name(policy: Any) -> str | None:
     >>> from torchx.specs import RetryPolicy
     >>> policy_name(RetryPolicy.REPLICA), policy_name("ROLE"), policy_name("replica")
     ('REPLICA', 'ROLE', None)
+
+    Args:
+        policy: a ``RetryPolicy`` member or its name (case-sensitive, as TorchX spells it).
+
+    Returns:
+        The policy's name, or ``None`` when it is none of ``APPLICATION``, ``REPLICA``,
+        ``HOT_SPARE``, ``ROLE``.
     """
     name = policy.name if isinstance(policy, enum.Enum) else policy
     return name if isinstance(name, str) and name in RETRY_OWNERS else None
@@ -143,7 +156,15 @@ def retry_budget(policy: Any, max_retries: int) -> RetryBudget:
     >>> retry_budget("REPLICA", 0).owner.value
     'none'
 
-    Raises :class:`~torchstep.SpecError` for an unknown policy or a bad count.
+    Args:
+        policy: the role's ``retry_policy`` (a ``RetryPolicy`` member or its name).
+        max_retries: the role's ``max_retries``, an integer in ``0..MAX_RETRIES``.
+
+    Returns:
+        The budget with its owner (:attr:`RetryOwner.NONE` when ``max_retries`` is 0).
+
+    Raises:
+        SpecError: an unknown policy, or a count that is not an integer in range.
     """
     name = policy_name(policy)
     if name is None:
@@ -163,10 +184,16 @@ class StepRetry:
     ``max_retry_delay``; ``None`` = the orchestrator's default). Every adapter maps this
     one object (Airflow ``retries``/``retry_delay``, KFP ``set_retry``, Prefect ``retries``).
 
-    ``role_index`` is the role whose budget it is (for field paths in errors).
-
     >>> StepRetry(2, delay_s=10.0, backoff=2.0, max_delay_s=15.0).delays()
     [10.0, 15.0]
+
+    Args:
+        count: how many times the orchestrator runs the step again after a failure.
+        delay_s: seconds before the first retry (``retry_delay``); ``None``: the
+            orchestrator's default.
+        backoff: multiplier of the delay per retry (``retry_backoff``); ``None``: 1.
+        max_delay_s: cap of any one delay in seconds (``max_retry_delay``); ``None``: no cap.
+        role_index: the role whose budget it is (for field paths in errors).
     """
 
     count: int
@@ -178,8 +205,14 @@ class StepRetry:
     def delays(self, default_delay_s: float = 0.0) -> list[float]:
         """The wait before each retry (``delay * backoff**i``, capped at ``max_delay_s``):
         the one rule every target follows (``torchstep run``, Airflow, KFP, Prefect).
-        ``default_delay_s`` stands in for an unset ``retry_delay`` (the orchestrator's own
-        default)."""
+
+        Args:
+            default_delay_s: seconds that stand in for an unset ``retry_delay`` (the
+                orchestrator's own default).
+
+        Returns:
+            One delay in seconds per retry, ``count`` of them.
+        """
         base = self.delay_s if self.delay_s is not None else default_delay_s
         out = [base * (self.backoff or 1.0) ** i for i in range(self.count)]
         return [min(d, self.max_delay_s) for d in out] if self.max_delay_s is not None else out
@@ -194,6 +227,13 @@ class Resources:
 
     >>> Resources(cpu=2, mem_mb=4096).gpu
     0
+
+    Args:
+        cpu: CPU cores per replica (fractions allowed); ``None``: unset.
+        gpu: GPUs per replica (``nvidia.com/gpu``); 0: none.
+        mem_mb: memory per replica in MiB (TorchX's ``memMB``); ``None``: unset.
+        devices: Kubernetes extended resources and their counts.
+        capabilities: node labels the replica must be scheduled on.
     """
 
     cpu: float | None = None
@@ -205,10 +245,18 @@ class Resources:
 
 @dataclass(frozen=True)
 class Mount:
-    """``kind`` is ``bind`` (host path), ``volume`` (PVC claim) or ``device``.
+    """A mount of every replica of a role (TorchX's ``BindMount``, ``VolumeMount``,
+    ``DeviceMount``).
 
     >>> Mount("volume", "datasets", "/data", read_only=True).kind
     'volume'
+
+    Args:
+        kind: ``bind`` (host path), ``volume`` (PVC claim) or ``device``.
+        src: the host path, the PVC's claim name or the host device path.
+        dst: the path inside the container.
+        read_only: mount it read-only.
+        permissions: devices only: cgroup permissions such as ``"rwm"``.
     """
 
     kind: str
@@ -230,6 +278,12 @@ class Port:
 
     >>> Port("tb", 6006).port
     6006
+
+    Args:
+        name: the ``port_map`` key (``tb``, ``c10d``).
+        port: the port number.
+        rendezvous: whether the name is a rendezvous port name.
+        env: the variable that carries the port on the local target; ``None``: none.
     """
 
     name: str
@@ -245,6 +299,11 @@ class SecretRef:
 
     >>> SecretRef("HF_TOKEN", "hf-token", "token").secret
     'hf-token'
+
+    Args:
+        env: the environment variable the workers read.
+        secret: the Kubernetes Secret's name (in the step's namespace).
+        key: the key inside the Secret.
     """
 
     env: str
@@ -263,6 +322,13 @@ class Decision:
 
     >>> Decision("roles[0].resource.memMB", "1024", "ignored", "advisory on the local target").action
     'ignored'
+
+    Args:
+        field: the AppDef field's path (``roles[0].resource.memMB``).
+        value: its value as text.
+        action: ``honoured``, ``warning``, ``ignored`` or ``rejected``.
+        becomes: what it maps to on the target, or why it is ignored or fails.
+        fix: what to change (warnings and rejections); ``None``: nothing to do.
     """
 
     field: str
@@ -285,6 +351,33 @@ class RolePlan:
     >>> r = torchstep.build_plan(torchstep.materialize("utils.echo", ["--msg", "hi ${app_id}"]), "local").roles[0]
     >>> r.argv, sorted(r.macros), r.nnodes
     (['echo', 'hi ${app_id}'], [<Macro.APP_ID: 'app_id'>], '1')
+
+    Args:
+        name: the role's name in the AppDef.
+        k8s_name: its DNS-1123 form, used in object names and labels.
+        image: the container image (or, on the local target, a directory).
+        entrypoint: the command the role runs (``python``, ``torchrun``...).
+        args: the command's arguments, macros unbound.
+        env: the role's environment, macros unbound.
+        secret_env: variables read from Kubernetes Secrets, never by value.
+        min_replicas: the fewest replicas the role runs with (elastic lower bound).
+        num_replicas: the replicas the role asks for (elastic upper bound).
+        nproc_per_node: worker processes per replica.
+        uses_torchrun: whether the entrypoint is ``torchrun`` (the agent replaces it).
+        resources: per-replica resources.
+        mounts: mounts of every replica.
+        ports: named ports of every replica.
+        retry: the role's retry budget and its one owner.
+        timeout_s: seconds before the role is stopped; ``None``: no timeout.
+        heartbeat_timeout_s: the agent's ``--heartbeat-timeout`` in seconds; ``None``: its default.
+        grace_period_s: seconds from SIGTERM to SIGKILL; ``None``: the agent's default.
+        retry_delay_s: seconds before an orchestrator retry; ``None``: the orchestrator's default.
+        retry_backoff: multiplier of the retry delay per retry; ``None``: 1.
+        max_retry_delay_s: cap of a retry delay in seconds; ``None``: no cap.
+        macros: the TorchX macros the role's args and env use.
+        metadata: the role's ``metadata`` (``kubernetes``, ``torchstep`` keys...).
+        workdir: local target: the image when it is a directory; ``None`` otherwise.
+        index: the role's position in ``AppDef.roles`` (for field paths in errors).
     """
 
     name: str
@@ -330,7 +423,14 @@ class RolePlan:
 
     def bind(self, values: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         """argv and env with macros bound as TorchX's ``macros.Values.apply`` binds them:
-        every arg and every env value (not the entrypoint); ``$$`` becomes ``$``."""
+        every arg and every env value (not the entrypoint); ``$$`` becomes ``$``.
+
+        Args:
+            values: macro name → value (``app_id``, ``replica_id``, ``rank0_env``...).
+
+        Returns:
+            The argv list (entrypoint first) and the environment, both bound.
+        """
         return (
             [self.entrypoint, *(substitute(a, values) for a in self.args)],
             {k: substitute(v, values) for k, v in self.env.items()},
@@ -338,7 +438,14 @@ class RolePlan:
 
     def bound_metadata(self, values: Mapping[str, str]) -> dict[str, Any]:
         """A copy of the role's metadata with macros bound in every nested string, as
-        TorchX binds them (e.g. a ``${app_id}`` label in ``metadata["kubernetes"]``)."""
+        TorchX binds them (e.g. a ``${app_id}`` label in ``metadata["kubernetes"]``).
+
+        Args:
+            values: macro name → value.
+
+        Returns:
+            A new dict; the plan's metadata is not changed.
+        """
         return substitute_nested(dict(self.metadata), values)
 
     def secret_values(self, environ: Mapping[str, str]) -> dict[str, str]:
@@ -346,7 +453,14 @@ class RolePlan:
         process's environment) at launch. Planning never reads the environment, so a
         plan built where the secret is absent (a DAG parser) stays valid.
 
-        Raises :class:`~torchstep.SpecError` naming the first missing variable.
+        Args:
+            environ: the environment to read from (usually ``os.environ``).
+
+        Returns:
+            Variable name → secret value, one per :attr:`secret_env` entry.
+
+        Raises:
+            SpecError: a variable is not set (the first missing one is named).
         """
         missing = [r for r in self.secret_env if r.env not in environ]
         if missing:
@@ -374,6 +488,15 @@ class StepPlan:
     >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", []), "kubernetes")
     >>> plan.k8s_name, plan.roles[0].k8s_name, plan.retry_owner.value
     ('echo', 'echo', 'none')
+
+    Args:
+        app_name: the AppDef's name.
+        k8s_name: the DNS-1123 prefix of every object name.
+        target: ``local``, ``kubernetes`` or ``kfp``.
+        roles: one plan per role, in the AppDef's order.
+        timeout_s: the step timeout in seconds; ``None``: none.
+        decisions: one row per field, what became of it on the target.
+        metadata: the AppDef's ``metadata``.
     """
 
     app_name: str
@@ -412,7 +535,17 @@ class StepPlan:
         return next((r.retry.owner for r in self.roles if r.retry.owner is not RetryOwner.NONE), RetryOwner.NONE)
 
     def role(self, name: str) -> RolePlan:
-        """The plan of the role called ``name`` (``KeyError`` if there is none)."""
+        """The plan of the role called ``name``.
+
+        Args:
+            name: the role's name in the AppDef.
+
+        Returns:
+            The role's plan.
+
+        Raises:
+            KeyError: no role has that name.
+        """
         for r in self.roles:
             if r.name == name:
                 return r
@@ -425,6 +558,12 @@ def step_retry_of(roles: tuple[RolePlan, ...] | list[RolePlan]) -> StepRetry:
 
     >>> step_retry_of([]).count
     0
+
+    Args:
+        roles: the plan's roles.
+
+    Returns:
+        The step's retries (``StepRetry(0)`` when no role's budget is the orchestrator's).
     """
     count = max((r.retry.orchestrator_retries for r in roles), default=0)
     owner = next((r for r in roles if count and r.retry.orchestrator_retries == count), None)

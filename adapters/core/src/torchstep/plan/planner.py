@@ -106,7 +106,14 @@ T = TypeVar("T")
 
 
 def plan_app(rec: Recorder) -> StepPlan | None:
-    """Plan the whole app; ``None`` when a field was rejected (see ``decisions``)."""
+    """Plan the whole app; ``None`` when a field was rejected (see ``decisions``).
+
+    Args:
+        rec: the recorder holding the AppDef and the target; every decision lands in it.
+
+    Returns:
+        The plan, or ``None`` when any field was rejected.
+    """
     from torchx.specs import AppDef
 
     t = rec.target
@@ -147,6 +154,15 @@ def plan_app(rec: Recorder) -> StepPlan | None:
 
 
 def app_name(rec: Recorder, app: Any) -> tuple[str, str]:
+    """Check the AppDef's name and derive its DNS-1123 form (at most 40 characters).
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        app: the ``torchx.specs.AppDef``.
+
+    Returns:
+        ``(name, k8s_name)``; a rejected name still returns a placeholder so planning goes on.
+    """
     name = app.name
     t = rec.target
     if not isinstance(name, str) or not name.strip() or not name.isprintable() or any(c in name for c in "/\\"):
@@ -167,6 +183,16 @@ def app_name(rec: Recorder, app: Any) -> tuple[str, str]:
 
 
 def app_metadata(rec: Recorder, app: Any) -> float | None:
+    """Check the AppDef's ``metadata``: ``torchstep.timeout`` is honoured, other
+    ``torchstep*`` keys are rejected, the rest is informational.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        app: the ``torchx.specs.AppDef``.
+
+    Returns:
+        The step timeout in seconds, or ``None`` when unset or rejected.
+    """
     md = app.metadata
     if not isinstance(md, dict):
         rec.reject("metadata", md, "must be a dict of strings", "AppDef(metadata={'torchstep.timeout': '3600'})")
@@ -188,6 +214,16 @@ def app_metadata(rec: Recorder, app: Any) -> float | None:
 
 
 def all_roles(rec: Recorder, roles_in: list[Any] | tuple[Any, ...]) -> list[RolePlan]:
+    """Plan every role; duplicate names (or names equal once made DNS-safe, off the local
+    target) are rejected.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        roles_in: the AppDef's ``roles``.
+
+    Returns:
+        The plans of the roles that were not rejected, in order.
+    """
     roles: list[RolePlan] = []
     seen: dict[str, int] = {}
     seen_k8s: dict[str, int] = {}
@@ -219,7 +255,15 @@ def all_roles(rec: Recorder, roles_in: list[Any] | tuple[Any, ...]) -> list[Role
 
 
 def group(rule: Callable[[], T], default: T) -> T:
-    """Run one field group's rule; ``default`` when it rejected its field."""
+    """Run one field group's rule; ``default`` when it rejected its field.
+
+    Args:
+        rule: the rule, its arguments bound.
+        default: the value to go on with after a rejection (the rejection is recorded).
+
+    Returns:
+        The rule's result, or ``default``.
+    """
     try:
         return rule()
     except Rejected:
@@ -227,6 +271,20 @@ def group(rule: Callable[[], T], default: T) -> T:
 
 
 def plan_role(rec: Recorder, i: int, role: Any) -> RolePlan:
+    """Plan one role: every field group's rule in turn.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        i: the role's index in ``AppDef.roles`` (for field paths).
+        role: the ``torchx.specs.Role``.
+
+    Returns:
+        The role's plan.
+
+    Raises:
+        Rejected: ``role`` is not a ``Role`` or a field the rest depends on was rejected
+            (caught by :func:`all_roles`).
+    """
     from torchx.specs import Role
 
     p = f"roles[{i}]"
@@ -294,9 +352,19 @@ def plan_role(rec: Recorder, i: int, role: Any) -> RolePlan:
 def build_plan(app: Any, target: str) -> StepPlan:
     """Validate ``app`` (a ``torchx.specs.AppDef``) for ``target`` and normalise it.
 
-    Raises :class:`~torchstep.SpecError` for the first field that cannot be honoured
-    (:func:`torchstep.explain` lists all of them). Deterministic: it never reads the
-    environment, the clock or a random source, so the same AppDef gives an equal plan.
+    Deterministic: it never reads the environment, the clock or a random source, so the
+    same AppDef gives an equal plan.
+
+    Args:
+        app: the ``torchx.specs.AppDef`` (e.g. from :func:`torchstep.materialize`).
+        target: where the step runs: ``local``, ``kubernetes`` or ``kfp``.
+
+    Returns:
+        The plan every adapter and target maps to native calls.
+
+    Raises:
+        SpecError: the first field that cannot be honoured on ``target`` (an unknown
+            target included); :func:`torchstep.explain` lists all of them.
     """
     rec = Recorder(app, target)
     plan = plan_app(rec)
@@ -310,6 +378,13 @@ def build_plan(app: Any, target: str) -> StepPlan:
 
 def plan_decisions(app: Any, target: str) -> list[Decision]:
     """Every decision for every field, rejected ones included (used by ``explain``).
+
+    Args:
+        app: the ``torchx.specs.AppDef``.
+        target: ``local``, ``kubernetes`` or ``kfp``.
+
+    Returns:
+        One :class:`~torchstep.plan.model.Decision` per field, in the AppDef's order.
 
     >>> import torchstep
     >>> [d.action for d in plan_decisions(torchstep.materialize("utils.echo", []), "kfp")][:2]
