@@ -1,5 +1,5 @@
-"""The agent's pieces without running workers: import cost, worker API, settings
-precedence, exit-code mapping, log tee — fast, but real (no mocks of torch)."""
+"""The agent's pieces without running workers: import cost, worker API, exit-code mapping,
+log tee — fast, but real (no mocks of torch). Settings: test_agent_settings.py."""
 
 from __future__ import annotations
 
@@ -98,67 +98,6 @@ def test_record_turns_non_retryable_error_into_exit_82(tmp_path) -> None:
         "retryable": False,
         "exception": "torchstep.errors.NonRetryableError",
     }
-
-
-def test_settings_precedence_flag_env_default(monkeypatch) -> None:
-    from torchstep.agent.settings import resolve
-
-    env = {"TORCHSTEP_GRACE_PERIOD": "7", "TORCHSTEP_HEARTBEAT_TIMEOUT": "5", "TORCHSTEP_LOG_DIR": "/tmp/ts-env-logs"}
-    s = resolve(["--grace-period", "3", "train.py", "--grace-period", "99"], environ=env)
-    assert (s.grace_period, s.heartbeat_timeout, s.stop_timeout) == (3.0, 5.0, 10.0)
-    assert (s.sources["grace_period"], s.sources["heartbeat_timeout"], s.sources["stop_timeout"]) == (
-        "flag",
-        "env TORCHSTEP_HEARTBEAT_TIMEOUT",
-        "default",
-    )
-    assert s.entry_args[-2:] == ["--grace-period", "99"]  # the script's own flags stay its own
-    assert s.log_dir == "/tmp/ts-env-logs"
-    s = resolve(
-        ["--log-dir", "/tmp/ts-flag-logs", "--shutdown-timeout", "12", "train.py"],
-        environ=env | {"TORCHSTEP_GRACE_PERIOD": ""},
-    )
-    assert s.log_dir == "/tmp/ts-flag-logs" and s.grace_period == 12.0
-
-
-def test_settings_pipeline_defaults_and_torchrun_compatibility() -> None:
-    from torchstep.agent.settings import resolve
-
-    single = resolve(["--nproc-per-node", "2", "train.py"], environ={})
-    assert (single.config.rdzv_backend, single.config.rdzv_endpoint) == ("c10d", "localhost:0")  # like torchrun
-    assert single.config.monitor_interval == 0.1 and "SIGUSR1" in single.config.signals_to_handle
-    assert single.process_env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    multi = resolve(["--nnodes", "1:4", "--master-addr", "10.1.2.3", "train.py"], environ={})
-    assert (multi.config.rdzv_backend, multi.config.rdzv_endpoint) == ("c10d", "10.1.2.3:29500")
-    conf = multi.config.rdzv_configs
-    assert (
-        conf["join_timeout"],
-        conf["read_timeout"],
-        conf["last_call_timeout"],
-        conf["keep_alive_interval"],
-        conf["keep_alive_max_attempt"],
-    ) == ("900", "900", "1", "1", "4")  # keep-alive: a 0.5 s tick (runner.fast_keep_alive) x 4
-    # a classic static multi-node torchrun line stays static
-    static = resolve(
-        ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h", "--master-port", "1234", "t.py"], environ={}
-    )
-    assert static.config.rdzv_backend == "static" and static.config.rdzv_configs["rank"] == 1
-    mine = resolve(["--nnodes", "2", "--rdzv-conf", "last_call_timeout=30,read_timeout=60", "t.py"], environ={})
-    assert (mine.config.rdzv_configs["last_call_timeout"], mine.config.rdzv_configs["read_timeout"]) == ("30", "60")
-    kept = resolve(["t.py"], environ={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
-    assert kept.process_env == {}  # the user's explicit choice wins
-
-
-def test_settings_result_files_and_bad_values() -> None:
-    from torchstep.agent.settings import UsageError, resolve
-
-    s = resolve(["--result-file", "/tmp/a.json", "t.py"], environ={"TORCHSTEP_RESULT_FILE": "/tmp/b.json"})
-    assert s.result_files == ["/tmp/a.json", "/tmp/b.json"]  # the launcher still finds its copy
-    with pytest.raises(UsageError, match="TORCHSTEP_HEARTBEAT_TIMEOUT"):
-        resolve(["t.py"], environ={"TORCHSTEP_HEARTBEAT_TIMEOUT": "soon"})
-    with pytest.raises(UsageError, match="TORCHSTEP_RDZV_CONF|rendezvous configuration"):
-        resolve(["t.py"], environ={"TORCHSTEP_RDZV_CONF": "novalue"})
-    with pytest.raises(UsageError, match="grace"):
-        resolve(["--grace-period", "-1", "t.py"], environ={})
 
 
 def test_exit_codes_and_non_retryable_detection() -> None:

@@ -93,25 +93,6 @@ class _LossyHandler(logging.Handler):
         super().close()
 
 
-def _check_paths(settings: AgentSettings) -> None:
-    """Before anything starts, every result file can be written (the log dir was checked
-    by ``resolve``): a result that could not be written later would be lost silently."""
-    from torchstep.agent.settings import UsageError
-    from torchstep.files import UnsafePathError, private_dir
-
-    for path in settings.result_files:
-        parent = os.path.dirname(path) or "."
-        try:
-            if not os.path.isdir(parent):
-                private_dir(parent)
-            if os.path.isdir(path) or os.path.islink(path):
-                raise UnsafePathError(path, "is a directory or a symlink", "name a file path")
-            if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-                raise UnsafePathError(path, "is not writable", "choose a path you can write")
-        except UnsafePathError as e:
-            raise UsageError(f"--result-file {e}") from None
-
-
 def _log_to_file(log_dir: str, warnings: list[str]) -> logging.Handler | None:
     try:
         sink = LossyFile(os.path.join(log_dir, "agent.log"))
@@ -233,11 +214,12 @@ def _run_cli(args: list[str], started_at: float, startup_env: dict[str, str | No
     settings = None
     zygote = None
     try:
+        from torchstep.agent.runner import prepare_paths
         from torchstep.agent.settings import TorchrunError, UsageError, resolve
 
         try:
             settings = resolve(args)
-            _check_paths(settings)
+            prepare_paths(settings)  # the log directory and the result files' parents
         except TorchrunError as e:  # torchrun's own check: its line and its exit status
             _print_line(e.line)
             _usage_result(f"usage error: {e.line}", e.exit_code, started_at=started_at)

@@ -4,6 +4,7 @@ turned into an :class:`~torchstep.agent.outcome.Outcome`.
 
 Example::
 
+    prepare_paths(settings)          # creates the log directory (resolve creates nothing)
     run = AgentRun(settings, started_at=time.time())
     outcome = run.execute()          # never raises for worker / rendezvous failures
     result = run.finish(outcome)     # writes the result everywhere, stops the helpers
@@ -25,12 +26,46 @@ from typing import Any
 from torchstep.agent import signals
 from torchstep.agent.outcome import Outcome, build_result, result_paths, running_result, write_all
 from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, OrphanSweeper, Reaper, become_subreaper
-from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings
+from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings, UsageError
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.errors import AGENT_ERROR_EXIT_CODE
+from torchstep.files import UnsafePathError, private_dir, private_root
 from torchstep.result import StepResult
 
 log = logging.getLogger("torchstep.agent")
+
+
+def prepare_paths(settings: AgentSettings) -> None:
+    """Create what the settings name, before anything starts (``resolve`` creates nothing):
+    the log directory (``0700`` when new, kept after the run) and each result file's
+    parent; then check that every result file can be written, since a result that could
+    not be written later would be lost silently.
+
+    Args:
+        settings: the resolved settings.
+
+    Raises:
+        UsageError: the log directory is a symlink, not ours, open to others or not
+            writable (``--log-dir ...``), or a result file cannot be written
+            (``--result-file ...``): the agent exits with 2.
+
+    Example: ``prepare_paths(resolve(["t.py"]))`` creates the new ``torchstep-agent-*`` log directory.
+    """
+    try:  # a private directory of ours: created 0700 when missing, a symlink or foreign dir refused
+        private_root(settings.log_dir)
+    except UnsafePathError as e:
+        raise UsageError(f"--log-dir {e}") from None
+    for path in settings.result_files:
+        parent = os.path.dirname(path) or "."
+        try:
+            if not os.path.isdir(parent):
+                private_dir(parent)
+            if os.path.isdir(path) or os.path.islink(path):
+                raise UnsafePathError(path, "is a directory or a symlink", "name a file path")
+            if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+                raise UnsafePathError(path, "is not writable", "choose a path you can write")
+        except UnsafePathError as e:
+            raise UsageError(f"--result-file {e}") from None
 
 
 class AgentRun:
@@ -190,7 +225,7 @@ class AgentRun:
             specs = TorchstepLogsSpecs(
                 settings.log_dir, merge_streams=merge, run_id=config.run_id,
                 layout="torchstep" if settings.merge_streams else "torchrun",
-                inner=config.logs_specs if settings.custom_logs_specs else None,
+                inner=settings.logs_specs_factory() if settings.logs_specs_factory else None,
                 # torch's redirect of a function worker (--run-path) seeks in its file: no pipe there
                 pipe_dir=self.run_dir if isinstance(settings.entrypoint, str) else None, on_warning=self._warn,
             )  # fmt: skip

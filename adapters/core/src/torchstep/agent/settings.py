@@ -1,13 +1,15 @@
 """The agent's command line and environment: torchrun's own parser plus torchstep's flags,
 launcher overrides and pipeline defaults, resolved into one :class:`AgentSettings`.
 
-Precedence, per setting:
+Precedence, per setting (one table, :data:`torchstep.agent.settings_table.SETTINGS`):
 
 * torchstep flags: ``--flag`` > ``TORCHSTEP_*`` variable > default.
 * torchrun flags: ``--flag`` > ``PET_*`` variable > torchstep's pipeline default > torch's.
 * launcher overrides win over both: ``TORCHSTEP_RDZV_BACKEND/ENDPOINT/ID/CONF`` and
   ``TORCHSTEP_ROLE`` (the local launcher hosts the rendezvous store itself and tells
   every agent, also one started by a ``torchrun ...`` line through the shim, where it is).
+
+:func:`resolve` only reads: the runner creates the directories the settings name.
 
 Example::
 
@@ -26,16 +28,26 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from argparse import ArgumentParser
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchstep.agent.settings_table import (
+    C10D_RDZV_DEFAULTS,
+    DEFAULT_SIGNALS,
+    DYNAMIC_RDZV_DEFAULTS,
+    ENV_NO_SHARED_STORE,
+    KEEP_ALIVE_PERIOD_S,
+    LAUNCHER_OVERRIDES,
+    SETTINGS,
+    UsageError,
+    build_parser,
+    pick,
+    read_env,
+    zygote_from_env,
+)
 from torchstep.contract import (
     ENV_APP_ID,
-    ENV_EXIT_BARRIER_TIMEOUT,
-    ENV_GRACE_PERIOD,
-    ENV_HEARTBEAT_TIMEOUT,
     ENV_LOG_DIR,
     ENV_LOG_PREFIX,
     ENV_RDZV_BACKEND,
@@ -44,60 +56,25 @@ from torchstep.contract import (
     ENV_RDZV_ID,
     ENV_REPLICA_ID,
     ENV_RESULT_FILE,
-    ENV_ROLE,
     ENV_RUN_DIR,
-    ENV_STOP_TIMEOUT,
-    ENV_WATCHDOG_TIMEOUT,
+    ENV_ZYGOTE,
 )
-from torchstep.files import UnsafePathError, private_root
 
-#: pytorch#135712: a restarted gloo group must not read stale data from the shared store.
-ENV_NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-#: ``TORCHSTEP_ZYGOTE``: ``0`` turns the worker zygote off (on by default).
-ENV_ZYGOTE = "TORCHSTEP_ZYGOTE"
-_OFF = ("0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
-
-#: torchrun handles SIGTERM, SIGINT, SIGHUP and SIGQUIT; we add the two SLURM/preemption ones.
-DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-
-#: Rendezvous defaults for the dynamic backends (each overridable with --rdzv-conf k=v):
-#: pods may start minutes apart (join/read timeouts), survivors re-form the group within
-#: seconds of a node loss (last call 1 s; torch's defaults take ~40 s). A node is declared
-#: dead after keep_alive_interval x keep_alive_max_attempt; torch sends a heartbeat only on
-#: a timer tick at least one interval after the last one, i.e. every *two* intervals, so
-#: the product must exceed two intervals with room for a busy host: with the interval left
-#: at its default the agent ticks every 0.5 s (KEEP_ALIVE_PERIOD_S; torch's flag takes whole
-#: seconds only), heartbeats land every <= 1 s, and a node is dead after 2 s of silence.
-DYNAMIC_RDZV_DEFAULTS: dict[str, str] = {
-    "join_timeout": "900",
-    "last_call_timeout": "1",
-    "close_timeout": "10",
-    "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "4",
-}
-#: The keep-alive tick the agent uses when ``keep_alive_interval`` is not given.
-KEEP_ALIVE_PERIOD_S = 0.5
-C10D_RDZV_DEFAULTS: dict[str, str] = {**DYNAMIC_RDZV_DEFAULTS, "read_timeout": "900"}
-
-_UNSET: Any = object()
-# torchrun flags whose "was it given?" matters (to apply our defaults only when it was not)
-_TRACKED = {
-    "rdzv_backend": "static",
-    "rdzv_endpoint": "",
-    "rdzv_id": "none",
-    "node_rank": 0,
-    "role": "default",
-    "signals_to_handle": DEFAULT_SIGNALS,
-    "log_dir": None,
-}
-
-
-class UsageError(ValueError):
-    """A bad flag or environment value (the agent exits with 2, like argparse).
-
-    Example: ``resolve(["t.py"], environ={"TORCHSTEP_GRACE_PERIOD": "soon"})`` raises it.
-    """
+__all__ = [
+    "C10D_RDZV_DEFAULTS",
+    "DEFAULT_SIGNALS",
+    "DYNAMIC_RDZV_DEFAULTS",
+    "ENV_NO_SHARED_STORE",
+    "ENV_ZYGOTE",
+    "KEEP_ALIVE_PERIOD_S",
+    "TORCHRUN_PREFIX_TEMPLATE",
+    "AgentSettings",
+    "TorchrunError",
+    "UsageError",
+    "build_parser",
+    "resolve",
+    "zygote_from_env",
+]
 
 
 class TorchrunError(UsageError):
@@ -121,81 +98,6 @@ class TorchrunError(UsageError):
     def line(self) -> str:
         text = str(self)
         return f"{self.kind}: {text}" if text else self.kind
-
-
-@dataclass(frozen=True)
-class Flag:
-    """A torchstep flag with its environment variable and default.
-
-    Example: ``Flag("grace_period", ("--grace-period",), "TORCHSTEP_GRACE_PERIOD", float, 30.0, "...")``.
-    """
-
-    dest: str
-    flags: tuple[str, ...]
-    env: str
-    kind: Callable[[str], Any]
-    default: Any
-    help: str
-
-
-FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "result_file",
-        ("--result-file", "--result_file"),
-        ENV_RESULT_FILE,
-        str,
-        None,
-        "write the versioned step result JSON here, atomically, on every exit path",
-    ),
-    Flag(
-        "heartbeat_timeout",
-        ("--heartbeat-timeout", "--heartbeat_timeout"),
-        ENV_HEARTBEAT_TIMEOUT,
-        float,
-        0.0,
-        "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)",
-    ),
-    Flag(
-        "grace_period",
-        ("--grace-period", "--grace_period"),
-        ENV_GRACE_PERIOD,
-        float,
-        30.0,
-        "seconds between forwarding a signal to the workers and SIGKILL of their process groups",
-    ),
-    Flag(
-        "stop_timeout",
-        ("--stop-timeout", "--stop_timeout"),
-        ENV_STOP_TIMEOUT,
-        float,
-        10.0,
-        "seconds between SIGTERM and SIGKILL when the agent stops a group after a failure (torch: 30)",
-    ),
-    Flag(
-        "exit_barrier_timeout",
-        ("--exit-barrier-timeout", "--exit_barrier_timeout"),
-        ENV_EXIT_BARRIER_TIMEOUT,
-        float,
-        60.0,
-        "seconds a finished agent waits for the other agents to finish (torch: 300)",
-    ),
-    Flag(
-        "watchdog_timeout",
-        ("--watchdog-timeout", "--watchdog_timeout"),
-        ENV_WATCHDOG_TIMEOUT,
-        float,
-        60.0,
-        "fail with exit 83 when the elastic loop makes no progress this long (0: off)",
-    ),
-    Flag(
-        "replica_id",
-        ("--replica-id", "--replica_id"),
-        ENV_REPLICA_ID,
-        int,
-        None,
-        "replica id reported in the result (default: this agent's node rank)",
-    ),
-)
 
 
 @dataclass
@@ -233,6 +135,9 @@ class AgentSettings:
     #: ``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point decides where
     #: the streams go (``config.logs_specs``), as under torchrun.
     custom_logs_specs: bool = False
+    #: Builds that entry point's class on :attr:`log_dir` (the runner calls it: building it
+    #: creates the directory, which :func:`resolve` never does); None without ``--logs-specs``.
+    logs_specs_factory: Callable[[], Any] | None = None
     #: Python workers are forked from the worker zygote (the default; ``--no-zygote`` /
     #: ``TORCHSTEP_ZYGOTE=0`` turn it off). See :meth:`exec_reason` for the other fallbacks.
     zygote: bool = True
@@ -326,120 +231,6 @@ class AgentSettings:
         return "\n".join(rows)
 
 
-def build_parser(environ: Mapping[str, str] | None = None) -> ArgumentParser:
-    """torchrun's parser (``torch.distributed.run.get_args_parser``) plus torchstep's flags.
-
-    Example: ``build_parser().parse_args(["--heartbeat-timeout", "60", "t.py"]).heartbeat_timeout`` is 60.0.
-    """
-    from torch.distributed.run import get_args_parser
-
-    env = os.environ if environ is None else environ
-    parser = get_args_parser()
-    parser.prog = "torchstep-agent"
-    parser.description = (
-        "torchrun-compatible step entrypoint: every torchrun flag and PET_* variable works; "
-        "torchstep adds the flags below (each also settable by its TORCHSTEP_* variable)."
-    )
-    for action in parser._actions:
-        if action.dest in _TRACKED and f"PET_{action.dest.upper()}" not in env:
-            action.default = _UNSET
-    group = parser.add_argument_group("torchstep")
-    group.add_argument(
-        "--log-prefix",
-        "--log_prefix",
-        dest="log_prefix",
-        action="store_true",
-        help="prefix each console line with [role/rank] and merge a binary worker's stderr into its stdout "
-        f"(one ordered log per rank; env {ENV_LOG_PREFIX}=1; on by default under a torchstep launcher, "
-        "or with --tee / --local-ranks-filter)",
-    )
-    group.add_argument(
-        "--zygote",
-        dest="zygote",
-        action="store_const",
-        const=True,
-        default=None,
-        help="fork Python workers from a process that imported torch once (faster start and restart; "
-        "the default; see docs/agent.md)",
-    )
-    group.add_argument(
-        "--no-zygote",
-        dest="zygote",
-        action="store_const",
-        const=False,
-        help=f"start every worker as a new process (exec) instead (env {ENV_ZYGOTE}=0)",
-    )
-    for flag in FLAGS:
-        shown = "off" if flag.default in (None, 0.0) else f"{flag.default:g}" if flag.kind is float else flag.default
-        group.add_argument(
-            *flag.flags,
-            dest=flag.dest,
-            type=flag.kind,
-            default=_UNSET,
-            metavar="PATH" if flag.kind is str else "S" if flag.kind is float else "N",
-            help=f"{flag.help} (env {flag.env}; default {shown})",
-        )
-    return parser
-
-
-def zygote_from_env(environ: Mapping[str, str]) -> bool:
-    """Whether ``TORCHSTEP_ZYGOTE`` leaves the worker zygote on: it is, unless the variable
-    says ``0`` / ``false`` / ``no`` / ``off`` (:func:`resolve` refuses other values).
-
-    Example: ``zygote_from_env({"TORCHSTEP_ZYGOTE": "0"})`` is ``False``; ``zygote_from_env({})`` is ``True``.
-    """
-    return (_env(environ, ENV_ZYGOTE) or "").strip().lower() not in _OFF
-
-
-def _zygote(args: Any, environ: Mapping[str, str], sources: dict[str, str]) -> bool:
-    flag = getattr(args, "zygote", None)
-    if flag is not None:
-        sources["zygote"] = "--zygote" if flag else "--no-zygote"
-        return bool(flag)
-    value = _env(environ, ENV_ZYGOTE)
-    if value is None:
-        sources["zygote"] = "default"
-        return True
-    if value.strip().lower() not in (*_ON, *_OFF):
-        raise UsageError(
-            f"{ENV_ZYGOTE}={value!r}: use 1 (fork Python workers from the zygote, the default) or 0 (exec)"
-        )
-    sources["zygote"] = f"{ENV_ZYGOTE}={value.strip()}"
-    return zygote_from_env(environ)
-
-
-def _env(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(name, "")
-    return value if value.strip() else None
-
-
-def _ours(args: Any, flag: Flag, environ: Mapping[str, str], sources: dict[str, str]) -> Any:
-    value = getattr(args, flag.dest)
-    if value is not _UNSET:
-        sources[flag.dest] = "flag"
-        return value
-    raw = _env(environ, flag.env)
-    if raw is not None:
-        try:
-            value = flag.kind(raw)
-        except ValueError as e:
-            raise UsageError(f"{flag.env}={raw!r}: {e}") from None
-        sources[flag.dest] = f"env {flag.env}"
-        return value
-    sources[flag.dest] = "default"
-    return flag.default
-
-
-def _tracked(args: Any, dest: str, environ: Mapping[str, str], sources: dict[str, str]) -> bool:
-    """Fill torch's default for an untouched tracked flag; ``True`` if the user set it."""
-    if getattr(args, dest) is _UNSET:
-        setattr(args, dest, _TRACKED[dest])
-        return False
-    pet = f"PET_{dest.upper()}"
-    sources[dest] = f"env {pet}" if pet in environ else "flag"
-    return True
-
-
 def _echo_filter(args: Any, nproc: int) -> Callable[[int], bool]:
     """torchrun's console semantics: ``--local-ranks-filter`` and ``-r`` without ``-t``
     keep a rank off the console (its log file is complete either way)."""
@@ -473,11 +264,11 @@ def _console_mode(
     ``[role<local_rank>]:`` only where ``--tee`` copies it."""
     from torch.distributed.elastic.multiprocessing import Std, to_map
 
-    template = _env(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    template = read_env(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     for on, why in (
         (args.log_prefix, "flag"),
-        ((_env(env, ENV_LOG_PREFIX) or "").lower() in ("1", "true", "yes"), f"env {ENV_LOG_PREFIX}"),
-        (_env(env, ENV_APP_ID) is not None, f"default: env {ENV_APP_ID} (a torchstep launcher)"),
+        ((read_env(env, ENV_LOG_PREFIX) or "").lower() in ("1", "true", "yes"), f"env {ENV_LOG_PREFIX}"),
+        (read_env(env, ENV_APP_ID) is not None, f"default: env {ENV_APP_ID} (a torchstep launcher)"),
     ):
         if on:
             sources["log_prefix"] = why
@@ -491,13 +282,62 @@ def _console_mode(
     return False, template or TORCHRUN_PREFIX_TEMPLATE, prefixed
 
 
-def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> AgentSettings:
-    """Parse ``argv`` (without the program name) under ``environ`` into settings.
+def new_log_dir() -> str:
+    """The name of a new log directory under the temporary directory (``torchstep-agent-*``);
+    nothing is created: the runner creates it (``0700``) when the run starts.
 
-    Raises ``SystemExit`` (argparse) for a bad command line and :class:`UsageError` for
-    a bad value. The process is left alone (the agent applies
-    :attr:`AgentSettings.process_env` later), except for torchrun's own ``OMP_NUM_THREADS=1``
-    default when several workers run.
+    Returns:
+        An absolute path that no one else can have guessed (122 random bits).
+
+    Example: ``os.path.basename(new_log_dir()).startswith("torchstep-agent-")`` is True.
+    """
+    return os.path.join(tempfile.gettempdir(), f"torchstep-agent-{uuid.uuid4().hex}")
+
+
+def _rdzv_defaults(backend: str) -> dict[str, str]:
+    if backend == "c10d":
+        return C10D_RDZV_DEFAULTS
+    if backend == "etcd-v2":
+        return DYNAMIC_RDZV_DEFAULTS
+    return {"last_call_timeout": "1"} if backend == "etcd" else {}
+
+
+def _logs_specs_factory(name: str | None, args: Any, log_dir: str) -> Callable[[], Any] | None:
+    """``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point, loaded now (an
+    unknown name is torchrun's ``ValueError``) and built when called, as torchrun builds it."""
+    if not name:
+        return None
+    from torch.distributed.elastic.multiprocessing import Std
+    from torch.distributed.run import _get_logs_specs_class
+
+    cls = _get_logs_specs_class(name)
+    ranks = {int(r) for r in args.local_ranks_filter.split(",")} if args.local_ranks_filter else None
+    redirects, tee = Std.from_str(args.redirects), Std.from_str(args.tee)
+    return lambda: cls(log_dir=log_dir, redirects=redirects, tee=tee, local_ranks_filter=ranks)
+
+
+def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Parse ``argv`` (without the program name) under ``environ`` into settings: each row
+    of :data:`~torchstep.agent.settings_table.SETTINGS` by its precedence, then torchrun's
+    own rules (``--standalone``, single node), torchstep's pipeline defaults and the
+    launcher overrides; :attr:`AgentSettings.sources` says where each value came from.
+
+    Nothing is created or changed: the log directory (a new one when none is given) is
+    made by the runner (``runner.prepare_paths``), and :attr:`AgentSettings.process_env`
+    is applied by the agent later — except torchrun's own ``OMP_NUM_THREADS=1`` default
+    when several workers run, which torch's ``config_from_args`` sets.
+
+    Args:
+        argv: the command line without the program name (None: ``sys.argv[1:]``).
+        environ: the environment (None: ``os.environ``).
+
+    Returns:
+        The settings.
+
+    Raises:
+        SystemExit: argparse refused the command line (or ``--help``).
+        TorchrunError: torchrun's own checks refused it (exit status 1).
+        UsageError: a bad torchstep value (exit status 2).
 
     Example: ``resolve(["--nnodes", "2", "t.py"], environ={}).config.rdzv_backend`` is ``"c10d"``.
     """
@@ -505,17 +345,15 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     from torch.distributed.run import config_from_args, parse_min_max_nnodes
 
     env = os.environ if environ is None else environ
-    args = build_parser(env).parse_args(None if argv is None else list(argv))
+    args = build_parser().parse_args(None if argv is None else list(argv))
     sources: dict[str, str] = {}
-    backend_set = _tracked(args, "rdzv_backend", env, sources)
-    _tracked(args, "rdzv_endpoint", env, sources)
-    _tracked(args, "rdzv_id", env, sources)
-    node_rank_set = _tracked(args, "node_rank", env, sources)
-    if not _tracked(args, "signals_to_handle", env, sources):
-        sources["signals_to_handle"] = "default: + SIGUSR1,SIGUSR2"
-    _tracked(args, "role", env, sources)
-    _tracked(args, "log_dir", env, sources)
-    ours = {flag.dest: _ours(args, flag, env, sources) for flag in FLAGS}
+    value: dict[str, Any] = {}
+    for row in SETTINGS:
+        value[row.dest], origin = pick(row, args, env)
+        if origin is not None:
+            sources[row.dest] = origin
+        if not row.flags and row.dest != "zygote":  # a torchrun flag: config_from_args reads it
+            setattr(args, row.dest, value[row.dest])
 
     try:
         _, max_nodes = parse_min_max_nnodes(args.nnodes)
@@ -529,7 +367,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
         why = "--standalone" if args.standalone else "single node (torchrun)"
         sources.update(rdzv_backend=why, rdzv_endpoint=why, rdzv_id=why)
-    elif max_nodes > 1 and not backend_set and not node_rank_set:
+    elif max_nodes > 1 and "rdzv_backend" not in sources and "node_rank" not in sources:
         # torch would use static rendezvous with every node claiming node rank 0
         args.rdzv_backend = "c10d"
         if not args.rdzv_endpoint:
@@ -538,71 +376,36 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         sources["rdzv_backend"] = "default: c10d when nnodes > 1"
     if args.master_port is None:
         args.master_port = 29500
-
-    for name, dest in (
-        (ENV_RDZV_BACKEND, "rdzv_backend"),
-        (ENV_RDZV_ENDPOINT, "rdzv_endpoint"),
-        (ENV_RDZV_ID, "rdzv_id"),
-    ):
-        value = _env(env, name)
-        if value is not None:
-            setattr(args, dest, value)
+    for name, dest in LAUNCHER_OVERRIDES:
+        override = read_env(env, name)
+        if override is not None:
+            setattr(args, dest, override)
             sources[dest] = f"env {name}"
-    role = _env(env, ENV_ROLE) or args.role or "default"
-    if _env(env, ENV_ROLE):
-        sources["role"] = f"env {ENV_ROLE}"
-    args.role = role
+    args.role = args.role or "default"  # TorchX writes `--role ''`
 
-    log_dir = args.log_dir if sources.get("log_dir") == "flag" else None
-    log_dir = log_dir or _env(env, ENV_LOG_DIR) or args.log_dir
-    if log_dir and os.path.abspath(log_dir) != os.devnull:
-        sources["log_dir"] = sources.get("log_dir", "flag") if log_dir == args.log_dir else f"env {ENV_LOG_DIR}"
-    else:
+    log_dir = args.log_dir
+    if not log_dir or os.path.abspath(log_dir) == os.devnull:
         # kept after the run (never deleted); its path is logged and in the result
-        log_dir = tempfile.mkdtemp(prefix="torchstep-agent-")
-        sources["log_dir"] = "default: new directory"
-    args.log_dir = os.path.abspath(log_dir)
-    try:  # a private directory of ours: created 0700 when missing, a symlink or foreign dir refused
-        private_root(args.log_dir)
-    except UnsafePathError as e:
-        raise UsageError(f"--log-dir {e}") from None
-
-    grace = ours["grace_period"]
-    if sources["grace_period"] == "default":
-        if args.shutdown_timeout is not None:
-            grace, sources["grace_period"] = float(args.shutdown_timeout), "--shutdown-timeout"
-        elif _env(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
-            grace = float(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
-            sources["grace_period"] = "env TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-    for dest in ("heartbeat_timeout", "stop_timeout", "exit_barrier_timeout", "watchdog_timeout"):
-        if ours[dest] < 0:
-            raise UsageError(f"--{dest.replace('_', '-')} must be >= 0, got {ours[dest]}")
-    if grace < 0:
-        raise UsageError(f"--grace-period must be >= 0, got {grace}")
+        log_dir, sources["log_dir"] = new_log_dir(), "default: new directory"
+    log_dir = os.path.abspath(log_dir)
+    grace = value["grace_period"]
     args.shutdown_timeout = max(0, round(grace))
 
+    # torch's logs specs create their directory when built: build torchrun's entry point
+    # (--logs-specs NAME) later, on the real log dir (logs_specs_factory); here, on none
+    specs_name, args.logs_specs, args.log_dir = args.logs_specs, None, os.devnull
     try:
         config, entrypoint, entry_args = config_from_args(args)
+        logs_specs = _logs_specs_factory(specs_name, args, log_dir)
         conf = dict(config.rdzv_configs)
-        defaults = (
-            C10D_RDZV_DEFAULTS
-            if args.rdzv_backend == "c10d"
-            else (
-                DYNAMIC_RDZV_DEFAULTS
-                if args.rdzv_backend == "etcd-v2"
-                else {"last_call_timeout": "1"}
-                if args.rdzv_backend == "etcd"
-                else {}
-            )
-        )
-        for key, value in defaults.items():
+        for key, default in _rdzv_defaults(args.rdzv_backend).items():
             if key not in conf:
-                conf[key] = value
+                conf[key] = default
                 sources[f"rdzv_conf.{key}"] = "default"
-        launcher_conf = _env(env, ENV_RDZV_CONF)
+        launcher_conf = read_env(env, ENV_RDZV_CONF)
         if launcher_conf is not None:
-            for key, value in _parse_rendezvous_config(launcher_conf).items():
-                conf[key] = value
+            for key, given in _parse_rendezvous_config(launcher_conf).items():
+                conf[key] = given
                 sources[f"rdzv_conf.{key}"] = f"env {ENV_RDZV_CONF}"
         echo = _echo_filter(args, config.nproc_per_node)
         if config.nproc_per_node < 1:  # torch asserts it later, deep in the agent
@@ -615,14 +418,13 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     if ENV_NO_SHARED_STORE not in env:
         process_env[ENV_NO_SHARED_STORE] = "1"
         sources[ENV_NO_SHARED_STORE] = "default: pytorch#135712"
-    result_files = []
-    flag_result = ours["result_file"] if sources["result_file"] == "flag" else None
-    for path in (flag_result, _env(env, ENV_RESULT_FILE)):
+    result_files: list[str] = []
+    flag_result = value["result_file"] if sources["result_file"] == "flag" else None
+    for path in (flag_result, read_env(env, ENV_RESULT_FILE)):
         # flag and launcher variable both given: write both, so the launcher finds its copy
         if path and os.path.abspath(path) not in result_files:
             result_files.append(os.path.abspath(path))
     merge, template, prefixed = _console_mode(args, env, config.nproc_per_node, sources)
-    zygote = _zygote(args, env, sources)
     consumed = [
         ENV_LOG_PREFIX,
         ENV_RUN_DIR,
@@ -632,30 +434,31 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         ENV_RDZV_ENDPOINT,
         ENV_RDZV_ID,
         ENV_RDZV_CONF,
-        *(f.env for f in FLAGS if f.env not in (ENV_REPLICA_ID,)),
+        *(row.env for row in SETTINGS if row.flags and row.env != ENV_REPLICA_ID),
     ]
     return AgentSettings(
         config=config,
         entrypoint=entrypoint,
         entry_args=list(entry_args),
-        role=role,
-        app_id=_env(env, ENV_APP_ID) or config.run_id,
-        replica_id=ours["replica_id"],
-        log_dir=args.log_dir,
+        role=args.role,
+        app_id=read_env(env, ENV_APP_ID) or config.run_id,
+        replica_id=value["replica_id"],
+        log_dir=log_dir,
         result_files=result_files,
-        heartbeat_timeout=ours["heartbeat_timeout"],
+        heartbeat_timeout=value["heartbeat_timeout"],
         grace_period=grace,
-        stop_timeout=ours["stop_timeout"],
-        exit_barrier_timeout=ours["exit_barrier_timeout"],
-        watchdog_timeout=ours["watchdog_timeout"],
+        stop_timeout=value["stop_timeout"],
+        exit_barrier_timeout=value["exit_barrier_timeout"],
+        watchdog_timeout=value["watchdog_timeout"],
         echo_ranks=echo,
         prefix_template=template,
         process_env=process_env,
         consumed_env=sorted(set(consumed)),
         sources=sources,
-        run_dir_parent=_env(env, ENV_RUN_DIR) or None,
+        run_dir_parent=read_env(env, ENV_RUN_DIR) or None,
         prefixed=prefixed,
         merge_streams=merge,
-        custom_logs_specs=bool(getattr(args, "logs_specs", None)),
-        zygote=zygote,
+        custom_logs_specs=logs_specs is not None,
+        logs_specs_factory=logs_specs,
+        zygote=value["zygote"],
     )
