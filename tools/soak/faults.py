@@ -185,7 +185,7 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
             guarantee=(
                 "a rank raises `torchstep.NonRetryableError`: FAILED, exit 82, `retryable: false`, no worker "
                 "restarted nor the step retried, root cause names the rank (a peer agent whose own workers "
-                "failed first may count a restart it never ran: see Violations found)"
+                "failed first may count a restart it never ran: see 'Found on the way')"
             ),
         ),
     ),

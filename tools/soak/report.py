@@ -117,7 +117,7 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         out.append(f"| {fault} | {state} | {exp.exit_code} | {restarts} | {exp.attempts} | {exp.guarantee} |")
     for surface, module in SURFACES.items():
         for fault, exp in getattr(module, "EXPECT", {}).items():
-            out += ["", f"On `{surface}`, `{fault}` differs: state {exp.state}. {exp.guarantee}."]
+            out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
     out += [
         "",
         "Not injected yet: " + "; ".join(faults.NOT_YET.values()) + ".",
