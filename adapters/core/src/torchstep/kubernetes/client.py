@@ -26,27 +26,188 @@ class KubernetesClient(Protocol):
     An API error carries its HTTP status as ``.status`` (409: exists, 404: not found), as
     the official client's ``ApiException`` does."""
 
-    def create_namespaced_job(self, namespace: str, body: Any) -> Any: ...
-    def read_namespaced_job_status(self, name: str, namespace: str) -> Any: ...
-    def patch_namespaced_job(self, name: str, namespace: str, body: Any) -> Any: ...
-    def delete_collection_namespaced_job(self, namespace: str, **kwargs: Any) -> Any: ...
-    def create_namespaced_pod(self, namespace: str, body: Any) -> Any: ...
-    def read_namespaced_pod_status(self, name: str, namespace: str) -> Any: ...
-    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> Any: ...
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
-    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
-    def delete_collection_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
-    def create_namespaced_service(self, namespace: str, body: Any) -> Any: ...
-    def list_namespaced_service(self, namespace: str, **kwargs: Any) -> Any: ...
-    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def create_namespaced_job(self, namespace: str, body: Any) -> Any:
+        """Create a Job (``BatchV1Api``).
+
+        Args:
+            namespace: the Job's namespace.
+            body: the Job, a dict as rendered.
+
+        Returns:
+            The Job as the API server created it (with its ``metadata.uid``).
+        """
+        ...
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
+        """Read a Job with its status.
+
+        Args:
+            name: the Job's name.
+            namespace: its namespace.
+
+        Returns:
+            The Job.
+        """
+        ...
+
+    def patch_namespaced_job(self, name: str, namespace: str, body: Any) -> Any:
+        """Patch a Job (the log cursor annotation).
+
+        Args:
+            name: the Job's name.
+            namespace: its namespace.
+            body: a merge patch.
+
+        Returns:
+            The patched Job.
+        """
+        ...
+
+    def delete_collection_namespaced_job(self, namespace: str, **kwargs: Any) -> Any:
+        """Delete the Jobs a ``label_selector`` keyword selects (``propagation_policy`` too).
+
+        Args:
+            namespace: the Jobs' namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            The API server's answer.
+        """
+        ...
+
+    def create_namespaced_pod(self, namespace: str, body: Any) -> Any:
+        """Create a bare Pod.
+
+        Args:
+            namespace: the Pod's namespace.
+            body: the Pod, a dict as rendered.
+
+        Returns:
+            The Pod as the API server created it (with its ``metadata.uid``).
+        """
+        ...
+
+    def read_namespaced_pod_status(self, name: str, namespace: str) -> Any:
+        """Read a Pod with its status.
+
+        Args:
+            name: the Pod's name.
+            namespace: its namespace.
+
+        Returns:
+            The Pod.
+        """
+        ...
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> Any:
+        """Patch a Pod (the log cursor annotation of a bare Pod).
+
+        Args:
+            name: the Pod's name.
+            namespace: its namespace.
+            body: a merge patch.
+
+        Returns:
+            The patched Pod.
+        """
+        ...
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        """List the Pods a ``label_selector`` keyword selects.
+
+        Args:
+            namespace: the Pods' namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            A list object whose ``items`` are the Pods.
+        """
+        ...
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        """Read (or, with ``follow`` and ``_preload_content=False``, stream) a Pod's log.
+
+        Args:
+            name: the Pod's name.
+            namespace: its namespace.
+            **kwargs: the official client's keywords (``container``, ``since_seconds``...).
+
+        Returns:
+            The log text, or a stream of bytes chunks.
+        """
+        ...
+
+    def delete_collection_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        """Delete the Pods a ``label_selector`` keyword selects.
+
+        Args:
+            namespace: the Pods' namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            The API server's answer.
+        """
+        ...
+
+    def create_namespaced_service(self, namespace: str, body: Any) -> Any:
+        """Create a Service.
+
+        Args:
+            namespace: the Service's namespace.
+            body: the Service, a dict as rendered.
+
+        Returns:
+            The Service as the API server created it.
+        """
+        ...
+
+    def list_namespaced_service(self, namespace: str, **kwargs: Any) -> Any:
+        """List the Services a ``label_selector`` keyword selects.
+
+        Args:
+            namespace: the Services' namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            A list object whose ``items`` are the Services.
+        """
+        ...
+
+    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        """Delete one Service.
+
+        Args:
+            name: the Service's name.
+            namespace: its namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            The API server's answer.
+        """
+        ...
+
     def sanitize(self, obj: Any) -> dict[str, Any]:
-        """An API object (or dict) as a plain dict (``ApiClient.sanitize_for_serialization``)."""
+        """An API object (or dict) as a plain dict (``ApiClient.sanitize_for_serialization``).
+
+        Args:
+            obj: an object the client returned, or a dict (returned as it is).
+
+        Returns:
+            The object as JSON-like data.
+        """
         ...
 
 
 class OfficialClient:
     """:class:`KubernetesClient` over the official client's ``CoreV1Api`` (``core``),
-    ``BatchV1Api`` (``batch``) and ``ApiClient`` (``api_client``)."""
+    ``BatchV1Api`` (``batch``) and ``ApiClient`` (``api_client``).
+
+    Args:
+        core: a ``kubernetes.client.CoreV1Api`` (Pods, Services, logs).
+        batch: a ``kubernetes.client.BatchV1Api`` (Jobs).
+        api_client: the ``ApiClient`` used to sanitise objects; ``None``: a default one
+            when first needed.
+    """
 
     _BATCH = frozenset(
         {
@@ -68,6 +229,14 @@ class OfficialClient:
         return getattr(self.batch if name in self._BATCH else self.core, name)
 
     def sanitize(self, obj: Any) -> dict[str, Any]:
+        """An API object (or dict) as a plain dict (``ApiClient.sanitize_for_serialization``).
+
+        Args:
+            obj: an object the client returned, or a dict (returned as it is).
+
+        Returns:
+            The object as JSON-like data.
+        """
         if isinstance(obj, dict):
             return obj
         if self.api_client is None:
@@ -81,7 +250,21 @@ class OfficialClient:
         cls, *, config_file: str | None = None, context: str | None = None, in_cluster: bool | None = None
     ) -> OfficialClient:
         """The default client: in-cluster config inside a pod (or when ``in_cluster``), else
-        the kubeconfig (``config_file``/``context``, default ``~/.kube/config``)."""
+        the kubeconfig.
+
+        Args:
+            config_file: the kubeconfig file; ``None``: ``$KUBECONFIG`` or ``~/.kube/config``.
+            context: the kubeconfig context; ``None``: its current context.
+            in_cluster: ``True``: the pod's service account; ``None``: in-cluster when
+                ``KUBERNETES_SERVICE_HOST`` is set.
+
+        Returns:
+            A client over one ``ApiClient``.
+
+        Raises:
+            ImportError: the ``kubernetes`` package is not installed (``torchstep[kubernetes]``).
+            kubernetes.config.ConfigException: no usable configuration was found.
+        """
         try:
             from kubernetes import client, config
         except ImportError as e:  # pragma: no cover - depends on the extra

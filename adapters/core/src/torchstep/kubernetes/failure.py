@@ -52,10 +52,16 @@ class FailureKind(str, enum.Enum):
 
 
 def classify_exit(exit_code: int | None, *, disrupted: bool = False) -> FailureKind:
-    """The meaning of the agent container's ``exit_code`` (``None``: it never ran);
-    ``disrupted`` is whether the pod has the ``DisruptionTarget`` condition. Adapters use it
-    to tell their orchestrator not to retry (``NON_RETRYABLE``) — the same precedence as the
-    rendered ``podFailurePolicy``.
+    """The meaning of the agent container's exit code. Adapters use it to tell their
+    orchestrator not to retry (``NON_RETRYABLE``) — the same precedence as the rendered
+    ``podFailurePolicy``.
+
+    Args:
+        exit_code: the agent container's exit code; ``None``: it never ran.
+        disrupted: whether the pod has the ``DisruptionTarget`` condition (evicted, preempted).
+
+    Returns:
+        The kind of ending.
 
     >>> classify_exit(0), classify_exit(137), classify_exit(None)
     (<FailureKind.SUCCEEDED: 'succeeded'>, <FailureKind.LOST: 'lost'>, <FailureKind.LOST: 'lost'>)
@@ -77,6 +83,12 @@ def needs_job(role: RolePlan) -> bool:
     """Whether the role's retry budget needs the Job controller: lost-pod replacement
     (REPLICA / HOT_SPARE) or role restarts (ROLE). A bare Pod can do neither.
 
+    Args:
+        role: the role's plan.
+
+    Returns:
+        Whether the role must render as a Job.
+
     >>> import torchstep
     >>> needs_job(torchstep.build_plan(torchstep.materialize("utils.echo", []), "kubernetes").roles[0])
     False
@@ -85,8 +97,7 @@ def needs_job(role: RolePlan) -> bool:
 
 
 def job_failure_fields(role: RolePlan, container: str) -> dict[str, Any]:
-    """The JobSpec fields that carry the role's retry budget (``container`` is the agent's
-    container name, so a sidecar's exit code never matches a rule).
+    """The JobSpec fields that carry the role's retry budget.
 
     - REPLICA / HOT_SPARE (agent owns ``max_retries`` = N): ``backoffLimitPerIndex: N``
       replaces a lost pod of an index at most N times; ``maxFailedIndexes: 0`` fails the
@@ -97,6 +108,14 @@ def job_failure_fields(role: RolePlan, container: str) -> dict[str, Any]:
     - APPLICATION (the orchestrator owns N) and no retries: ``backoffLimit: 0``.
 
     Every Job fails at once on exit code 82 with reason ``PodFailurePolicy``.
+
+    Args:
+        role: the role's plan.
+        container: the agent's container name (a sidecar's exit code never matches a rule).
+
+    Returns:
+        JobSpec fields: ``backoffLimit`` and, as the budget needs, ``backoffLimitPerIndex``,
+        ``maxFailedIndexes`` and ``podFailurePolicy``.
 
     >>> import torchstep
     >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", []), "kubernetes")

@@ -81,8 +81,28 @@ class CursorStore(Protocol):
     Airflow's ``task_state_store`` is one): its log position, and the uids of the
     workloads its run created (:data:`torchstep.kubernetes.ownership.UIDS_KEY`)."""
 
-    def get(self, key: str) -> Any: ...
-    def set(self, key: str, value: Any) -> Any: ...
+    def get(self, key: str) -> Any:
+        """The value saved under ``key``.
+
+        Args:
+            key: the value's name.
+
+        Returns:
+            The JSON value, or ``None`` when nothing was saved.
+        """
+        ...
+
+    def set(self, key: str, value: Any) -> Any:
+        """Save ``value`` under ``key``, replacing what was there.
+
+        Args:
+            key: the value's name.
+            value: a JSON value.
+
+        Returns:
+            Anything; it is ignored.
+        """
+        ...
 
 
 class JobGang:
@@ -97,6 +117,21 @@ class JobGang:
     attaching requires that uid. After :meth:`create`, ``attached`` says whether this run
     found its workloads running (or finished) instead of creating them, and ``owners`` holds
     the uids of its workloads.
+
+    Args:
+        rendered: the rendering of one run (:func:`~torchstep.kubernetes.render_plan`).
+        client: the Kubernetes client (:class:`~torchstep.kubernetes.OfficialClient`, or a fake).
+        on_line: called with every log line; ``None``: print it to stdout.
+        poll_interval: seconds between status reads.
+        on_finish: ``delete`` every object, ``delete_succeeded`` (keep a failed run's for
+            debugging) or ``keep``.
+        logger: where progress and warnings go; ``None``: this module's logger.
+        cursor_store: the orchestrator's state between tries (log position, workload uids);
+            ``None``: attach by labels only, follow logs from the start.
+        cursor_interval: the most seconds between two saves of the log position.
+
+    Raises:
+        SpecError: ``on_finish`` is not one of :data:`ON_FINISH`.
     """
 
     def __init__(
@@ -142,7 +177,15 @@ class JobGang:
     def run(self) -> StepResult:
         """Create, wait, collect, clean up; returns (and keeps in ``result``) the step result.
         Whatever interrupts it (a cancel, an API error, the caller's timeout or signal)
-        deletes every object before it propagates."""
+        deletes every object before it propagates.
+
+        Returns:
+            The step result (CANCELLED after :meth:`cancel`).
+
+        Raises:
+            SpecError: an existing workload with this run's name is not this run's.
+            RunError: the API server refused to create a workload.
+        """
         started = time.time()
         try:
             self.create()
@@ -173,7 +216,12 @@ class JobGang:
         ``cursor_store``, the uid recorded there) is attached to (see the module docstring);
         any other stops the run with a :class:`SpecError` and is left alone. A creation the
         API server refuses (any answer but 409) stops it with a :class:`RunError` (the HTTP
-        status, the server's message and the fix)."""
+        status, the server's message and the fix).
+
+        Raises:
+            SpecError: an existing workload is not this run's (it is left alone).
+            RunError: the API server refused a creation.
+        """
         for role in self.rendered.roles:
             body = dict(role.workload)
             kind, name = body["kind"], body["metadata"]["name"]
@@ -441,7 +489,11 @@ class JobGang:
     def save_cursor(self, *, force: bool = False) -> None:
         """Save where every pod's log follower is (if it moved): as an annotation on the
         first workload and in ``cursor_store``. At most every ``cursor_interval`` seconds
-        unless ``force``; a failure to save is a warning, never the run's failure."""
+        unless ``force``; a failure to save is a warning, never the run's failure.
+
+        Args:
+            force: save now, however recently the last save was.
+        """
         now = time.monotonic()
         if not force and now - self._saved_at < self.cursor_interval:
             return
@@ -492,7 +544,15 @@ class JobGang:
     # -- result and cleanup ------------------------------------------------------------------------
     def collect(self, state: str, started: float) -> StepResult:
         """The step result from the latest pod of every replica of this run (only its own
-        pods: see the module docstring), merged (:func:`torchstep.kubernetes.collect.collect`)."""
+        pods: see the module docstring), merged (:func:`torchstep.kubernetes.collect.collect`).
+
+        Args:
+            state: the step's state as :meth:`wait` found it.
+            started: unix time the run started (for the duration).
+
+        Returns:
+            The merged step result.
+        """
         return collect(self.rendered, self._pods(), state, started)
 
     def delete(self) -> None:

@@ -90,10 +90,34 @@ def runopts() -> Any:
 
 @dataclass(frozen=True)
 class KubernetesOptions:
-    """Resolved options of one rendering (see :func:`runopts` for the meaning of each).
+    """Resolved options of one rendering (:func:`runopts` prints the same help).
 
     >>> KubernetesOptions().rdzv_port
     29500
+
+    Args:
+        namespace: namespace of every object.
+        run_id: the orchestrator's run id: object names end in a hash of it; ``None``: a
+            fresh random id.
+        service_account: ``serviceAccountName`` of every pod; ``None``: the namespace's default.
+        image_pull_secrets: Secrets to pull images with.
+        image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``; ``None``: Kubernetes' default.
+        priority_class: ``priorityClassName`` of every pod.
+        queue: the Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name`` on every Job and bare Pod).
+        labels: extra labels on every object and pod.
+        annotations: extra annotations on every object and pod.
+        ttl_seconds_after_finished: seconds after which finished Jobs (and their pods) are deleted.
+        active_deadline: seconds a role may run before Kubernetes stops and fails it (the
+            smallest of this and the plan's timeouts wins).
+        pod: 1-replica roles: ``True`` a bare Pod, ``False`` an Indexed Job of 1; ``None``:
+            a Pod unless the role's retries need the Job controller.
+        shm_size: ``sizeLimit`` of the ``/dev/shm`` memory volume (``8Gi``); ``None``: the
+            pod's memory limit.
+        rdzv_port: the rendezvous port of multi-replica roles (a ``c10d`` port wins).
+        join_timeout: seconds a replica waits in the rendezvous for its peers.
+        cluster_domain: the cluster's DNS domain (part of replica 0's FQDN).
+        result_file: absolute path in the container where the agent writes the step result;
+            ``None``: none besides the termination message.
     """
 
     namespace: str = "default"
@@ -118,8 +142,17 @@ class KubernetesOptions:
 def resolve(cfg: Mapping[str, Any] | None, *, namespace: str | None = None) -> KubernetesOptions:
     """Check ``cfg`` against :func:`runopts` and fill in defaults. Values may be typed or
     strings (as ``--cfg key=value`` gives them). ``namespace`` (the ``render`` argument) is
-    used unless ``cfg`` names another one. Bad keys or values raise a
-    :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
+    used unless ``cfg`` names another one.
+
+    Args:
+        cfg: option name → value; ``None``: all defaults.
+        namespace: the namespace to use when ``cfg`` has none; ``None``: ``default``.
+
+    Returns:
+        The resolved options.
+
+    Raises:
+        SpecError: an unknown key or a bad value, naming ``cfg['<key>']``.
     """
     out = {key: _check(key, value) for key, value in parse_options(cfg, _OPTS, target=TARGET).items()}
     if namespace is not None:

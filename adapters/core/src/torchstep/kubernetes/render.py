@@ -63,6 +63,21 @@ class RenderedRole:
     of the role and ``selector`` selects its pods; ``rank0_host`` is what
     ``TORCHX_RANK0_HOST`` holds (replica 0's FQDN, or ``localhost`` for one replica).
     ``notes`` explain choices that are not obvious from the objects.
+
+    Args:
+        role: the role's plan.
+        index: the role's position in the AppDef.
+        name: the name of its workload and Service (:func:`object_name`).
+        kind: ``Pod`` or ``Job``.
+        labels: labels on every object of the role.
+        selector: labels that select the role's pods.
+        template: the pod template every replica runs.
+        workload: the Pod or Job object.
+        service: the headless Service, or ``None``.
+        rank0_host: what ``TORCHX_RANK0_HOST`` holds.
+        rdzv_endpoint: ``host:port`` of the c10d rendezvous.
+        notes: choices that are not obvious from the objects.
+        single_pod: the standalone Pod of a 1-replica role (:attr:`pod`); ``None`` otherwise.
     """
 
     role: RolePlan
@@ -106,6 +121,13 @@ class RenderedApp:
 
     ``app_id`` is the run-unique name bound to ``${app_id}``; ``selector`` / ``label_selector``
     select every object and pod of the run (``kubectl delete jobs,pods,services -l ...``).
+
+    Args:
+        plan: the kubernetes plan rendered.
+        app_id: the run-unique name bound to ``${app_id}``.
+        namespace: the namespace of every object.
+        options: the resolved run options.
+        roles: one rendering per role, in the plan's order.
     """
 
     plan: StepPlan
@@ -116,10 +138,12 @@ class RenderedApp:
 
     @property
     def selector(self) -> dict[str, str]:
+        """Labels that select every object and pod of the run."""
         return {LABEL_APP_ID: self.app_id}
 
     @property
     def label_selector(self) -> str:
+        """:attr:`selector` as a ``-l`` / ``label_selector`` string."""
         return f"{LABEL_APP_ID}={self.app_id}"
 
     @property
@@ -129,7 +153,17 @@ class RenderedApp:
         return services + [o for r in self.roles for o in r.objects if o["kind"] != "Service"]
 
     def role(self, name: str) -> RenderedRole:
-        """The rendered role called ``name`` (its AppDef name); SpecError if there is none."""
+        """The rendered role called ``name``.
+
+        Args:
+            name: the role's AppDef name.
+
+        Returns:
+            The rendered role.
+
+        Raises:
+            SpecError: no role has that name (the fix lists those there are).
+        """
         for r in self.roles:
             if r.role.name == name:
                 return r
@@ -143,6 +177,17 @@ def render(app: Any, *, namespace: str = "default", cfg: Mapping[str, Any] | Non
     kubernetes :class:`~torchstep.StepPlan` — ready for ``kubectl apply``. ``cfg`` are the
     :func:`~torchstep.kubernetes.runopts` (a ``namespace`` there wins over the default).
 
+    Args:
+        app: a ``torchx.specs.AppDef`` (planned for ``kubernetes`` here) or a kubernetes plan.
+        namespace: the namespace of every object, unless ``cfg`` names one.
+        cfg: run options (:func:`~torchstep.kubernetes.runopts`); ``None``: the defaults.
+
+    Returns:
+        Every object as a dict: the Services first, then the Pods and Jobs.
+
+    Raises:
+        SpecError: the AppDef cannot run on Kubernetes, or an option is bad.
+
     >>> import torchstep
     >>> objs = render(torchstep.materialize("utils.echo", ["--msg", "hi"]), namespace="ml", cfg={"run_id": "r1"})
     >>> [(o["kind"], o["metadata"]["name"]) for o in objs]
@@ -152,7 +197,19 @@ def render(app: Any, *, namespace: str = "default", cfg: Mapping[str, Any] | Non
 
 
 def render_app(app: Any, *, namespace: str = "default", cfg: Mapping[str, Any] | None = None) -> RenderedApp:
-    """:func:`render`, returning the :class:`RenderedApp` (names, selectors, per role)."""
+    """:func:`render`, returning the :class:`RenderedApp` (names, selectors, per role).
+
+    Args:
+        app: a ``torchx.specs.AppDef`` or a kubernetes plan.
+        namespace: the namespace of every object, unless ``cfg`` names one.
+        cfg: run options; ``None``: the defaults.
+
+    Returns:
+        The rendering of one run.
+
+    Raises:
+        SpecError: the AppDef cannot run on Kubernetes, or an option is bad.
+    """
     plan = app if isinstance(app, StepPlan) else build_plan(app, TARGET)
     return render_plan(plan, namespace=None if namespace == "default" else namespace, cfg=cfg)
 
@@ -162,6 +219,19 @@ def render_pod(
 ) -> dict[str, Any]:
     """The standalone Pod (a dict) of a 1-replica role of ``app`` — what
     KubernetesPodOperator runs. ``role`` names the role when the app has several.
+
+    Args:
+        app: a ``torchx.specs.AppDef`` or a kubernetes plan.
+        role: the role's name; ``None``: the only role.
+        namespace: the Pod's namespace, unless ``cfg`` names one.
+        cfg: run options; ``None``: the defaults.
+
+    Returns:
+        The Pod as a dict.
+
+    Raises:
+        SpecError: the app has several roles and ``role`` is not given or unknown, the
+            role has several replicas, or the AppDef cannot run on Kubernetes.
 
     >>> import torchstep
     >>> pod = render_pod(torchstep.materialize("utils.echo", ["--msg", "hi"]), cfg={"run_id": "r1"})
@@ -184,6 +254,16 @@ def owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]
     API server returned it (its ``metadata.uid`` exists only then). Adapters use it to tie a
     role's Service to its Job after creating the Job, so ``ttlSecondsAfterFinished`` or
     deleting the Job removes the Service too.
+
+    Args:
+        obj: the object to tie (not changed).
+        owner: the owner as the API server returned it (with ``metadata.uid``).
+
+    Returns:
+        A copy of ``obj`` with an ``ownerReferences`` entry for ``owner``.
+
+    Raises:
+        ValueError: ``owner`` has no ``metadata.uid`` (it was not read back from the API server).
 
     >>> job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "uid": "123"}}
     >>> owned_by({"kind": "Service", "metadata": {"name": "j"}}, job)["metadata"]["ownerReferences"]
@@ -209,6 +289,18 @@ def render_plan(
     orchestrator's run id: names end in a hash of it, so the same id renders the same names
     (default: a fresh random id). ``namespace`` (or ``cfg["namespace"]``) defaults to
     ``default``.
+
+    Args:
+        plan: a plan built for the ``kubernetes`` target.
+        namespace: the namespace of every object; ``None``: ``cfg["namespace"]`` or ``default``.
+        run_id: the orchestrator's run id; ``None``: ``cfg["run_id"]`` or a fresh random id.
+        cfg: run options; ``None``: the defaults.
+
+    Returns:
+        The rendering of one run.
+
+    Raises:
+        SpecError: the plan is for another target, or an option is bad.
     """
     if plan.target != TARGET:
         raise SpecError("target", None, f"the plan was built for {plan.target!r}", fix="build_plan(app, 'kubernetes')")
@@ -243,6 +335,14 @@ def _check_owned(opts: KubernetesOptions) -> None:
 def object_name(plan: StepPlan, role: RolePlan, run_id: str) -> str:
     """``<app>-<role>-<hash of run_id>``: a DNS-1035 label (a Service name) short enough for
     Job pod hostnames ``<name>-<index>``; deterministic for one run id.
+
+    Args:
+        plan: the kubernetes plan.
+        role: one of its roles.
+        run_id: the orchestrator's run id.
+
+    Returns:
+        The name.
 
     >>> import torchstep
     >>> plan = torchstep.build_plan(torchstep.materialize("utils.echo", []), "kubernetes")
