@@ -29,6 +29,17 @@ class ReplicaEvent:
     ``state`` is a TorchX ``AppState`` name: ``PENDING`` (about to start), ``RUNNING`` (its
     agent process is up), ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``. ``incarnation`` counts
     replacements of a lost agent (0 = the first agent of this replica).
+
+    Args:
+        app_id: the run's id.
+        role: the role's name.
+        replica_id: the replica's index in the role.
+        state: the new state (a TorchX ``AppState`` name).
+        exit_code: the agent process's exit code once it ended; ``None`` before.
+        ts: unix time of the change.
+        pid: the agent process's pid, once started.
+        incarnation: replacements of a lost agent so far (0: the first agent).
+        message: why, when there is more to say (a signal, a lost replica).
     """
 
     app_id: str
@@ -42,6 +53,7 @@ class ReplicaEvent:
     message: str | None = None
 
     def describe(self) -> str:
+        """One line for people: ``train/0 FAILED (exit 1): message``."""
         extra = []
         if self.pid is not None and self.state == "RUNNING":
             extra.append(f"pid {self.pid}")
@@ -62,7 +74,12 @@ StatusCallback = Callable[[ReplicaEvent], None]
 
 
 class PlainDisplay:
-    """Plain lines on a stream (thread-safe)."""
+    """Plain lines on a stream (thread-safe).
+
+    Args:
+        stream: where the lines go; ``None``: ``sys.stdout``.
+        show_output: whether the workers' output lines are shown too (events always are).
+    """
 
     def __init__(self, stream: TextIO | None = None, *, show_output: bool = True) -> None:
         self.stream = stream if stream is not None else sys.stdout
@@ -78,20 +95,41 @@ class PlainDisplay:
                 pass
 
     def begin(self, app_id: str, log_dir: str) -> None:
-        """A run (one attempt) starts."""
+        """A run (one attempt) starts.
+
+        Args:
+            app_id: the run's id.
+            log_dir: where its logs and result go.
+        """
         self.note(f"{app_id}: logs and result under {log_dir}")
 
     def event(self, ev: ReplicaEvent) -> None:
+        """Show a replica's change of state.
+
+        Args:
+            ev: the change.
+        """
         self._write(f"torchstep: {ev.describe()}")
 
     def note(self, text: str) -> None:
+        """Show a line of torchstep's own (prefixed ``torchstep:``).
+
+        Args:
+            text: the line.
+        """
         self._write(f"torchstep: {text}")
 
     def line(self, text: str) -> None:
+        """Show a line of the workers' output (when ``show_output``).
+
+        Args:
+            text: the line, as the agent prefixed it.
+        """
         if self.show_output:
             self._write(text)
 
     def close(self) -> None:
+        """The run is over: release the display."""
         pass
 
 
@@ -99,7 +137,16 @@ _STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING
 
 
 class RichDisplay(PlainDisplay):
-    """A live table (role, replica, state, pid, exit) above the scrolling output."""
+    """A live table (role, replica, state, pid, exit) above the scrolling output; the
+    methods are :class:`PlainDisplay`'s.
+
+    Args:
+        title: the table's title until :meth:`begin` names the run.
+        show_output: whether the workers' output lines are shown too.
+
+    Raises:
+        ImportError: ``rich`` (the ``[cli]`` extra) is not installed.
+    """
 
     def __init__(self, title: str = "torchstep", *, show_output: bool = True) -> None:
         from rich.console import Console
@@ -130,12 +177,23 @@ class RichDisplay(PlainDisplay):
         return t
 
     def begin(self, app_id: str, log_dir: str) -> None:
+        """A run (one attempt) starts: the table is emptied and titled with it.
+
+        Args:
+            app_id: the run's id.
+            log_dir: where its logs and result go.
+        """
         with self._lock:
             self.title = f"{app_id} — logs: {log_dir}"
             self.rows = {}
             self.live.update(self._table())
 
     def event(self, ev: ReplicaEvent) -> None:
+        """Update the replica's row; an event with a message is printed too.
+
+        Args:
+            ev: the change.
+        """
         with self._lock:
             self.rows[(ev.role, ev.replica_id)] = ev
             self.live.update(self._table())
@@ -143,22 +201,41 @@ class RichDisplay(PlainDisplay):
                 self.console.print(f"torchstep: {ev.describe()}", markup=False, highlight=False)
 
     def note(self, text: str) -> None:
+        """Print a line of torchstep's own above the table.
+
+        Args:
+            text: the line.
+        """
         with self._lock:
             self.console.print(f"torchstep: {text}", markup=False, highlight=False)
 
     def line(self, text: str) -> None:
+        """Print a line of the workers' output above the table (when ``show_output``).
+
+        Args:
+            text: the line.
+        """
         if self.show_output:
             with self._lock:
                 self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
+        """Draw the table a last time and stop refreshing it."""
         with self._lock:
             self.live.update(self._table())
             self.live.stop()
 
 
 def make_display(*, show_output: bool = True, live: bool | None = None) -> PlainDisplay:
-    """A :class:`RichDisplay` when stdout is a terminal (or ``live=True``), else plain lines."""
+    """A :class:`RichDisplay` when stdout is a terminal (or ``live=True``), else plain lines.
+
+    Args:
+        show_output: whether the workers' output lines are shown too.
+        live: ``True``/``False`` forces the live table on or off; ``None``: when stdout is a terminal.
+
+    Returns:
+        The display (plain lines when ``rich`` is not installed).
+    """
     if live is None:
         live = sys.stdout.isatty()
     if live:

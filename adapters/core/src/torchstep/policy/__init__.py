@@ -81,7 +81,14 @@ class Policy:
         secrets: Kubernetes Secrets ``secret_env``, image pull secrets or an overlay may read.
         options: trust-changing run options a network cfg may set (``gpus``, ``priority_class``,
             ``queue``, ``labels``, ``annotations``).
-        replicas: most replicas per role; gpu, cpu, memMB: most per replica (None: no limit).
+        replicas: most replicas per role (``None``: no limit).
+        gpu: most GPUs per replica (``None``: no limit).
+        cpu: most CPU cores per replica (``None``: no limit).
+        memMB: most memory per replica in MiB, as TorchX's ``Resource.memMB`` (``None``: no limit).
+
+    Raises:
+        PolicyError: a field of the wrong type, an unknown overlay mode, target or option,
+            or a mount prefix that is not an absolute path.
 
     Example::
 

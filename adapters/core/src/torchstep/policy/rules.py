@@ -62,7 +62,14 @@ PRIVILEGE_ANNOTATIONS = (
 class PolicyError(SpecError):
     """A field of a network-borne AppDef, target or run option that the deployment's
     policy does not allow; ``field`` is its path (``app.roles[0].mounts[1].src_path``,
-    ``cfg['namespace']``), ``fix`` says what the policy allows."""
+    ``cfg['namespace']``), ``fix`` says what the policy allows.
+
+    Args:
+        field: the refused field's path (``app.roles[0].mounts[1].src_path``, ``cfg['namespace']``).
+        target: the target the AppDef was sent for; ``None`` for an error in the policy itself.
+        problem: what the policy does not allow.
+        fix: what the policy allows instead.
+    """
 
     def __reduce__(self):  # keep pickling (Airflow, Prefect) working: a PolicyError stays one
         return (_rebuild_policy_error, (self.field, self.target, self.problem, self.fix))

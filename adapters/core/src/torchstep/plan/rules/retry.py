@@ -66,8 +66,20 @@ ORCHESTRATOR_RETRY_OPTIONS = ("retry_delay", "retry_backoff", "max_retry_delay")
 
 
 def role_retry(rec: Recorder, p: str, role: Any, call: TorchrunCall | None) -> RetryBudget:
-    """The role's budget and its owner, per target; ``call`` is the role's own
-    torchrun (if any), whose ``--max-restarts`` must agree with the budget."""
+    """The role's budget and its owner, per target.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        p: the role's field path (``roles[0]``).
+        role: the ``torchx.specs.Role``.
+        call: the role's own torchrun (if any), whose ``--max-restarts`` must agree with the budget.
+
+    Returns:
+        The role's retry budget.
+
+    Raises:
+        Rejected: ``max_retries`` or ``retry_policy`` is invalid (recorded as a rejection).
+    """
     mr = getattr(role, "max_retries", None)
     if not is_int(mr) or not 0 <= mr <= MAX_RETRIES:
         raise rec.fail(f"{p}.max_retries", mr, f"must be an integer in 0..{MAX_RETRIES}", "e.g. 2")
@@ -99,7 +111,15 @@ def role_retry(rec: Recorder, p: str, role: Any, call: TorchrunCall | None) -> R
 def torchrun_restarts(rec: Recorder, p: str, budget: RetryBudget, call: TorchrunCall, pet: Any) -> None:
     """A role that runs its own torchrun: its ``--max-restarts`` (or ``PET_MAX_RESTARTS``
     in the role's env) is a retry layer too. It may carry the agent's budget, never
-    disagree with it, and never add to another owner's."""
+    disagree with it, and never add to another owner's.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        p: the role's field path.
+        budget: the role's retry budget.
+        call: the role's torchrun command line.
+        pet: ``PET_MAX_RESTARTS`` from the role's env, if set.
+    """
     given, where = (call.max_restarts, "args") if call.max_restarts is not None else (pet, "env['PET_MAX_RESTARTS']")
     if given is None:
         return  # the launchers pass the agent's budget as PET_MAX_RESTARTS
@@ -134,7 +154,14 @@ def torchrun_restarts(rec: Recorder, p: str, budget: RetryBudget, call: Torchrun
 
 def retry_options(rec: Recorder, p: str, budget: RetryBudget, opts: Mapping[str, Any]) -> None:
     """retry_delay / retry_backoff / max_retry_delay only mean something when the
-    orchestrator owns the budget: otherwise they are noted as ignored."""
+    orchestrator owns the budget: otherwise they are noted as ignored.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        p: the role's field path.
+        budget: the role's retry budget.
+        opts: the role's ``metadata["torchstep"]`` options, already parsed.
+    """
     for key in ORCHESTRATOR_RETRY_OPTIONS:
         if key not in opts:
             continue
@@ -161,7 +188,12 @@ def retry_options(rec: Recorder, p: str, budget: RetryBudget, opts: Mapping[str,
 def check_retry_layers(rec: Recorder, roles: list[RolePlan]) -> None:
     """Across roles: an orchestrator-owned budget (the whole step restarts) cannot be
     mixed with a role or agent that retries itself; APPLICATION budgets that differ
-    are resolved to the largest, and the row says so."""
+    are resolved to the largest, and the row says so.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        roles: the planned roles.
+    """
     owners: dict[RetryOwner, RolePlan] = {}
     for r in roles:
         if r.retry.owner is not RetryOwner.NONE:
@@ -200,7 +232,12 @@ def check_retry_layers(rec: Recorder, roles: list[RolePlan]) -> None:
 
 def step_retries(rec: Recorder, step: StepRetry) -> None:
     """The step's retries and the wait before each (:meth:`StepRetry.delays`, the one
-    rule every target follows), as one row: ``retries``."""
+    rule every target follows), as one row: ``retries``.
+
+    Args:
+        rec: the target and the decisions recorded so far.
+        step: the step's retries (:attr:`StepPlan.step_retry`).
+    """
     if not step.count:
         return
     waits = step.delays() if step.delay_s is not None else None
@@ -229,6 +266,19 @@ def check_user_retries(
       ``retries`` must be unset or 0.
     - A step timeout (``torchstep.timeout``): the orchestrator's own ``timeout`` must not be
       shorter, or it would kill the step before torchstep stops it cleanly and reports it.
+
+    Args:
+        plan: the step's plan.
+        retries: the task's retry count as the user set it; ``None``: not set.
+        timeout: the task's timeout in seconds; ``None``: not set.
+        retry_delay: the task's delay before a retry in seconds; ``None``: not set.
+        retry_backoff: the task's delay multiplier per retry; ``None``: not set.
+        max_retry_delay: the task's cap of the retry delay in seconds; ``None``: not set.
+        orchestrator: the orchestrator's name, as the message says it (``"Prefect"``).
+
+    Raises:
+        SpecError: a setting that adds a second retry layer, contradicts the AppDef's
+            timing, or a timeout shorter than the step's.
 
     >>> import torchstep
     >>> from torchx import specs
