@@ -62,6 +62,11 @@ class UnsafePathError(OSError):
     directory owned by another user, a file where a directory is expected, or one that
     cannot be created. ``str(err)`` is one line that names the path and the fix.
 
+    Args:
+        path: the path refused.
+        problem: what is wrong with it (``is a symlink``).
+        fix: what to do about it.
+
     Example::
 
         >>> str(UnsafePathError("/tmp/x", "is a symlink", "remove it or choose another directory"))
@@ -85,6 +90,12 @@ def state_root(environ: os._Environ[str] | dict[str, str] | None = None) -> Path
     """The per-user state directory (not created): ``$XDG_STATE_HOME/torchstep``, else
     ``~/.local/state/torchstep``, else ``$TMPDIR/torchstep-<uid>`` when there is no home.
 
+    Args:
+        environ: the environment to read ``XDG_STATE_HOME`` from; ``None``: ``os.environ``.
+
+    Returns:
+        The directory's path.
+
     Example::
 
         >>> state_root({"XDG_STATE_HOME": "/home/ada/.state"}).as_posix()
@@ -107,6 +118,12 @@ def check_ancestors(path: str | os.PathLike[str]) -> None:
 
     Both chains are checked: the directories of ``path`` as written (where a symlink among
     them lives) and of ``path`` resolved (where they lead). ``path`` itself is not checked.
+
+    Args:
+        path: the path whose parents are checked (it need not exist).
+
+    Raises:
+        UnsafePathError: the first directory above ``path`` that fails the rule.
 
     Example::
 
@@ -150,7 +167,15 @@ def check_ancestors(path: str | os.PathLike[str]) -> None:
 def check_private_dir(path: str | os.PathLike[str]) -> None:
     """Raise :class:`UnsafePathError` unless ``path`` is a real directory (not a symlink)
     owned by the caller that neither group nor others can write. Its mode is never changed
-    here: a directory others can write is refused with the ``chmod`` that fixes it."""
+    here: a directory others can write is refused with the ``chmod`` that fixes it.
+
+    Args:
+        path: the directory.
+
+    Raises:
+        UnsafePathError: ``path`` is a symlink, not a directory, another user's, or
+            writable by group or others.
+    """
     p = os.fspath(path)
     try:
         st = os.lstat(p)
@@ -180,6 +205,13 @@ def check_private_tree(base: str | os.PathLike[str], path: str | os.PathLike[str
     ``path`` (both included, all existing) is a real directory owned by the caller that
     neither group nor others can write, and the directories above ``base`` pass
     :func:`check_ancestors`. Called on every use of state kept under ``base``.
+
+    Args:
+        base: the top of the private tree (a state root).
+        path: a directory at or below ``base``.
+
+    Raises:
+        UnsafePathError: the first directory that fails the rule.
 
     Example::
 
@@ -221,6 +253,18 @@ def private_dir(
     not writable by others unless sticky, like ``/home`` and ``/tmp``). Anything else raises
     :class:`UnsafePathError` before a directory is created under it. ``path`` is made
     ``0700`` (``mode``) when it already existed with read or search bits for others.
+
+    Args:
+        path: the directory to create or check.
+        mode: the mode of every directory created (and of ``path`` when it was open to others).
+        base: the top of the private chain; ``None``: ``path`` itself.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        UnsafePathError: a directory in the chain or above it fails the rule, or one
+            cannot be created.
 
     Example::
 
@@ -277,7 +321,18 @@ def private_root(path: str | os.PathLike[str]) -> Path:
     """A directory the user named (a log root): created like :func:`private_dir` when
     missing; when it exists it must be a real directory owned by the caller that neither
     group nor others can write, under directories that pass :func:`check_ancestors`. Its
-    mode is otherwise left as the user set it (what torchstep creates inside is ``0700``)."""
+    mode is otherwise left as the user set it (what torchstep creates inside is ``0700``).
+
+    Args:
+        path: the directory the user named.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        UnsafePathError: it is a symlink, another user's or writable by others, or a
+            directory above it fails :func:`check_ancestors`.
+    """
     p = Path(os.path.abspath(os.fspath(path)))
     try:
         os.lstat(p)
@@ -296,7 +351,19 @@ def private_root(path: str | os.PathLike[str]) -> Path:
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:
     """``os.open`` with mode ``0600``, ``O_NOFOLLOW`` and ``O_CLOEXEC``: a symlink planted
-    at ``path`` raises :class:`UnsafePathError` instead of being followed. Returns the fd."""
+    at ``path`` raises :class:`UnsafePathError` instead of being followed.
+
+    Args:
+        path: the file.
+        flags: ``os.open`` flags (write, create, truncate by default).
+
+    Returns:
+        The file descriptor.
+
+    Raises:
+        UnsafePathError: ``path`` is a symlink.
+        OSError: any other failure to open it.
+    """
     p = os.fspath(path)
     try:
         fd = os.open(p, flags | _NOFOLLOW | _CLOEXEC, FILE_MODE)
@@ -323,6 +390,16 @@ def read_private(path: str | os.PathLike[str]) -> str:
     another user planted, one others could have written) raises :class:`UnsafePathError`;
     a missing file raises ``FileNotFoundError``. Check the directories above it first
     (:func:`check_private_tree`).
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its text.
+
+    Raises:
+        UnsafePathError: not a regular file of the caller's with mode ``0600``.
+        FileNotFoundError: there is no such file.
 
     Example::
 
@@ -357,7 +434,18 @@ def read_private(path: str | os.PathLike[str]) -> str:
 def write_private(path: str | os.PathLike[str], text: str) -> str:
     """Write ``text`` atomically to ``path`` (``0600``; a temp file beside it, fsync,
     rename), so a reader never sees half a file. The parent directory must exist.
-    Returns ``path``."""
+
+    Args:
+        path: the file.
+        text: its whole content.
+
+    Returns:
+        ``path`` as a ``str``.
+
+    Raises:
+        UnsafePathError: ``path`` is a symlink.
+        OSError: the write or the rename failed (the temp file is removed).
+    """
     p = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(p))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", dir=parent)  # mkstemp: 0600, O_EXCL
@@ -386,6 +474,10 @@ class LossyFile:
     with :func:`open_private` (a symlink is still refused: :class:`UnsafePathError`). One
     writer at a time (callers hold their own lock).
 
+    Args:
+        path: the log file.
+        flags: ``os.open`` flags (append, create by default).
+
     Example::
 
         >>> import tempfile, os
@@ -406,7 +498,14 @@ class LossyFile:
             self.lost = f"log not written: {self.path}: {e.strerror or e}"
 
     def write(self, data: bytes) -> bool:
-        """Append ``data`` (all of it, or up to the failure); ``False`` once the file is lost."""
+        """Append ``data`` (all of it, or up to the failure).
+
+        Args:
+            data: the bytes to append.
+
+        Returns:
+            ``True`` when written; ``False`` once the file is lost (see :attr:`lost`).
+        """
         if self._fd is None:
             return False
         view = memoryview(data)
@@ -420,6 +519,7 @@ class LossyFile:
         return True
 
     def close(self) -> None:
+        """Close the file (idempotent; a close error is ignored: the data was written)."""
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
