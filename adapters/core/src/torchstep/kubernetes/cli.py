@@ -27,7 +27,14 @@ from torchstep.errors import SpecError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (2 for a SpecError, printed to stderr)."""
+    """Run the command.
+
+    Args:
+        argv: the arguments after the program name; ``None``: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status (2 for a SpecError, printed to stderr).
+    """
     import yaml
 
     from torchstep.components.materialize import materialize
@@ -71,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def with_image(app: Any, image: str) -> Any:
     """``app`` with ``image`` as the image of every role (a copy; ``app`` is not changed).
+
+    Args:
+        app: the ``torchx.specs.AppDef``.
+        image: the container image every role runs.
+
+    Returns:
+        The changed copy.
 
     >>> from torchx.specs import AppDef, Role
     >>> app = AppDef("a", [Role("r", image="x"), Role("s", image="y")])

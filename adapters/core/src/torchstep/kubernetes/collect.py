@@ -28,7 +28,17 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: float) -> StepResult:
     """The step result of ``rendered`` from ``pods`` (the run's own), the run being in
-    ``state`` (the workloads' state, or CANCELLED) since ``started`` (epoch seconds)."""
+    ``state`` (the workloads' state, or CANCELLED) since ``started`` (epoch seconds).
+
+    Args:
+        rendered: the rendering of the run.
+        pods: the run's own pods (never another run's).
+        state: the run's state.
+        started: epoch seconds the run started.
+
+    Returns:
+        The merged step result, one replica result per replica of every role.
+    """
     by_k8s = {r.role.k8s_name: r.role.name for r in rendered.roles}
     order = [r.role.name for r in rendered.roles]
     latest: dict[tuple[str, int], Any] = {}
@@ -48,7 +58,18 @@ def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: flo
 
 
 def replica_result(app_id: str, role: str, idx: int, pod: Any, state: str) -> StepResult:
-    """The result of replica ``idx`` of ``role`` from its latest ``pod``."""
+    """The result of replica ``idx`` of ``role`` from its latest ``pod``.
+
+    Args:
+        app_id: the run's id.
+        role: the role's name.
+        idx: the replica's index.
+        pod: its latest pod (an API object or a dict).
+        state: the run's state, for a replica whose agent left no result.
+
+    Returns:
+        The replica's result (from the agent's termination message when there is one).
+    """
     code, message = termination(pod)
     disrupted = any(
         get(c, "type") == "DisruptionTarget" and get(c, "status") == "True"

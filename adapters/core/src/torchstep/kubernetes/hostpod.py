@@ -27,7 +27,20 @@ __all__ = ["HostPod", "host_pod"]
 
 @dataclass(frozen=True)
 class HostPod:
-    """What the pod hosting a whole step needs (Kubernetes objects as plain dicts)."""
+    """What the pod hosting a whole step needs (Kubernetes objects as plain dicts).
+
+    Args:
+        images: the roles' images, in order, each once.
+        cpu: CPU cores summed over every replica of every role.
+        mem_mb: memory in MiB summed likewise.
+        gpu: GPUs summed likewise.
+        volumes: the pod's volumes.
+        volume_mounts: the container's volume mounts.
+        node_selector: the roles' node selectors, merged.
+        tolerations: the roles' tolerations.
+        env: plain environment variables.
+        secret_env: container env entries with ``valueFrom.secretKeyRef``.
+    """
 
     images: tuple[str, ...]
     cpu: float = 0.0

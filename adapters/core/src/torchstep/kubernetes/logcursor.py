@@ -23,7 +23,10 @@ from typing import Any
 
 class Cursor:
     """Where a pod's log stream is: the newest timestamp emitted and how many lines carried
-    it, so a reattached stream (``since_seconds`` overlaps) skips what was already seen."""
+    it, so a reattached stream (``since_seconds`` overlaps) skips what was already seen.
+
+    A new cursor has seen nothing (:meth:`resumed` continues a saved one).
+    """
 
     def __init__(self) -> None:
         self.last: str | None = None
@@ -32,6 +35,15 @@ class Cursor:
         self._skip_at_last = 0
 
     def accept(self, line: str) -> str | None:
+        """Take one line of a stream read with ``timestamps=True``.
+
+        Args:
+            line: the line, its RFC 3339 timestamp first.
+
+        Returns:
+            The line without its timestamp, or ``None`` when it was already seen (a line
+            without a timestamp is always new).
+        """
         stamp, sep, text = line.partition(" ")
         key = _ts_key(stamp) if sep else None
         if key is None:  # no timestamp (the client did not add one): nothing to dedupe on
@@ -51,17 +63,27 @@ class Cursor:
 
     def is_after(self, line: str) -> bool:
         """Whether ``line`` is newer than everything seen (a stream that starts with it may
-        have missed lines in between); ``False`` before any line or without a timestamp."""
+        have missed lines in between); ``False`` before any line or without a timestamp.
+
+        Args:
+            line: a line with its timestamp first.
+        """
         stamp, sep, _ = line.partition(" ")
         key = _ts_key(stamp) if sep else None
         return key is not None and self.last is not None and key > self.last
 
     def reattach(self) -> None:
+        """A new stream starts (``since_seconds`` overlaps): skip the lines already seen
+        at the last timestamp again."""
         self._skip_at_last = self.at_last
 
     @classmethod
     def resumed(cls, position: tuple[str, int] | None) -> Cursor:
-        """A cursor continuing after ``position`` (saved by an earlier watcher)."""
+        """A cursor continuing after ``position`` (saved by an earlier watcher).
+
+        Args:
+            position: ``(timestamp key, count)`` as :attr:`position` gave it; ``None``: a new cursor.
+        """
         cursor = cls()
         if position is not None:
             cursor.last, cursor.at_last = position
@@ -70,11 +92,18 @@ class Cursor:
         return cursor
 
     def position(self) -> tuple[str, int] | None:
+        """``(timestamp key, lines at it)`` to save; ``None`` before any timestamped line."""
         return None if self.last is None else (self.last, self.at_last)
 
 
 def lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The lines of a byte stream's chunks (a line may span chunks; the last may lack its newline).
+
+    Args:
+        chunks: the stream's chunks.
+
+    Returns:
+        The lines without their newlines.
 
     >>> list(lines_of([b"a\\nb", b"c\\nd"]))
     [b'a', b'bc', b'd']
@@ -90,7 +119,14 @@ def lines_of(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def cursor_value(value: Any) -> dict[str, tuple[str, int]]:
     """A saved cursor (a dict, or its JSON text) as ``{pod: (timestamp key, count)}``;
-    anything malformed is ignored (the logs are then read from the start again)."""
+    anything malformed is ignored (the logs are then read from the start again).
+
+    Args:
+        value: what the store or the annotation held.
+
+    Returns:
+        Pod name → position (empty when nothing usable was saved).
+    """
     if isinstance(value, str):
         try:
             value = json.loads(value)

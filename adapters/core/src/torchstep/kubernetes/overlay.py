@@ -55,7 +55,17 @@ _METADATA_KEYS = frozenset({"labels", "annotations"})
 
 def apply_overlay(metadata: dict[str, Any], spec: dict[str, Any], overlay: Mapping[str, Any], role_path: str) -> None:
     """Merge ``overlay`` into the pod's ``metadata`` and ``spec`` in place; ``role_path``
-    (``roles[0]``) prefixes the field path of any SpecError."""
+    (``roles[0]``) prefixes the field path of any SpecError.
+
+    Args:
+        metadata: the pod's ``metadata``, changed in place.
+        spec: the pod's ``spec``, changed in place.
+        overlay: the role's ``metadata["kubernetes"]`` overlay.
+        role_path: the role's field path.
+
+    Raises:
+        SpecError: an overlay field that cannot be merged (wrong type, a field torchstep owns).
+    """
     path = f"{role_path}.metadata['kubernetes']"
     if not isinstance(overlay, Mapping):
         raise SpecError(path, TARGET, "must be a partial pod spec (a mapping)", fix="{'nodeSelector': {...}}")

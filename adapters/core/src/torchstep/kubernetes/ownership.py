@@ -43,7 +43,14 @@ UIDS_KEY = "torchstep_workload_uids"
 
 def recorded_uids(store: Any) -> dict[str, str]:
     """The uids recorded in ``store`` (``get``/``set`` of JSON values) by :func:`record_uid`;
-    a malformed value counts as none recorded (attaching is then refused, never allowed)."""
+    a malformed value counts as none recorded (attaching is then refused, never allowed).
+
+    Args:
+        store: the orchestrator's state between tries (``get``/``set`` of JSON values).
+
+    Returns:
+        Workload name → uid.
+    """
     value = store.get(UIDS_KEY)
     if not isinstance(value, dict):
         return {}
@@ -54,7 +61,13 @@ def record_uid(store: Any, name: str, uid: str) -> None:
     """Record that this run created the workload ``name`` with ``uid`` (call it as soon as
     the create call returned: a try that crashes later can then attach to it). Raises what
     the store raises: a run whose uid could not be recorded must not go on (it would be
-    refused by its own retry)."""
+    refused by its own retry).
+
+    Args:
+        store: the orchestrator's state between tries (``get``/``set`` of JSON values).
+        name: the workload's name.
+        uid: its ``metadata.uid`` as the create call returned it.
+    """
     uids = recorded_uids(store)
     uids[name] = uid
     store.set(UIDS_KEY, uids)
@@ -148,14 +161,33 @@ class Owners:
         self._reported: set[str] = set()
 
     def add(self, kind: str, name: str, uid: str) -> None:
+        """Record one of the run's workloads.
+
+        Args:
+            kind: ``Job`` or ``Pod``.
+            name: its name.
+            uid: its ``metadata.uid``.
+        """
         (self.jobs if kind == "Job" else self.pods)[name] = uid
 
     def uid(self, name: str) -> str | None:
+        """The uid of the run's workload ``name``.
+
+        Args:
+            name: the Job's or bare Pod's name.
+
+        Returns:
+            Its uid, or ``None`` when it is not one of the run's.
+        """
         return self.jobs.get(name) or self.pods.get(name)
 
     def owns(self, pod: Any) -> bool:
         """Whether ``pod`` belongs to the run: made by one of its Jobs (controller uid), or
-        one of its bare Pods itself (same uid)."""
+        one of its bare Pods itself (same uid).
+
+        Args:
+            pod: a Pod (an API object or a dict).
+        """
         owner = controller_uid(pod)
         if owner is not None:
             return owner in self.jobs.values()
@@ -163,7 +195,13 @@ class Owners:
 
     def impostor(self, pod: Any, namespace: str, selector: str) -> str | None:
         """The warning for a pod that matches the run's labels but is not the run's, the
-        first time it is seen (``None`` after that)."""
+        first time it is seen (``None`` after that).
+
+        Args:
+            pod: the pod (an API object or a dict).
+            namespace: the run's namespace.
+            selector: the run's label selector, named in the warning.
+        """
         name = str(get(pod, "metadata", "name"))
         if name in self._reported:
             return None
@@ -174,7 +212,13 @@ class Owners:
 
 
 def impostor_warning(namespace: str, name: str, selector: str, why: str) -> str:
-    """The one line a step log shows about a pod it ignores (``why``: whose it is not).
+    """The one line a step log shows about a pod it ignores.
+
+    Args:
+        namespace: the pod's namespace.
+        name: the pod's name.
+        selector: the run's label selector it carries.
+        why: whose it is not (``"this task did not create it"``).
 
     >>> impostor_warning("ml", "evil", "torchstep/app-id=a", "this task did not create it")[:53]
     'torchstep: WARNING: ignoring pod ml/evil: it carries '

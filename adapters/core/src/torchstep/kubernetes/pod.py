@@ -52,6 +52,13 @@ class Endpoint:
 
     >>> Endpoint("echo-1a2b3c4d", "echo-echo-1a2b3c4d", "localhost", 29500, indexed=False).rdzv_endpoint
     'localhost:29500'
+
+    Args:
+        app_id: the run's id.
+        rdzv_id: the rendezvous id (the role's object name).
+        rank0_host: replica 0's host (its FQDN, or ``localhost`` for one replica).
+        rdzv_port: the rendezvous port.
+        indexed: whether the replica id comes from the Job completion index (else always 0).
     """
 
     app_id: str
@@ -62,19 +69,36 @@ class Endpoint:
 
     @property
     def rdzv_endpoint(self) -> str:
+        """``host:port`` of the c10d rendezvous."""
         return f"{self.rank0_host}:{self.rdzv_port}"
 
 
 def escape(text: str) -> str:
     """``text`` protected from Kubernetes' ``$(VAR)`` expansion (``$`` → ``$$``), with the
-    replica id placeholder turned into ``$(TORCHSTEP_REPLICA_ID)``."""
+    replica id placeholder turned into ``$(TORCHSTEP_REPLICA_ID)``.
+
+    Args:
+        text: an arg or env value, macros bound.
+
+    Returns:
+        The escaped text.
+    """
     return text.replace("$", "$$").replace(_REPLICA_SENTINEL, f"$({ENV_REPLICA_ID})")
 
 
 def command_and_args(role: RolePlan, ep: Endpoint, opts: KubernetesOptions) -> tuple[list[str], list[str]]:
     """The container's ``command`` and ``args``: the agent wrapping the role's argv, or the
     launcher running the role's own torchrun (its shim execs the agent, which reads the
-    rendezvous from ``TORCHSTEP_RDZV_*``)."""
+    rendezvous from ``TORCHSTEP_RDZV_*``).
+
+    Args:
+        role: the role's plan.
+        ep: where the role's replicas meet.
+        opts: the resolved run options.
+
+    Returns:
+        ``(command, args)``.
+    """
     argv = agent_argv(
         role,
         rdzv_endpoint=ep.rdzv_endpoint,
@@ -93,6 +117,12 @@ def _macro_values(ep: Endpoint) -> dict[str, str]:
 def rdzv_conf(opts: KubernetesOptions) -> str:
     """The agent's ``--rdzv-conf`` on Kubernetes.
 
+    Args:
+        opts: the resolved run options.
+
+    Returns:
+        ``key=value`` pairs, comma-separated.
+
     >>> rdzv_conf(KubernetesOptions())
     'join_timeout=900'
     """
@@ -101,7 +131,20 @@ def rdzv_conf(opts: KubernetesOptions) -> str:
 
 def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_path: str) -> list[dict[str, Any]]:
     """The container's env: the replica id first (env values may reference it), then the
-    role's env and torchstep's per-replica variables, then secrets by reference."""
+    role's env and torchstep's per-replica variables, then secrets by reference.
+
+    Args:
+        role: the role's plan.
+        ep: where the role's replicas meet.
+        opts: the resolved run options.
+        role_path: the role's field path (``roles[0]``) for errors.
+
+    Returns:
+        The container's ``env`` entries.
+
+    Raises:
+        SpecError: a ``secret_env`` variable torchstep sets itself.
+    """
     kwargs: dict[str, Any] = {
         "app_id": ep.app_id,
         "replica_id": 0,
@@ -140,7 +183,15 @@ def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_pa
 
 def container_ports(role: RolePlan, ep: Endpoint) -> list[dict[str, Any]]:
     """``containerPort`` per ``port_map`` entry, plus the rendezvous port of a
-    multi-replica role when the role does not declare it."""
+    multi-replica role when the role does not declare it.
+
+    Args:
+        role: the role's plan.
+        ep: where the role's replicas meet.
+
+    Returns:
+        The container's ``ports`` entries.
+    """
     ports = [{"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in role.ports]
     if ep.indexed and ep.rdzv_port not in {p.port for p in role.ports}:
         ports.append({"name": "c10d", "containerPort": ep.rdzv_port, "protocol": "TCP"})
@@ -149,7 +200,18 @@ def container_ports(role: RolePlan, ep: Endpoint) -> list[dict[str, Any]]:
 
 def resources(role: RolePlan, role_path: str) -> dict[str, Any]:
     """requests = limits (Guaranteed QoS when cpu and memMB are both set): cpu in cores or
-    millicores, memMB as ``Mi``, gpu as ``nvidia.com/gpu``, devices as extended resources."""
+    millicores, memMB as ``Mi``, gpu as ``nvidia.com/gpu``, devices as extended resources.
+
+    Args:
+        role: the role's plan.
+        role_path: the role's field path (``roles[0]``) for errors.
+
+    Returns:
+        The container's ``resources`` (empty when none is set).
+
+    Raises:
+        SpecError: GPUs requested both as ``resource.gpu`` and as a device.
+    """
     res = role.resources
     amounts: dict[str, str] = {}
     if res.cpu is not None:
@@ -175,7 +237,15 @@ def resources(role: RolePlan, role_path: str) -> dict[str, Any]:
 def volumes(role: RolePlan, opts: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
     """(pod volumes, container volumeMounts, privileged). ``/dev/shm`` is a memory
     ``emptyDir`` (PyTorch DataLoader workers need more than the runtime's 64 MiB) unless a
-    mount targets it; devices need a privileged container for device cgroup access."""
+    mount targets it; devices need a privileged container for device cgroup access.
+
+    Args:
+        role: the role's plan.
+        opts: the resolved run options.
+
+    Returns:
+        ``(volumes, volume_mounts, privileged)``.
+    """
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if not any(m.dst == "/dev/shm" for m in role.mounts):
@@ -198,7 +268,18 @@ def volumes(role: RolePlan, opts: KubernetesOptions) -> tuple[list[dict[str, Any
 def pod_spec(
     role: RolePlan, ep: Endpoint, opts: KubernetesOptions, *, role_path: str, subdomain: str | None
 ) -> dict[str, Any]:
-    """The pod spec of one replica of ``role`` (before the role's overlay)."""
+    """The pod spec of one replica of ``role`` (before the role's overlay).
+
+    Args:
+        role: the role's plan.
+        ep: where the role's replicas meet.
+        opts: the resolved run options.
+        role_path: the role's field path (``roles[0]``) for errors.
+        subdomain: the headless Service's name (replicas' DNS names); ``None``: no Service.
+
+    Returns:
+        The pod's ``spec``.
+    """
     command, args = command_and_args(role, ep, opts)
     vols, mounts, privileged = volumes(role, opts)
     container: dict[str, Any] = {
