@@ -41,7 +41,16 @@ DEFAULT_RDZV_PORT = 29500
 
 
 def macro_values(app_id: str, replica_id: int, *, img_root: str = "") -> dict[str, str]:
-    """The values TorchX macros bind to for one replica."""
+    """The values TorchX macros bind to for one replica.
+
+    Args:
+        app_id: the run's id (``${app_id}``).
+        replica_id: the replica's index in its role (``${replica_id}``).
+        img_root: the image's root directory (``${img_root}``); empty on every target here.
+
+    Returns:
+        Macro name → value (``rank0_env`` names the variable that holds replica 0's host).
+    """
     return {
         "app_id": app_id,
         "replica_id": str(replica_id),
@@ -67,6 +76,18 @@ def agent_argv(
     A role that runs its own torchrun keeps its argv unchanged: the shim (first on PATH)
     makes that torchrun our agent, and the launcher's rendezvous reaches it through the
     ``TORCHSTEP_RDZV_*`` environment (see :func:`replica_env`).
+
+    Args:
+        role: the role's plan.
+        rdzv_endpoint: ``host:port`` of the rendezvous.
+        rdzv_id: the rendezvous id, the same for every replica of one run.
+        rdzv_backend: torch's rendezvous backend.
+        agent: the command that starts the agent.
+        replica_args: macro values to bind the role's args with; ``None``: leave them unbound.
+        extra: more agent flags, before the role's argv.
+
+    Returns:
+        The argv.
     """
     argv = role.bind(replica_args)[0] if replica_args is not None else role.argv
     if role.uses_torchrun:
@@ -106,7 +127,21 @@ def replica_env(
     rdzv_conf: str | None = None,
     img_root: str = "",
 ) -> dict[str, str]:
-    """The role's env (macros bound) plus what torchstep sets for every replica."""
+    """The role's env (macros bound) plus what torchstep sets for every replica.
+
+    Args:
+        role: the role's plan.
+        app_id: the run's id.
+        replica_id: the replica's index in its role.
+        rank0_host: replica 0's host (``TORCHX_RANK0_HOST``).
+        rdzv_endpoint: ``host:port`` of the rendezvous, for a role's own torchrun; ``None``: unset.
+        rdzv_id: the rendezvous id, likewise; ``None``: unset.
+        rdzv_conf: the agent's ``--rdzv-conf``, likewise; ``None``: unset.
+        img_root: the ``${img_root}`` macro's value.
+
+    Returns:
+        The replica's environment (only what the plan sets, not the caller's).
+    """
     env = role.bind(macro_values(app_id, replica_id, img_root=img_root))[1]
     env.update(
         {

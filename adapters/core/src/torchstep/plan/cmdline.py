@@ -54,7 +54,13 @@ _PREFIXES = frozenset({"exec", "env", "time", "nohup", "then", "do", "else", "!"
 
 @dataclass(frozen=True)
 class TorchrunCall:
-    """The torchrun flags of a role's command that the planner checks (raw strings)."""
+    """The torchrun flags of a role's command that the planner checks (raw strings).
+
+    Args:
+        nnodes: ``--nnodes`` as written; ``None``: not given.
+        nproc_per_node: ``--nproc-per-node`` as written; ``None``: not given.
+        max_restarts: ``--max-restarts`` as written; ``None``: not given.
+    """
 
     nnodes: str | None = None
     nproc_per_node: str | None = None
@@ -103,6 +109,10 @@ def script_index(entrypoint: str, args: Sequence[str]) -> int | None:
     """The index in ``args`` of the code a shell or Python interpreter evaluates
     (``bash -c SCRIPT``, ``sh -ec SCRIPT``, ``python -c CODE``), or ``None``.
 
+    Args:
+        entrypoint: the role's entrypoint (``bash``, ``python``, ``torchrun``...).
+        args: the role's arguments.
+
     >>> script_index("bash", ["-ec", "echo hi"]), script_index("/usr/bin/python3", ["-c", "print(1)"])
     (1, 1)
     >>> script_index("python", ["train.py", "-c", "x"]) is None
@@ -126,7 +136,15 @@ def script_index(entrypoint: str, args: Sequence[str]) -> int | None:
 
 
 def torchrun_words(entrypoint: str, args: Sequence[str]) -> list[str] | None:
-    """The arguments of the role's own torchrun, or ``None`` when it runs none."""
+    """The arguments of the role's own torchrun, or ``None`` when it runs none.
+
+    Args:
+        entrypoint: the role's entrypoint (``bash``, ``python``, ``torchrun``...).
+        args: the role's arguments.
+
+    Returns:
+        The words after ``torchrun`` (split as a shell would, in a script), or ``None``.
+    """
     exe = os.path.basename(entrypoint)
     if exe in TORCHRUN_NAMES:
         return list(args)
@@ -143,7 +161,15 @@ def torchrun_words(entrypoint: str, args: Sequence[str]) -> list[str] | None:
 
 def parse_torchrun(entrypoint: str, args: Sequence[str]) -> TorchrunCall | None:
     """The checked flags of the role's own torchrun, or ``None`` when it runs none.
-    Parsing stops at the script: the script's own ``--nnodes`` is not torchrun's."""
+    Parsing stops at the script: the script's own ``--nnodes`` is not torchrun's.
+
+    Args:
+        entrypoint: the role's entrypoint (``bash``, ``python``, ``torchrun``...).
+        args: the role's arguments.
+
+    Returns:
+        The flags, or ``None``.
+    """
     words = torchrun_words(entrypoint, args)
     if words is None:
         return None
@@ -166,6 +192,13 @@ def detect_torchrun(entrypoint: str, args: Sequence[str]) -> tuple[bool, int | N
     """Whether the role runs its own torchrun (TorchX ``dist.ddp`` style), and its
     ``--nproc-per-node`` when it is a plain number.
 
+    Args:
+        entrypoint: the role's entrypoint (``bash``, ``python``, ``torchrun``...).
+        args: the role's arguments.
+
+    Returns:
+        ``(runs torchrun, nproc per node or None)``.
+
     >>> detect_torchrun("bash", ["-c", "torchrun --nnodes 1 --nproc_per_node 2 train.py"])
     (True, 2)
     >>> detect_torchrun("python", ["train.py"])
@@ -178,7 +211,12 @@ def detect_torchrun(entrypoint: str, args: Sequence[str]) -> tuple[bool, int | N
 
 
 def positive_int(text: str | None, limit: int = 4096) -> int | None:
-    """``text`` as an int in 1..limit, else ``None`` (``"gpu"``, ``"auto"``, macros...)."""
+    """``text`` as an int in 1..limit, else ``None`` (``"gpu"``, ``"auto"``, macros...).
+
+    Args:
+        text: the flag's value as written.
+        limit: the largest value accepted.
+    """
     if text is None or not text.isascii() or not text.isdigit():
         return None
     n = int(text)
@@ -187,6 +225,9 @@ def positive_int(text: str | None, limit: int = 4096) -> int | None:
 
 def split_component_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """A CLI's ``[opts..., "--", component args...]`` → ``(opts, component args)``.
+
+    Args:
+        argv: the command line after the program name.
 
     >>> split_component_args(["--target", "kfp", "--", "--lr", "0.1"])
     (['--target', 'kfp'], ['--lr', '0.1'])

@@ -72,7 +72,15 @@ def fixed_fields(plan: StepPlan, *, role: int | None = None) -> dict[str, Any]:
 def changed_fields(fixed: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(field, fixed value, run-time value)`` of every field whose value differs between
     ``fixed`` and ``now`` (both from :func:`fixed_fields`, fields that are unset or empty
-    possibly left out), in ``fixed``'s order, then ``now``'s."""
+    possibly left out), in ``fixed``'s order, then ``now``'s.
+
+    Args:
+        fixed: the fields fixed before run time.
+        now: the same fields of the run-time plan.
+
+    Returns:
+        One ``(field, fixed value, run-time value)`` per difference (a missing field: ``None``).
+    """
     keys = [*fixed, *(k for k in now if k not in fixed)]
     return [(k, fixed.get(k), now.get(k)) for k in keys if _plain(fixed.get(k)) != _plain(now.get(k))]
 

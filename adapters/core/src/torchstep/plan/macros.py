@@ -53,7 +53,14 @@ _BY_NAME = {m.value: m for m in Macro}
 
 def find_macros(texts: Iterable[str]) -> frozenset[Macro]:
     """The macros that binding would replace in ``texts`` (parsed exactly as
-    ``string.Template`` parses them, so ``$${app_id}`` — an escaped ``$`` — is not one)."""
+    ``string.Template`` parses them, so ``$${app_id}`` — an escaped ``$`` — is not one).
+
+    Args:
+        texts: args, env values or any strings of a role.
+
+    Returns:
+        The macros used.
+    """
     found: set[Macro] = set()
     for text in texts:
         if "$" not in text:
@@ -66,7 +73,16 @@ def find_macros(texts: Iterable[str]) -> frozenset[Macro]:
 
 
 def substitute(text: str, values: Mapping[str, str]) -> str:
-    """Replace macros in ``text`` the way TorchX does."""
+    """Replace macros in ``text`` the way TorchX does (``string.Template.safe_substitute``:
+    an unknown ``${name}`` stays as it is; ``$$`` becomes ``$``).
+
+    Args:
+        text: the string.
+        values: macro name → value.
+
+    Returns:
+        The bound string.
+    """
     if "$" not in text:
         return text
     return Template(text).safe_substitute(values)
@@ -75,6 +91,13 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
 def substitute_nested(obj: Any, values: Mapping[str, str]) -> Any:
     """A deep copy of ``obj`` (dicts and lists) with macros bound in every string, as
     TorchX binds role metadata.
+
+    Args:
+        obj: dicts, lists and scalars; only strings are bound.
+        values: macro name → value.
+
+    Returns:
+        The bound copy.
 
     >>> substitute_nested({"labels": {"run": "${app_id}"}, "n": 1}, {"app_id": "a-1"})
     {'labels': {'run': 'a-1'}, 'n': 1}
@@ -89,7 +112,14 @@ def substitute_nested(obj: Any, values: Mapping[str, str]) -> Any:
 
 
 def nested_strings(obj: Any) -> Iterator[str]:
-    """Every string nested in dicts and lists (what :func:`substitute_nested` binds)."""
+    """Every string nested in dicts and lists (what :func:`substitute_nested` binds).
+
+    Args:
+        obj: dicts, lists and scalars.
+
+    Returns:
+        The strings, depth first (dict keys are not included).
+    """
     if isinstance(obj, str):
         yield obj
     elif isinstance(obj, dict):

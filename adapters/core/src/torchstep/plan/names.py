@@ -54,6 +54,10 @@ def _digest(text: str, n: int = 6) -> str:
 def is_dns_label(name: str, *, max_len: int = LABEL_MAX) -> bool:
     """True when ``name`` is a valid DNS-1123 label of at most ``max_len`` characters.
 
+    Args:
+        name: the name to check.
+        max_len: the most characters allowed (63 for a label).
+
     >>> is_dns_label("trainer-0"), is_dns_label("Trainer"), is_dns_label("-a")
     (True, False, False)
     """
@@ -62,6 +66,9 @@ def is_dns_label(name: str, *, max_len: int = LABEL_MAX) -> bool:
 
 def is_dns_subdomain(name: str) -> bool:
     """True when ``name`` is a DNS-1123 subdomain (names of Secrets, PVCs...).
+
+    Args:
+        name: the name to check.
 
     >>> is_dns_subdomain("hf-token.v2"), is_dns_subdomain("HF_token")
     (True, False)
@@ -79,6 +86,13 @@ def dns_label(name: str, *, max_len: int = LABEL_MAX) -> str:
     same label: the planner rejects that within one app. Returns ``""`` when no ASCII
     letter or digit is left (callers raise a SpecError naming the field).
 
+    Args:
+        name: any name (an AppDef's, a role's).
+        max_len: the most characters of the label.
+
+    Returns:
+        The label, or ``""``.
+
     >>> dns_label("a" * 70) == dns_label("a" * 71)
     False
     >>> dns_label("模型")
@@ -95,7 +109,11 @@ def dns_label(name: str, *, max_len: int = LABEL_MAX) -> str:
 
 
 def short_id(n: int = 6) -> str:
-    """A fresh lowercase alphanumeric id (used for run-unique suffixes)."""
+    """A fresh lowercase alphanumeric id (used for run-unique suffixes).
+
+    Args:
+        n: its length in characters.
+    """
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
     return "".join(secrets.choice(alphabet) for _ in range(n))
 
@@ -108,6 +126,14 @@ def run_name(base: str, run_id: str | None = None, *, max_len: int = JOB_NAME_MA
     ``base`` is shortened deterministically (with a hash of the whole base) when the
     result would exceed ``max_len``, so two long bases sharing a prefix never collide.
 
+    Args:
+        base: the name's DNS-label prefix.
+        run_id: the orchestrator's run id; ``None``: a fresh random suffix.
+        max_len: the most characters of the result.
+
+    Returns:
+        A DNS label of at most ``max_len`` characters.
+
     >>> a = run_name("x" * 60 + "-trainer", "run-1")
     >>> b = run_name("x" * 60 + "-reader", "run-1")
     >>> a != b and len(a) == 47 and is_dns_label(a)
@@ -119,17 +145,29 @@ def run_name(base: str, run_id: str | None = None, *, max_len: int = JOB_NAME_MA
 
 
 def is_env_name(name: str) -> bool:
-    """True for a portable environment variable name (POSIX / Kubernetes C_IDENTIFIER)."""
+    """True for a portable environment variable name (POSIX / Kubernetes C_IDENTIFIER).
+
+    Args:
+        name: the variable's name.
+    """
     return bool(_ENV_NAME.match(name))
 
 
 def is_label_value(text: str) -> bool:
-    """A label value: empty, or at most 63 ``[A-Za-z0-9_.-]`` starting and ending alphanumeric."""
+    """A label value: empty, or at most 63 ``[A-Za-z0-9_.-]`` starting and ending alphanumeric.
+
+    Args:
+        text: the value to check.
+    """
     return text == "" or (len(text) <= 63 and bool(_NAME_PART.match(text)))
 
 
 def is_qualified_name(text: str) -> bool:
-    """A label or annotation key: ``[prefix/]name``, prefix a DNS subdomain, name at most 63."""
+    """A label or annotation key: ``[prefix/]name``, prefix a DNS subdomain, name at most 63.
+
+    Args:
+        text: the key to check.
+    """
     prefix, sep, name = text.rpartition("/")
     if sep and not (prefix and is_dns_subdomain(prefix)):
         return False
@@ -137,12 +175,19 @@ def is_qualified_name(text: str) -> bool:
 
 
 def is_quantity(text: str) -> bool:
-    """A ``resource.Quantity`` string such as ``8Gi``, ``500m`` or ``1e3``."""
+    """A ``resource.Quantity`` string such as ``8Gi``, ``500m`` or ``1e3``.
+
+    Args:
+        text: the quantity to check.
+    """
     return bool(_QUANTITY.match(text))
 
 
 def is_port_name(text: str) -> bool:
     """A Kubernetes port name (IANA_SVC_NAME).
+
+    Args:
+        text: the ``port_map`` key to check.
 
     >>> is_port_name("c10d"), is_port_name("tensorboard-port")
     (True, False)
@@ -151,12 +196,19 @@ def is_port_name(text: str) -> bool:
 
 
 def is_extended_resource(text: str) -> bool:
-    """An extended resource name such as ``vpc.amazonaws.com/efa``."""
+    """An extended resource name such as ``vpc.amazonaws.com/efa``.
+
+    Args:
+        text: the resource name to check.
+    """
     return bool(_EXTENDED_RESOURCE.match(text))
 
 
 def env_suffix(name: str) -> str:
     """The ``<SUFFIX>`` of ``TORCHSTEP_PORT_<SUFFIX>``, a port's variable on the local target.
+
+    Args:
+        name: the port's name.
 
     >>> env_suffix("tensor-board")
     'TENSOR_BOARD'

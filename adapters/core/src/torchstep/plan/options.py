@@ -30,7 +30,14 @@ _FALSE = ("false", "0", "no")
 
 
 def to_runopts(table: OptionTable) -> Any:
-    """``table`` as a ``torchx.specs.runopts`` (what ``torchstep runopts TARGET`` prints)."""
+    """``table`` as a ``torchx.specs.runopts`` (what ``torchstep runopts TARGET`` prints).
+
+    Args:
+        table: option name → ``(type, default, help)``.
+
+    Returns:
+        A ``torchx.specs.runopts``.
+    """
     from typing import Dict, List  # noqa: UP035 - torchx's runopts wants typing generics
 
     from torchx.specs import runopts
@@ -49,6 +56,18 @@ def parse_options(
     Unknown keys and bad values raise a :class:`~torchstep.SpecError` naming ``cfg['<key>']``;
     ``scheduler`` names the TorchX scheduler whose options they are (the fix then points
     at ``torchx runopts <scheduler>``).
+
+    Args:
+        cfg: option name → value (typed, or text as ``--cfg key=value`` gives it); ``None``: none.
+        table: option name → ``(type, default, help)``.
+        target: the SpecError's target.
+        scheduler: the TorchX scheduler whose options they are; ``None``: a torchstep target's.
+
+    Returns:
+        Option name → converted value, for the options given (defaults are not filled in).
+
+    Raises:
+        SpecError: an unknown key or a value that cannot be converted.
     """
     out: dict[str, Any] = {}
     for key, value in dict(cfg or {}).items():
@@ -63,7 +82,21 @@ def parse_options(
 
 
 def convert(path: str, typ: Any, value: Any, *, target: str | None, scheduler: str | None = None) -> Any:
-    """``value`` as ``typ`` (see the module docstring), or a SpecError naming ``path``."""
+    """``value`` as ``typ`` (see the module docstring).
+
+    Args:
+        path: the option's field path (``cfg['timeout']``).
+        typ: ``str``, ``int``, ``float``, ``bool``, ``list`` or ``dict``.
+        value: the value, typed or as text.
+        target: the SpecError's target.
+        scheduler: the TorchX scheduler, for the fix; ``None``: a torchstep target.
+
+    Returns:
+        The converted value.
+
+    Raises:
+        SpecError: ``value`` cannot be converted, naming ``path``.
+    """
     if typ is bool:
         if isinstance(value, bool):
             return value
