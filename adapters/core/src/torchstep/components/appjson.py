@@ -29,7 +29,14 @@ _MOUNT_KINDS = ("BindMount", "VolumeMount", "DeviceMount")
 
 
 def app_to_dict(app: Any) -> dict[str, Any]:
-    """``app`` (a ``torchx.specs.AppDef``) as JSON data (see the module docstring)."""
+    """``app`` (a ``torchx.specs.AppDef``) as JSON data (see the module docstring).
+
+    Args:
+        app: the AppDef.
+
+    Returns:
+        JSON-ready data (``"version": 1``, enums by name).
+    """
     out = {"version": APP_JSON_VERSION, **_fields(app, "app", skip=("roles",))}
     roles = []
     for i, role in enumerate(app.roles):
@@ -52,6 +59,15 @@ def app_from_dict(data: Any) -> Any:
     field is checked for its type first, and anything malformed is a
     :class:`~torchstep.SpecError` naming the field (``app.roles[0].args[1]``), never a
     ``TypeError`` from deep inside TorchX.
+
+    Args:
+        data: the decoded JSON data.
+
+    Returns:
+        The ``torchx.specs.AppDef``.
+
+    Raises:
+        SpecError: a malformed field, an unknown version or key, naming the field.
 
     >>> app_from_dict({"version": 1, "name": "a", "roles": [{"name": "w", "image": "", "entrypoint": ["sh"]}]})
     Traceback (most recent call last):

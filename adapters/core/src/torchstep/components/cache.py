@@ -50,7 +50,11 @@ _all_lrus: weakref.WeakSet[LRU[Any, Any]] = weakref.WeakSet()
 
 
 class LRU(Generic[K, V]):
-    """A small thread-safe least-recently-used map of at most ``maxsize`` entries."""
+    """A small thread-safe least-recently-used map of at most ``maxsize`` entries.
+
+    Args:
+        maxsize: the most entries kept; the least recently used goes first.
+    """
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
@@ -59,6 +63,11 @@ class LRU(Generic[K, V]):
         _all_lrus.add(self)  # so that clear() empties every cache built on this class
 
     def get(self, key: K) -> V | None:
+        """The value under ``key`` (now the most recently used), or ``None``.
+
+        Args:
+            key: the entry's key.
+        """
         with self._lock:
             value = self._data.get(key)
             if value is not None:
@@ -66,6 +75,12 @@ class LRU(Generic[K, V]):
             return value
 
     def put(self, key: K, value: V) -> None:
+        """Keep ``value`` under ``key``, dropping the least recently used beyond ``maxsize``.
+
+        Args:
+            key: the entry's key.
+            value: its value (``None`` reads back as a miss).
+        """
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -73,10 +88,16 @@ class LRU(Generic[K, V]):
                 self._data.popitem(last=False)
 
     def pop(self, key: K) -> None:
+        """Forget ``key`` (nothing happens when it is absent).
+
+        Args:
+            key: the entry's key.
+        """
         with self._lock:
             self._data.pop(key, None)
 
     def clear(self) -> None:
+        """Forget every entry."""
         with self._lock:
             self._data.clear()
 
@@ -175,6 +196,17 @@ def resolve_file(path: str, fn_name: str) -> Callable[..., Any]:
     ``get_component(f"{path}:{fn_name}").fn`` returns, with the same checks in the same
     order (lint, execute the file, find the function, report lint errors) and TorchX's
     exceptions, but each done once per version of the file.
+
+    Args:
+        path: the component file (``components/train.py``).
+        fn_name: the component function's name in it.
+
+    Returns:
+        The function.
+
+    Raises:
+        Exception: what TorchX's ``get_component`` raises for the same file (a
+            ``ComponentValidationException``, ``ComponentNotFoundException``...).
     """
     from torchx.specs import finder
     from torchx.specs.file_linter import get_fn_docstring
@@ -327,6 +359,15 @@ def resolve_builtin(name: str) -> Callable[..., Any]:
     ``torchx.components`` modules, named ``<module>.<function>``, that pass its linter: the
     one module is imported and the one function linted. Anything else (a plugin, an unknown
     or invalid name) goes to TorchX's finder, for its result and its error.
+
+    Args:
+        name: the builtin's name (``dist.ddp``, ``utils.echo``).
+
+    Returns:
+        The component function.
+
+    Raises:
+        Exception: what TorchX's finder raises for an unknown or invalid name.
     """
     fn = _builtins.get(name)
     if fn is not None:
@@ -343,7 +384,13 @@ def resolve_builtin(name: str) -> Callable[..., Any]:
 # -- per component function -------------------------------------------------------------------
 @dataclass(frozen=True)
 class FunctionInfo:
-    """What :mod:`torchstep.components.materialize` reads from a component function every call."""
+    """What :mod:`torchstep.components.materialize` reads from a component function every call.
+
+    Args:
+        parameters: the function's parameters; ``None`` when its signature cannot be read.
+        error: why the signature cannot be read (empty otherwise).
+        evaluated: ``fn`` itself, or a wrapper whose signature has evaluated annotations.
+    """
 
     parameters: Mapping[str, inspect.Parameter] | None  # None: no readable signature (``error`` says why)
     error: str
@@ -356,7 +403,15 @@ _functions_lock = threading.Lock()
 
 def function_info(fn: Callable[..., Any], compute: Callable[[Callable[..., Any]], FunctionInfo]) -> FunctionInfo:
     """``compute(fn)``, kept while ``fn`` lives when ``fn`` is a plain Python function
-    (whose signature does not change); computed every time for other callables."""
+    (whose signature does not change); computed every time for other callables.
+
+    Args:
+        fn: the component function.
+        compute: what reads the function (called on a cache miss).
+
+    Returns:
+        The function's info.
+    """
     if not isinstance(fn, types.FunctionType):
         return compute(fn)
     with _functions_lock:

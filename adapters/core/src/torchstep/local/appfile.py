@@ -25,7 +25,11 @@ from torchstep.errors import SpecError
 
 
 def app_to_dict(app: Any) -> dict[str, Any]:
-    """``app`` as JSON-ready data (enums by name)."""
+    """``app`` as JSON-ready data (enums by name).
+
+    Args:
+        app: the ``torchx.specs.AppDef``.
+    """
 
     def plain(value: Any) -> Any:
         if isinstance(value, enum.Enum):
@@ -41,7 +45,17 @@ def app_to_dict(app: Any) -> dict[str, Any]:
 
 
 def load_app(path: str) -> Any:
-    """Read an AppDef from a JSON file; a SpecError names what is wrong."""
+    """Read an AppDef from a JSON file.
+
+    Args:
+        path: the JSON file (as :func:`app_to_dict` writes it).
+
+    Returns:
+        The ``torchx.specs.AppDef``.
+
+    Raises:
+        SpecError: the file cannot be read, is not JSON, or a field is malformed.
+    """
     try:
         with open(path) as f:
             data = json.load(f)
@@ -53,7 +67,17 @@ def load_app(path: str) -> Any:
 
 
 def app_from_dict(data: Any) -> Any:
-    """Build a ``torchx.specs.AppDef`` from :func:`app_to_dict`-style data."""
+    """Build a ``torchx.specs.AppDef`` from :func:`app_to_dict`-style data.
+
+    Args:
+        data: the decoded JSON data.
+
+    Returns:
+        The AppDef.
+
+    Raises:
+        SpecError: a malformed field, naming it.
+    """
     from torchx import specs
 
     if not isinstance(data, dict) or not isinstance(data.get("roles"), list):

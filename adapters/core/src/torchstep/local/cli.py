@@ -61,7 +61,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
-    """``["a=1,b=x", "c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (typed later by ``resolve``)."""
+    """``["a=1,b=x", "c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (typed later by ``resolve``).
+
+    Args:
+        items: the ``--cfg`` values as given.
+
+    Returns:
+        Option name → text.
+
+    Raises:
+        SpecError: an item without ``=``.
+    """
     out: dict[str, Any] = {}
     for item in items:
         for pair in item.split(","):
@@ -77,7 +87,15 @@ def parse_cfg(items: Sequence[str]) -> dict[str, Any]:
 def summary(result: Any, *, retries: int = 0) -> str:
     """What happened, where the logs are — printed at the end of ``torchstep run``. The
     root cause is named by :func:`torchstep.result.root_cause_line`, as on every surface;
-    a log or result file that could not be written is one ``warning:`` line each."""
+    a log or result file that could not be written is one ``warning:`` line each.
+
+    Args:
+        result: the run's :class:`~torchstep.StepResult`.
+        retries: how many retries ``torchstep run`` had (said when they were used up).
+
+    Returns:
+        The text, several lines.
+    """
     from torchstep.result import root_cause_line
 
     lines = [

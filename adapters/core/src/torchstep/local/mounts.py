@@ -38,7 +38,19 @@ TARGET = "local"
 
 def rewrites_of(role: RolePlan, index: int) -> list[tuple[str, str]]:
     """The ``(dst, src)`` rewrites of ``role`` (``index`` = its position in the AppDef),
-    after checking that this machine can serve every mount."""
+    after checking that this machine can serve every mount.
+
+    Args:
+        role: the role's plan.
+        index: its position in the AppDef (for field paths).
+
+    Returns:
+        ``(container path, host path)`` pairs.
+
+    Raises:
+        SpecError: a mount this machine cannot serve (a source path that does not exist, a
+            device path that is not a device).
+    """
     out = []
     for j, m in enumerate(role.mounts):
         # the planner already refused what no machine can serve (a PVC, a mount onto /);
@@ -63,7 +75,15 @@ def rewrites_of(role: RolePlan, index: int) -> list[tuple[str, str]]:
 
 
 def rewrite(text: str, rewrites: Sequence[tuple[str, str]]) -> str:
-    """Replace each whole path ``dst`` (and its sub-paths) in ``text`` by ``src``."""
+    """Replace each whole path ``dst`` (and its sub-paths) in ``text`` by ``src``.
+
+    Args:
+        text: an arg or env value.
+        rewrites: ``(dst, src)`` pairs from :func:`rewrites_of`.
+
+    Returns:
+        The rewritten text.
+    """
     if not rewrites or "/" not in text:
         return text
     by_dst = dict(rewrites)
@@ -77,7 +97,18 @@ _PLAIN_PATH = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
 
 
 def apply(role: RolePlan, index: int) -> RolePlan:
-    """``role`` with its mount destinations rewritten to host paths (see module docstring)."""
+    """``role`` with its mount destinations rewritten to host paths (see module docstring).
+
+    Args:
+        role: the role's plan.
+        index: its position in the AppDef.
+
+    Returns:
+        The role's plan with args and env rewritten.
+
+    Raises:
+        SpecError: a mount this machine cannot serve.
+    """
     rw = rewrites_of(role, index)
     if not rw:
         return role

@@ -96,7 +96,23 @@ def runopts() -> Any:
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """Resolved options of one local run (see :func:`runopts` for the meaning of each)."""
+    """Resolved options of one local run (:func:`runopts` prints the same help).
+
+    Args:
+        log_dir: where logs and results go (``<log_dir>/<app_id>/<role>/<replica>/``).
+        run_id: the orchestrator's run id: the app id becomes ``<app>-<hash of it>``;
+            ``None``: ``<app>-<random id>``.
+        retries: retries of the whole app by torchstep itself; ``None``: the caller's default.
+        retry_delay: seconds between those retries; ``None``: the role's ``retry_delay``, else 1.
+        grace_period: seconds between SIGTERM and SIGKILL when a run is stopped.
+        timeout: seconds before the whole run is stopped and FAILED; ``None``: the app's metadata.
+        gpus: GPU ids the run may use; ``None``: ``CUDA_VISIBLE_DEVICES`` or every GPU.
+        cpu_affinity: pin each replica to cores of its own and set ``OMP_NUM_THREADS``.
+        tee: copy every process's output to stdout, prefixed ``[role/rank]``.
+        checkpoint_dir: a directory kept across tries (``TORCHSTEP_CHECKPOINT_DIR``); ``None``: none.
+        inherit_env: whether the step inherits this process's environment (else only a
+            few variables plus the AppDef's env).
+    """
 
     log_dir: str
     run_id: str | None = None
@@ -113,8 +129,17 @@ class LocalOptions:
 
 def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> LocalOptions:
     """Check ``cfg`` against :func:`runopts` and fill in defaults; ``log_dir`` (the
-    ``run_local`` argument) wins over ``cfg["log_dir"]``. Bad keys or values raise a
-    :class:`~torchstep.SpecError` naming ``cfg['<key>']``.
+    ``run_local`` argument) wins over ``cfg["log_dir"]``.
+
+    Args:
+        cfg: option name → value (typed, or text); ``None``: all defaults.
+        log_dir: the log directory; ``None``: ``cfg["log_dir"]``, else :func:`default_log_dir`.
+
+    Returns:
+        The resolved options.
+
+    Raises:
+        SpecError: an unknown key or a bad value, naming ``cfg['<key>']``.
     """
     out = parse_options(cfg, _OPTS, target=TARGET)
     if log_dir is not None:
