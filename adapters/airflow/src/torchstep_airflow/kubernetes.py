@@ -42,7 +42,7 @@ from airflow.sdk.exceptions import AirflowException
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE
 from torchstep.errors import RunError, SpecError
 from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, render_app
-from torchstep.kubernetes.apiobj import uid_of
+from torchstep.kubernetes.apiobj import termination, uid_of
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
 from torchstep.plan.model import StepPlan
 from torchstep.result import FAILED, StepResult
@@ -253,7 +253,7 @@ def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -
         if op.step_result is not None:  # KPO's "pod failed" (or a cleanup error): the result says more
             log.warning("torchstep: the pod operator raised %s; reporting the agent's result", e)
         else:
-            code = _exit_code(op.final_pod)
+            code = termination(op.final_pod)[0]  # the agent container's
             if code == NON_RETRYABLE_EXIT_CODE:
                 return StepResult(app_id=rendered.app_id, state=FAILED, exit_code=code, retryable=False,
                                   message="the agent exited non-retryable (82); no result file")  # fmt: skip
@@ -271,10 +271,3 @@ def _on_finish(kwargs: Mapping[str, Any]) -> str:
             "kubernetes_kwargs['on_finish_action']", TARGET, f"unknown {action!r}", fix=f"one of {tuple(ON_FINISH)}"
         )
     return ON_FINISH[action]
-
-
-def _exit_code(pod: Any) -> int | None:
-    for cs in getattr(getattr(pod, "status", None), "container_statuses", None) or []:
-        if cs.name == CONTAINER_NAME and cs.state and cs.state.terminated:
-            return int(cs.state.terminated.exit_code)
-    return None

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import signal
 import sys
 import threading
@@ -51,7 +49,6 @@ TASK_ID_INPUT = "torchstep_task_id"
 COMPILED_INPUT = "torchstep_compiled"
 #: Marks a string argument that ``components.literal`` escaped (KFP must not resolve it).
 LITERAL_PREFIX = "torchstep-literal:"
-_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
 def main(argv: list[str] | None = None, *, local: bool = False, client: Any = None) -> int:
@@ -238,6 +235,7 @@ def _print(line: str) -> None:
 
 def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:
     """Write the result, the named outputs and the artifacts; the step's exit status."""
+    from torchstep.outputs import copy_out, is_uri, metrics_of, unpublished, without_nulls, write_out
     from torchstep.steps import failure_summary
 
     outputs = executor_input.get("outputs", {})
@@ -250,9 +248,9 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
         text = value if kind == "str" and isinstance(value, str) else json.dumps(value)
         executor_output["parameterValues"][name] = value
         if target:
-            _write(target, text)
+            write_out(target, text)
 
-    put("result", _without_nulls(result.to_dict()), "dict")
+    put("result", without_nulls(result.to_dict()), "dict")
     for name, kind in spec.get("outputs", {}).items():
         if name not in result.outputs:
             missing.append(name)
@@ -262,11 +260,11 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
     artifacts = outputs.get("artifacts", {})
     if spec.get("metrics"):
         name = spec["metrics"] if isinstance(spec["metrics"], str) else "metrics"
-        metrics = _metrics(result.outputs)
+        metrics = metrics_of(result.outputs)
         art = _artifact(artifacts, name)
         if art is not None:
             art["metadata"] = {**art.get("metadata", {}), **metrics}
-            _write(_path(art["uri"]), json.dumps(metrics))
+            write_out(_path(art["uri"]), json.dumps(metrics))
             executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
     if spec.get("model") and result.succeeded:
         name = spec["model"] if isinstance(spec["model"], str) else "model"
@@ -276,43 +274,22 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
             missing.append("model")
         elif art is not None:
             art["metadata"] = {**art.get("metadata", {}), "source": source}
-            if _URI.match(source):
+            if is_uri(source):
                 art["uri"] = source  # the model stays where rank 0 put it
             elif os.path.exists(source):
-                _copy(source, _path(art["uri"]))
+                copy_out(source, _path(art["uri"]))
             else:
                 missing.append("model")
             executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
     if outputs.get("outputFile"):
-        _write(outputs["outputFile"], json.dumps(executor_output))
+        write_out(outputs["outputFile"], json.dumps(executor_output))
     if result.succeeded and missing:
-        names = ", ".join(repr(n) for n in missing)
-        print(f"torchstep: the step succeeded but rank 0 did not publish {names}: call "
-              "torchstep.output(name, value) on global rank 0 (the model: a path in the container or a URI)",
-              file=sys.stderr)  # fmt: skip
+        print(unpublished(missing), file=sys.stderr)
         return 1
     if not result.succeeded:
         print(failure_summary(result), file=sys.stderr, flush=True)
         return int(result.exit_code) if result.exit_code else 1
     return 0
-
-
-def _without_nulls(value: Any) -> Any:
-    """KFP parameters cannot hold null: keys whose value is null are left out (the result
-    reads back the same with ``torchstep.StepResult.from_dict``)."""
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value if v is not None]
-    return value
-
-
-def _metrics(outputs: Mapping[str, Any]) -> dict[str, float]:
-    source = outputs.get("metrics")
-    if not isinstance(source, Mapping):
-        source = outputs
-    return {str(k): float(v) for k, v in source.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
 
 
 def _artifact(artifacts: Mapping[str, Any], name: str) -> dict[str, Any] | None:
@@ -326,22 +303,6 @@ def _path(uri: str) -> str:
         if uri.startswith(prefix):
             return mount + uri[len(prefix) :]
     return uri
-
-
-def _write(path: str, text: str) -> None:
-    """At a path KFP gave (its output locations): atomic, 0600, never through a symlink."""
-    from torchstep.files import write_private
-
-    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    write_private(path, text)
-
-
-def _copy(source: str, dest: str) -> None:
-    os.makedirs(os.path.dirname(dest) or ".", mode=0o700, exist_ok=True)
-    if os.path.isdir(source):
-        shutil.copytree(source, dest, dirs_exist_ok=True, symlinks=True)
-    else:
-        shutil.copyfile(source, dest, follow_symlinks=False)
 
 
 if __name__ == "__main__":
