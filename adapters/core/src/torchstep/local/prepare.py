@@ -38,7 +38,19 @@ INHERITED_ENV_PREFIXES = ("LC_",)
 
 @dataclass
 class ReplicaSpec:
-    """One replica of one role, ready to start (the rendezvous is added at spawn time)."""
+    """One replica of one role, ready to start (the rendezvous is added at spawn time).
+
+    Args:
+        role: the role's plan, mount destinations already rewritten to host paths.
+        role_index: the role's position in the AppDef.
+        replica_id: the replica's index in its role.
+        env: the complete environment of the replica's agent.
+        cwd: its working directory (the role's image when that is a directory); ``None``: the caller's.
+        cpus: the cores it is pinned to (empty: not pinned).
+        gpus: the GPU ids it sees as ``CUDA_VISIBLE_DEVICES`` (empty: none set here).
+        log_dir: its log directory, ``<log_dir>/<app_id>/<role>/<replica>``.
+        img_root: the ``${img_root}`` macro's value.
+    """
 
     role: RolePlan  # mount destinations already rewritten to host paths
     role_index: int
@@ -52,10 +64,12 @@ class ReplicaSpec:
 
     @property
     def key(self) -> tuple[str, int]:
+        """``(role name, replica id)``."""
         return (self.role.name, self.replica_id)
 
     @property
     def result_file(self) -> str:
+        """Where the replica's agent writes its result."""
         return os.path.join(self.log_dir, "result.json")
 
     @property
@@ -66,6 +80,14 @@ class ReplicaSpec:
 
 @dataclass
 class Prepared:
+    """Every replica of a run, ready to start.
+
+    Args:
+        replicas: one spec per replica, role by role.
+        notes: what is worth telling the user (oversubscribed CPUs, advisory settings).
+        env: the environment of the run's own helper processes (the rendezvous store).
+    """
+
     replicas: list[ReplicaSpec]
     notes: list[str]  # worth telling the user (oversubscribed CPUs, advisory settings)
     env: dict[str, str]  # the environment of the run's own helper processes (the rendezvous store)
@@ -97,6 +119,12 @@ def base_env(parent: Mapping[str, str], inherit: bool) -> dict[str, str]:
 
 
 def app_dir(opts: LocalOptions, app_id: str) -> str:
+    """The run's directory, ``<log_dir>/<app_id>`` (not created).
+
+    Args:
+        opts: the run's options.
+        app_id: the run's id.
+    """
     return os.path.join(opts.log_dir, app_id)
 
 
@@ -107,8 +135,21 @@ def prepare(
     app_id: str,
     parent_env: Mapping[str, str] | None = None,
 ) -> Prepared:
-    """Validate what only this machine can tell (SpecError naming the field) and build
-    every replica's spec. Starts nothing."""
+    """Validate what only this machine can tell and build every replica's spec. Starts nothing.
+
+    Args:
+        plan: a plan for the ``local`` target.
+        opts: the run's options.
+        app_id: the run's id.
+        parent_env: the environment the run starts from; ``None``: ``os.environ``.
+
+    Returns:
+        The replicas' specs and the notes for the user.
+
+    Raises:
+        SpecError: what this machine cannot serve (a missing mount, too few GPUs, a port in
+            use, an unset secret variable, secrets with ``inherit_env=False``), naming the field.
+    """
     parent = dict(os.environ if parent_env is None else parent_env)
     start = base_env(parent, opts.inherit_env)
     roles = [mounts.apply(r, i) for i, r in enumerate(plan.roles)]
@@ -175,5 +216,13 @@ def prepare(
 
 
 def with_restarts(role: RolePlan, restarts: int) -> RolePlan:
-    """``role`` whose agents get ``--max-restarts restarts`` (what is left of the budget)."""
+    """``role`` whose agents get ``--max-restarts restarts`` (what is left of the budget).
+
+    Args:
+        role: the role's plan.
+        restarts: the restarts left.
+
+    Returns:
+        A copy of the plan with that budget.
+    """
     return dataclasses.replace(role, retry=dataclasses.replace(role.retry, count=max(0, restarts)))

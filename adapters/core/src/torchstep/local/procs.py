@@ -55,6 +55,20 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (the supervisor alone decides when it stops), with
     its stdout and stderr merged into one pipe, dying with the calling thread's process.
+
+    Args:
+        argv: the command.
+        env: its complete environment.
+        cwd: its working directory; ``None``: the caller's.
+        cpus: cores to pin it to (empty: not pinned).
+        stdin: its stdin (``subprocess.DEVNULL`` by default; ``subprocess.PIPE`` to hold it).
+        pass_fds: file descriptors it inherits (listening sockets).
+
+    Returns:
+        The process, its output in ``stdout``.
+
+    Raises:
+        OSError: the command cannot be started.
     """
     shim = [sys.executable, "-S", "-c", _EXEC_SHIM, str(os.getpid()), ",".join(map(str, cpus))]
     return subprocess.Popen(
@@ -71,7 +85,14 @@ def spawn(
 
 
 def tagged_pids(*prefixes: str) -> list[int]:
-    """Live processes whose launch token starts with one of ``prefixes`` (this process excluded)."""
+    """Live processes whose launch token starts with one of ``prefixes`` (this process excluded).
+
+    Args:
+        *prefixes: launch token prefixes (a run's token).
+
+    Returns:
+        Their pids.
+    """
     want = tuple(_TOKEN_PREFIX + p.encode() for p in prefixes)
     me = os.getpid()
     found = []
@@ -94,7 +115,14 @@ def tagged_pids(*prefixes: str) -> list[int]:
 
 def kill_tagged(prefix: str, *, rounds: int = 20) -> int:
     """SIGKILL every process tagged with ``prefix`` until none is left (a process may start
-    a child while we sweep). Returns how many were killed.
+    a child while we sweep).
+
+    Args:
+        prefix: the launch token prefix.
+        rounds: the most sweeps.
+
+    Returns:
+        How many processes were killed.
     """
     killed = 0
     for _ in range(rounds):

@@ -26,6 +26,12 @@ TARGET = "local"
 def detect_gpus(env: Mapping[str, str] | None = None) -> list[str]:
     """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else one id per GPU
     the NVIDIA driver lists in ``/proc/driver/nvidia/gpus`` (no torch import, no CUDA init).
+
+    Args:
+        env: the environment to read ``CUDA_VISIBLE_DEVICES`` from; ``None``: ``os.environ``.
+
+    Returns:
+        The GPU ids (empty when there is none).
     """
     env = os.environ if env is None else env
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -46,7 +52,15 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> list[str]:
 
 def split(counts: Sequence[int], available: Sequence[str]) -> list[tuple[str, ...]]:
     """Disjoint consecutive slices of ``available``, one of ``counts[i]`` items per replica.
-    The caller checks ``sum(counts) <= len(available)``."""
+    The caller checks ``sum(counts) <= len(available)``.
+
+    Args:
+        counts: items per replica.
+        available: the items to share out, in order.
+
+    Returns:
+        One slice per count.
+    """
     out, pos = [], 0
     for n in counts:
         out.append(tuple(available[pos : pos + n]))
@@ -56,6 +70,13 @@ def split(counts: Sequence[int], available: Sequence[str]) -> list[tuple[str, ..
 
 def gpu_slices(roles: Sequence[RolePlan], available: Sequence[str]) -> dict[tuple[str, int], tuple[str, ...]]:
     """``(role, replica) -> GPU ids`` for every replica that asks for GPUs.
+
+    Args:
+        roles: the plan's roles.
+        available: the GPU ids the run may use.
+
+    Raises:
+        SpecError: the replicas ask for more GPUs than there are.
 
     >>> import torchstep
     >>> from torchx import specs
@@ -96,6 +117,10 @@ def cpu_slices(roles: Sequence[RolePlan], cores: Sequence[int]) -> tuple[dict[tu
     the machine is oversubscribed (then slices wrap around and overlap: a TorchX default
     such as ``dist.ddp``'s 2 CPUs per replica must still run on a 2-core machine).
 
+    Args:
+        roles: the plan's roles.
+        cores: the cores the run may use.
+
     >>> from torchstep.local.resources import cpu_slices
     >>> import torchstep
     >>> from torchx import specs
@@ -134,6 +159,15 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
     ``port + r`` for each non-rendezvous ``port_map`` entry (replicas share one host). Every
     port is checked free now, so a taken port is a SpecError before any process starts.
     The rendezvous port (``c10d``...) is ignored: the supervisor picks a free one.
+
+    Args:
+        roles: the plan's roles.
+
+    Returns:
+        The port variables of every replica.
+
+    Raises:
+        SpecError: a port is taken or cannot be bound, beyond 65535, or two replicas would share one.
     """
     out: dict[tuple[str, int], dict[str, str]] = {}
     claimed: dict[int, str] = {}
@@ -173,7 +207,11 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
 
 
 def port_problem(port: int) -> str | None:
-    """Why ``port`` cannot be listened on here, or None when it is free."""
+    """Why ``port`` cannot be listened on here, or None when it is free.
+
+    Args:
+        port: the TCP port.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR: a port left in TIME_WAIT is free for a listener; a listener is not
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -30,10 +30,21 @@ TARGET = "local"
 
 
 def claim_run_dir(log_dir: str, run_dir: str, replica_dirs: list[str], app_id: str) -> int:
-    """Create and lock the run directory (see the module docstring); returns the fd that
-    holds the lock (close it when the run ended). Raises a SpecError naming ``log_dir``
-    (unusable directory) or ``cfg['run_id']`` (claimed by a running run) before anything
-    starts."""
+    """Create and lock the run directory (see the module docstring) before anything starts.
+
+    Args:
+        log_dir: the log root the user named.
+        run_dir: the run's directory under it.
+        replica_dirs: every replica's directory (created too).
+        app_id: the run's id.
+
+    Returns:
+        The fd that holds the lock (close it when the run ended).
+
+    Raises:
+        SpecError: naming ``log_dir`` (an unusable directory) or ``cfg['run_id']`` (claimed
+            by a running run).
+    """
     try:
         private_root(log_dir)
         private_dir(run_dir)

@@ -34,7 +34,11 @@ from torchstep.local import procs
 
 
 class StoreHost:
-    """Listening sockets for ``count`` stores, then (``start``) the process serving them."""
+    """Listening sockets for ``count`` stores, then (``start``) the process serving them.
+
+    Args:
+        count: how many stores (one per multi-replica role); their ports are in ``ports``.
+    """
 
     def __init__(self, count: int) -> None:
         self._socks: list[socket.socket] = []
@@ -47,6 +51,11 @@ class StoreHost:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: Mapping[str, str]) -> None:
+        """Start the process that serves the stores (it takes over the sockets).
+
+        Args:
+            env: its environment (it must import torch).
+        """
         if not self._socks:
             return
         fds = [s.fileno() for s in self._socks]
@@ -55,6 +64,11 @@ class StoreHost:
         self._close_sockets()  # the store process holds them now
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Close the sockets and stop the store process (closing its stdin).
+
+        Args:
+            timeout: seconds to wait for it before it is killed.
+        """
         self._close_sockets()
         p = self.proc
         if p is None:
@@ -72,7 +86,15 @@ class StoreHost:
 
 
 def serve(fds: Sequence[int], timeout_s: float = 3600.0) -> list[Any]:
-    """Host one master ``TCPStore`` on each listening socket ``fd``."""
+    """Host one master ``TCPStore`` on each listening socket ``fd``.
+
+    Args:
+        fds: listening socket descriptors inherited from the supervisor.
+        timeout_s: the stores' timeout in seconds.
+
+    Returns:
+        The stores (keep them alive while serving).
+    """
     from torch.distributed import TCPStore
 
     stores = []
@@ -95,7 +117,11 @@ def serve(fds: Sequence[int], timeout_s: float = 3600.0) -> list[Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m torchstep.local.store FD...``: serve until stdin closes."""
+    """``python -m torchstep.local.store FD...``: serve until stdin closes.
+
+    Args:
+        argv: the socket descriptors as text; ``None``: ``sys.argv[1:]``.
+    """
     fds = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
     stores = serve(fds)
     sys.stdin.buffer.read()  # EOF: the supervisor closed the pipe or died

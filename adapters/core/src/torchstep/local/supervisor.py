@@ -89,7 +89,16 @@ def _checkpoint_dir(path: str) -> list[str]:
 def write_run_result(result: StepResult, path: str, display: PlainDisplay) -> bool:
     """Write the run's result to ``path``; when a full disk (or any write error) stops it,
     the result in memory says so (``result not written: <path>: <reason>``) and the run
-    still ends with its own outcome. Whether it was written."""
+    still ends with its own outcome.
+
+    Args:
+        result: the run's result (its warnings get the failure).
+        path: the result file.
+        display: where the failure is said.
+
+    Returns:
+        Whether it was written.
+    """
     try:
         result.write(path)
         return True
@@ -103,6 +112,9 @@ def write_run_result(result: StepResult, path: str, display: PlainDisplay) -> bo
 
 def new_app_id(name: str) -> str:
     """``<name>-<short id>``, unique per run; safe as a directory name.
+
+    Args:
+        name: the app's name.
 
     >>> new_app_id("my app/v2")[:10], len(new_app_id("x"))
     ('my-app-v2-', 8)
@@ -126,7 +138,18 @@ class _Replica:
 
 
 class Supervisor:
-    """One attempt of a local run (:func:`torchstep.local.run_plan`, under :class:`torchstep.steps.LocalStep`)."""
+    """One attempt of a local run (:func:`torchstep.local.run_plan`, under :class:`torchstep.steps.LocalStep`).
+
+    Args:
+        plan: a plan for the ``local`` target.
+        opts: the run's options.
+        app_id: the run's id; ``None``: :func:`new_app_id` of the app's name.
+        on_status: called with every replica's change of state.
+        cancel: set it to stop the run (CANCELLED); ``None``: a new event.
+        kill: set it to skip the grace period while stopping; ``None``: a new event.
+        display: where progress goes; ``None``: plain lines on stdout.
+        attempt: the try's number, from 1.
+    """
 
     def __init__(
         self,
@@ -164,8 +187,14 @@ class Supervisor:
 
     # -- public ---------------------------------------------------------------------------
     def run(self) -> StepResult:
-        """Start every replica, supervise, stop, aggregate. Raises SpecError before
-        starting anything when this machine cannot serve the plan."""
+        """Start every replica, supervise, stop, aggregate.
+
+        Returns:
+            The run's merged result.
+
+        Raises:
+            SpecError: before starting anything, when this machine cannot serve the plan.
+        """
         prepared = prepare(self.plan, self.opts, app_id=self.app_id)
         if self.opts.checkpoint_dir is not None:
             for text in _checkpoint_dir(self.opts.checkpoint_dir):
