@@ -33,19 +33,39 @@ from torchstep.policy.rules import (
 
 
 class Checker:
-    """Walks an AppDef, its target and run options against ``policy`` (a Policy)."""
+    """Walks an AppDef, its target and run options against ``policy`` (a Policy).
+
+    Args:
+        policy: the :class:`~torchstep.policy.Policy`.
+        target: the target the AppDef was sent for.
+    """
 
     def __init__(self, policy: Any, target: str) -> None:
         self.p = policy
         self.target = target
 
     def error(self, field: str, problem: str, fix: str) -> PolicyError:
-        """The refusal of ``field``; its text always says whose rule it is."""
+        """The refusal of ``field``; its text always says whose rule it is.
+
+        Args:
+            field: the refused field's path.
+            problem: what the policy does not allow.
+            fix: what it allows.
+        """
         if "the deployment's policy" not in problem:
             problem += ", which the deployment's policy does not allow"
         return PolicyError(field, self.target, problem, fix=fix)
 
     def run(self, app: Any, cfg: Mapping[str, Any] | None) -> Iterator[PolicyError]:
+        """Every refusal for the target, ``cfg`` and each role of ``app``, in order.
+
+        Args:
+            app: the AppDef as it arrived.
+            cfg: its run options; ``None``: none.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         if self.target not in self.p.targets:
             yield self.error("target", f"target {self.target!r} is not allowed by the deployment's policy",
                              f"use one of: {listed(self.p.targets)} (policy targets)")  # fmt: skip
@@ -57,6 +77,14 @@ class Checker:
 
     # -- run options --------------------------------------------------------------------------
     def cfg(self, cfg: Mapping[str, Any] | None) -> Iterator[PolicyError]:
+        """The run options: namespace, service account, pull secrets, trust-changing options.
+
+        Args:
+            cfg: the run options; ``None``: none.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         if cfg is None:
             return
         if not isinstance(cfg, Mapping):
@@ -96,6 +124,15 @@ class Checker:
                 yield from self.host_path(path, value, self.p.bind_mounts, "bind_mounts", "a run directory at")
 
     def annotations(self, path: str, value: Any) -> Iterator[PolicyError]:
+        """Annotations that change a pod's privileges (unless the overlay mode is ``any``).
+
+        Args:
+            path: the option's field path.
+            value: the annotations, typed or as text.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         for key in convert(path, dict, value, target=self.target):
             if self.p.overlay != "any" and key.startswith(PRIVILEGE_ANNOTATIONS):
                 yield self.error(f"{path}[{key!r}]", "this annotation lifts the container's confinement",
@@ -103,6 +140,15 @@ class Checker:
 
     # -- the AppDef ---------------------------------------------------------------------------
     def role(self, p: str, role: Any) -> Iterator[PolicyError]:
+        """One role: image, env, Secrets, mounts, limits and pod overlay.
+
+        Args:
+            p: the role's field path (``app.roles[0]``).
+            role: the ``torchx.specs.Role``.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         yield from self.image(f"{p}.image", getattr(role, "image", None))
         env = getattr(role, "env", None)
         for name in env if isinstance(env, Mapping) else ():
@@ -125,6 +171,15 @@ class Checker:
             yield from check_overlay(self, f"{p}.metadata['kubernetes']", md["kubernetes"])
 
     def image(self, path: str, image: Any) -> Iterator[PolicyError]:
+        """The role's image against the policy's ``images``.
+
+        Args:
+            path: the image's field path.
+            image: the image as it arrived.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         if not self.p.images or (image == "" and self.target == "local"):
             return
         if not isinstance(image, str) or not image_allowed(image, self.p.images):
@@ -132,6 +187,15 @@ class Checker:
                              f"use an image under: {listed(self.p.images)} (policy images)")  # fmt: skip
 
     def env_name(self, path: str, name: Any) -> Iterator[PolicyError]:
+        """An env variable name against ``env_denied`` (regardless of case).
+
+        Args:
+            path: the variable's field path.
+            name: its name as it arrived.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         text = name if isinstance(name, str) else ""
         if not text or "$" in text or any(fnmatch.fnmatchcase(text.upper(), d.upper()) for d in self.p.env_denied):
             yield self.error(path, f"environment variable {name!r} is denied by the deployment's policy "
@@ -139,10 +203,25 @@ class Checker:
                              f"remove it (denied: {', '.join(self.p.env_denied)})")  # fmt: skip
 
     def secret_error(self, path: str, secret: Any) -> PolicyError:
+        """The refusal of a Secret the policy does not list.
+
+        Args:
+            path: the field that names it.
+            secret: the Secret's name.
+        """
         return self.error(path, f"Secret {secret!r} is not allowed by the deployment's policy",
                           f"use one of: {listed(self.p.secrets)} (policy secrets)")  # fmt: skip
 
     def limits(self, p: str, role: Any) -> Iterator[PolicyError]:
+        """Replicas and per-replica resources against the policy's limits.
+
+        Args:
+            p: the role's field path.
+            role: the ``torchx.specs.Role``.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         n = getattr(role, "num_replicas", None)
         if self.p.replicas is not None and (not isinstance(n, int) or n > self.p.replicas):
             yield self.error(f"{p}.num_replicas", f"{n!r} replicas is more than the deployment's policy allows",
@@ -164,6 +243,15 @@ class Checker:
                                  f"set resource.{field} to at most {limit:g} (policy {field})")  # fmt: skip
 
     def mount(self, path: str, m: Any) -> Iterator[PolicyError]:
+        """One mount: a bind or device path under the allowed prefixes, a volume's claim listed.
+
+        Args:
+            path: the mount's field path.
+            m: the ``BindMount``, ``VolumeMount`` or ``DeviceMount``.
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         kind = type(m).__name__
         if kind == "VolumeMount":
             claim = getattr(m, "src", None)
@@ -178,6 +266,18 @@ class Checker:
                                       "bind_mounts", "a bind mount of host path")  # fmt: skip
 
     def host_path(self, path: str, value: Any, allowed: tuple[str, ...], name: str, what: str) -> Iterator[PolicyError]:
+        """A host path under ``allowed`` (on the local target its real path too).
+
+        Args:
+            path: the field path.
+            value: the host path as it arrived.
+            allowed: the policy's prefixes.
+            name: the policy field that lists them (for the fix).
+            what: what the path is, as the message says it (``a bind mount of host path``).
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
         norm = norm_path(value)
         # on this machine a symlink under an allowed prefix may lead out of it: the real path counts too
         real = os.path.realpath(norm) if norm is not None and self.target == "local" else norm

@@ -44,7 +44,17 @@ _PROJECTION_FREE = frozenset({"configMap", "downwardAPI", "serviceAccountToken",
 
 
 def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
-    """``role.metadata["kubernetes"]`` (a pod spec, or TorchX nightly's ``{spec, metadata}``)."""
+    """Check ``role.metadata["kubernetes"]`` (a pod spec, or TorchX nightly's ``{spec, metadata}``)
+    against the policy's ``overlay`` mode, Secrets and service accounts.
+
+    Args:
+        c: the :class:`~torchstep.policy.checks.Checker` walking the AppDef.
+        path: the overlay's field path.
+        overlay: the overlay as it arrived.
+
+    Yields:
+        One :class:`PolicyError` per refused field.
+    """
     mode = c.p.overlay
     if mode == "any" or overlay in (None, {}):
         return
@@ -82,7 +92,9 @@ def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
                 yield c.error(sub, f"{key} gives the pod the node's {key[4:].lower()} namespace",
                               "remove it (policy overlay = 'unprivileged')")  # fmt: skip
         elif key in ("serviceAccountName", "serviceAccount"):
-            if not isinstance(value, str) or not (value == DEPLOYMENT_OWN["service_account"] or named(value, c.p.service_accounts)):
+            if not isinstance(value, str) or not (
+                value == DEPLOYMENT_OWN["service_account"] or named(value, c.p.service_accounts)
+            ):
                 yield c.error(sub, f"service account {value!r} is not allowed by the deployment's policy",
                               f"remove it, or use one of: {listed(c.p.service_accounts)} (policy service_accounts)")  # fmt: skip
         elif key == "priorityClassName":

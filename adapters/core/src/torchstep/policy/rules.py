@@ -86,21 +86,47 @@ DEPLOYMENT_OWN = {"namespace": "default", "service_account": "default"}
 
 
 def named(name: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``name`` matches one of ``allowed`` (names or ``fnmatch`` patterns, case-sensitive).
+
+    Args:
+        name: a namespace, service account, Secret or claim name.
+        allowed: the policy's list.
+    """
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
 
 
 def listed(values: tuple[str, ...]) -> str:
+    """A policy list as the fix of an error says it (``none`` when empty).
+
+    Args:
+        values: the policy's list.
+    """
     return ", ".join(values) if values else "none"
 
 
 def norm_path(value: Any) -> str | None:
-    """An absolute path, normalised lexically (``..``, ``.``, ``//`` and trailing ``/`` gone)."""
+    """An absolute path, normalised lexically (``..``, ``.``, ``//`` and trailing ``/`` gone).
+
+    Args:
+        value: anything; only an absolute path string normalises.
+
+    Returns:
+        The path, or ``None`` when ``value`` is not an absolute path (or holds a NUL).
+    """
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
         return None
     return "/" + posixpath.normpath(value).lstrip("/")
 
 
 def under(path: str, prefixes: tuple[str, ...], *, real: bool = False) -> bool:
+    """Whether ``path`` is one of ``prefixes`` or below one, compared whole component by
+    component (``/data`` covers ``/data/x``, not ``/data2``).
+
+    Args:
+        path: a normalised absolute path (:func:`norm_path`).
+        prefixes: the policy's path prefixes.
+        real: also compare with each prefix's real path (symlinks resolved on this machine).
+    """
     for prefix in prefixes:
         norm = norm_path(prefix)
         if norm is None:
@@ -121,7 +147,12 @@ def image_ref(ref: str, *, namespace: bool = False) -> tuple[str, str] | None:
     """``(repository, tag-or-digest suffix)`` of an image reference, normalised as the
     container runtime resolves it (``python`` → ``docker.io/library/python``); ``None`` if it
     is not a valid reference. ``namespace``: ``ref`` names a registry path (``docker.io/acme``),
-    not one repository, so Docker Hub's ``library/`` is not added."""
+    not one repository, so Docker Hub's ``library/`` is not added.
+
+    Args:
+        ref: the image reference (``python:3.11``, ``ghcr.io/acme/train@sha256:...``).
+        namespace: whether ``ref`` names a registry path rather than one repository.
+    """
     rest, _, digest = ref.partition("@")
     if digest and not _DIGEST.match(digest):
         return None
@@ -144,6 +175,14 @@ def image_ref(ref: str, *, namespace: bool = False) -> tuple[str, str] | None:
 
 
 def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether the policy's ``images`` allow ``image``: a repository equal to an entry (its
+    tag or digest too, when the entry has one), under an entry ending in ``/``, or (local
+    target) a directory under an absolute path entry.
+
+    Args:
+        image: the role's image.
+        prefixes: the policy's ``images``.
+    """
     if image.startswith("/"):  # a directory image (local target)
         norm = norm_path(image)
         return norm is not None and under(norm, tuple(p for p in prefixes if p.startswith("/")))
