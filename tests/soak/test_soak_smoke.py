@@ -4,7 +4,9 @@ own (so pytest-xdist spreads them), every invariant held; plus the plan's determ
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,10 +42,16 @@ def test_a_gap_or_a_repeated_line_is_a_violation() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("run", SMOKE, ids=[r.key for r in SMOKE])
 def test_soak_run_holds_every_invariant(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the run's directory, state and temp files
+    # the run's directory, state and temp files: private to the test, and short (a deep TMPDIR
+    # leaves no room for the worker zygote's Unix socket path: workers would start by exec)
+    short = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(short))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     said: list[str] = []
-    (outcome,) = campaign.execute([run], SEED, say=said.append)
+    try:
+        (outcome,) = campaign.execute([run], SEED, say=said.append, root=short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert not outcome.violations, "\n".join(said)
     if any("no tmpfs" in note for note in outcome.observation.notes):
         pytest.skip("a full log disk needs a tmpfs (root, CAP_SYS_ADMIN): " + "\n".join(said))

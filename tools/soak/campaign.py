@@ -66,7 +66,9 @@ class Outcome:
     violations: list[Violation] = field(default_factory=list)
 
 
-def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep: bool = False) -> list[Outcome]:
+def execute(
+    runs: list[Run], seed: int, say: Callable[[str], None] = print, keep: bool = False, root: Path | None = None
+) -> list[Outcome]:
     """Run ``runs`` one after the other and check every invariant after each.
 
     Args:
@@ -74,6 +76,7 @@ def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep
         seed: the campaign's seed (for replay commands).
         say: where progress lines go.
         keep: keep every run's directory (by default only those of runs that broke something).
+        root: where the runs' directories go (default: the temporary directory).
 
     Returns:
         One outcome per run.
@@ -81,7 +84,7 @@ def execute(runs: list[Run], seed: int, say: Callable[[str], None] = print, keep
     outcomes = []
     for run in runs:
         surface = SURFACES[run.surface]
-        workdir = Path(tempfile.mkdtemp(prefix=f"soak-{run.index}-"))
+        workdir = Path(tempfile.mkdtemp(prefix=f"soak-{run.index}-", dir=root))
         started = time.monotonic()
         try:
             obs = surface.run(run, seed, workdir / "run")

@@ -113,8 +113,7 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
     ]
     for fault, (_, exp) in faults.FAULTS.items():
         state = exp.state or "(no final result)"
-        restarts = "no worker restarted" if exp.restarts is None else exp.restarts
-        out.append(f"| {fault} | {state} | {exp.exit_code} | {restarts} | {exp.attempts} | {exp.guarantee} |")
+        out.append(f"| {fault} | {state} | {exp.exit_code} | {exp.restarts_text} | {exp.attempts} | {exp.guarantee} |")
     for surface, module in SURFACES.items():
         for fault, exp in getattr(module, "EXPECT", {}).items():
             out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
