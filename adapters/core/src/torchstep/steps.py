@@ -60,6 +60,7 @@ __all__ = [
     "open_step",
     "run_local",
     "run_tries",
+    "run_with_deadline",
     "step_run_id",
     "stop_on_signals",
 ]
@@ -707,6 +708,37 @@ def _run_until_cancelled(step: LocalStep | KubernetesStep, cancel: threading.Eve
         return step.run()
     finally:
         done.set()
+
+
+def run_with_deadline(step: LocalStep | KubernetesStep, seconds: float | None) -> tuple[StepResult, bool]:
+    """``step.run()``, the step cancelled (every process of it stopped) once ``seconds`` have
+    passed: for an orchestrator whose own timeout cannot interrupt blocking code (Prefect's
+    ``timeout_seconds`` in a worker thread raises only once the call returns).
+
+    Args:
+        step: the opened step (:func:`open_step`).
+        seconds: the time it may run (``None`` or ``0``: no deadline here).
+
+    Returns:
+        The step result and whether the deadline passed (the step was cancelled).
+    """
+    expired = threading.Event()
+    timer = None
+    if seconds:
+
+        def expire() -> None:
+            expired.set()
+            step.cancel()
+
+        timer = threading.Timer(float(seconds), expire)
+        timer.daemon = True
+        timer.start()
+    try:
+        result = step.run()
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return result, expired.is_set()
 
 
 @contextlib.contextmanager

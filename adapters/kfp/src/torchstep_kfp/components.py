@@ -239,6 +239,7 @@ class StepComponent(ContainerComponent):
 def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
            *, default_name: str, description: str) -> StepComponent:  # fmt: skip
     from kfp import dsl
+    from torchstep.components.materialize import task_function
     from torchstep.runopts import check_cfg
 
     name = _component_name(options.get("name"), default_name)
@@ -302,11 +303,8 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
             args += [dsl.IfPresentPlaceholder(input_name=p.name, then=pair)] if p.name in optional else pair
         return dsl.ContainerSpec(image=image, command=["python3", "-m", ENTRY_MODULE], args=args)
 
-    body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    body.__annotations__ = {p.name: p.annotation for p in params}
-    body.__name__ = body.__qualname__ = name
-    body.__doc__ = _docstring(description, inputs, outputs, metrics, model)
-    component = dsl.container_component(body)
+    doc = _docstring(description, inputs, outputs, metrics, model)
+    component = dsl.container_component(task_function(body, params, name=name, doc=doc))
     return StepComponent(component, plan, r.index, caching, spec, inputs)
 
 

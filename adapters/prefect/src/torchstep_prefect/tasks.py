@@ -165,16 +165,12 @@ def _step_function(
         app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
         return run_in_task(app_def, build_plan(app_def, plan.target), cfg=cfg, client=client)
 
-    sig = [p.keyword(value) for p, value in params]
-    run_step.__signature__ = inspect.Signature(sig, return_annotation=dict)  # type: ignore[attr-defined]
-    run_step.__annotations__ = {k.name: k.annotation for k in sig} | {"return": dict}
-    run_step.__name__ = run_step.__qualname__ = name
-    from torchstep.components.materialize import component_of
+    from torchstep.components.materialize import component_of, task_function
 
     fn = component_of(app)[0] if params else None
-    run_step.__doc__ = (inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}"
-    run_step.__module__ = getattr(fn, "__module__", __name__) or __name__
-    return run_step
+    return task_function(run_step, [p.keyword(value) for p, value in params], name=name, returns=dict,
+                         doc=(inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}",
+                         module=getattr(fn, "__module__", __name__) or __name__)  # fmt: skip
 
 
 def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
@@ -259,21 +255,12 @@ def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:
 
     from prefect.exceptions import TerminationSignal
     from prefect.task_engine import TaskRunTimeoutError
+    from torchstep.steps import run_with_deadline
 
     seconds = getattr(getattr(ctx, "task", None), "timeout_seconds", None)
-    expired = threading.Event()
-    timer = None
-    if seconds and threading.current_thread() is not threading.main_thread():
-
-        def expire() -> None:
-            expired.set()
-            step.cancel()
-
-        timer = threading.Timer(float(seconds), expire)
-        timer.daemon = True
-        timer.start()
+    in_worker = threading.current_thread() is not threading.main_thread()
     try:
-        result = step.run()
+        result, expired = run_with_deadline(step, seconds if in_worker else None)
     except TerminationSignal:
         if _flow_run_cancelling(ctx):
             _mark_cancelled(ctx)
@@ -281,10 +268,7 @@ def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:
 
             raise Abort("the flow run was cancelled: every process of the step has stopped") from None
         raise
-    finally:
-        if timer is not None:
-            timer.cancel()
-    if expired.is_set():
+    if expired:
         raise TaskRunTimeoutError(f"Scope timed out after {seconds} second(s): every process of the step was stopped.")
     return result
 

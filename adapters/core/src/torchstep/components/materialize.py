@@ -585,6 +585,41 @@ class ComponentParameter:
         return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
 
 
+def task_function(
+    fn: Callable[..., Any],
+    params: Sequence[inspect.Parameter],
+    *,
+    name: str,
+    doc: str,
+    returns: Any = inspect.Signature.empty,
+    module: str | None = None,
+) -> Callable[..., Any]:
+    """``fn`` made an orchestrator's task function of a component: ``params`` (e.g.
+    :meth:`ComponentParameter.keyword`) as its signature and annotations, which KFP and
+    Prefect read its inputs from, and ``name`` and ``doc`` as its own.
+
+    Args:
+        fn: the function (taking ``**values``); changed in place.
+        params: its parameters.
+        name: its ``__name__`` and ``__qualname__``.
+        doc: its docstring.
+        returns: its return annotation (none by default).
+        module: its ``__module__`` (unchanged by default).
+
+    Returns:
+        ``fn``.
+    """
+    fn.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
+    fn.__annotations__ = {p.name: p.annotation for p in params}
+    if returns is not inspect.Signature.empty:
+        fn.__annotations__["return"] = returns
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    if module is not None:
+        fn.__module__ = module
+    return fn
+
+
 #: The parameter types an orchestrator can type natively (KFP inputs, Prefect parameters).
 PARAMETER_TYPES = (str, int, float, bool, list, dict)
 
