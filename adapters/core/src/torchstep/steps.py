@@ -132,6 +132,10 @@ class Attempt:
     'kfp.job-1.task-7'
     >>> Attempt(("kfp", "job-1", "task-7")).again(2).run_id
     'kfp.job-1.task-7.attempt-2'
+
+    Args:
+        parts: what names the logical attempt, outermost first (each part as ``str``).
+        try_number: the orchestrator's try (1, 2, ...); ``None`` when it keeps none.
     """
 
     parts: tuple[object, ...]
@@ -148,7 +152,14 @@ class Attempt:
         return step_run_id(*self.parts, *(() if self.try_number is None else (f"try{self.try_number}",)))
 
     def again(self, n: int) -> Attempt:
-        """The ``n``-th try of :func:`run_tries` inside this one (``n`` >= 2)."""
+        """The ``n``-th try of :func:`run_tries` inside this one.
+
+        Args:
+            n: the try's number inside this attempt (>= 2; the first try is the attempt itself).
+
+        Returns:
+            The attempt whose run id ends in ``.attempt-<n>``.
+        """
         return Attempt((*self.parts, *(() if self.try_number is None else (f"try{self.try_number}",)), f"attempt-{n}"))
 
 
@@ -182,6 +193,12 @@ def failure_summary(result: StepResult) -> str:
     """One line: state, exit code and root cause of a failed step (what adapters log and
     raise with). The root cause is named by :func:`torchstep.result.root_cause_line`: the
     rank's last meaningful line (its exception, else its last log line), as everywhere.
+
+    Args:
+        result: the step's result.
+
+    Returns:
+        ``<app id> <state> (exit code N); <message or root cause>``.
 
     >>> from torchstep.result import StepResult
     >>> failure_summary(StepResult("train-1", "FAILED", 82, message="worker/1 exited 82 (non-retryable)"))
@@ -336,6 +353,11 @@ class LocalStep(_Runner):
         )
 
     def say(self, text: str) -> None:
+        """A note of torchstep's in the step's log (where its ranks' lines go).
+
+        Args:
+            text: the note, one line.
+        """
         self.display.note(text)
 
     def run(self) -> StepResult:
@@ -425,8 +447,19 @@ class KubernetesStep(_Runner):
         ``.a3``... past every earlier Job of it that *failed* and was kept (a retry after a
         failure must start afresh; a rerun after the watcher died must attach). ``client``
         is required: finding the attempt reads the cluster. :func:`open_step` calls it for
-        an :class:`Attempt` without a try number. Raises :class:`~torchstep.RunError` (not
-        retryable) when ``MAX_KEPT_ATTEMPTS`` failed Jobs of it are kept.
+        an :class:`Attempt` without a try number.
+
+        Args:
+            plan: a plan for the ``kubernetes`` target.
+            attempt_id: the orchestrator's identity of the logical attempt (:func:`step_run_id`).
+            client: the Kubernetes client (the cluster is read to find the try).
+            **kwargs: the other keyword arguments of :class:`KubernetesStep`.
+
+        Returns:
+            The step, its run id chosen.
+
+        Raises:
+            RunError: not retryable, when ``MAX_KEPT_ATTEMPTS`` failed Jobs of the attempt are kept.
 
         Example::
 
@@ -750,6 +783,13 @@ def stop_on_signals(
     killed at once); the previous handlers come back on the way out. Yields the signals
     received. In a thread other than the main one it installs nothing (the caller's own
     handlers decide).
+
+    Args:
+        cancel: the event the first signal sets.
+        signals: the signals handled.
+
+    Yields:
+        The list of signals received so far (it grows while inside).
 
     Example::
 
