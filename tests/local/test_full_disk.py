@@ -61,6 +61,7 @@ def test_torchstep_run_on_a_disk_that_fills_ends_with_the_steps_own_outcome(tmp_
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("state", ["SUCCEEDED", "FAILED"])
 def test_a_run_on_a_disk_full_from_the_start_names_every_file_it_could_not_write(tmp_path: Path, state: str) -> None:
+    from torchstep.plan.planner import build_plan
     from torchstep.steps import LocalStep
 
     out = tmp_path / "out"
@@ -73,7 +74,10 @@ def test_a_run_on_a_disk_full_from_the_start_names_every_file_it_could_not_write
     with full_tmpfs(tmp_path / "logs") as logs:
         fill(logs)
         result = LocalStep(
-            specs.AppDef("full", roles=[r]), run_id=f"full-{state}", cfg={"log_dir": str(logs)}, on_line=lines.append
+            build_plan(specs.AppDef("full", roles=[r]), "local"),
+            run_id=f"full-{state}",
+            cfg={"log_dir": str(logs)},
+            on_line=lines.append,
         ).run()
         assert (result.state, result.exit_code) == (state, 0 if state == "SUCCEEDED" else 1), result.warnings
         written = [p for p in logs.rglob("*") if p.is_file() and p.stat().st_size > 0 and p.name != ".filler"]
