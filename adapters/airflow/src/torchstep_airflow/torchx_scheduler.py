@@ -188,11 +188,8 @@ class AirflowAPI(rest.RestClient):
 
 
 # -- the scheduler ----------------------------------------------------------------------
-class AirflowScheduler(base.TorchstepScheduler):
+class AirflowScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
     """The ``airflow`` TorchX scheduler (see the module docstring)."""
-
-    BACKEND = BACKEND
-    OPTIONS = OPTIONS
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         opts = resolve(cfg)

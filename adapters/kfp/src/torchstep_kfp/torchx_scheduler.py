@@ -213,11 +213,8 @@ def app_of_pipeline_spec(spec: Any) -> dict[str, Any] | None:
 
 
 # -- the scheduler ----------------------------------------------------------------------
-class KfpScheduler(base.TorchstepScheduler):
+class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
     """The ``kfp`` TorchX scheduler (see the module docstring)."""
-
-    BACKEND = BACKEND
-    OPTIONS = OPTIONS
 
     def __init__(self, session_name: str, **kwargs: Any) -> None:
         super().__init__(session_name, **kwargs)

@@ -230,11 +230,8 @@ def roles_of(parameters: Any) -> list[Role]:
 
 
 # -- the scheduler ----------------------------------------------------------------------
-class PrefectScheduler(base.TorchstepScheduler):
+class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
     """The ``prefect`` TorchX scheduler (see the module docstring)."""
-
-    BACKEND = BACKEND
-    OPTIONS = OPTIONS
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         opts = resolve(cfg)

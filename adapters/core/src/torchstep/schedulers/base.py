@@ -390,7 +390,8 @@ def follow(
 
 # -- the scheduler class ----------------------------------------------------------------
 class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
-    """The base of our TorchX schedulers. A subclass sets ``BACKEND`` and ``OPTIONS`` and
+    """The base of our TorchX schedulers. A subclass names its ``BACKEND`` and ``OPTIONS``
+    (as class attributes, or ``class X(TorchstepScheduler, backend=..., options=...)``) and
     implements ``_submit_dryrun`` (every check the submission runs without the orchestrator:
     a SpecError naming the option or field), ``schedule``, ``describe``, ``_cancel_existing``
     and :meth:`_log_lines`.
@@ -405,6 +406,13 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
     OPTIONS: ClassVar[OptionTable] = {}
     #: Errors that mean "this orchestrator cannot be reached now": ``list`` skips such an app.
     unreachable: tuple[type[Exception], ...] = (SchedulerError,)
+
+    def __init_subclass__(cls, *, backend: str | None = None, options: OptionTable | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if backend is not None:
+            cls.BACKEND = backend
+        if options is not None:
+            cls.OPTIONS = options
 
     def __init__(self, session_name: str, **_: Any) -> None:
         super().__init__(self.BACKEND, session_name)
