@@ -221,6 +221,9 @@ SPEC_MODULES = [
     "torchstep.plan.secrets",
     "torchstep.local.prepare",
     "torchstep.local.options",
+    "torchstep.outputs",
+    "torchstep.kubernetes.hostpod",
+    "torchstep.schedulers.generic",
 ]
 
 
