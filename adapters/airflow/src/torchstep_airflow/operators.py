@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep.errors import RunError, SpecError
-from torchstep.plan.secrets import INLINED_INTO, warn_inlined
-from torchstep.steps import failure_summary, run_tries
+from torchstep.plan.secrets import INLINED_INTO, warn_inlined, warn_note
 
 from torchstep_airflow.settings import UserSettings, attempt_of, check_run_settings, run_id_of, task_settings
 
@@ -30,6 +29,8 @@ if TYPE_CHECKING:
     from torchstep.result import StepResult
 
 TARGETS = ("local", "kubernetes")
+#: What computes a task's parse-time settings: part of their key in the plan store.
+_CODE_FILES = (__file__, sys.modules["torchstep_airflow.settings"].__file__ or "")
 #: Jinja markers of Airflow's default template environment.
 _JINJA = ("{{", "{%", "{#")
 
@@ -113,10 +114,7 @@ class AppDefOperator(BaseOperator):
         self._user = UserSettings(retries, retry_delay, retry_exponential_backoff, max_retry_delay, execution_timeout)
         # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
         # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
-        plan = self._parse_time_plan()
-        if plan is not None and target == "kubernetes":  # the pod spec becomes the task's rendered fields
-            warn_inlined(plan, INLINED_INTO[target])
-        self._parsed: dict[str, Any] | None = task_settings(plan, self._user, target) if plan else None
+        self._parsed: dict[str, Any] | None = self._parse_time_settings()
         given: dict[str, Any] = {
             "retries": retries,
             "retry_delay": retry_delay,
@@ -133,6 +131,30 @@ class AppDefOperator(BaseOperator):
     def _component(self) -> tuple[Any, Sequence[Any] | Mapping[str, Any] | None]:
         """The component and its (rendered or not) arguments."""
         return self.app, self.app_args
+
+    def _parse_time_settings(self) -> dict[str, Any] | None:
+        """The task settings the plan implies (None: no plan before rendering), or the
+        SpecError that makes the DAG an import error. Kept across processes for a string
+        reference or a module-level function (``torchstep.components.plan_store``): a
+        re-parse of an unchanged DAG file imports neither TorchX nor the planner."""
+        from torchstep.components.plan_store import remember
+
+        def compute() -> tuple[dict[str, Any], list[str]]:
+            plan = self._parse_time_plan()
+            if plan is None:
+                return {"parsed": None, "note": None, "app": None}, []
+            # the pod spec becomes the task's rendered fields
+            note = warn_inlined(plan, INLINED_INTO[self.target]) if self.target == "kubernetes" else None
+            parsed = task_settings(plan, self._user, self.target)
+            images = [role.image for role in plan.roles] if self.target == "local" else []
+            return {"parsed": parsed, "note": note, "app": plan.app_name}, images
+
+        component, args = self._component()
+        key = {"args": args, "target": self.target, "user": list(vars(self._user).values())}
+        outcome = remember(f"airflow:{type(self).__qualname__}", component, key, compute, _CODE_FILES)
+        if outcome["note"]:  # kept: say it again (once per process, as warn_inlined does)
+            warn_note(outcome["note"], outcome["app"])
+        return outcome["parsed"]  # type: ignore[no-any-return]
 
     def _parse_time_plan(self) -> StepPlan | None:
         component, args = self._component()
@@ -187,6 +209,8 @@ class AppDefOperator(BaseOperator):
         self._runner, self._killed = None, False
         try:
             if self.target == "local":  # ranks' lines: printed into the task log
+                from torchstep.steps import run_tries
+
                 result = run_tries(plan, attempt=attempt_of(context), cfg=self.cfg, retries=self.own_retries,
                                    on_step=self.use_step, on_retry=self.on_retry)  # fmt: skip
             else:
@@ -202,6 +226,8 @@ class AppDefOperator(BaseOperator):
         except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the step failed and
             raise  # cleaned up as configured (on_finish_action)
         except BaseException:  # execution timeout, termination, Ctrl-C: stop everything, keep the result
+            from torchstep.steps import failure_summary
+
             stopped = self._stop()
             if stopped is not None and self.do_xcom_push:
                 context["ti"].xcom_push(key="return_value", value=stopped.to_dict())
@@ -237,6 +263,8 @@ class AppDefOperator(BaseOperator):
                 "torchstep: %s succeeded (%.1f s, %d restart(s))", result.app_id, result.duration_s, result.restarts
             )
             return data
+        from torchstep.steps import failure_summary
+
         if self.do_xcom_push:
             context["ti"].xcom_push(key="return_value", value=data)
         summary = failure_summary(result)

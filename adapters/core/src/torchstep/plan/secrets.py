@@ -30,6 +30,7 @@ __all__ = [
     "inlined_secrets_note",
     "looks_like_secret",
     "warn_inlined",
+    "warn_note",
 ]
 
 #: Names that look like secrets (matched in upper case).
@@ -112,13 +113,25 @@ def warn_inlined(plan: Any, where: str) -> str | None:
         The note (:func:`inlined_secrets_note`), or ``None``.
     """
     note = inlined_secrets_note([(r.index, r.env) for r in plan.roles], where)
-    if note is None:
-        return None
+    if note is not None:
+        warn_note(note, plan.app_name, stacklevel=4)
+    return note
+
+
+def warn_note(note: str, app_name: str, *, stacklevel: int = 3) -> None:
+    """Warn (:class:`InlinedSecretWarning`) with a note :func:`warn_inlined` made, once per
+    step in this process: for an outcome kept without its plan
+    (:mod:`torchstep.components.plan_store`).
+
+    Args:
+        note: what :func:`inlined_secrets_note` returned.
+        app_name: the app the note is about.
+        stacklevel: passed to ``warnings.warn``.
+    """
     with _lock:
-        if (note, plan.app_name) in _warned:
-            return note
+        if (note, app_name) in _warned:
+            return
         if len(_warned) >= _REMEMBERED:  # a long-lived process (a served flow) sees many steps
             _warned.clear()
-        _warned.add((note, plan.app_name))
-    warnings.warn(f"torchstep: app {plan.app_name!r}: {note}", InlinedSecretWarning, stacklevel=3)
-    return note
+        _warned.add((note, app_name))
+    warnings.warn(f"torchstep: app {app_name!r}: {note}", InlinedSecretWarning, stacklevel=stacklevel)
