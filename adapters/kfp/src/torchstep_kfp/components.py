@@ -182,7 +182,8 @@ class StepComponent(ContainerComponent):
         else:
             task = super().__call__(*args, **kwargs)
         if pipeline_context.Pipeline.get_default_pipeline() is not None:
-            if not several_pods(plan) and task.container_spec is not None:  # this call's image
+            # this call's image (not for the SubprocessRunner's form: it runs in this Python)
+            if runner != "subprocess" and not several_pods(plan) and task.container_spec is not None:
                 task.container_spec.image = plan.roles[self.role].image
             apply_plan(task, plan, role=self.role, caching=self.caching, launcher=several_pods(plan))
         return task
