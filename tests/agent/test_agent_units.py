@@ -115,7 +115,7 @@ def test_exit_codes_and_non_retryable_detection() -> None:
 
 
 def test_log_tee_prefixes_whole_lines_and_drains_at_stop(tmp_path) -> None:
-    from torchstep.agent.logs import LogTee, TeeSource
+    from torchstep.agent.tee import LogTee, TeeSource
 
     log = tmp_path / "rank0.log"
     dst = StringIO()

@@ -36,9 +36,10 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from torchstep.agent.logs import LogTee, RankPaths, TeeSource, TorchstepLogsSpecs, line_prefix
+from torchstep.agent.logs import RankPaths, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
 from torchstep.agent.settings import AgentSettings
+from torchstep.agent.tee import LogTee, TeeSource
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of

@@ -1,5 +1,6 @@
-"""Per-rank log files that are never deleted, and the tee that copies them line by line
-to the agent's stdout with a ``[role/rank]`` prefix.
+"""Per-rank log files that are never deleted, and the pipes the tee
+(:mod:`torchstep.agent.tee`) copies into them and onto the agent's stdout with a
+``[role/rank]`` prefix.
 
 Layout under ``--log-dir`` (one directory per agent)::
 
@@ -14,7 +15,7 @@ changes). Directories are claimed with ``mkdir``, so a reused or shared log dir 
 the numbering instead of overwriting anything.
 
 A worker never writes its log file itself: its stdout (and stderr) is a pipe — a FIFO in the
-agent's private run directory that torch opens like a file — and :class:`LogTee` copies
+agent's private run directory that torch opens like a file — and the tee copies
 what comes through into the log file, onto the console and into the rank's in-memory tail.
 So a log that cannot be written (a full disk, a file too large, an I/O error) is truncated
 (the result's ``warnings`` say so) while the worker, the console and the root cause's tail
@@ -36,37 +37,26 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import errno
 import fcntl
 import os
-import select
-import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from string import Template
-from typing import TextIO
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
 from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
 from torchstep.files import DIR_MODE, LossyFile, UnsafePathError, open_private, private_dir, private_root
-from torchstep.result import TAIL_LINES
 
 #: Called with one line (``log truncated: <path>: <reason>``) when a log cannot be written.
 WarningCallback = Callable[[str], None]
 #: Capacity asked for each worker's pipe (the kernel may give less): a chatty worker runs
 #: ahead of the tee by this much before a write of its waits.
 _PIPE_SIZE = 1 << 20
-#: The tee drains what the workers left in their pipes for at most this long at its stop.
-_DRAIN_S = 20.0
 
 #: ``[role/rank] `` — the default prefix of a rank's line on the agent's stdout.
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}/${rank}] "
-_MAX_PARTIAL = 64 * 1024  # a "line" longer than this is emitted in pieces
 
 
 @dataclass(frozen=True)
@@ -172,7 +162,7 @@ class TorchstepLogsSpecs(LogsSpecs):
     torch's ``DefaultLogsSpecs`` names attempts by restart count and ``rmtree``s the
     attempt directory when a membership change starts the group again with the same
     count; here every group start gets a new ``attempt_<k>``. Console output is done by
-    :class:`LogTee`, so no torch tee is configured.
+    :class:`torchstep.agent.tee.LogTee`, so no torch tee is configured.
 
     Example: ``LocalElasticAgent(spec, TorchstepLogsSpecs("/logs", merge_streams=True))``.
     """
@@ -201,7 +191,7 @@ class TorchstepLogsSpecs(LogsSpecs):
         #: Where the workers' FIFOs go (the agent's private run directory); ``None``: no pipes.
         self.pipe_dir = pipe_dir
         #: The last :meth:`reify`'s pipes per local rank (``"out"``, and ``"err"`` for split
-        #: streams): the agent hands them to its :class:`LogTee`.
+        #: streams): the agent hands them to its :class:`~torchstep.agent.tee.LogTee`.
         self.pipes: dict[int, dict[str, RankPipe]] = {}
         self._warn = on_warning or (lambda _text: None)
         self._next = 0
@@ -343,236 +333,3 @@ def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
     if size > max_bytes and lines:
         lines = lines[1:]  # the first one is cut
     return lines[-n:] if n > 0 else []
-
-
-@dataclass
-class TeeSource:
-    """One rank's stream to copy to the console: its :class:`RankPipe` (copied into the log
-    file as well), or, without one, its log file (read back as the worker writes it).
-    ``tail`` keeps its last lines, whatever became of the file.
-
-    Example: ``TeeSource("/logs/attempt_0/rank1.log", "[trainer/1] ", echo=True)``.
-    """
-
-    path: str
-    prefix: str
-    echo: bool = True
-    to_stderr: bool = False  # copied to the console's stderr (a worker's own stderr)
-    pipe: RankPipe | None = None
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    _fd: int | None = field(default=None, repr=False)
-    _buf: bytes = field(default=b"", repr=False)
-
-
-#: Writes of at most this many bytes to a pipe are atomic (POSIX PIPE_BUF on Linux).
-_PIPE_BUF = 4096
-
-
-class LogTee:
-    """Copies rank log files to ``dst`` line by line with a prefix, from one thread.
-
-    Complete lines only (a partial line waits for its newline, so two writes of one
-    ``print`` never come out as two prefixed pieces); at :meth:`stop` everything left is
-    drained, so no line is lost. Lines that match ``filters`` are also appended to
-    ``filter_file`` (torchrun's ``--duplicate-stdout-filters``).
-
-    Example::
-
-        tee = LogTee([TeeSource("/logs/attempt_0/rank0.log", "[trainer/0] ")])
-        tee.start()
-        ...
-        tee.stop()
-    """
-
-    def __init__(
-        self,
-        sources: list[TeeSource],
-        dst: TextIO | None = None,
-        *,
-        err_dst: TextIO | None = None,
-        interval: float = 0.1,
-        filters: list[str] | None = None,
-        filter_file: str | None = None,
-        on_warning: WarningCallback | None = None,
-    ) -> None:
-        self._sources = sources
-        self._dst = dst if dst is not None else sys.stdout
-        self._err_dst = err_dst if err_dst is not None else (dst if dst is not None else sys.stderr)
-        self._err_ok = True
-        self._interval = interval
-        self._filters = filters or []
-        self._filter_file = filter_file if self._filters else None
-        self._filtered: LossyFile | None = None
-        self._warn = on_warning or (lambda _text: None)
-        self._warned: set[str] = set()
-        self._stop = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        self._thread: threading.Thread | None = None
-        self._dst_ok = True
-
-    def start(self) -> LogTee:
-        self._thread = threading.Thread(target=self._run, name="torchstep-tee", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Drain every stream to its end and stop (idempotent)."""
-        self._stop.set()
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-        elif self._wake_r >= 0:  # never started: nothing else closes these
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
-            self._wake_r = self._wake_w = -1
-
-    def _wait(self) -> None:
-        """Until a pipe has data, :meth:`stop` is called, or the interval passed (files)."""
-        poll = select.poll()
-        poll.register(self._wake_r, select.POLLIN)
-        for src in self._sources:
-            if src.pipe is not None:
-                poll.register(src.pipe.read_fd, select.POLLIN)
-        files = any(src.pipe is None for src in self._sources)
-        try:
-            poll.poll(1000 * (self._interval if files else 1.0))
-        except OSError:
-            time.sleep(self._interval)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._wait()
-                self._pump_safely()
-            deadline = time.monotonic() + _DRAIN_S  # drain to the end: a rank may have written MiBs just before it died
-            while self._pump_safely() and time.monotonic() < deadline:
-                pass
-            self._pump_safely(final=True)
-        finally:
-            for src in self._sources:
-                if src._fd is not None:
-                    os.close(src._fd)
-                    src._fd = None
-                if src.pipe is not None:
-                    src.pipe.close()  # a writer left behind (a daemon) gets EPIPE, never blocks us
-            if self._filtered is not None:
-                self._filtered.close()
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
-
-    def _warn_once(self, text: str | None) -> None:
-        if text and text not in self._warned:
-            self._warned.add(text)
-            self._warn(text)
-
-    def _pump_safely(self, *, final: bool = False) -> bool:
-        """:meth:`_pump`, never raising: a worker blocks on a full pipe if the tee stops reading."""
-        try:
-            return self._pump(final=final)
-        except Exception as e:  # a bug here must not hang the workers
-            self._warn_once(f"the console copy of the rank logs failed: {type(e).__name__}: {e}")
-            return False
-
-    def _write(self, dst: TextIO, lines: list[str]) -> None:
-        """Write whole lines in pieces of at most ``PIPE_BUF`` bytes straight to the fd:
-        such a write to a pipe is atomic, so a log record another thread writes to stderr
-        (often the same pipe) lands between two lines, never inside one."""
-        try:
-            fd = dst.fileno()
-        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: an in-memory stream
-            dst.write("".join(lines))
-            dst.flush()
-            return
-        dst.flush()  # what others wrote through the stream goes first
-        piece: list[bytes] = []
-        size = 0
-        for line in lines:
-            data = line.encode("utf-8", "replace")
-            if piece and size + len(data) > _PIPE_BUF:
-                _write_all(fd, b"".join(piece))
-                piece, size = [], 0
-            piece.append(data)
-            size += len(data)
-        if piece:
-            _write_all(fd, b"".join(piece))
-
-    def _read(self, src: TeeSource) -> bool:
-        """Take what ``src`` holds now (a bounded amount) into its buffer; whether any was read.
-        A pipe's bytes go to its log file first (truncated, with a warning, once it fails)."""
-        got = False
-        if src.pipe is not None:
-            fd = src.pipe.read_fd
-        else:
-            if src._fd is None:
-                try:
-                    src._fd = os.open(src.path, os.O_RDONLY)
-                except FileNotFoundError:
-                    return False
-            fd = src._fd
-        for _ in range(64):  # bounded per pass: one chatty rank cannot starve the others
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                if e.errno == errno.EINTR:
-                    continue
-                raise
-            if not chunk:
-                break
-            got = True
-            src._buf += chunk
-            if src.pipe is not None and not src.pipe.sink.write(chunk):
-                self._warn_once(src.pipe.sink.lost)
-        return got
-
-    def _pump(self, *, final: bool) -> bool:
-        """Copy what the streams hold now (a bounded amount per stream); whether any was read."""
-        got = False
-        out: list[str] = []
-        err: list[str] = []
-        filtered: list[str] = []
-        for src in self._sources:
-            got = self._read(src) or got
-            lines = src._buf.split(b"\n")
-            src._buf = lines.pop()
-            if src._buf and (final or len(src._buf) > _MAX_PARTIAL):
-                lines.append(src._buf)
-                src._buf = b""
-            for raw in lines:
-                # progress bars rewrite a line with \r: show what a terminal would show
-                if b"\r" in raw:
-                    raw = next((seg for seg in reversed(raw.split(b"\r")) if seg), b"")
-                text = raw.decode("utf-8", "replace")
-                src.tail.append(text)
-                if src.echo:
-                    (err if src.to_stderr else out).append(f"{src.prefix}{text}\n")
-                if self._filter_file and any(needle in text for needle in self._filters):
-                    filtered.append(f"{src.prefix}{text}\n")
-        if out and self._dst_ok:
-            try:
-                self._write(self._dst, out)
-            except (BrokenPipeError, ValueError, OSError):
-                self._dst_ok = False  # console gone: the files still hold everything
-        if err and self._err_ok:
-            try:
-                self._write(self._err_dst, err)
-            except (BrokenPipeError, ValueError, OSError):
-                self._err_ok = False
-        if filtered and self._filter_file:
-            if self._filtered is None:
-                self._filtered = LossyFile(self._filter_file)
-            if not self._filtered.write("".join(filtered).encode("utf-8", "replace")):
-                self._warn_once(self._filtered.lost)
-                self._filter_file = None
-        return got
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
