@@ -166,3 +166,38 @@ def test_torchrun_shim_runs_the_agent() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "torchstep-agent" in out.stdout and "--heartbeat-timeout" in out.stdout
+
+
+def test_log_tee_on_a_pipe_keeps_bytes_in_the_file_and_utf8_on_the_console(tmp_path) -> None:
+    """The rank file gets the bytes as written; the console gets whole prefixed lines, invalid
+    UTF-8 replaced; the tail holds the last lines as text."""
+    from torchstep.agent.logs import open_pipe
+    from torchstep.agent.tee import LogTee, TeeSource
+
+    pipe = open_pipe(str(tmp_path / "f0"), str(tmp_path / "rank0.log"))
+    assert pipe is not None
+    src = TeeSource(pipe.sink.path, "[r/0] ", pipe=pipe)
+    console = tmp_path / "console"
+    with open(console, "w") as dst:
+        tee = LogTee([src], dst).start()
+        fd = os.open(pipe.fifo, os.O_WRONLY)
+        written = b"".join(b"line %d\n" % i for i in range(60)) + b"bad \xff\xfe\nbar 1\rbar 2\n\npartial"
+        os.write(fd, written)
+        os.close(fd)
+        tee.stop()
+    assert (tmp_path / "rank0.log").read_bytes() == written
+    lines = console.read_text().split("\n")
+    assert lines[:2] == ["[r/0] line 0", "[r/0] line 1"] and len(lines) == 60 + 4 + 1
+    assert lines[60:] == ["[r/0] bad \ufffd\ufffd", "[r/0] bar 2", "[r/0] ", "[r/0] partial", ""]
+    tail = list(src.tail)
+    assert len(tail) == 50 and tail[-4:] == ["bad \ufffd\ufffd", "bar 2", "", "partial"] and tail[0] == "line 14"
+
+
+def test_a_private_rendezvous_gets_a_slow_keep_alive() -> None:
+    from types import SimpleNamespace
+
+    from torchstep.agent.runner import private_rendezvous
+
+    assert private_rendezvous(SimpleNamespace(max_nodes=1, rdzv_endpoint="localhost:0"))
+    assert not private_rendezvous(SimpleNamespace(max_nodes=2, rdzv_endpoint="localhost:0"))
+    assert not private_rendezvous(SimpleNamespace(max_nodes=1, rdzv_endpoint="node0:29500"))
