@@ -103,6 +103,22 @@ def test_workers_are_forked_from_the_zygote_by_default(agents: Agents, probe: st
     wait_for(lambda: not any(alive(p) for p in [*parents, *a.worker_pids()]), 10, "the zygote and workers gone")
 
 
+def test_a_run_dir_too_deep_for_a_socket_path_still_forks_and_leaves_no_socket(
+    agents: Agents, probe: str, tmp_path: Path
+) -> None:
+    # AF_UNIX paths end at 107 bytes: a deep run dir (under a deep TMPDIR, as pytest's) puts
+    # the socket in a private directory of its own, removed at the end
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    before = set(Path("/tmp").glob("torchstep-z*"))
+    a = agents.run(["--nproc-per-node", "2", probe, "0"], env={"TMPDIR": str(deep)}, timeout=120)
+    assert a.returncode == 0, a.diagnostics()
+    logs = rank_logs(a)
+    assert logs.count("preloaded=True") == 2, a.stderr + logs
+    assert "could not start the worker zygote" not in a.stderr
+    assert set(Path("/tmp").glob("torchstep-z*")) == before  # its socket directory went with it
+
+
 @pytest.mark.parametrize(
     ("flags", "env", "why"),
     [(["--no-zygote"], {}, "--no-zygote"), ([], {"TORCHSTEP_ZYGOTE": "0"}, "TORCHSTEP_ZYGOTE=0")],

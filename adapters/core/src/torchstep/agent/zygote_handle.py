@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -33,6 +34,11 @@ log = logging.getLogger("torchstep.agent")
 SOCKET_ENV = "TORCHSTEP_ZYGOTE_SOCKET"
 #: Where the agent finds the wrapper of a zygote-forked worker pid (for its timers).
 MAP_DIR_ENV = "TORCHSTEP_ZYGOTE_MAP_DIR"
+#: The longest AF_UNIX socket path Linux binds (sun_path is 108 bytes with its NUL). A run
+#: dir deeper than that gets the socket in a new 0700 directory of its own under
+#: SHORT_SOCKET_ROOT (sticky and root-owned: nobody else can take or replace the name).
+SOCKET_PATH_MAX = 107
+SHORT_SOCKET_ROOT = "/tmp"
 
 
 class ZygoteProcess:
@@ -51,6 +57,7 @@ class ZygoteProcess:
         self.proc = proc
         self.control = control
         self.socket_path: str | None = None
+        self.short_dir: str | None = None  # the socket's own directory when the run dir is too deep
         self._gone = False  # stopped, or found dead (and said so)
 
     @staticmethod
@@ -114,6 +121,9 @@ class ZygoteProcess:
         map_dir = os.path.join(run_dir, "zygote")
         os.mkdir(map_dir, 0o700)
         path = os.path.join(map_dir, "socket")
+        if len(os.fsencode(path)) > SOCKET_PATH_MAX:  # a deep run dir (TMPDIR, --log-dir)
+            self.short_dir = tempfile.mkdtemp(prefix="torchstep-z", dir=SHORT_SOCKET_ROOT)  # 0700, a new name
+            path = os.path.join(self.short_dir, "s")
         listener = listen_at(path)  # before the zygote has imported torch: a connect waits, not fails
         self.socket_path = path
         try:
@@ -199,6 +209,9 @@ class ZygoteProcess:
         if self.socket_path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
+        if self.short_dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.short_dir)
 
 
 class _Forked:
