@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -544,9 +546,12 @@ def test_a_zygote_removes_its_socket_and_a_stale_one_does_not_block_the_next(tmp
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("end", ["normal", "SIGTERM"])
-def test_the_socket_is_gone_after_the_agent_exits(agents: Agents, tmp_path: Path, probe: str, end: str) -> None:
-    run_parent = tmp_path / "runs"
-    run_parent.mkdir(mode=0o700)
+def test_the_socket_is_gone_after_the_agent_exits(
+    agents: Agents, request: pytest.FixtureRequest, probe: str, end: str
+) -> None:
+    # a short run dir: the socket is then in it (a deep one puts it in a directory of its own)
+    run_parent = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(run_parent, ignore_errors=True))
     a = agents.start(["--nproc-per-node", "1", probe, "4" if end == "normal" else "600"],
                      env={"TORCHSTEP_RUN_DIR": str(run_parent)})  # fmt: skip
     wait_for(lambda: "preloaded=True" in rank_logs(a), 120, "the worker forked")
