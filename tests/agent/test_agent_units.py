@@ -201,3 +201,32 @@ def test_a_private_rendezvous_gets_a_slow_keep_alive() -> None:
     assert private_rendezvous(SimpleNamespace(max_nodes=1, rdzv_endpoint="localhost:0"))
     assert not private_rendezvous(SimpleNamespace(max_nodes=2, rdzv_endpoint="localhost:0"))
     assert not private_rendezvous(SimpleNamespace(max_nodes=1, rdzv_endpoint="node0:29500"))
+
+
+def test_a_restart_is_counted_once_its_workers_start_not_when_it_is_cut_short(monkeypatch) -> None:
+    """Found by the soak: a peer's non-retryable failure stopped the run while this agent's
+    restart was still in its rendezvous, and the result said ``restarts: 1`` although no
+    worker ran again."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torchstep.agent.elastic import TorchstepAgent
+
+    owner = next(c for c in TorchstepAgent.__mro__[1:] if "_restart_workers" in vars(c))
+    agent = TorchstepAgent.__new__(TorchstepAgent)  # the counters only: no workers, no rendezvous
+    agent.failure_restarts = agent.membership_restarts = 0
+    group = SimpleNamespace(state=WorkerState.FAILED)
+
+    def cut_short(self, worker_group) -> None:
+        raise RuntimeError("the rendezvous was closed")
+
+    monkeypatch.setattr(owner, "_restart_workers", cut_short)
+    with pytest.raises(RuntimeError):
+        agent._restart_workers(group)
+    assert (agent.failure_restarts, agent.membership_restarts) == (0, 0)
+
+    monkeypatch.setattr(owner, "_restart_workers", lambda self, worker_group: None)
+    agent._restart_workers(group)
+    group.state = WorkerState.HEALTHY  # a node joined: a membership change, not the budget
+    agent._restart_workers(group)
+    assert (agent.failure_restarts, agent.membership_restarts) == (1, 1)

@@ -485,12 +485,16 @@ class TorchstepAgent(LocalElasticAgent):
         return None
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+        failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if not failed:
+            log.info("membership changed: restarting the group at the new size (not counted against the budget)")
+        super()._restart_workers(worker_group)
+        # counted once the new group has started: a restart cut short in its rendezvous (the
+        # run stopped meanwhile, e.g. a peer's non-retryable failure) ran no worker again
+        if failed:
             self.failure_restarts += 1
         else:
             self.membership_restarts += 1
-            log.info("membership changed: restarting the group at the new size (not counted against the budget)")
-        super()._restart_workers(worker_group)
 
     def _exit_barrier(self) -> None:
         self._watchdog.phase("exit barrier", self._exit_barrier_timeout + 10)
