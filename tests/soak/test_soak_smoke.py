@@ -68,3 +68,22 @@ def test_a_non_retryable_error_whose_workers_ran_again_is_a_violation(tmp_path: 
     obs = Observation(rc=82, duration_s=1, result=result, result_source="result.json", console="", run_dir=run_dir)
     (bad,) = invariants.check(Run(0, "local", "nonretryable", 3, 3), obs, 10)
     assert bad.invariant == invariants.NAMES["4"] and "soak/1/attempt_1" in bad.detail
+
+
+def test_a_killed_agents_console_may_stop_short_but_never_differ(tmp_path: Path) -> None:
+    """A SIGKILLed agent takes what its tee had read but not yet copied to the console along
+    (found by the smoke: the rank log had line 1, the console not); anything else the
+    console holds must still be the rank log's lines, in order."""
+    log = tmp_path / "soak-abc" / "soak" / "1" / "attempt_0" / "rank3.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"soak rank=3 attempt=0 pid=9 line={n}\n" for n in (0, 1)))
+
+    def bad(console_lines: tuple[int, ...], agent_killed: bool) -> list[str]:
+        console = "\n".join(f"[soak/3] soak rank=3 attempt=0 pid=9 line={n}" for n in console_lines)
+        obs = Observation(rc=0, duration_s=1, result=None, result_source="none", console=console,
+                          run_dir=tmp_path / "soak-abc", agent_killed=agent_killed)  # fmt: skip
+        return invariants.check_lines(obs, 2, complete=False)
+
+    assert bad((0,), agent_killed=True) == []
+    assert bad((0,), agent_killed=False) != []  # only a killed agent loses its tee's tail
+    assert bad((1,), agent_killed=True) != []  # not a prefix: a line lost in the middle

@@ -63,6 +63,8 @@ class Observation:
         expect_lines_in_files: rank logs must hold every line (False on a full log disk).
         state: the final state as the orchestrator reports it (None: the result's).
         watcher_killed: the process that printed the console was SIGKILLed (its tail is lost).
+        agent_killed: an agent was SIGKILLed: what its tee had read but not yet copied to
+            the console is lost with it (its workers' console lines may stop short).
     """
 
     rc: int
@@ -78,6 +80,7 @@ class Observation:
     expect_lines_in_files: bool = True
     state: str | None = None
     watcher_killed: bool = False
+    agent_killed: bool = False
 
 
 @dataclass(frozen=True)

@@ -134,4 +134,5 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     return Observation(rc=proc.returncode, duration_s=duration, result=result, result_source=source,
                        console=text, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
                        notes=notes, expect_lines_in_files=run.fault != "logfull",
-                       watcher_killed=run.fault == "sigkill_watcher" and injected)  # fmt: skip
+                       watcher_killed=run.fault == "sigkill_watcher" and injected,
+                       agent_killed=run.fault == "sigkill_agent" and injected)  # fmt: skip

@@ -134,4 +134,5 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
                        run_dir=run_dir if run_dir.exists() else None, leftovers=leftovers, hung=hung,
                        injected=injected, notes=notes, expect_lines_in_files=run.fault != "logfull",
-                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected)  # fmt: skip
+                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected,
+                       agent_killed=run.fault == "sigkill_agent" and injected)  # fmt: skip
