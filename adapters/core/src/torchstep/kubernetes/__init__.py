@@ -23,9 +23,9 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
+from torchstep.kubernetes import jobs as _jobs
 from torchstep.kubernetes.client import KubernetesClient, OfficialClient
 from torchstep.kubernetes.failure import (
     REPLACED_EXIT_CODES,
@@ -88,7 +88,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The deprecated name ``JobSet`` (now :class:`JobGang`), for one release.
+    """The deprecated name ``JobSet`` (now :class:`JobGang`), for one release: the rule of
+    :mod:`torchstep.kubernetes.jobs`, where it warns.
 
     Args:
         name: the attribute looked up on this package.
@@ -100,11 +101,5 @@ def __getattr__(name: str) -> Any:
         AttributeError: for any other name.
     """
     if name == "JobSet":
-        warnings.warn(
-            "torchstep.kubernetes.JobSet was renamed JobGang (it is not the Kubernetes JobSet API); "
-            "the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return JobGang
+        return _jobs.JobSet
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
