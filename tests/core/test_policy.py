@@ -84,7 +84,7 @@ STRANGER = [
     ("kubernetes", app(), {"labels": "role:db-client"}, "cfg['labels']"),
     ("kubernetes", app(), {"run_id": "someone-elses-run"}, "cfg['run_id']"),
     ("local", app(), {"inherit_env": True}, "cfg['inherit_env']"),
-    ("local", app(), {"log_dir": "/root/.ssh"}, "cfg['log_dir']"),
+    ("local", app(), {"log_dir": "/home/victim/.ssh"}, "cfg['log_dir']"),
     ("local", app(), {"checkpoint_dir": "/home/victim/ckpt"}, "cfg['checkpoint_dir']"),
     ("local", app(), {"gpus": "0;1;2;3"}, "cfg['gpus']"),
     ("local", app(), {"no_such_option": 1}, "cfg['no_such_option']"),
