@@ -292,6 +292,26 @@ def kill(pid: int, sig: int) -> bool:
         return False
 
 
+def log_disk(fault: str, log_dir: Path, notes: list[str]) -> bool:
+    """Fill the log disk for the ``logfull`` fault (a small tmpfs on ``log_dir``); whether it
+    was mounted (to unmount at the end). Where it cannot be, ``notes`` says so.
+
+    Args:
+        fault: the run's fault class.
+        log_dir: the run's log directory.
+        notes: the run's report notes.
+
+    Returns:
+        True when a tmpfs was mounted on ``log_dir``.
+    """
+    if fault != "logfull":
+        return False
+    why = mount_tmpfs(log_dir)
+    if why:
+        notes.append(f"logfull: no tmpfs ({why}); the disk was not filled")
+    return why is None
+
+
 def mount_tmpfs(path: Path, size: str = "256k") -> str | None:
     """Mount a small private tmpfs on ``path``; the reason on failure (not root, no CAP_SYS_ADMIN)."""
     path.mkdir(parents=True, exist_ok=True)

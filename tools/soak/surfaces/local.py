@@ -58,12 +58,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     ckpt.mkdir(mode=0o700)
     progress.mkdir(mode=0o700)
     notes: list[str] = []
-    mounted = False
-    if run.fault == "logfull":
-        why = faults.mount_tmpfs(log_dir)
-        if why:
-            notes.append(f"logfull: no tmpfs ({why}); the disk was not filled")
-        mounted = why is None
+    mounted = faults.log_disk(run.fault, log_dir, notes)
     token = uuid.uuid4().hex
     env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
                SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
