@@ -82,3 +82,54 @@ def test_signal_before_workers_start_still_writes_a_result(agents: Agents, sig: 
     assert a.wait(30) == 128 + sig
     r = a.result
     assert r["state"] == "CANCELLED" and r["exit_code"] == 128 + sig
+
+
+# Runs the agent with one of its phases wrapped in code that swallows every exception, as
+# torch's import did with the early handler's (a C extension's import turned it into a
+# TypeError or dropped it): the signal arrives once (a parent's PR_SET_PDEATHSIG) and must
+# still end the run, not be lost while the workers run on.
+_SWALLOWING_AGENT = """\
+import os, signal, sys
+from torchstep.agent import cli, elastic, settings
+
+phase = sys.argv.pop(1)
+if phase == "import":  # before the workers exist: the early handler's Cancelled is lost
+    original_resolve = settings.resolve
+
+    def resolve(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except BaseException:
+            pass
+        return original_resolve(args)
+
+    settings.resolve = resolve
+else:  # during the rendezvous: torch's SignalException is lost
+    original_rendezvous = elastic.TorchstepAgent._rendezvous
+
+    def _rendezvous(self, worker_group):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Exception:
+            pass
+        original_rendezvous(self, worker_group)
+
+    elastic.TorchstepAgent._rendezvous = _rendezvous
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("phase", ["import", "rendezvous"])
+def test_a_signal_whose_exception_a_library_swallowed_still_cancels_the_run(agents: Agents, phase: str) -> None:
+    import sys
+
+    a = agents.start_command(
+        [sys.executable, "-c", _SWALLOWING_AGENT, phase, "--nproc-per-node", "1", WORKER, "--mode", "linger",
+         "--dir", str(agents.tmp_path)],
+        name=f"swallow-{phase}",
+    )  # fmt: skip
+    code = a.wait(60)  # before the fix: the workers ran on until killed
+    assert code == 143, a.diagnostics()
+    r = a.result
+    assert r["state"] == "CANCELLED" and "SIGTERM" in r["message"], r
+    assert not any(alive(p) for p in a.worker_pids())

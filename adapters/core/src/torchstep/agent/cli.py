@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -233,21 +234,27 @@ def _run_cli(args: list[str], started_at: float, startup_env: dict[str, str | No
             if code:
                 _usage_result("usage error: bad command line (see the agent's stderr)", code, started_at=started_at)
             return code
+        signals.check()  # a signal torch's import swallowed (it raised inside its import)
         zygote = _start_zygote(settings, startup_env)
+        signals.check()
         signals.install_torch(settings.config.signals_to_handle)
         return _run(settings, started_at, zygote)
-    except signals.Cancelled as e:
+    except (signals.Cancelled, Exception) as e:
+        # a signal raised inside a C extension's import may surface as another exception
+        signum = e.signum if isinstance(e, signals.Cancelled) else signals.pending()
+        if signum is None:
+            raise
         from torchstep.agent.outcome import write_all
         from torchstep.agent.runner import cancelled_before_start
 
         signals.enter_late_mode()
-        log.warning("cancelled by %s before the workers started", e)
-        result = cancelled_before_start(settings, e.signum, started_at=started_at)
+        log.warning("cancelled by %s before the workers started", signal.Signals(signum).name)
+        result = cancelled_before_start(settings, signum, started_at=started_at)
         paths = list(settings.result_files) if settings else []
         if not paths and os.environ.get("TORCHSTEP_RESULT_FILE"):
             paths = [os.environ["TORCHSTEP_RESULT_FILE"]]
         write_all(result, paths)
-        return result.exit_code if result.exit_code is not None else 128 + e.signum
+        return result.exit_code if result.exit_code is not None else 128 + signum
     finally:
         if zygote is not None:  # the run stopped it already, or never got to use it
             zygote.stop()
@@ -285,9 +292,13 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
         signals.enter_late_mode()
         outcome = Outcome("cancelled", signal=e.signum if isinstance(e, signals.Cancelled) else int(e.sigval))
     except Exception as e:  # our own machinery failed around the run: still a result, exit 83
+        signum = signals.pending()  # ... or a signal surfaced as another exception
         signals.enter_late_mode()
-        log.exception("agent error")
-        outcome = Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
+        if signum is not None:
+            outcome = Outcome("cancelled", signal=signum)
+        else:
+            log.exception("agent error")
+            outcome = Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
     if run is not None:
         result = run.finish(outcome)
         paths, unwritten = run.result_paths, run.unwritten

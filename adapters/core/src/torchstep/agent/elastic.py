@@ -36,6 +36,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
+from torchstep.agent import signals
 from torchstep.agent.logs import RankPaths, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
 from torchstep.agent.settings import AgentSettings
@@ -182,6 +183,7 @@ class TorchstepAgent(LocalElasticAgent):
         super()._rendezvous(worker_group)
         self._watchdog.phase("starting workers", 120)
         self._agent_hosts_store = self._host_worker_store(worker_group)
+        signals.check()  # before any worker starts
 
     def _host_worker_store(self, wg: WorkerGroup) -> bool:
         """A fresh store for this group start, hosted by the node-rank-0 agent.
@@ -279,6 +281,7 @@ class TorchstepAgent(LocalElasticAgent):
             pids = super()._start_workers(worker_group)
             for pid in pids.values():
                 self._exits.watch(pid)
+        signals.install_torch(self.settings.config.signals_to_handle)  # PContext.start set torch's own
         attempt = self.attempts[-1]
         pcontext = self._pcontext
         if pcontext is not None:
@@ -334,6 +337,7 @@ class TorchstepAgent(LocalElasticAgent):
 
     # -- monitor -------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        signals.check()  # a signal whose exception some library swallowed: act on it now
         self._watchdog.tick()
         attempt = self.attempts[-1]
         if self._zygote is not None:
@@ -517,6 +521,7 @@ class TorchstepAgent(LocalElasticAgent):
             log.info("rendezvous closed while this node was waiting: %s", e)
             return RunResult(state=WorkerState.SUCCEEDED)
         except SignalException as e:
+            signals.acted_on()
             self.cancel_signal = int(e.sigval)
             log.warning(
                 "received %s: forwarding it to the workers, SIGKILL after %gs",

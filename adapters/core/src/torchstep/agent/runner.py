@@ -189,6 +189,7 @@ class AgentRun:
         handler = None
         shutdown_rdzv = True
         try:
+            signals.check()  # one the zygote's start or an import swallowed
             params = RendezvousParameters(
                 backend=config.rdzv_backend,
                 endpoint=config.rdzv_endpoint,
@@ -261,6 +262,9 @@ class AgentRun:
             log.error("rendezvous failed: %s: %s", type(e).__name__, e)
             return Outcome("rendezvous", message=f"rendezvous failed: {type(e).__name__}: {e}".rstrip(": "))
         except Exception as e:
+            if signals.pending() is not None:  # a signal surfaced as another exception
+                shutdown_rdzv = False
+                return Outcome("cancelled", signal=signals.pending())
             self._record_failed_event(events, config)
             log.error("agent error:\n%s", traceback.format_exc())
             return Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
