@@ -236,7 +236,7 @@ def test_every_schedulers_credential_option_is_checked_again_in_its_record() -> 
     from torchstep.schedulers.rules import CREDENTIAL_VARS
 
     tables = {}
-    for module in ("torchstep_airflow.torchx_scheduler", "torchstep_prefect.torchx_scheduler",
+    for module in ("torchstep.schedulers.airflow", "torchstep.schedulers.prefect",
                    "torchstep_kfp.torchx_scheduler"):  # fmt: skip
         try:
             tables[module] = importlib.import_module(module).OPTIONS

@@ -27,8 +27,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("prefect")
 
 from torchstep.errors import SpecError  # noqa: E402
+from torchstep.schedulers import prefect as ts  # noqa: E402
 from torchstep.schedulers.base import SchedulerError  # noqa: E402
-from torchstep_prefect import torchx_scheduler as ts  # noqa: E402
 from torchx.runner import get_runner  # noqa: E402
 from torchx.specs import AppDef, AppState, Role, is_terminal  # noqa: E402
 
@@ -132,6 +132,31 @@ def test_credentials_come_from_the_named_variables_and_an_unset_one_is_an_error(
                                    cfg={"endpoint": ECHO_API, "api_key_env": "MISSING_KEY"})  # fmt: skip
 
 
+def _no_api_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No API URL in the environment, none in the active profile (the session's harness sets one)."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_PROFILE", raising=False)
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", os.devnull)
+
+
+def test_the_endpoint_defaults_to_the_active_prefect_profile_read_without_importing_prefect(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_api_url(monkeypatch)
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://team.example:4200/api"\n'
+                        '[profiles.other]\nPREFECT_API_URL = "http://other.example:4200/api"\n')  # fmt: skip
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(profiles))
+    assert ts.default_endpoint() == "http://team.example:4200/api"
+    monkeypatch.setenv("PREFECT_PROFILE", "other")  # Prefect's own override of the active profile
+    assert ts.default_endpoint() == "http://other.example:4200/api"
+    monkeypatch.setenv("PREFECT_API_URL", "http://env.example:4200/api")  # the environment wins
+    assert ts.default_endpoint() == "http://env.example:4200/api"
+    code = "import sys, torchstep.schedulers.prefect as p; p.default_endpoint(); print('prefect' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize(
     ("cfg", "match"),
     [({"endpoint": ECHO_API, "api_key_env": "TEAM_KEY"}, r"cfg\['api_key_env'\]: the variable \$TEAM_KEY is not set"),
@@ -142,12 +167,7 @@ def test_the_dry_run_makes_every_check_the_submission_makes(
     monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any], match: str
 ) -> None:
     # before: the dry run printed a request that the submission then refused
-    import types
-
-    import prefect.settings
-
-    no_url = types.SimpleNamespace(api=types.SimpleNamespace(url=None))
-    monkeypatch.setattr(prefect.settings, "get_current_settings", lambda: no_url)
+    _no_api_url(monkeypatch)
     with pytest.raises(SpecError, match=match):
         get_runner().dryrun_component("utils.echo", ["--msg", "hi"], "prefect", cfg=cfg)
 
@@ -161,14 +181,7 @@ def test_torchx_cli_dryrun_shows_the_request() -> None:
 
 
 def test_submit_without_an_endpoint_or_to_a_dead_server_says_how_to_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # no API URL in the environment, none in the active profile (the session's test harness sets one)
-    import types
-
-    import prefect.settings
-
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    no_url = types.SimpleNamespace(api=types.SimpleNamespace(url=None))
-    monkeypatch.setattr(prefect.settings, "get_current_settings", lambda: no_url)
+    _no_api_url(monkeypatch)
     runner = get_runner()
     with pytest.raises(SpecError, match=r"no Prefect API to submit to; fix: .*-cfg endpoint=.*PREFECT_API_URL"):
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect")

@@ -40,11 +40,11 @@ from torchstep.plan.model import StepPlan
 from torchstep.policy import Policy, untrusted_cfg
 from torchstep.policy import resolve as resolve_policy
 from torchstep.result import StepResult
+from torchstep.schedulers.airflow import DAG_ID, TASK_ID, dag_id_for
 from torchstep.steps import failure_summary
 
 from torchstep_airflow.operators import AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
-from torchstep_airflow.torchx_scheduler import DAG_ID, TASK_ID, dag_id_for
 
 DAG_FILE = '''"""The generic DAG of `torchx run -s airflow` (torchstep-airflow)."""
 from torchstep_airflow.torchx_dag import torchx_dag  # an Airflow DAG

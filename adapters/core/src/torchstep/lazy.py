@@ -1,7 +1,8 @@
 """The lazy names of a package (stdlib only): what the adapters' ``__init__`` modules use
 so that importing them stays free — each public name is imported from its module on first
 use, ``__version__`` comes from the distribution's metadata (written once, in its
-``pyproject.toml``), and a renamed name still works for a release, with a warning.
+``pyproject.toml``), and a renamed name still works for a release, with a warning —
+as does a moved module (:func:`moved_module`).
 
 Example::
 
@@ -17,7 +18,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_names"]
+__all__ = ["lazy_names", "moved_module"]
 
 
 def lazy_names(
@@ -56,3 +57,21 @@ def lazy_names(
         return value
 
     return __getattr__
+
+
+def moved_module(old: str, new: str, since: str) -> None:
+    """Make module ``old`` the module ``new`` (the same object: every name, isinstance
+    checks included), warning once that it moved (``DeprecationWarning``).
+
+    Args:
+        old: the module being imported (its ``__name__``), now an alias.
+        new: the module that replaced it.
+        since: the release that moved it (the alias goes one release later).
+
+    Example (the whole body of an old module)::
+
+        # torchstep_airflow/torchx_scheduler.py
+        moved_module(__name__, "torchstep.schedulers.airflow", since="0.3")
+    """
+    warnings.warn(f"{old} moved to {new} in {since}; import it from there", DeprecationWarning, stacklevel=3)
+    sys.modules[old] = importlib.import_module(new)

@@ -1,6 +1,6 @@
 """The generic flow behind ``torchx run -s prefect``: one Prefect flow that runs any AppDef.
 
-The ``prefect`` TorchX scheduler (:mod:`torchstep_prefect.torchx_scheduler`) submits an
+The ``prefect`` TorchX scheduler (:mod:`torchstep.schedulers.prefect`) submits an
 AppDef as a flow run of a deployment of this flow, ``torchstep-torchx``, with the AppDef as
 JSON data (``torchstep.components.appjson``) in the ``app`` parameter. On arrival the flow checks
 the AppDef again and against the deployment's policy (:mod:`torchstep.policy`: the file
