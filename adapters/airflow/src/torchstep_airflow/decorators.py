@@ -85,6 +85,16 @@ def torchstep_task(python_callable: Callable[..., Any] | None = None, **kwargs: 
     """``@task.torchstep(target="local", cfg=None, **BaseOperator kwargs)``: wrap a TorchX
     component function into an :class:`~torchstep_airflow.AppDefOperator` task.
 
+    Args:
+        python_callable: the component function (it returns an AppDef); ``None`` when called with options.
+        kwargs: the operator's arguments (``target``, ``cfg``, ``durable``, ``retries``, ...).
+
+    Returns:
+        The decorator, or (given ``python_callable``) the decorated function: calling it makes the task.
+
+    Raises:
+        TypeError: ``python_callable`` is not callable (an option passed by position).
+
     Example::
 
         @task.torchstep(target="kubernetes", cfg={"namespace": "ml"})

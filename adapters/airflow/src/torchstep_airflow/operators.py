@@ -38,29 +38,6 @@ _JINJA = ("{{", "{%", "{#")
 class AppDefOperator(BaseOperator):
     """Run a TorchX AppDef as one Airflow task, every replica under torchstep's agent.
 
-    :param app: a ``torchx.specs.AppDef``, a component function, or a component reference
-        (``"path/file.py:fn"``, ``"package.module:fn"``, a TorchX builtin like ``"dist.ddp"``).
-    :param app_args: the component's arguments: a list of command-line strings
-        (``["--lr", "0.1"]``, parsed by TorchX like ``torchx run``) or a mapping of parameter
-        to value. Templated: ``{{ params.lr }}``, ``{{ ds }}``, ``{{ run_id }}`` and XComArgs
-        work. The AppDef is built after rendering, at execute time; an AppDef's own args are
-        never templates (a literal ``{{`` reaches the process as is).
-    :param target: ``"local"`` (the processes run in the Airflow worker) or ``"kubernetes"``.
-    :param cfg: options of the target (``torchstep runopts local|kubernetes``). Templated.
-    :param kubernetes_kwargs: target ``kubernetes`` only: arguments of the
-        KubernetesPodOperator that runs a 1-replica app (``kubernetes_conn_id``,
-        ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
-        several replicas or roles runs as Jobs and takes the connection arguments,
-        ``on_finish_action`` and ``poll_interval``.
-    :param durable: target ``kubernetes`` only (default True): a retry after the worker died
-        (crash, SIGKILL, lost node) reattaches to the pod or Job of the earlier try instead
-        of starting a second one — its logs continue, a Job that succeeded meanwhile returns
-        its result without running again. Jobs use Airflow's ``ResumableJobMixin`` and the
-        task state store (key ``torchstep_run_id``); a 1-replica pod uses the
-        KubernetesPodOperator's ``reattach_on_restart``. See docs/kubernetes.md, "What
-        happens when the watcher dies". ``False``: every try starts its own pod or Job.
-        Not templated. The local target ignores it (its processes die with the worker).
-
     Retries, retry timing and the step timeout come from the AppDef (see
     :mod:`torchstep_airflow.settings`); ``retries`` that contradicts it is a SpecError.
     XCom ``return_value`` is the step result (``StepResult.to_dict()``), pushed on failure
@@ -68,6 +45,40 @@ class AppDefOperator(BaseOperator):
     does a :class:`~torchstep.SpecError` (bad input) or a :class:`~torchstep.RunError` that
     says retrying cannot help; any other ``RunError`` (the cluster failed the run) is raised
     as is, for Airflow to retry.
+
+    Args:
+        app: a ``torchx.specs.AppDef``, a component function, or a component reference
+            (``"path/file.py:fn"``, ``"package.module:fn"``, a TorchX builtin like ``"dist.ddp"``).
+        app_args: the component's arguments: a list of command-line strings
+            (``["--lr", "0.1"]``, parsed by TorchX like ``torchx run``) or a mapping of parameter
+            to value. Templated: ``{{ params.lr }}``, ``{{ ds }}``, ``{{ run_id }}`` and XComArgs
+            work. The AppDef is built after rendering, at execute time; an AppDef's own args are
+            never templates (a literal ``{{`` reaches the process as is).
+        target: ``"local"`` (the processes run in the Airflow worker) or ``"kubernetes"``.
+        cfg: options of the target (``torchstep runopts local|kubernetes``). Templated.
+        kubernetes_kwargs: target ``kubernetes`` only: arguments of the
+            KubernetesPodOperator that runs a 1-replica app (``kubernetes_conn_id``,
+            ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
+            several replicas or roles runs as Jobs and takes the connection arguments,
+            ``on_finish_action`` and ``poll_interval``.
+        durable: target ``kubernetes`` only (default True): a retry after the worker died
+            (crash, SIGKILL, lost node) reattaches to the pod or Job of the earlier try instead
+            of starting a second one — its logs continue, a Job that succeeded meanwhile returns
+            its result without running again. Jobs use Airflow's ``ResumableJobMixin`` and the
+            task state store (key ``torchstep_run_id``); a 1-replica pod uses the
+            KubernetesPodOperator's ``reattach_on_restart``. See docs/kubernetes.md, "What
+            happens when the watcher dies". ``False``: every try starts its own pod or Job.
+            Not templated. The local target ignores it (its processes die with the worker).
+        retries: Airflow's retries of the task; unset: the AppDef's (APPLICATION ``max_retries``).
+        retry_delay: the delay before a retry (a timedelta or seconds); unset: the AppDef's.
+        retry_exponential_backoff: the delay's factor per retry; unset: the AppDef's ``retry_backoff``.
+        max_retry_delay: the cap of the retry delay (a timedelta or seconds); unset: the AppDef's.
+        execution_timeout: Airflow's limit of one try, not under the step timeout; unset: that plus 60 s.
+        kwargs: the other ``BaseOperator`` arguments (``task_id``, ``pool``, ...).
+
+    Raises:
+        SpecError: a bad input, an AppDef that cannot be planned for ``target`` (a DAG import
+            error), or retry settings that contradict the AppDef.
 
     Example::
 

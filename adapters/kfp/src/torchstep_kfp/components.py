@@ -68,6 +68,16 @@ def component_from_app(app: Any, **options: Any) -> StepComponent:
     component reference materialised with its defaults). See :func:`component_from_fn` for
     the ``options``.
 
+    Args:
+        app: an AppDef, or a component reference (``"path/file.py:fn"``, ``"dist.ddp"``) run with its defaults.
+        options: the options of :func:`component_from_fn` (``name``, ``outputs``, ``metrics``, ...).
+
+    Returns:
+        The component (called with no arguments).
+
+    Raises:
+        SpecError: an unknown or bad option, or an AppDef the ``kfp`` target cannot express.
+
     >>> from torchx import specs
     >>> app = specs.AppDef("echo", roles=[specs.Role("echo", image="python:3.11", entrypoint="echo", args=["hi"])])
     >>> component_from_app(app).name
@@ -109,6 +119,18 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
     Every component has the output parameter ``result`` (the step result) and the inputs
     ``torchstep_job_id`` (and, for a launcher step of several pods, ``torchstep_task_id``),
     which the component sets from KFP's placeholders when called.
+
+    Args:
+        component: a TorchX component function or its reference.
+        options: the options above (keyword-only).
+
+    Returns:
+        The component: its inputs are the function's parameters.
+
+    Raises:
+        SpecError: an unknown or bad option or default, a parameter named like an input or output
+            the step uses itself, a required parameter without a default, or an AppDef (with the
+            defaults) the ``kfp`` target cannot express.
     """
     from torchstep.components.materialize import component_of, parameters_of, reference_of, static_values
 
@@ -139,7 +161,16 @@ class StepComponent(ContainerComponent):
     parameter is known only at run time) — and the step checks at run time that its inputs
     leave the fields KFP fixed unchanged (:func:`torchstep_kfp.entry.check_compiled`). Under
     ``kfp.local`` with the SubprocessRunner (initialised before the call), the task runs the
-    same argv as a lightweight Python component — the runner refuses container components."""
+    same argv as a lightweight Python component — the runner refuses container components.
+
+    Args:
+        component: the container component that :func:`component_from_fn` / :func:`component_from_app` built.
+        plan: the step's plan, made with the component's defaults.
+        role: the index of the role a one-container step runs.
+        caching: KFP's caching of each task (``False``: a training step has side effects).
+        spec: what the step reads at run time (``--spec``): the AppDef or component reference and the options.
+        inputs: each parameter of the component function (a KFP input) with its compile-time default.
+    """
 
     def __init__(
         self, component: Any, plan: StepPlan, role: int, caching: bool, spec: dict[str, Any],

@@ -47,7 +47,17 @@ DEFAULT_ACCELERATOR = "nvidia.com/gpu"
 
 def plan_of(app: Any) -> StepPlan:
     """``app`` as a KFP plan: a :class:`~torchstep.StepPlan` for target ``kfp`` as it is,
-    else ``torchstep.build_plan(torchstep.materialize(app), "kfp")``."""
+    else ``torchstep.build_plan(torchstep.materialize(app), "kfp")``.
+
+    Args:
+        app: a StepPlan, an AppDef, or a component reference (materialised with its defaults).
+
+    Returns:
+        The plan for target ``kfp``.
+
+    Raises:
+        SpecError: a plan for another target, or an AppDef the ``kfp`` target cannot express.
+    """
     if isinstance(app, StepPlan):
         if app.target != TARGET:
             raise SpecError("plan", app.target, f"a plan for target {app.target!r}", fix='build_plan(app, "kfp")')
@@ -65,6 +75,20 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     ``launcher=True``: ``task`` is the launcher step of a multi-pod AppDef (it submits the
     pods as Jobs): it gets the retries, timeout, display name and caching, the pod's name and
     namespace as env vars, and small fixed resources — the roles' settings go to their pods.
+
+    Args:
+        task: a ``PipelineTask`` of a container component, called inside a ``@dsl.pipeline``.
+        app: an AppDef, a component reference (run with its defaults) or a ``kfp`` StepPlan.
+        role: the role whose settings are set: its index or name.
+        caching: KFP's caching of the task (off by default: training has side effects).
+        launcher: ``task`` is the launcher step of a multi-pod AppDef (see above).
+
+    Returns:
+        ``task``, its settings set.
+
+    Raises:
+        SpecError: no such role, a task without a container, a field KFP cannot express, or
+            a setting that needs kfp-kubernetes when it is not installed.
     """
     plan = plan_of(app)
     r = role_of(plan, role)

@@ -57,6 +57,17 @@ def job_variables(app: Any, *, target: str = "local") -> dict[str, Any]:
     selectors, tolerations, env and Secret references. ``target="kubernetes"``: the pod
     only submits Jobs (which carry their own settings): the image and small resources.
 
+    Args:
+        app: an AppDef, or a component reference (materialised with its defaults).
+        target: the ``target`` of the flow's ``app_task``: ``"local"`` or ``"kubernetes"``.
+
+    Returns:
+        The job variables (``image``, ``cpu_request``, ``memory_limit``, ``gpu_limit``, ``volumes``, ...).
+
+    Raises:
+        SpecError: an unknown target, roles with several images (``"local"``), or an AppDef
+            the ``kubernetes`` target cannot express.
+
     >>> from torchx import specs
     >>> role = specs.Role("t", image="img:1", entrypoint="python", num_replicas=2,
     ...                   resource=specs.Resource(cpu=4, gpu=1, memMB=8192))

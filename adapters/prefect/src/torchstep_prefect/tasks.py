@@ -45,7 +45,12 @@ POLL_INTERVAL_S = 2.0
 class StepFailed(Exception):
     """A torchstep step ended unsuccessfully. ``result`` is the step result dict (state, exit
     code, root cause, per-rank exit codes and log paths), ``retryable`` whether retrying can
-    help (False after a ``torchstep.NonRetryableError``: the task is not retried)."""
+    help (False after a ``torchstep.NonRetryableError``: the task is not retried).
+
+    Args:
+        message: what failed (the step's failure summary).
+        result: the step result dict (``StepResult.to_dict()``).
+    """
 
     def __init__(self, message: str, result: dict[str, Any]) -> None:
         super().__init__(message)
@@ -59,15 +64,24 @@ def app_task(
     """A ``prefect.Task`` running ``app`` (an AppDef, a component function or its reference
     ``"path/file.py:fn"`` / ``"pkg.module:fn"`` / ``"dist.ddp"``) as one torchstep step.
 
-    ``target``: ``"local"`` (the agents run in the task's process tree) or
-    ``"kubernetes"`` (an Indexed Job per role through ``torchstep.kubernetes.JobGang``);
-    ``cfg``: the target's run options (``torchstep runopts local|kubernetes``);
-    ``client``: the Kubernetes client of target ``"kubernetes"`` (a
-    ``torchstep.kubernetes.KubernetesClient``; default: the kubeconfig or in-cluster config);
-    ``defaults={param: value}`` (a task option here): the values the task's retries are
-    computed from when the component needs them (its own defaults otherwise); every other
-    keyword is a ``prefect.task`` option (``name``, ``tags``, ``timeout_seconds``,
-    ``retries`` — which must agree with the AppDef —, ``log_prints``, ...).
+    Args:
+        app: the AppDef, component function or reference (above).
+        target: ``"local"`` (the agents run in the task's process tree) or
+            ``"kubernetes"`` (an Indexed Job per role through ``torchstep.kubernetes.JobGang``).
+        cfg: the target's run options (``torchstep runopts local|kubernetes``).
+        client: the Kubernetes client of target ``"kubernetes"`` (a
+            ``torchstep.kubernetes.KubernetesClient``; default: the kubeconfig or in-cluster config).
+        task_options: ``defaults={param: value}`` (a task option here): the values the task's retries are
+            computed from when the component needs them (its own defaults otherwise); every other
+            keyword is a ``prefect.task`` option (``name``, ``tags``, ``timeout_seconds``,
+            ``retries`` — which must agree with the AppDef —, ``log_prints``, ...).
+
+    Returns:
+        The task; a call returns the step result dict, or raises :class:`StepFailed`.
+
+    Raises:
+        SpecError: an unknown target or run option, an AppDef the target cannot run, or task
+            retries or timeout that contradict the AppDef.
     """
     from prefect import task
     from prefect.cache_policies import NO_CACHE
@@ -109,6 +123,18 @@ def torchstep_task(
     """``@torchstep_task`` / ``@torchstep_task(target="kubernetes", tags=[...])`` on a TorchX
     component function: the function becomes a Prefect task that runs the AppDef it
     returns (see :func:`app_task`).
+
+    Args:
+        fn: the component function; ``None`` when the decorator is called with options.
+        target: the step's target (:func:`app_task`).
+        cfg: the target's run options (:func:`app_task`).
+        task_options: ``defaults`` and ``prefect.task`` options (:func:`app_task`).
+
+    Returns:
+        The Prefect task, or (called with options) the decorator that makes it.
+
+    Raises:
+        SpecError: as :func:`app_task` does, when the function is decorated.
 
     Example::
 
