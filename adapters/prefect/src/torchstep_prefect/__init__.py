@@ -10,19 +10,11 @@
 Importing this package imports neither torch nor prefect (they load when a function runs).
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
 from torchstep.lazy import lazy_names
 
+# these modules import Prefect inside their functions only: their names load eagerly
+from torchstep_prefect.deploy import base_job_template, job_variables
+from torchstep_prefect.tasks import StepFailed, app_task, torchstep_task
+
 __all__ = ["StepFailed", "app_task", "base_job_template", "job_variables", "torchstep_task"]
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API reference only
-    from torchstep_prefect.deploy import base_job_template, job_variables
-    from torchstep_prefect.tasks import StepFailed, app_task, torchstep_task
-
-__getattr__ = lazy_names(__name__, "torchstep-prefect", {
-    "app_task": "torchstep_prefect.tasks", "torchstep_task": "torchstep_prefect.tasks", "StepFailed": "torchstep_prefect.tasks",
-    "job_variables": "torchstep_prefect.deploy", "base_job_template": "torchstep_prefect.deploy",
-})  # fmt: skip
+__getattr__ = lazy_names(__name__, "torchstep-prefect", {})  # __version__, from the distribution's metadata
