@@ -56,6 +56,16 @@ launchers).
 """
 
 
+NO_GPU = """## On a GPU
+
+No figure here comes from a GPU: the machine of this run has none, and none was lent to the
+session that made it. What a GPU run adds (NCCL, a 1-GPU DDP step under the agent with the
+zygote on — the forked worker initialises CUDA itself —, `CUDA_VISIBLE_DEVICES` / `LOCAL_RANK`
+as torchrun sets them, startup and recovery against torchrun there) is to be recorded here
+marked with its device when a machine with one is at hand.
+"""
+
+
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
@@ -172,6 +182,8 @@ def main() -> int:
     parts = [INTRO, machine_line(figures), "", "## Figures", "", table(figures), "", notes(figures), ""]
     if any(f in figures for f in ("9a", "9b", "10", "11a", "11b")):
         parts += [THROUGHPUT]
+    if not any("gpu" in str(f.get("what", "")).lower() for f in figures.values()):
+        parts += [NO_GPU]
     if curve_data:
         parts += ["## Scaling", "", curves(curve_data)]
     extra = ROOT / "bench" / "results" / "analysis.md"
