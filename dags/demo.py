@@ -114,6 +114,10 @@ def run_kfp(conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def runner_main(name: str, conf_json: str, summary_file: str) -> None:
+    # the orchestrator's process is cancelled with Ctrl-C (SIGINT), which a shell that ran
+    # the demo as a background job would have it ignore: take it as an interactive one does
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     conf = json.loads(conf_json)
     summary = {"airflow": run_airflow, "kfp": run_kfp, "prefect": run_prefect}[name](conf)
     # beside the orchestrator's own output, which goes to the scenario's log whole
