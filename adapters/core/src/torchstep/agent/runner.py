@@ -262,9 +262,10 @@ class AgentRun:
             log.error("rendezvous failed: %s: %s", type(e).__name__, e)
             return Outcome("rendezvous", message=f"rendezvous failed: {type(e).__name__}: {e}".rstrip(": "))
         except Exception as e:
-            if signals.pending() is not None:  # a signal surfaced as another exception
+            signum = signals.pending()
+            if signum is not None:  # a signal surfaced as another exception
                 shutdown_rdzv = False
-                return Outcome("cancelled", signal=signals.pending())
+                return Outcome("cancelled", signal=signum)
             self._record_failed_event(events, config)
             log.error("agent error:\n%s", traceback.format_exc())
             return Outcome("agent_error", message=f"agent error: {type(e).__name__}: {e}")
