@@ -8,6 +8,8 @@ faulty rank are drawn for every run.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import random
 import shutil
 import tempfile
@@ -18,11 +20,33 @@ from pathlib import Path
 from types import ModuleType
 
 from tools.soak import faults, invariants
+from tools.soak import surfaces as _surfaces
 from tools.soak.model import Observation, Run, Violation
-from tools.soak.surfaces import local, torchx
 
-#: The surfaces the campaign drives, by name.
-SURFACES: dict[str, ModuleType] = {local.NAME: local, torchx.NAME: torchx}
+
+def _discover() -> dict[str, ModuleType]:
+    """Every module of tools/soak/surfaces with a ``NAME``, by name, in module-name order
+    (``local`` and ``torchx`` first: the smoke's seed keeps its first runs)."""
+    found: dict[str, ModuleType] = {}
+    names = sorted(m.name for m in pkgutil.iter_modules(_surfaces.__path__))
+    for name in sorted(names, key=lambda n: (n not in ("local", "torchx"), n)):
+        module = importlib.import_module(f"{_surfaces.__name__}.{name}")
+        if hasattr(module, "NAME"):
+            found[module.NAME] = module
+    return found
+
+
+#: The surfaces the campaign drives, by name. A surface module has ``NAME``, ``FAULTS``,
+#: ``LINES`` and ``run(run, seed, workdir) -> Observation``; optionally ``EXPECT`` (fault
+#: class -> faults.Expect where its outcome differs from the local target's, and for its own
+#: fault classes) and ``check(run, obs) -> [(invariant, detail)]`` (its own invariants, 7).
+SURFACES: dict[str, ModuleType] = _discover()
+
+
+def expect_of(surface: str, fault: str) -> faults.Expect:
+    """The outcome ``fault`` must give on ``surface``."""
+    own = getattr(SURFACES[surface], "EXPECT", {})
+    return own[fault] if fault in own else faults.FAULTS[fault][1]
 
 
 def pairs(surfaces: list[str]) -> list[tuple[str, str]]:
@@ -94,7 +118,10 @@ def execute(
             outcomes.append(Outcome(run, obs, [Violation(run, "harness", f"{type(e).__name__}: {e}")]))
             say(f"soak run {run.index} {run.key}: harness error {e!r}; kept: {workdir}")
             continue
-        bad = invariants.check(run, obs, surface.LINES, getattr(surface, "EXPECT", {}).get(run.fault))
+        bad = invariants.check(run, obs, surface.LINES, expect_of(run.surface, run.fault))
+        extra = getattr(surface, "check", None)
+        if extra is not None:
+            bad += [Violation(run, invariants.NAMES.get(k, k), d) for k, d in extra(run, obs)]
         outcomes.append(Outcome(run, obs, bad))
         verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"
         say(f"soak run {run.index} {run.key}: rc {obs.rc}, "

@@ -65,6 +65,7 @@ class Observation:
         watcher_killed: the process that printed the console was SIGKILLed (its tail is lost).
         agent_killed: an agent was SIGKILLed: what its tee had read but not yet copied to
             the console is lost with it (its workers' console lines may stop short).
+        extra: what a surface keeps for its own ``check`` (the kubernetes fake's counters).
     """
 
     rc: int
@@ -81,6 +82,7 @@ class Observation:
     state: str | None = None
     watcher_killed: bool = False
     agent_killed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
