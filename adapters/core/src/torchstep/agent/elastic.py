@@ -170,6 +170,14 @@ class TorchstepAgent(LocalElasticAgent):
         attempt = self.attempts[-1] if self.attempts else None
         return attempt is not None and any(w.pid and pid_alive(w.pid) for w in attempt.workers.values())
 
+    def note_exits(self) -> None:
+        """Record the exits the exit watcher saw but the (wedged) main loop did not: a result
+        written by the watchdog then shows ranks that finished as finished, not RUNNING."""
+        for attempt in self.attempts[-1:]:
+            for w in attempt.workers.values():
+                if w.pid and w.exit is None:
+                    w.exit = self._exits.get(w.pid)
+
     def kill_all_workers(self) -> None:
         """SIGKILL every worker's process group now (watchdog, second signal)."""
         for attempt in self.attempts[-1:]:

@@ -134,6 +134,7 @@ class AgentRun:
     def _on_watchdog(self, reason: str) -> None:
         # runs in the watchdog thread while the main thread is stuck somewhere in torch
         if self.agent is not None:
+            self.agent.note_exits()  # before the kill: a rank that had finished shows so
             self.agent.kill_all_workers()
         outcome = Outcome("watchdog", message=f"watchdog: {reason}")
         try:

@@ -25,11 +25,45 @@ Example::
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 
 log = logging.getLogger("torchstep.agent")
+
+
+def stuck_in(thread_id: int | None = None) -> str | None:
+    """Where in ``torch.distributed`` a thread is blocked: its outermost and innermost frames
+    there (``DynamicRendezvousHandler.num_nodes_waiting -> C10dRendezvousBackend.get_state``), or
+    ``None`` when it is not inside ``torch.distributed`` (or is gone).
+
+    Args:
+        thread_id: the thread's ident (default: the main thread's).
+
+    Returns:
+        The call chain's two ends, or None.
+
+    Example::
+
+        >>> stuck_in() is None  # the doctest's main thread is not in torch.distributed
+        True
+    """
+    ident = threading.main_thread().ident if thread_id is None else thread_id
+    frame: FrameType | None = sys._current_frames().get(ident or -1)
+    inside: list[str] = []
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/distributed/" in name:
+            owner = frame.f_locals.get("self")
+            inside.append(
+                f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
+            )
+        frame = frame.f_back
+    if not inside:
+        return None
+    return inside[-1] if len(inside) == 1 else f"{inside[-1]} -> {inside[0]}"
 
 
 class ProgressWatchdog:
@@ -102,6 +136,11 @@ class ProgressWatchdog:
             reason = self._check()
             if reason is None:
                 continue
+            where = stuck_in()
+            if where is not None:  # the likely cause: a store call that never returns
+                reason += f"; the agent's main thread is blocked in torch.distributed: {where}"
+                if "endezvous" in where or "Store" in where:
+                    reason += " (the rendezvous store does not answer)"
             self.fired = reason
             log.error("watchdog: %s", reason)
             try:
