@@ -21,6 +21,14 @@ SEED = 27
 SMOKE = campaign.plan(SEED, len(campaign.pairs(list(campaign.SURFACES))))
 
 
+def _param(run: Run) -> object:
+    """A surface that starts a server (``SERVER = True``: Prefect, Airflow...) runs all its
+    smoke runs on one xdist worker (``--dist loadgroup``): one server start, not one per worker."""
+    shared = getattr(campaign.SURFACES[run.surface], "SERVER", False)
+    marks = [pytest.mark.xdist_group(f"soak-{run.surface}")] if shared else []
+    return pytest.param(run, marks=marks, id=run.key)
+
+
 def test_the_smoke_plan_covers_every_fault_class_of_every_surface() -> None:
     assert {(r.surface, r.fault) for r in SMOKE} == set(campaign.pairs(list(campaign.SURFACES)))
 
@@ -40,7 +48,7 @@ def test_a_gap_or_a_repeated_line_is_a_violation() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", SMOKE, ids=[r.key for r in SMOKE])
+@pytest.mark.parametrize("run", [_param(r) for r in SMOKE])
 def test_soak_run_holds_every_invariant(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the run's directory, state and temp files: private to the test, and short (a deep TMPDIR
     # leaves no room for the worker zygote's Unix socket path: workers would start by exec)

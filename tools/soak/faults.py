@@ -61,6 +61,7 @@ class Expect:
     guarantee: str = ""
     record: bool = True
     restarts_max: int | None = None
+    message_has: str | None = None
 
     def restarts_ok(self, counted: object) -> bool:
         """Whether ``counted`` restarts are what this class allows."""
@@ -202,6 +203,22 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
             ),
         ),
     ),
+    "rdzv_stall": (
+        False,
+        Expect(
+            "FAILED",
+            83,
+            0,
+            message_has="the rendezvous store does not answer",
+            guarantee=(
+                "the rendezvous store stops answering for good (its process SIGSTOPped: connections are "
+                "accepted, nothing is answered, as behind a proxy that stops forwarding): the workers "
+                "finish their lines (gloo does not need the store), the agents' next store call blocks, "
+                "the agent's watchdog ends the run: FAILED, exit 83, retryable, the message names the "
+                "store call that hung, the ranks that finished show SUCCEEDED; never a hang"
+            ),
+        ),
+    ),
     "nonretryable": (
         True,
         Expect(
@@ -218,11 +235,9 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
     ),
 }
 
-#: Fault classes of the issue no surface injects yet (docs/reliability.md lists them).
-NOT_YET = {
-    "rdzv_stall": "the rendezvous endpoint stalls (a TCP proxy in front of the c10d store)",
-    "k8s_api": "Kubernetes API 500 / 429 / watch reset / pod deleted under the watcher",
-}
+#: Seconds of the agents' no-progress watchdog under ``rdzv_stall`` (default 60): what ends
+#: a run whose store went silent, shortened so that the campaign does not wait a minute.
+STALL_WATCHDOG_S = 20
 
 
 def in_worker_env(fault: str, rank: int, line: int) -> dict[str, str]:
@@ -242,16 +257,22 @@ def in_worker_env(fault: str, rank: int, line: int) -> dict[str, str]:
 
 
 def tail_env(fault: str) -> dict[str, str]:
-    """Under ``cancel``, the job stays alive after its last line, so that a cancel through an
-    orchestrator's CLI (seconds to start) always finds the step running.
+    """The run's environment a fault class needs beside the job's: under ``cancel`` the job
+    stays alive after its last line, so that a cancel through an orchestrator's CLI (seconds
+    to start) always finds the step running; under ``rdzv_stall`` the agents' watchdog is
+    shorter (``TORCHSTEP_WATCHDOG_TIMEOUT``).
 
     Args:
         fault: a key of FAULTS.
 
     Returns:
-        ``SOAK_TAIL_S`` for the job, or nothing.
+        ``SOAK_TAIL_S`` / ``TORCHSTEP_WATCHDOG_TIMEOUT``, or nothing.
     """
-    return {"SOAK_TAIL_S": "60"} if fault == "cancel" else {}
+    if fault == "cancel":
+        return {"SOAK_TAIL_S": "60"}
+    if fault == "rdzv_stall":
+        return {"TORCHSTEP_WATCHDOG_TIMEOUT": str(STALL_WATCHDOG_S)}
+    return {}
 
 
 def progress_of(progress: Path, rank: int) -> tuple[int, int] | None:
@@ -280,6 +301,33 @@ def agent_of(worker: int, launcher: int) -> int:
         if up == launcher:
             return pid
         pid = up
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc, breadth first)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            children.setdefault(parent_of(int(name)), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def store_of(watcher: int) -> int:
+    """The rendezvous store process below ``watcher`` (``python -m torchstep.local.store``); 0 if none."""
+    for pid in descendants(watcher):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"torchstep.local.store" in argv:
+            return pid
     return 0
 
 
@@ -345,7 +393,7 @@ def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], b
     """Wait until rank ``rank`` printed line ``moment``, then inject the external ``fault``.
 
     Args:
-        fault: sigkill_rank, sigkill_agent, sigkill_watcher, cancel or logfull.
+        fault: sigkill_rank, sigkill_agent, sigkill_watcher, cancel, logfull or rdzv_stall.
         rank: the faulty rank (whose progress times the fault).
         moment: the line number.
         alive: whether the run still runs.
@@ -368,6 +416,9 @@ def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], b
                 return bool(agent) and kill(agent, signal.SIGKILL)
             if fault == "sigkill_watcher":
                 return kill(watcher, signal.SIGKILL)
+            if fault == "rdzv_stall":
+                store = store_of(watcher)
+                return bool(store) and kill(store, signal.SIGSTOP)
             if fault == "cancel":
                 cancel()
                 return True

@@ -166,6 +166,12 @@ def check(run: Run, obs: Observation, lines: int, expect: faults.Expect | None =
         # 6: the record agrees with the exit status and the orchestrator's state
         if res.get("exit_code") != obs.rc or res.get("state") != state:
             v("6", f"result says {res.get('state')} exit {res.get('exit_code')}; observed {state}, exit {obs.rc}")
+        running = [(r.get("replica_id"), k.get("rank")) for r in res.get("replicas") or []
+                   for k in r.get("ranks") or [] if k.get("state") == "RUNNING"]  # fmt: skip
+        if running:
+            v("6", f"the final result shows (replica, rank) {running} still RUNNING")
+        if exp.message_has and exp.message_has not in str(res.get("message")):
+            v("1", f"the message does not say {exp.message_has!r}: {res.get('message')!r}")
         if fault == "logfull" and not res.get("warnings"):
             v("1", "the log disk filled but the result has no warning")
     # 2: nothing left

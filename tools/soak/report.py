@@ -36,6 +36,14 @@ FINDINGS = [
     'zygote (AF_UNIX path too long); workers start by exec": a correct fallback, but the '
     "zygote's speed is lost wherever the temporary directory path is long (a socket path is "
     "limited to 107 bytes). The smoke test now runs in a short private directory.",
+    "`rdzv_stall` (new fault class, `--replay local:rdzv_stall:3:1`): with the store SIGSTOPped the "
+    "workers finished every line, then both agents blocked in a store call "
+    "(`num_nodes_waiting`) and the watchdog ended the run after 60 s: no hang, but the result "
+    'said only "the elastic loop made no progress" and showed every rank `RUNNING` (exit '
+    "null) although all four had exited 0. Fixed (agent/watchdog.py, elastic.py `note_exits`): "
+    "the message names the blocked `torch.distributed` call and the store; finished ranks show "
+    "`SUCCEEDED`. Regression tests: tests/agent/test_agent_watchdog_cause.py, and invariant 6 "
+    "now fails any final result with a rank still `RUNNING`.",
     "Harness, not torchstep: a cancel through `torchx cancel` takes seconds to start, so it could "
     "land after a short job had already SUCCEEDED; the job now stays alive after its last line "
     "under `cancel` (`SOAK_TAIL_S`).",
@@ -129,8 +137,6 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         for fault, exp in getattr(module, "EXPECT", {}).items():
             out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
     out += [
-        "",
-        "Not injected yet: " + "; ".join(faults.NOT_YET.values()) + ".",
         "",
         "## The invariants, checked after every run",
         "",
