@@ -134,8 +134,22 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         state = exp.state or "(no final result)"
         out.append(f"| {fault} | {state} | {exp.exit_code} | {exp.restarts_text} | {exp.attempts} | {exp.guarantee} |")
     for surface, module in SURFACES.items():
-        for fault, exp in getattr(module, "EXPECT", {}).items():
-            out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
+        expect = getattr(module, "EXPECT", {})
+        for fault, exp in expect.items():
+            if fault in faults.FAULTS:
+                out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
+        own = [(f, e) for f, e in expect.items() if f not in faults.FAULTS]
+        if own:
+            out += ["", f"Fault classes of the `{surface}` surface only:", "",
+                    "| fault class | state | exit | agent restarts | tries | guarantee |", "|---|---|---|---|---|---|"]  # fmt: skip
+            for fault, exp in own:
+                state = exp.state or "(no final result)"
+                out.append(f"| {fault} | {state} | {exp.exit_code} | {exp.restarts_text} | {exp.attempts} | "
+                           f"{exp.guarantee} |")  # fmt: skip
+    out += ["", "Fault classes each surface injects (the classes a surface leaves out test the agent alone, "
+            "the same code under every orchestrator; `local` and `torchx` inject them all):", ""]  # fmt: skip
+    for surface, module in SURFACES.items():
+        out.append(f"- `{surface}`: {', '.join(module.FAULTS)}")
     out += [
         "",
         "## The invariants, checked after every run",
@@ -153,8 +167,12 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         f"{faults.STOP_TIMEOUT_S} s under `stop`); "
         f"a cancel within grace ({faults.GRACE_S:g} s) + {faults.CANCEL_MARGIN_S:g} s.",
         "6. A result record exists and parses (result.json, else the `--json` print) and agrees with "
-        "the exit status; everything under the run directory is private (0700 / 0600).",
-        "7. Kubernetes (never two gangs, everything deleted): not checked yet, the kubernetes surface is not covered.",
+        "the exit status and the orchestrator's state, and shows no rank still `RUNNING`; everything "
+        "under the run directory is private (0700 / 0600).",
+        "7. Kubernetes: never two gangs (Jobs) of one logical attempt, and nothing of the run left "
+        "on the (fake) cluster when the step ends"
+        + ("" if "kubernetes" in SURFACES else " (not checked: the kubernetes surface is not driven yet)")
+        + ".",
         "",
         "Replay one run: `.venv/bin/python -m tools.soak --seed SEED --only INDEX`, or "
         "`--replay surface:fault:moment:rank` (e.g. `--replay local:exit:4:2`).",
