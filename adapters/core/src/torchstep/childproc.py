@@ -44,12 +44,22 @@ def stop_when_ancestors_die(*, name: str = "torchstep-ancestors-watch", poll_s: 
         poll_s: seconds between two looks.
     """
 
-    def parent_of(pid: int) -> int:
+    def stat_of(pid: int) -> list[bytes]:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
-                return int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
+                return f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return []
+
+    def parent_of(pid: int) -> int:
+        fields = stat_of(pid)
+        return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+    def dead(pid: int) -> bool:
+        # a killed process stays in /proc as a zombie until its own parent reaps it (a
+        # program that started the pipeline with Popen and waits on something else): dead
+        fields = stat_of(pid)
+        return not fields or fields[0] in (b"Z", b"X")
 
     parent = os.getppid()
     watched = [p for p in (parent, parent_of(parent)) if p > 1]
@@ -57,7 +67,7 @@ def stop_when_ancestors_die(*, name: str = "torchstep-ancestors-watch", poll_s: 
     def watch() -> None:
         while True:
             time.sleep(poll_s)
-            if os.getppid() != parent or any(not os.path.exists(f"/proc/{p}") for p in watched):
+            if os.getppid() != parent or any(dead(p) for p in watched):
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
