@@ -9,6 +9,6 @@ NOT_COVERED = {
     "kfp.local": "kfp.local (tests/kfp/test_local_runs.py)",
     "prefect": "Prefect with a real `prefect server`",
     "airflow": "Airflow `dag.test` and the scheduler with PostgreSQL",
-    "torchx (airflow, prefect)": "`torchx run` with `-s torchstep_airflow` or `-s torchstep_prefect` "
-    "(`-s torchstep_local` is covered)",
+    "torchx_airflow": "`torchx run -s airflow` (a real Airflow deployment: PostgreSQL, api-server, scheduler, "
+    "dag-processor; `-s torchstep_local` and `-s prefect` are covered)",
 }
