@@ -45,6 +45,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from torchstep.errors import RunError, SpecError
@@ -55,6 +56,14 @@ from torchstep.kubernetes.logcursor import Cursor, cursor_value, lines_of
 from torchstep.kubernetes.ownership import Owners, record_uid, recorded_uids, refusal, refused_creation
 from torchstep.kubernetes.pod import CONTAINER_NAME
 from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, RenderedApp, owned_by
+from torchstep.kubernetes.retry import (
+    API_RETRY_BUDGET_S,
+    DELETE_RETRY_BUDGET_S,
+    ApiRetriesExhausted,
+    Interrupted,
+    call_api,
+    transient,
+)
 from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, StepResult
 
 #: What happens to the objects when the run ends: always deleted, deleted only after
@@ -130,6 +139,10 @@ class JobGang:
             ``None``: attach by labels only, follow logs from the start.
         cursor_interval: the most seconds between two saves of the log position.
 
+    ``api_retry_budget_s`` (attribute, default :data:`~torchstep.kubernetes.retry.API_RETRY_BUDGET_S`):
+    the most seconds one API call keeps being retried after transient errors (429, 5xx, a
+    dropped connection: :mod:`torchstep.kubernetes.retry`) before the run fails.
+
     Raises:
         SpecError: ``on_finish`` is not one of :data:`ON_FINISH`.
     """
@@ -172,6 +185,12 @@ class JobGang:
         self.owners = Owners()
         self._created: list[tuple[str, str]] = []  # (kind, name) of what this object created
         self._refused = False  # an existing object was refused: delete only what was created here
+        self.api_retry_budget_s = API_RETRY_BUDGET_S
+
+    def _api(self, what: str, fn: Callable[[], Any], *, stop: threading.Event | None = None, **kw: Any) -> Any:
+        """``fn()`` retried after transient API errors (:func:`~torchstep.kubernetes.retry.call_api`)."""
+        kw.setdefault("budget_s", self.api_retry_budget_s)
+        return call_api(what, fn, stop=stop, logger=self.log, **kw)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> StepResult:
@@ -225,14 +244,14 @@ class JobGang:
         for role in self.rendered.roles:
             body = dict(role.workload)
             kind, name = body["kind"], body["metadata"]["name"]
-            try:
-                if kind == "Job":
-                    created = self.client.create_namespaced_job(self.ns, body=body)
-                else:
-                    created = self.client.create_namespaced_pod(self.ns, body=body)
+            make = self.client.create_namespaced_job if kind == "Job" else self.client.create_namespaced_pod
+            try:  # retried on 429 only (answered before anything is done): a create is not idempotent
+                created = self._api(f"create {kind} {self.ns}/{name}", partial(make, self.ns, body=body),
+                                    statuses={429}, connection=False)  # fmt: skip
             except Exception as e:
-                if http_status(e) != 409:
-                    raise refused_creation(kind, self.ns, name, e) from e
+                error = e.error if isinstance(e, ApiRetriesExhausted) else e
+                if http_status(error) != 409:
+                    raise refused_creation(kind, self.ns, name, error) from e
                 created = self._read_ours(kind, name)
                 self.owners.add(kind, name, self._attachable_uid(kind, name, created))
                 self.attached = True
@@ -248,11 +267,14 @@ class JobGang:
                 self.log.info("torchstep: created %s %s/%s", kind, self.ns, name)
             if role.service is not None:
                 service = owned_by(role.service, self.client.sanitize(created))
+                svc_name = service["metadata"]["name"]
                 try:
-                    self.client.create_namespaced_service(self.ns, body=service)
+                    self._api(f"create Service {self.ns}/{svc_name}", partial(
+                        self.client.create_namespaced_service, self.ns, body=service), statuses={429}, connection=False)  # fmt: skip
                 except Exception as e:
-                    if http_status(e) != 409:
-                        raise refused_creation("Service", self.ns, service["metadata"]["name"], e) from e
+                    error = e.error if isinstance(e, ApiRetriesExhausted) else e
+                    if http_status(error) != 409:
+                        raise refused_creation("Service", self.ns, svc_name, error) from e
                     self._check_service(service["metadata"]["name"], kind, name)
         if self.attached and self.cursor_store is not None:
             self._resume_merge(cursor_value(self._store_get()))
@@ -312,10 +334,8 @@ class JobGang:
 
     def _read_ours(self, kind: str, name: str) -> Any:
         """The existing workload ``name``, checked to carry this run's labels."""
-        if kind == "Job":
-            obj = self.client.read_namespaced_job_status(name, self.ns)
-        else:
-            obj = self.client.read_namespaced_pod_status(name, self.ns)
+        read = self.client.read_namespaced_job_status if kind == "Job" else self.client.read_namespaced_pod_status
+        obj = self._api(f"read {kind} {self.ns}/{name}", lambda: read(name, self.ns))
         self._check_ours(kind, name, get(obj, "metadata", "labels") or {})
         return obj
 
@@ -333,7 +353,9 @@ class JobGang:
         """An existing Service of a role's name is used only when it carries our labels
         and is owned by the role's workload (by uid): another one could point the
         rendezvous somewhere else."""
-        listed = self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector)
+        sel = self.rendered.label_selector
+        listed = self._api(f"list Services {self.ns} ({sel})",
+                           lambda: self.client.list_namespaced_service(self.ns, label_selector=sel))  # fmt: skip
         found = [svc for svc in get(listed, "items") or [] if get(svc, "metadata", "name") == name]
         self._check_ours("Service", name, get(found[0], "metadata", "labels") if found else {})
         uid = self.owners.uid(owner)
@@ -344,12 +366,17 @@ class JobGang:
                           f"{owner} (uid {uid})")  # fmt: skip
 
     def wait(self) -> str:
-        """Poll until every workload finished, one failed, or a cancel; the step's state."""
+        """Poll until every workload finished, one failed, or a cancel; the step's state.
+        Transient API errors are retried (:mod:`torchstep.kubernetes.retry`); a cancel
+        while waiting to retry returns CANCELLED."""
         while True:
             if self._cancel.is_set():
                 return CANCELLED
-            states = [self._workload_state(r.kind, r.name) for r in self.rendered.roles]
-            self._follow_new_pods()
+            try:
+                states = [self._workload_state(r.kind, r.name, self._cancel) for r in self.rendered.roles]
+                self._follow_new_pods(self._cancel)
+            except Interrupted:
+                return CANCELLED
             if FAILED in states:
                 return FAILED
             if all(s == SUCCEEDED for s in states):
@@ -357,24 +384,28 @@ class JobGang:
             self.save_cursor()
             self._cancel.wait(self.poll)
 
-    def _workload_state(self, kind: str, name: str) -> str | None:
+    def _workload_state(self, kind: str, name: str, stop: threading.Event | None = None) -> str | None:
         if kind == "Job":
-            job = self.client.read_namespaced_job_status(name, self.ns)
+            job = self._api(f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns),
+                            stop=stop)  # fmt: skip
             for c in get(job, "status", "conditions") or []:
                 if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
                     return SUCCEEDED
                 if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
                     return FAILED
             return None
-        phase = get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
-        return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(phase)
+        pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                        stop=stop)  # fmt: skip
+        return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
 
     # -- logs ---------------------------------------------------------------------------------
-    def _pods(self) -> list[Any]:
+    def _pods(self, stop: threading.Event | None = None) -> list[Any]:
         """The run's own pods (see the module docstring); an impostor is reported once."""
         sel = self.rendered.label_selector
         ours = []
-        for pod in get(self.client.list_namespaced_pod(self.ns, label_selector=sel), "items") or []:
+        listed = self._api(f"list Pods {self.ns} ({sel})",
+                           lambda: self.client.list_namespaced_pod(self.ns, label_selector=sel), stop=stop)  # fmt: skip
+        for pod in get(listed, "items") or []:
             if self.owners.owns(pod):
                 ours.append(pod)
                 continue
@@ -392,8 +423,8 @@ class JobGang:
             except Exception as e:
                 self.log.warning("torchstep: on_line raised %s: %s", type(e).__name__, e)
 
-    def _follow_new_pods(self) -> None:
-        for pod in self._pods():
+    def _follow_new_pods(self, stop: threading.Event | None = None) -> None:
+        for pod in self._pods(stop):
             name = get(pod, "metadata", "name")
             if name in self._followed or get(pod, "status", "phase") not in ("Running", "Succeeded", "Failed"):
                 continue
@@ -411,6 +442,7 @@ class JobGang:
             if attempt:
                 cursor.reattach()
             terminal = self._pod_finished(name)
+            failed = False
             try:
                 since = None
                 if cursor.epoch is not None:  # measured on this clock, applied on the node's: a margin
@@ -421,7 +453,8 @@ class JobGang:
                     self._stream(name, cursor, terminal, None)
             except Exception as e:  # a log stream must never fail the step
                 self.log.warning("torchstep: log stream of pod %s dropped: %s", name, e)
-            if terminal or self._stop_logs.is_set():
+                failed = transient(e)  # a finished pod's log that failed to read is read again
+            if (terminal and not failed) or self._stop_logs.is_set():
                 return
             if attempt:  # a stream that ends at once again and again must not spin
                 self._stop_logs.wait(min(self.poll, 1.0))
@@ -453,8 +486,10 @@ class JobGang:
 
     def _pod_finished(self, name: str) -> bool:
         """Whether the pod ended (or is gone): its log is then complete and read once more."""
-        try:
-            phase = get(self.client.read_namespaced_pod_status(name, self.ns), "status", "phase")
+        try:  # a transient error is retried: taken for the pod's end, it would stop following a running pod
+            pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                            stop=self._stop_logs)  # fmt: skip
+            phase = get(pod, "status", "phase")
         except Exception:
             return True
         return phase in ("Succeeded", "Failed", None)
@@ -570,8 +605,9 @@ class JobGang:
             ("services", self._delete_services),
         ]  # fmt: skip
         for what, call in calls:
-            try:
-                call()
+            try:  # deleting by label is idempotent: retried after transient errors, a little
+                self._api(f"delete {what} {self.ns} ({sel})", call, budget_s=min(self.api_retry_budget_s,
+                                                                                 DELETE_RETRY_BUDGET_S))  # fmt: skip
             except Exception as e:  # keep deleting the rest
                 self.log.warning("torchstep: cleanup of %s (%s): %s", what, sel, e)
 
