@@ -11,7 +11,16 @@ What it serves, exactly as the official ``kubernetes`` client (30.x) calls it:
   PATCH, ``/log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``sinceTime``;
 - ``v1`` services: create (409), list, delete by name;
 - ``GET /debug/state``: counters (``jobs_created``, ``pods_created``, ``conflicts``,
-  ``patches``, ``log_requests``, ``deleted``) and every object.
+  ``patches``, ``log_requests``, ``faults_answered``, ``streams_cut``, ``pods_replaced``,
+  ``deleted``) and every object;
+- ``POST /debug/fault`` (JSON body), a fault injected now: ``{"status": 500, "count": N}``
+  answers the next N API requests (``"match"``: only those whose path holds that text;
+  ``"methods"``: only those methods) with that status and a ``Status`` body, with
+  ``"retry_after": S`` a ``Retry-After: S`` header too (a 429 of API Priority and Fairness);
+  ``{"cut_logs": N}`` cuts the next N followed log streams once they sent a line (the
+  connection is closed without the last chunk, as a reset watch); ``{"delete_pod": I}``
+  deletes the running pod of completion index I (``kubectl delete pod``). It answers
+  ``{"ok": true, ...}`` (``"pod"``: the deleted pod's name, ``null`` when none ran).
 
 Pods run by the wall clock, from a :class:`Scenario`: creating a Job creates one pod per
 completion index (a bare Pod is its own), each writes ``lines`` one every ``line_interval_s``
@@ -19,7 +28,16 @@ seconds (RFC 3339 timestamps of the moment each "appeared"), runs ``run_s`` seco
 terminates with ``codes[index]`` and ``messages[index]`` as its termination message (the
 agent's result summary). A followed log streams lines as they appear until the pod ends.
 Every object gets a ``metadata.uid``; a Job's pods get the ``ownerReferences`` entry the Job
-controller sets (``controller: true``, the Job's uid). A pod created directly can replace
+controller sets (``controller: true``, the Job's uid). A running pod of a Job deleted on its
+own (not with its Job) is replaced as the Job controller does (the agent was SIGTERMed: exit
+143, counted against ``backoffLimitPerIndex``; past it the Job fails): the replacement
+writes the lines its predecessor had not written yet, from the last one it wrote (a worker
+resumes after its checkpoint), as incarnation 1, 2...
+
+With ``line_template`` (``str.format`` fields ``role``, ``index``, ``rank``, ``attempt``,
+``pid``, ``line``), each of a pod's ``lines`` is ``procs`` lines, one per rank of the pod
+(ranks ``procs*index`` ...), each rank with its own fake pid per incarnation: what a
+replica of the agent with ``nproc_per_node=procs`` prints. A pod created directly can replace
 what the scenario says for it with two test-only annotations (an impostor's forged result):
 ``kubehttp/message`` (its termination message) and ``kubehttp/line`` (the text of its lines).
 Delete-collection honours ``fieldSelector=metadata.name=...``.
@@ -37,6 +55,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +82,8 @@ class Scenario:
     messages: list[str | None] = field(default_factory=list)  # termination message per index
     lines: int = 20  # lines each pod writes: "[role/<index>] line <k>"
     line_interval_s: float = 0.1
+    line_template: str | None = None  # see the module docstring
+    procs: int = 1  # ranks per pod (with line_template)
 
     def code(self, index: int) -> int:
         return self.codes[index] if index < len(self.codes) else 0
@@ -98,8 +119,12 @@ class Cluster:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> object
         self.started: dict[str, float] = {}  # pod name -> start time
         self.counters = {"jobs_created": 0, "pods_created": 0, "services_created": 0, "conflicts": 0,
-                         "patches": 0, "log_requests": 0}  # fmt: skip
+                         "patches": 0, "log_requests": 0, "faults_answered": 0, "streams_cut": 0,
+                         "pods_replaced": 0}  # fmt: skip
         self.deleted: list[str] = []
+        self.answer: dict[str, Any] | None = None  # the pending status fault (POST /debug/fault)
+        self.cut_logs = 0  # followed log streams still to cut
+        self.failures: dict[tuple[str, int], int] = {}  # (Job uid, index) -> pods lost (counted)
 
     # -- objects ------------------------------------------------------------------------------------
     def create(self, kind: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -124,17 +149,47 @@ class Cluster:
                     "blockOwnerDeletion": True,
                 }  # as the Job controller sets it
                 for index in range(int(obj["spec"].get("completions") or 1)):
-                    pod = {"apiVersion": "v1", "kind": "Pod",
-                           "metadata": {"name": f"{name}-{index}-{uuid.uuid4().hex[:5]}", "namespace": ns,
-                                        "labels": {**template["metadata"].get("labels", {}), "job-name": name},
-                                        "annotations": {INDEX: str(index)}, "uid": str(uuid.uuid4()),
-                                        "creationTimestamp": _now(), "ownerReferences": [owner]},
-                           "spec": template["spec"]}  # fmt: skip
-                    self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
-                    self.started[pod["metadata"]["name"]] = time.time()
+                    self._job_pod(ns, name, template, owner, index, {})
             elif kind == "Pod":
                 self.started[name] = time.time()
             return 201, self.view(kind, obj)
+
+    def _job_pod(self, ns: str, job: str, template: dict[str, Any], owner: dict[str, Any], index: int,
+                 extra: dict[str, str]) -> str:  # fmt: skip
+        """Start the pod of completion ``index`` of Job ``job`` (under the lock)."""
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{job}-{index}-{uuid.uuid4().hex[:5]}", "namespace": ns,
+                            "labels": {**template["metadata"].get("labels", {}), "job-name": job},
+                            "annotations": {INDEX: str(index), **extra}, "uid": str(uuid.uuid4()),
+                            "creationTimestamp": _now(), "ownerReferences": [owner]},
+               "spec": template["spec"]}  # fmt: skip
+        self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
+        self.started[pod["metadata"]["name"]] = time.time()
+        return str(pod["metadata"]["name"])
+
+    def _replace(self, ns: str, pod: dict[str, Any]) -> None:
+        """The Job controller after a running pod of its Job was deleted (under the lock):
+        count the loss against ``backoffLimitPerIndex`` and start a replacement that writes
+        the rest of the lines, from the last one the lost pod wrote."""
+        ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+        job = next((o for (k, n, _), o in self.objects.items() if k == "Job" and n == ns
+                    and ref is not None and o["metadata"]["uid"] == ref["uid"]), None)  # fmt: skip
+        if job is None or ref is None or self._pod_status(pod)["phase"] != "Running":
+            return
+        index = self._index(pod)
+        key = (ref["uid"], index)
+        self.failures[key] = self.failures.get(key, 0) + 1
+        spec = job["spec"]
+        limit = spec.get("backoffLimitPerIndex", spec.get("backoffLimit", 6))
+        if self.failures[key] > int(limit):
+            return  # the index failed: the Job's view says Failed
+        notes = pod["metadata"].get("annotations") or {}
+        written, _, _ = self._written(pod)
+        first = written[-1][1] if written else int(notes.get("kubehttp/first-line", 0))
+        extra = {"kubehttp/incarnation": str(int(notes.get("kubehttp/incarnation", 0)) + 1),
+                 "kubehttp/first-line": str(first)}  # fmt: skip
+        self._job_pod(ns, ref["name"], spec["template"], ref, index, extra)
+        self.counters["pods_replaced"] += 1
 
     def get(self, kind: str, ns: str, name: str) -> tuple[int, dict[str, Any]]:
         with self.lock:
@@ -171,8 +226,11 @@ class Cluster:
                       and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))
                       and (only is None or key[2] == only)]  # fmt: skip
             for key in doomed:
-                uid = self.objects.pop(key)["metadata"]["uid"]
+                gone = self.objects.pop(key)
+                uid = gone["metadata"]["uid"]
                 self.deleted.append(f"{kind}/{key[2]}")
+                if kind == "Pod":
+                    self._replace(ns, gone)
                 if kind == "Job":  # foreground propagation: its pods and the Services it owns go too
                     for other, o in list(self.objects.items()):
                         owned = any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
@@ -191,7 +249,7 @@ class Cluster:
         elapsed = time.time() - self.started.get(name, time.time())
         main = (pod["spec"].get("containers") or [{"name": "main"}])[0]["name"]
         status: dict[str, Any] = {"name": main, "image": "fake", "imageID": "", "ready": True, "restartCount": 0}
-        if elapsed < self.scenario.run_s:
+        if elapsed < self._run_s(pod):
             status["state"] = {"running": {"startedAt": _now()}}
             return {"phase": "Running", "conditions": [], "containerStatuses": [status]}
         code = self.scenario.code(index)
@@ -213,12 +271,43 @@ class Cluster:
                     if k == "Pod" and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]  # fmt: skip
             phases = [p["phase"] for p in pods]
             conditions = []
-            if "Failed" in phases:
+            spec = obj["spec"]
+            limit = int(spec.get("backoffLimitPerIndex", spec.get("backoffLimit", 6)))
+            if "Failed" in phases or any(u == uid and n > limit for (u, _), n in self.failures.items()):
                 conditions = [{"type": "Failed", "status": "True"}]
             elif phases and all(p == "Succeeded" for p in phases):
                 conditions = [{"type": "Complete", "status": "True"}]
             out["status"] = {"conditions": conditions}
         return out
+
+    def _run_s(self, pod: dict[str, Any]) -> float:
+        """How long a pod runs: a replacement only what its predecessor had left."""
+        first = int((pod["metadata"].get("annotations") or {}).get("kubehttp/first-line", 0))
+        return max(self.scenario.run_s - first * self.scenario.line_interval_s, self.scenario.line_interval_s)
+
+    def _written(self, pod: dict[str, Any]) -> tuple[list[tuple[float, int, str]], bool, int]:
+        """``(time, line number, text)`` of every line ``pod`` has written by now, whether it
+        ended, and how many it writes in all (under the lock)."""
+        s = self.scenario
+        name, index = pod["metadata"]["name"], self._index(pod)
+        notes = pod["metadata"].get("annotations") or {}
+        start = self.started[name]
+        role = (pod["metadata"].get("labels") or {}).get("torchstep/role", "role")
+        first, attempt = int(notes.get("kubehttp/first-line", 0)), int(notes.get("kubehttp/incarnation", 0))
+        written = []
+        for j, k in enumerate(range(first, s.lines)):
+            t = start + (j + 1) * s.line_interval_s
+            if s.line_template is None or "kubehttp/line" in notes:
+                written.append((t, k, f"{notes.get('kubehttp/line', f'[{role}/{index}] line')} {k}"))
+                continue
+            for local in range(s.procs):
+                rank = s.procs * index + local
+                pid = 100000 + 1000 * attempt + rank
+                fields = {"role": role, "index": index, "rank": rank, "attempt": attempt, "pid": pid, "line": k}
+                written.append((t, k, s.line_template.format(**fields)))
+        total = len(written) if s.line_template is not None else s.lines - first
+        now = time.time()
+        return [w for w in written if w[0] <= now], now - start >= self._run_s(pod), total
 
     def log_lines(self, name: str) -> tuple[list[tuple[float, str]], bool, int]:
         """The lines pod ``name`` has written by now, whether it ended, and how many it will write."""
@@ -226,14 +315,48 @@ class Cluster:
             pod = next((o for (k, _, n), o in self.objects.items() if k == "Pod" and n == name), None)
             if pod is None:
                 return [], True, 0
-            start = self.started[name]
-            index = self._index(pod)
-            role = (pod["metadata"].get("labels") or {}).get("torchstep/role", "role")
-            text = (pod["metadata"].get("annotations") or {}).get("kubehttp/line", f"[{role}/{index}] line")
-        s = self.scenario
-        now = time.time()
-        written = [(start + (k + 1) * s.line_interval_s, f"{text} {k}") for k in range(s.lines)]
-        return [(t, text) for t, text in written if t <= now], now - start >= s.run_s, s.lines
+            written, ended, total = self._written(pod)
+        return [(t, text) for t, _, text in written], ended, total
+
+    # -- injected faults (POST /debug/fault) ----------------------------------------------------------
+    def fault(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Arm or inject one fault (see the module docstring)."""
+        with self.lock:
+            if "status" in body:
+                self.answer = {"status": int(body["status"]), "count": int(body.get("count", 1)),
+                               "retry_after": body.get("retry_after"), "match": body.get("match"),
+                               "methods": body.get("methods")}  # fmt: skip
+            if "cut_logs" in body:
+                self.cut_logs += int(body["cut_logs"])
+            running = None
+            if "delete_pod" in body:
+                running = next((key for key, o in self.objects.items() if key[0] == "Pod"
+                                and self._index(o) == int(body["delete_pod"])
+                                and self._pod_status(o)["phase"] == "Running"), None)  # fmt: skip
+        if running is not None:
+            self.delete("Pod", running[1], running[2], None)
+        return {"ok": True, "pod": running[2] if running else None}
+
+    def answered(self, method: str, path: str) -> tuple[int, float | None] | None:
+        """The status an armed fault answers this request with (it counts one), or None."""
+        with self.lock:
+            a = self.answer
+            if a is None or a["count"] <= 0 or (a["match"] and a["match"] not in path):
+                return None
+            if a["methods"] and method not in a["methods"]:
+                return None
+            a["count"] -= 1
+            self.counters["faults_answered"] += 1
+            return a["status"], a["retry_after"]
+
+    def cut(self) -> bool:
+        """Whether a followed log stream that sent a line is to be cut now (it counts one)."""
+        with self.lock:
+            if self.cut_logs <= 0:
+                return False
+            self.cut_logs -= 1
+            self.counters["streams_cut"] += 1
+            return True
 
 
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
@@ -275,14 +398,36 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length) or b"{}") if length else {}
 
+    def _faulted(self) -> bool:
+        """Answer an armed status fault (POST /debug/fault) instead of the request."""
+        if self.path.startswith("/debug/"):
+            return False
+        answer = self.cluster.answered(self.command, self.path)
+        if answer is None:
+            return False
+        code, after = answer
+        self._body()
+        data = json.dumps(_status(code, {429: "TooManyRequests"}.get(code, "InternalError"), "injected")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if after is not None:
+            self.send_header("Retry-After", str(after))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
     def do_GET(self) -> None:
+        if self._faulted():
+            return
         if self.path.startswith("/debug/state"):
             c = self.cluster
             with c.lock:
                 objects = [{"kind": k, "name": n, "labels": o["metadata"].get("labels") or {},
                             "annotations": o["metadata"].get("annotations") or {}, "uid": o["metadata"]["uid"]}
                            for (k, _, n), o in c.objects.items()]  # fmt: skip
-                self._send(200, {**c.counters, "deleted": list(c.deleted), "objects": objects})
+                self._send(200, {**c.counters, "deleted": list(c.deleted), "objects": objects,
+                                 "failures": [[u, i, n] for (u, i), n in c.failures.items()]})  # fmt: skip
             return
         route = self._route()
         if route is None:
@@ -295,18 +440,26 @@ class Handler(BaseHTTPRequestHandler):
         self._send(*self.cluster.get(kind, ns, name))
 
     def do_POST(self) -> None:
+        if self.path.startswith("/debug/fault"):
+            return self._send(200, self.cluster.fault(self._body()))
+        if self._faulted():
+            return
         route = self._route()
         if route is None or route[2] is not None:
             return self._send(404, _status(404, "NotFound", self.path))
         self._send(*self.cluster.create(route[0], route[1], self._body()))
 
     def do_PATCH(self) -> None:
+        if self._faulted():
+            return
         route = self._route()
         if route is None or route[2] is None:
             return self._send(404, _status(404, "NotFound", self.path))
         self._send(*self.cluster.patch(route[0], route[1], route[2], self._body()))
 
     def do_DELETE(self) -> None:
+        if self._faulted():
+            return
         route = self._route()
         if route is None:
             return self._send(404, _status(404, "NotFound", self.path))
@@ -339,6 +492,10 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
                 sent = len(lines)
+                if follow and sent and c.cut():  # a reset watch: closed without the last chunk
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if not follow or (ended and sent >= total) or (ended and not lines):
                     break
                 time.sleep(0.05)
@@ -358,6 +515,21 @@ class KubeServer:
 
     def state(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/debug/state", timeout=10) as r:
+            return dict(json.loads(r.read()))
+
+    def fault(self, **body: Any) -> dict[str, Any]:
+        """Inject a fault now (``POST /debug/fault``; see the module docstring).
+
+        Args:
+            **body: ``status``/``count``/``retry_after``/``match``/``methods``, ``cut_logs``
+                or ``delete_pod``.
+
+        Returns:
+            The fake's answer (``pod``: the pod ``delete_pod`` deleted).
+        """
+        request = urllib.request.Request(f"{self.url}/debug/fault", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as r:
             return dict(json.loads(r.read()))
 
     def stop(self) -> None:
