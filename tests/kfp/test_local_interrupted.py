@@ -1,9 +1,11 @@
-"""A kfp.local pipeline stopped by its user: Ctrl-C (SIGINT to the terminal's process group)
-or ``kill`` of the pipeline's process alone. kfp.local has no cancel: it stops copying the
-step's output and leaves the step's process running; the step must stop itself within its
-grace period (CANCELLED), leaving nothing running — also while the killed pipeline process
-is still a zombie that its own parent has not reaped (a program that started the pipeline
-with ``Popen`` and waits on something else; found by the soak's ``kfp`` surface)."""
+"""A kfp.local pipeline stopped by its user: Ctrl-C (SIGINT to the terminal's process group),
+``kill`` of the pipeline's process alone, or an interrupt the pipeline's process survives
+(a program that catches it). kfp.local has no cancel: it stops copying the step's output
+and leaves the step's process running; the step must stop itself within its grace period
+(CANCELLED, exit 143), leaving nothing running — also while the killed pipeline process is
+still a zombie that its own parent has not reaped (a program that started the pipeline with
+``Popen`` and waits on something else), and while the pipeline process lives on (found by
+the soak's ``kfp`` surface)."""
 
 import json
 import os
@@ -38,11 +40,15 @@ op = component_from_fn(ref, defaults={"mark": mark}, cfg={"log_dir": log_dir, "g
 def pipe():
     op()
 
-pipe()
+try:
+    pipe()
+except KeyboardInterrupt:  # a program that survives the interrupt (and waits, as Popen does after any other error)
+    import time
+    time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "kill"])
+@pytest.mark.parametrize("how", ["ctrl-c", "kill", "interrupt"])
 def test_a_stopped_kfp_local_pipeline_cancels_its_step_and_leaves_nothing_running(tmp_path: Path, how: str) -> None:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
@@ -57,10 +63,13 @@ def test_a_stopped_kfp_local_pipeline_cancels_its_step_and_leaves_nothing_runnin
         wait_for(lambda: procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 120, "the step's sleeper")
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
-        else:
+        elif how == "kill":
             proc.send_signal(signal.SIGTERM)  # `kill <pid>`: the pipeline process alone
             # not reaped yet: the dead pipeline process stays a zombie while the step runs on
-        wait_for(lambda: not procs_with_env(token), GRACE_S + MARGIN_S, "every process of the step to end")
+        else:
+            proc.send_signal(signal.SIGINT)  # the pipeline process alone, and it lives on
+        step = lambda: [p for p in procs_with_env(token) if p != proc.pid]  # noqa: E731
+        wait_for(lambda: not step(), GRACE_S + MARGIN_S, "every process of the step to end")
         if how == "kill":
             assert proc.poll() == -signal.SIGTERM
         results = list(log_dir.glob("sleeper-*/result.json"))

@@ -69,22 +69,22 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
                         or _local_task(executor_input))  # fmt: skip
         compiled = json.loads(given[COMPILED_INPUT]) if given.get(COMPILED_INPUT) else None
     except (ValueError, KeyError) as e:
-        print(f"torchstep: bad step arguments: {e}", file=sys.stderr)
+        _say(f"torchstep: bad step arguments: {e}", sys.stderr)
         return 2
     from torchstep.errors import NON_RETRYABLE_EXIT_CODE, RunError, SpecError
 
     try:
         result = _run(spec, values, args, compiled, local=local_budget, client=client)
     except SpecError as e:
-        print(f"torchstep: {e}", file=sys.stderr)
+        _say(f"torchstep: {e}", sys.stderr)
         return 2
     except RunError as e:  # the cluster failed the run: a KFP retry may succeed, unless it says not
-        print(f"torchstep: {e}", file=sys.stderr)
+        _say(f"torchstep: {e}", sys.stderr)
         return 1 if e.retryable else NON_RETRYABLE_EXIT_CODE
     except KeyboardInterrupt:  # a second signal: every process was killed at once
         result = None
     if result is None:
-        print("torchstep: the step was stopped (SIGTERM); every process of it has ended", file=sys.stderr)
+        _say("torchstep: the step was stopped (SIGTERM); every process of it has ended", sys.stderr)
         return 143
     return _publish(spec, result, executor_input)
 
@@ -95,8 +95,10 @@ def kfp_local_step() -> None:
     executor would overwrite the executor output file this step wrote."""
     from torchstep.childproc import stop_when_ancestors_die
 
-    # kfp.local runs it as pipeline process -> sh -> python and does not stop it when killed
-    stop_when_ancestors_die(name="torchstep-kfp-local-watch")
+    # kfp.local runs it as pipeline process -> sh -> python and does not stop it when killed;
+    # interrupted (an exception in the pipeline process: Ctrl-C, a timeout), kfp.local stops
+    # reading the step's output (stdout, stderr merged into it) and may wait for it or live on
+    stop_when_ancestors_die(name="torchstep-kfp-local-watch", output=sys.stdout.fileno())
     argv = sys.argv[1:]
     for flag in ("--component_module_path", "--function_to_execute"):
         while flag in argv:  # kfp's own launch arguments
@@ -230,7 +232,19 @@ def _fixed_with(spec: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str,
 
 
 def _print(line: str) -> None:
-    print(line, flush=True)
+    _say(line, sys.stdout)
+
+
+def _say(text: str, stream: Any) -> None:
+    """Print ``text`` to ``stream`` and flush it. Under kfp.local, a pipeline process that
+    was interrupted stops reading the step's output: nothing more is printed then (the rank
+    logs and the result keep it), and the step's exit status stays its own, not EPIPE's."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        from torchstep.childproc import discard_output
+
+        discard_output(stream.fileno())
 
 
 def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:
@@ -284,10 +298,10 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
     if outputs.get("outputFile"):
         write_out(outputs["outputFile"], json.dumps(executor_output))
     if result.succeeded and missing:
-        print(unpublished(missing), file=sys.stderr)
+        _say(unpublished(missing), sys.stderr)
         return 1
     if not result.succeeded:
-        print(failure_summary(result), file=sys.stderr, flush=True)
+        _say(failure_summary(result), sys.stderr)
         return int(result.exit_code) if result.exit_code else 1
     return 0
 
