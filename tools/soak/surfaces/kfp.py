@@ -28,9 +28,13 @@ How the external faults are injected:
   kfp.local's pipeline call raises ``KeyboardInterrupt`` 0.25 s later and stops copying the
   step's output, so it reports no state (``state`` is the result's) and the console's tail
   is lost (each worker's console lines must be a prefix of its rank log's, :func:`check`).
-  On an **odd** faulty rank, SIGTERM goes to the driver process alone instead (``kill
-  <pid>``, a CI job's timeout): the driver dies at once, the executor notices within 0.5 s
-  that its ancestors died (``stop_when_ancestors_die``) and cancels the step the same way.
+  The faulty rank picks how (rank % 3): 0, Ctrl-C; 1, SIGTERM to the driver process alone
+  (``kill <pid>``, a CI job's timeout): the driver dies at once, the executor notices within
+  0.5 s that its ancestors died (``stop_when_ancestors_die``, a zombie counts as dead) and
+  cancels the step the same way; 2, SIGINT to the driver alone, which lives on (a program
+  that catches the interrupt; the driver waits for the task process, as ``Popen.__exit__``
+  does after any other exception): kfp.local stops reading the step's output, the executor
+  notices that its output pipe has no reader and cancels the step.
   Either way the executor must end within ``GRACE_S + CANCEL_MARGIN_S`` of the signal and
   nothing may be left running.
 - ``sigkill_agent``: the agent (the executor's child) SIGKILLed: replaced from the budget.
@@ -82,7 +86,8 @@ EXPECT = {
         faults.FAULTS["cancel"][1],
         exit_code=None,  # kfp.local sees no exit status of the step: :func:`check` reads the result's
         guarantee=(
-            "Ctrl-C (SIGINT to the driver's process group; on an odd rank SIGTERM to the driver alone): "
+            "Ctrl-C (SIGINT to the driver's process group), SIGTERM to the driver alone, or SIGINT to a driver "
+            "that lives on: "
             "kfp.local has no cancel and reports nothing, the executor cancels the step: result CANCELLED, "
             "exit 143, within grace_period + a margin, nothing left running"
         ),
@@ -242,14 +247,18 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
 
 
 def _cancel(driver: int, rank: int, notes: list[str]) -> None:
-    """Stop the pipeline as a user does: Ctrl-C (SIGINT to the driver's process group) on an
-    even ``rank``, SIGTERM to the driver alone on an odd one."""
-    if rank % 2 == 0:
+    """Stop the pipeline as a user does, by ``rank % 3``: Ctrl-C (SIGINT to the driver's
+    process group), SIGTERM to the driver alone, SIGINT to the driver alone (it lives on)."""
+    how = rank % 3
+    if how == 0:
         notes.append("cancel: Ctrl-C (SIGINT to the driver's process group)")
         os.killpg(driver, signal.SIGINT)
-    else:
+    elif how == 1:
         notes.append("cancel: SIGTERM to the kfp.local driver alone")
         os.kill(driver, signal.SIGTERM)
+    else:
+        notes.append("cancel: SIGINT to the kfp.local driver alone (it lives on; kfp.local stops reading)")
+        os.kill(driver, signal.SIGINT)
 
 
 def _same(a: Any, b: Any) -> bool:
