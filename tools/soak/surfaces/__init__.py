@@ -6,7 +6,6 @@ from __future__ import annotations
 #: Surfaces of the issue not driven by the campaign yet (docs/reliability.md says so).
 NOT_COVERED = {
     "kubernetes": "the kubernetes target against tests/kubehttp.py (API 500/429, watch reset, pod deleted)",
-    "kfp.local": "kfp.local (tests/kfp/test_local_runs.py)",
     "prefect": "Prefect with a real `prefect server`",
     "airflow": "Airflow `dag.test` and the scheduler with PostgreSQL",
     "torchx_airflow": "`torchx run -s airflow` (a real Airflow deployment: PostgreSQL, api-server, scheduler, "
