@@ -8,6 +8,4 @@ NOT_COVERED = {
     "kubernetes": "the kubernetes target against tests/kubehttp.py (API 500/429, watch reset, pod deleted)",
     "prefect": "Prefect with a real `prefect server`",
     "airflow": "Airflow `dag.test` and the scheduler with PostgreSQL",
-    "torchx_airflow": "`torchx run -s airflow` (a real Airflow deployment: PostgreSQL, api-server, scheduler, "
-    "dag-processor; `-s torchstep_local` and `-s prefect` are covered)",
 }
