@@ -52,6 +52,8 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
             "TORCHSTEP_TEST_LOG_DIR": str(home / "torchstep-logs"),
+            # steps that keep the default log dir write under the home, never the user's ~/.local/state
+            "XDG_STATE_HOME": str(home / "state"),
             # the agent's console script and the repository's components
             "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
             "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),

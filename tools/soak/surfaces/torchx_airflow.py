@@ -94,20 +94,12 @@ def deployment() -> Any:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     if out.returncode:
         raise RuntimeError(f"torchx_dag install failed: {out.stderr[-2000:]}")
-    # the workers' logs and results under the deployment's own state directory, not the user's
-    saved = os.environ.get("XDG_STATE_HOME")
-    os.environ["XDG_STATE_HOME"] = str(d.home / "state")
     try:
         d.start()
         d.wait(lambda: _known(d), 180, "the generic DAG to be registered")
     except BaseException:
         _stop(d)
         raise
-    finally:
-        if saved is None:
-            os.environ.pop("XDG_STATE_HOME", None)
-        else:
-            os.environ["XDG_STATE_HOME"] = saved
     _deployment = d
     atexit.register(_stop, d)
     return d
