@@ -220,8 +220,14 @@ def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None)
         attempt = _logical_call(flow_run, getattr(run, "task_key", None) or app.name, app, getattr(run, "id", None))
         options = {"client": client, "poll_interval": POLL_INTERVAL_S}
     step = open_step(plan, attempt=attempt, cfg=cfg, on_line=get_run_logger().info, **options)
-    result = _run_stopping_on_timeout_and_cancel(step, ctx)
-    publish(result, ctx.task.name if ctx is not None else app.name)  # keyed by the task's name
+    task_name = ctx.task.name if ctx is not None else app.name  # the artifacts' key
+    try:
+        result = _run_stopping_on_timeout_and_cancel(step, ctx)
+    except BaseException:
+        if step.result is not None:  # stopped (cancelled, timed out) with a result: the UI shows it too
+            publish(step.result, task_name)
+        raise
+    publish(result, task_name)
     data = result.to_dict()
     if not result.succeeded:
         raise StepFailed(failure_summary(result), data)
