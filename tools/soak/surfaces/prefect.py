@@ -153,11 +153,45 @@ class Prefect:
                     "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
                     "PREFECT_RUNNER_POLL_FREQUENCY": "1", "XDG_STATE_HOME": str(home / "state"),
                     "TMPDIR": str(home / "tmp"),
+                    # Prefect 3.7 keeps these in ~/.prefect whatever PREFECT_HOME says; a failed
+                    # task's exception (the step result inside StepFailed) is pickled to the first
+                    "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+                    "PREFECT_MEMO_STORE_PATH": str(home / "memo_store.toml"),
                     "PYTHONUNBUFFERED": "1"}  # fmt: skip
         self.http = httpx.Client(base_url=self.api, timeout=30)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.runner_log = home / "runner.log"
         self.deployment = ""
+        #: API requests retried so far (the run's notes say how many were its own).
+        self.retried = 0
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``method path`` on the API, the JSON answer; retried as Prefect's own client
+        retries (a 429 or 5xx, a dropped connection: SQLite says "database is locked" as a
+        503 on a busy machine), up to about a minute.
+
+        Args:
+            method: ``GET`` or ``POST``.
+            path: the path under ``/api``.
+            kwargs: ``json=`` and friends, for httpx.
+
+        Returns:
+            The decoded JSON body.
+        """
+        import httpx
+
+        for delay in (0.5, 1, 2, 4, 8, 15, 30, None):
+            try:
+                r = self.http.request(method, path, **kwargs)
+                if r.status_code not in (429, 500, 502, 503, 504) or delay is None:
+                    r.raise_for_status()
+                    return r.json()
+            except httpx.TransportError:
+                if delay is None:
+                    raise
+            self.retried += 1
+            time.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _start(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -209,33 +243,31 @@ class Prefect:
 
     def create_run(self, parameters: dict[str, Any]) -> str:
         """A new flow run of the soak deployment; its id."""
-        r = self.http.post(f"/deployments/{self.deployment}/create_flow_run", json={"parameters": parameters})
-        r.raise_for_status()
-        return str(r.json()["id"])
+        body = {"parameters": parameters, "idempotency_key": uuid.uuid4().hex}  # a retry creates no second run
+        return str(self.request("POST", f"/deployments/{self.deployment}/create_flow_run", json=body)["id"])
 
     def flow_run(self, run_id: str) -> dict[str, Any]:
         """The flow run as the API shows it."""
-        r = self.http.get(f"/flow_runs/{run_id}")
-        r.raise_for_status()
-        return dict(r.json())
+        return dict(self.request("GET", f"/flow_runs/{run_id}"))
 
     def task_runs(self, run_id: str) -> list[dict[str, Any]]:
         """The flow run's task runs."""
-        r = self.http.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}})
-        r.raise_for_status()
-        return list(r.json())
+        return list(self.request("POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}))
 
     def logs(self, run_id: str) -> list[dict[str, Any]]:
         """Every log of the flow run (its tasks' and the Runner's), oldest first."""
         out: list[dict[str, Any]] = []
         while True:
-            r = self.http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}},
-                                                     "sort": "TIMESTAMP_ASC", "offset": len(out), "limit": 200})  # fmt: skip
-            r.raise_for_status()
-            page = list(r.json())
+            page = list(self.request("POST", "/logs/filter", json={
+                "logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "offset": len(out), "limit": 200,
+            }))  # fmt: skip
             out += page
             if len(page) < 200:
                 return out
+
+    def artifacts(self, run_id: str) -> list[dict[str, Any]]:
+        """The flow run's artifacts (key, type, data)."""
+        return list(self.request("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}))
 
     def cancel(self, run_id: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         """``prefect flow-run cancel <id>``."""
@@ -299,6 +331,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     t0 = time.monotonic()
     svc = service()
     timings = {"service": time.monotonic() - t0}
+    retried = svc.retried
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ckpt, progress, log_dir, tmp = (workdir / n for n in ("ckpt", "progress", "logs", "tmp"))
     for d in (ckpt, progress, tmp):
@@ -365,7 +398,11 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     )
     logs = svc.logs(flow_run)  # the process ended: its log worker sent everything it had before it exited
     tasks = svc.task_runs(flow_run)
+    extra["artifacts"] = [{"key": a.get("key"), "type": a.get("type"), "data": a.get("data")}
+                          for a in svc.artifacts(flow_run)]  # fmt: skip
     timings["settled"] = time.monotonic() - started
+    if svc.retried > retried:
+        notes.append(f"the Prefect API answered 429/5xx or dropped {svc.retried - retried} request(s): retried")
     extra["timings"] = timings
     notes.append("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     extra.update(flow_state=fr["state"]["type"], flow_message=fr["state"].get("message"),
@@ -401,7 +438,9 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     state = AS_STEP.get(task_state, task_state)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else process_rc
     killed = run.fault == "sigkill_watcher" and injected
-    _write_private(workdir / "prefect.json", json.dumps({k: v for k, v in extra.items() if k != "record"}, indent=1))
+    _write_private(
+        workdir / "prefect.json", json.dumps({k: v for k, v in extra.items() if k != "record"}, indent=1, default=str)
+    )
     return Observation(rc=rc if rc is not None else -1, duration_s=duration, result=result, result_source=source,
                        console=console, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
                        notes=notes, state=state, watcher_killed=killed,
@@ -450,8 +489,40 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
     if record is not None and obs.result is not None and record != obs.result:
         diff = sorted(k for k in set(record) | set(obs.result) if record.get(k) != obs.result.get(k))
         bad.append(("6", f"the task's result differs from result.json in {diff}"))
+    bad += _check_artifacts(obs)
     if task == "FAILED" and obs.result is not None:
         head = f"{obs.result.get('app_id')} {obs.result.get('state')} (exit code {obs.result.get('exit_code')})"
         if head not in str(tasks[0].get("message")):
             bad.append(("6", f"the Failed task run's message does not say {head!r}: {tasks[0].get('message')!r}"))
+    return bad
+
+
+def _check_artifacts(obs: Observation) -> list[tuple[str, str]]:
+    """The step's record as the Prefect UI shows it: a step that ended with a result
+    (succeeded, failed, cancelled) has its ``soak-outputs`` markdown (app id, state, exit
+    code, restarts) and its ``soak-ranks`` table (every rank's state and exit code), agreeing
+    with ``result.json`` (invariant 6)."""
+    res = obs.result
+    if res is None or obs.watcher_killed:
+        return []
+    bad: list[tuple[str, str]] = []
+    found = {a["key"]: a for a in obs.extra.get("artifacts") or []}
+    outputs, ranks = found.get("soak-outputs"), found.get("soak-ranks")
+    head = f"**{res.get('app_id')}**: {res.get('state')} (exit {res.get('exit_code')}, restarts {res.get('restarts')})"
+    if outputs is None:
+        bad.append(("6", f"no soak-outputs artifact of the {res.get('state')} step (artifacts: {sorted(found)})"))
+    elif not str(outputs.get("data") or "").startswith(head):
+        bad.append(("6", f"the soak-outputs artifact does not start with {head!r}: {str(outputs.get('data'))[:200]!r}"))
+    want = sorted((k.get("rank"), k.get("state"), k.get("exit_code")) for r in res.get("replicas") or []
+                  for k in r.get("ranks") or [])  # fmt: skip
+    if ranks is None:
+        bad.append(("6", f"no soak-ranks artifact of the {res.get('state')} step (artifacts: {sorted(found)})"))
+    else:
+        try:
+            rows = json.loads(str(ranks.get("data")))
+        except ValueError:
+            rows = None
+        got = sorted((r.get("rank"), r.get("state"), r.get("exit_code")) for r in rows or [])
+        if got != want:
+            bad.append(("6", f"the soak-ranks artifact says {got}, result.json {want}"))
     return bad
