@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import urllib.parse
 import uuid
@@ -85,6 +86,8 @@ EXPECT = {
     ),
 }
 
+#: The temporary directory when this module was imported (see :func:`deployment`).
+_BASE = tempfile.gettempdir()
 _deployment: Any = None
 
 
@@ -130,12 +133,21 @@ def deployment() -> Any:
     for link in (d.home / "dags").iterdir():  # the tests' DAGs: not parsed every 30 s here
         link.unlink()
     (d.home / "dags" / DAG_FILE.name).symlink_to(DAG_FILE)
+    # the components outlive the run that started them: not that run's TMPDIR (the smoke
+    # gives each run its own and removes it after the run)
+    tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = _BASE
     try:
         d.start()
         d.wait(lambda: _known(d), 180, f"the dag-processor to register {DAG_ID}")
     except BaseException:
         _stop(d)
         raise
+    finally:
+        if tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = tmpdir
     atexit.register(_stop, d)
     _deployment = d
     return d
@@ -173,6 +185,15 @@ def task_process_of(rank_pid: int) -> int:
             return pid
         pid = faults.parent_of(pid)
     return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie its supervisor has not reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
 
 
 def _console(d: Any, path: str) -> str:
@@ -249,9 +270,9 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         if run.fault == "cancel" and injected:
             sent = time.monotonic()
             limit = sent + HEARTBEAT_S + faults.GRACE_S + faults.CANCEL_MARGIN_S
-            while watcher and faults.parent_of(watcher) and time.monotonic() < limit:
+            while watcher and _alive(watcher) and time.monotonic() < limit:
                 time.sleep(0.1)
-            if watcher and faults.parent_of(watcher):
+            if watcher and _alive(watcher):
                 notes.append(f"cancel: the task process still ran {limit - sent:g} s after the REST call")
                 hung = True
             else:
@@ -297,9 +318,9 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
     if watcher:  # the task process carries no mark: it must be gone as well
         end = time.monotonic() + 15
-        while faults.parent_of(watcher) and b"airflow" in b" ".join(_cmdline(watcher)) and time.monotonic() < end:
+        while _alive(watcher) and b"airflow worker" in b" ".join(_cmdline(watcher)) and time.monotonic() < end:
             time.sleep(0.1)
-        if faults.parent_of(watcher) and b"airflow worker" in b" ".join(_cmdline(watcher)):
+        if _alive(watcher) and b"airflow worker" in b" ".join(_cmdline(watcher)):
             leftovers.append(f"{watcher}: the task process")
             faults.kill(watcher, signal.SIGKILL)
     if faults.FAULTS[run.fault][0]:
