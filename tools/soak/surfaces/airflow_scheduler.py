@@ -37,8 +37,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import uuid
@@ -137,6 +139,9 @@ def deployment() -> Any:
     # gives each run its own and removes it after the run)
     tmpdir = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = _BASE
+    reaper = _reaper(d)
+    started = threading.Event()
+    threading.Thread(target=_tell, args=(d, reaper, started), daemon=True).start()
     try:
         d.start()
         d.wait(lambda: _known(d), 180, f"the dag-processor to register {DAG_ID}")
@@ -144,6 +149,7 @@ def deployment() -> Any:
         _stop(d)
         raise
     finally:
+        started.set()
         if tmpdir is None:
             os.environ.pop("TMPDIR", None)
         else:
@@ -151,6 +157,35 @@ def deployment() -> Any:
     atexit.register(_stop, d)
     _deployment = d
     return d
+
+
+def _reaper(d: Any) -> subprocess.Popen[str]:
+    """Start tools/soak/airflow_reaper.py: it stops the deployment once this process is gone
+    without having stopped it (killed: its exit handlers never ran). Its stdin is a pipe
+    from this process alone: EOF tells it this process is gone."""
+    spec = {
+        "home": str(d.home),
+        "pg_stop": [*d.pg.as_user, str(d.pg.bin / "pg_ctl"), "-D", str(d.pg.dir), "-m", "fast", "-w", "stop"],
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SOAK_"))}
+    return subprocess.Popen([sys.executable, str(SOAK / "airflow_reaper.py"), json.dumps(spec)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _tell(d: Any, reaper: subprocess.Popen[str], started: threading.Event) -> None:
+    """Write each component's process group to the reaper as soon as it runs."""
+    told: set[int] = set()
+    while True:
+        done = started.is_set()
+        for proc in list(d.procs.values()):
+            if proc.pid not in told and reaper.stdin is not None:
+                reaper.stdin.write(f"{proc.pid}\n")
+                reaper.stdin.flush()
+                told.add(proc.pid)
+        if done:
+            return
+        time.sleep(0.05)
 
 
 def _known(d: Any) -> bool:
