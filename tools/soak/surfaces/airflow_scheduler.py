@@ -1,7 +1,8 @@
 """Surface ``airflow_scheduler``: the soak job as an Airflow 3 task in a real deployment
 (PostgreSQL + api-server + scheduler + dag-processor with the LocalExecutor: the
 ``Deployment`` of tests/airflow/conftest.py, started once per campaign process and stopped
-at exit), the DAG tools/soak/airflow_scheduler_dag.py triggered through the REST API.
+at exit, or by tools/soak/airflow_reaper.py when the process is killed first), the DAG
+tools/soak/airflow_scheduler_dag.py triggered through the REST API.
 
 The task runs in the process the executor's task supervisor forks (``airflow worker --
 <ti id>``): the process watching the step (the agents' parent). The run's ``SOAK_*``
