@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.soak import campaign, invariants  # noqa: E402
+from tools.soak import campaign, closing, invariants  # noqa: E402
 from tools.soak.model import Observation, Run  # noqa: E402
 
 SEED = 27
@@ -24,9 +24,18 @@ SMOKE = campaign.plan(SEED, len(campaign.pairs(list(campaign.SURFACES))))
 def _param(run: Run) -> object:
     """A surface that starts a server (``SERVER = True``: Prefect, Airflow...) runs all its
     smoke runs on one xdist worker (``--dist loadgroup``): one server start, not one per worker."""
-    shared = getattr(campaign.SURFACES[run.surface], "SERVER", False)
-    marks = [pytest.mark.xdist_group(f"soak-{run.surface}")] if shared else []
+    module = campaign.SURFACES[run.surface]
+    group = getattr(module, "GROUP", f"soak-{run.surface}")  # surfaces sharing a server share a group
+    marks = [pytest.mark.xdist_group(group)] if getattr(module, "SERVER", False) else []
     return pytest.param(run, marks=marks, id=run.key)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_what_surfaces_started():
+    """Servers and deployments of the server surfaces: stopped here, since pytest-xdist's
+    workers end without running atexit handlers (they were left running before)."""
+    yield
+    closing.close_all()
 
 
 def test_the_smoke_plan_covers_every_fault_class_of_every_surface() -> None:

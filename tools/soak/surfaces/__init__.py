@@ -6,6 +6,4 @@ from __future__ import annotations
 #: Surfaces of the issue not driven by the campaign yet (docs/reliability.md says so).
 NOT_COVERED = {
     "kubernetes": "the kubernetes target against tests/kubehttp.py (API 500/429, watch reset, pod deleted)",
-    "prefect": "Prefect with a real `prefect server`",
-    "airflow": "Airflow `dag.test` and the scheduler with PostgreSQL",
 }

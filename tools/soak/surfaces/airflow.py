@@ -42,7 +42,6 @@ runs the task (``cfg inherit_env`` is true by default), as do the ``SOAK_*`` var
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -56,7 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import faults, procs
+from tools.soak import closing, faults, procs
 from tools.soak.model import Observation, Run
 
 NAME = "airflow"
@@ -139,7 +138,7 @@ def home() -> Path:
     made = root / "home"
     (made / "dags").mkdir(mode=0o700, parents=True)
     (made / "dags" / DAG_FILE.name).symlink_to(DAG_FILE)
-    atexit.register(_remove, made)
+    closing.on_close(_remove, made)
     done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env_of(made), capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     if done.returncode:

@@ -31,7 +31,6 @@ How the external faults are injected:
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import importlib.util
 import json
@@ -48,7 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import faults, procs
+from tools.soak import closing, faults, procs
 from tools.soak.model import Observation, Run
 from tools.soak.surfaces import airflow as _dagtest
 
@@ -61,6 +60,10 @@ SOAK = Path(__file__).resolve().parent.parent
 ROOT = SOAK.parent.parent
 DAG_FILE = SOAK / "airflow_scheduler_dag.py"
 DAG_ID, TASK_ID = "torchstep_soak_scheduler", "soak"
+#: The generic DAG of ``torchx run -s airflow``, in the same deployment (surface torchx_airflow).
+TORCHX_DAG_ID = "torchstep_torchx"
+#: The smoke's xdist group: both surfaces of the one deployment run on one worker.
+GROUP = "soak-airflow-deployment"
 #: Seconds between the supervisor's heartbeats (``[workers] min_heartbeat_interval``): a
 #: task marked failed hears of it at the next one.
 HEARTBEAT_S = 5.0
@@ -136,6 +139,11 @@ def deployment() -> Any:
     for link in (d.home / "dags").iterdir():  # the tests' DAGs: not parsed every 30 s here
         link.unlink()
     (d.home / "dags" / DAG_FILE.name).symlink_to(DAG_FILE)
+    # the generic DAG of `torchx run -s airflow` too (surface torchx_airflow): one deployment for both
+    out = subprocess.run([sys.executable, "-m", "torchstep_airflow.torchx_dag", str(d.home / "dags")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"python -m torchstep_airflow.torchx_dag failed: {out.stderr[-2000:]}")
     # the components outlive the run that started them: not that run's TMPDIR (the smoke
     # gives each run its own and removes it after the run)
     tmpdir = os.environ.get("TMPDIR")
@@ -145,7 +153,7 @@ def deployment() -> Any:
     threading.Thread(target=_tell, args=(d, reaper, started), daemon=True).start()
     try:
         d.start()
-        d.wait(lambda: _known(d), 180, f"the dag-processor to register {DAG_ID}")
+        d.wait(lambda: _known(d) and _known(d, TORCHX_DAG_ID), 180, f"the dag-processor to register {DAG_ID}")
     except BaseException:
         _stop(d)
         raise
@@ -155,7 +163,7 @@ def deployment() -> Any:
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = tmpdir
-    atexit.register(_stop, d)
+    closing.on_close(_stop, d)
     _deployment = d
     return d
 
@@ -189,9 +197,9 @@ def _tell(d: Any, reaper: subprocess.Popen[str], started: threading.Event) -> No
         time.sleep(0.05)
 
 
-def _known(d: Any) -> bool:
+def _known(d: Any, dag_id: str = DAG_ID) -> bool:
     try:
-        return bool(d.call("GET", f"/api/v2/dags/{DAG_ID}", ok=()))
+        return bool(d.call("GET", f"/api/v2/dags/{dag_id}", ok=()))
     except AssertionError:
         return False
 

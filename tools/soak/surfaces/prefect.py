@@ -40,7 +40,6 @@ flow's ``env`` parameter.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import os
@@ -56,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.soak import faults, procs
+from tools.soak import closing, faults, procs
 from tools.soak.model import Observation, Run
 
 NAME = "prefect"
@@ -290,7 +289,7 @@ def service() -> Prefect:
             svc.stop()
             shutil.rmtree(home, ignore_errors=True)
 
-        atexit.register(stop)
+        closing.on_close(stop)
         svc.start()
         _SERVICE = svc
     return _SERVICE

@@ -1,7 +1,7 @@
 """Surface ``torchx_airflow``: ``torchx run -s airflow tools/soak/component.py:soak`` against a
-real Airflow deployment (PostgreSQL, api-server, scheduler, dag-processor, LocalExecutor: the
-test suite's ``Deployment`` of tests/airflow/conftest.py) whose dags folder holds only the
-generic DAG (``python -m torchstep_airflow.torchx_dag``), started once per campaign process.
+real Airflow deployment (PostgreSQL, api-server, scheduler, dag-processor, LocalExecutor): the
+``airflow_scheduler`` surface's, whose dags folder also holds the generic DAG (``python -m
+torchstep_airflow.torchx_dag``), started once per campaign process for both.
 
 The step runs in the Airflow task process of the generic DAG's one task (the agents' parent:
 the process watching the step, which ``sigkill_watcher`` SIGKILLs); ``cancel`` is ``torchx
@@ -13,30 +13,28 @@ variables travel in the AppDef (the component's ``--env``).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from tools.soak import component, faults, procs
 from tools.soak.model import Observation, Run
+from tools.soak.surfaces import airflow_scheduler
 
 NAME = "torchx_airflow"
 #: The classes an orchestrator changes (the rest test the agent alone: local, torchx).
 FAULTS = ("none", "exit", "nonretryable", "sigkill_agent", "sigkill_watcher", "cancel", "flood")
 LINES, INTERVAL_S = 10, 0.15
-#: Starts a deployment: the smoke runs all of this surface's runs in one test worker.
+#: Uses a deployment: the smoke runs its runs on the worker of airflow_scheduler's (one start for both).
 SERVER = True
+GROUP = airflow_scheduler.GROUP
 ROOT = Path(__file__).resolve().parents[3]
 TORCHX = str(Path(sys.executable).with_name("torchx"))
 
@@ -59,57 +57,6 @@ EXPECT = {
         ),
     ),
 }
-
-_deployment: Any = None
-
-
-def _load_deployment_class() -> Any:
-    """The test suite's ``Deployment`` (one implementation of a real Airflow for both)."""
-    for extra in (ROOT / "tests", ROOT / "tests" / "airflow"):
-        if str(extra) not in sys.path:
-            sys.path.append(str(extra))
-    spec = importlib.util.spec_from_file_location("soak_airflow_deployment", ROOT / "tests" / "airflow" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if module.postgres_bin() is None:
-        raise RuntimeError("PostgreSQL is not installed (make system-deps installs it)")
-    return module.Deployment
-
-
-def _stop(d: Any) -> None:
-    d.stop()
-    shutil.rmtree(d.home, ignore_errors=True)
-
-
-def deployment() -> Any:
-    """The process's Airflow deployment with the generic DAG (started on first use, stopped at exit)."""
-    global _deployment
-    if _deployment is not None:
-        return _deployment
-    d = _load_deployment_class()()
-    for link in (d.home / "dags").iterdir():  # only the generic DAG: nothing else to parse
-        link.unlink()
-    out = subprocess.run([sys.executable, "-m", "torchstep_airflow.torchx_dag", str(d.home / "dags")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"torchx_dag install failed: {out.stderr[-2000:]}")
-    try:
-        d.start()
-        d.wait(lambda: _known(d), 180, "the generic DAG to be registered")
-    except BaseException:
-        _stop(d)
-        raise
-    _deployment = d
-    atexit.register(_stop, d)
-    return d
-
-
-def _known(d: Any) -> bool:
-    try:
-        return bool(d.call("GET", "/api/v2/dags/torchstep_torchx", ok=()))
-    except AssertionError:
-        return False
 
 
 def watcher_of(rank_pid: int) -> int:
@@ -151,7 +98,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         What was observed.
     """
     del seed
-    d = deployment()
+    d = airflow_scheduler.deployment()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ckpt, progress, state_dir = (workdir / n for n in ("ckpt", "progress", "state"))
     for p in (ckpt, progress, state_dir):

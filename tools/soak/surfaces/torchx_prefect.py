@@ -13,7 +13,6 @@ be gone within 15 s too).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import os
@@ -29,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import component, faults, procs
+from tools.soak import closing, component, faults, procs
 from tools.soak.model import Observation, Run
 
 NAME = "torchx_prefect"
@@ -147,7 +146,7 @@ def server() -> _Server:
         _stop(_Server(root, url, started[-1], started))
         raise
     _server = _Server(root, url, started[-1], started)
-    atexit.register(_stop, _server)
+    closing.on_close(_stop, _server)
     return _server
 
 
@@ -232,6 +231,10 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
                 faults.kill(watcher, signal.SIGKILL)
             break
         time.sleep(0.5)
+    # the flow run is final before its process has sent the last of its logs to the API (20 MiB
+    # of a flood take it tens of seconds): the console is read once that process has ended
+    while watcher and faults.parent_of(watcher) == srv.runner.pid and time.monotonic() < limit:
+        time.sleep(0.2)
     duration = time.monotonic() - started
     kind = _state(srv, flow_run_id)
     state = {"COMPLETED": "SUCCEEDED", "FAILED": "FAILED", "CRASHED": "FAILED", "CANCELLED": "CANCELLED"}.get(
