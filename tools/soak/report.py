@@ -86,7 +86,8 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         "# Reliability: the soak campaign",
         "",
         "`make soak` runs one job (2 replicas x 2 processes, checkpoints, numbered output lines on "
-        "every rank) again and again, each run under one fault drawn from a seed, and checks the "
+        "every rank; 1 replica x 4 processes on kfp.local, where a multi-replica step needs a cluster) "
+        "again and again, each run under one fault drawn from a seed, and checks the "
         "invariants of issue 27 after every run. This page is written by the last `make soak` "
         "(`SOAK_FAULTS=N SOAK_SEED=S make soak`; the same seed replays the same campaign).",
         "",
@@ -98,6 +99,13 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         f"- Machine: {machine()}",
         f"- Result: **{held} of {len(outcomes)} runs held every invariant**"
         + ("" if not broken else f"; {len(broken)} broke at least one (below)"),
+        "",
+        "## Surfaces",
+        "",
+        *[
+            f"- `{name}`: {' '.join((module.__doc__ or '').split(chr(10) + chr(10))[0].split())}"
+            for name, module in SURFACES.items()
+        ],
         "",
         "## Runs per surface and fault class",
         "",
