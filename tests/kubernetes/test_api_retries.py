@@ -174,6 +174,7 @@ def test_a_cancel_while_waiting_to_retry_ends_the_run_cancelled_at_once() -> Non
     t0 = time.monotonic()
     result = js.run()
     assert result.state == "CANCELLED" and time.monotonic() - t0 < 10
+    assert result.exit_code == 143  # its agents are SIGTERMed, as on the local target (was None)
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from torchstep.contract import SIGTERMED_EXIT_CODE
 from torchstep.kubernetes.apiobj import age_order, get, termination
 from torchstep.kubernetes.failure import FailureKind, classify_exit
 from torchstep.kubernetes.render import LABEL_ROLE, RenderedApp
@@ -54,6 +55,8 @@ def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: flo
     merged = merge(rendered.app_id, per_replica, started_at=started, ended_at=time.time(), state=state)
     if state == CANCELLED and not merged.message:
         merged.message = "cancelled: every object of the run was deleted"
+    if state == CANCELLED and merged.exit_code is None:  # its agents are SIGTERMed: as on the local target
+        merged.exit_code = SIGTERMED_EXIT_CODE
     return merged
 
 
