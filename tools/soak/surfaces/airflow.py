@@ -55,7 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import closing, faults, procs
+from tools.soak import closing, faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "airflow"
@@ -175,16 +175,7 @@ def _from_db(where: Path, conf_log_dir: str) -> dict[str, Any] | None:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Run the soak DAG once with ``dag.test()`` under ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Run the soak DAG once with ``dag.test()`` under ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     where = home()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -193,9 +184,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         d.mkdir(mode=0o700)
     notes: list[str] = []
     token = uuid.uuid4().hex
-    env = env_of(where, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress), SOAK_LINES=str(LINES),
-                 SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
-                 **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault))  # fmt: skip
+    env = env_of(where, **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S))
     argv = [sys.executable, str(DRIVER), str(where / "dags" / DAG_FILE.name), DAG_ID,
             json.dumps({"log_dir": str(log_dir)})]  # fmt: skip
     console = workdir / "console.txt"
@@ -246,10 +235,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     if result is None and task and task.get("xcom"):
         result, source = task["xcom"], "XCom return_value"
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
-    if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     ti_state = (task or {}).get("state")
     state = STATES.get(ti_state or "")
     if state == "FAILED" and cancelled:  # Airflow has no cancelled state: the try we stopped failed

@@ -47,7 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import closing, faults, procs
+from tools.soak import closing, faults, procs, runkit
 from tools.soak.model import Observation, Run
 from tools.soak.surfaces import airflow as _dagtest
 
@@ -253,16 +253,7 @@ def _console(d: Any, path: str) -> str:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Trigger the soak DAG once on the deployment under ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Trigger the soak DAG once on the deployment under ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     d = deployment()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -271,9 +262,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         p.mkdir(mode=0o700)
     notes: list[str] = []
     token = uuid.uuid4().hex
-    job_env = {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(LINES),
-               "SOAK_INTERVAL": str(INTERVAL_S), "PYTHONUNBUFFERED": "1",
-               **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault)}  # fmt: skip
+    job_env = runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S)
     started = time.monotonic()
     conf = {"log_dir": str(log_dir), "env": json.dumps(job_env)}
     dag_run = d.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})
@@ -367,10 +356,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         if _alive(watcher) and b"airflow worker" in b" ".join(_cmdline(watcher)):
             leftovers.append(f"{watcher}: the task process")
             faults.kill(watcher, signal.SIGKILL)
-    if faults.FAULTS[run.fault][0]:
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     state = STATES.get(task.get("state") or "")
     if state == "FAILED" and cancelled:  # Airflow has no cancelled state: the try we stopped failed
         state = "CANCELLED"

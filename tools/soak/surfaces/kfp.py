@@ -56,7 +56,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import faults, procs
+from tools.soak import faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "kfp"
@@ -142,16 +142,7 @@ def _wait_for(pred: Any, timeout: float, alive: Any) -> Any:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Run the soak pipeline once under kfp.local with ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Run the soak pipeline once under kfp.local with ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ckpt, progress, log_dir, tmp, root = (workdir / n for n in ("ckpt", "progress", "logs", "tmp", "kfp"))
@@ -159,10 +150,12 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         d.mkdir(mode=0o700)
     notes: list[str] = []
     token = uuid.uuid4().hex
-    env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
-               SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1", TMPDIR=str(tmp),
-               XDG_STATE_HOME=str(workdir / "state"), **faults.in_worker_env(run.fault, run.rank, run.moment),
-               **faults.tail_env(run.fault))  # fmt: skip
+    env = dict(
+        os.environ,
+        **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S),
+        TMPDIR=str(tmp),
+        XDG_STATE_HOME=str(workdir / "state"),
+    )
     record_file, pid_file = workdir / "driver.json", workdir / "task.pid"
     argv = [sys.executable, str(DRIVER), "--out", str(record_file), "--pid-file", str(pid_file), "--root", str(root),
             "--log-dir", str(log_dir), "--replicas", str(REPLICAS), "--nproc", str(NPROC),
@@ -227,10 +220,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         except (OSError, ValueError) as e:
             notes.append(f"result.json unreadable: {e}")
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
-    if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     task_rc = record.get("task_rc")
     rc = int(task_rc) if isinstance(task_rc, int) else -1
     if run.fault == "cancel" and injected:

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import component, faults, procs
+from tools.soak import component, faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "local"
@@ -40,16 +40,7 @@ def _printed_result(out: str) -> dict[str, Any] | None:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Run the soak job once through ``torchstep run`` with ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (for the notes only).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Run the soak job once through ``torchstep run`` with ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     expect = faults.FAULTS[run.fault][1]
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     app = workdir / "soak.json"
@@ -60,9 +51,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     notes: list[str] = []
     mounted = faults.log_disk(run.fault, log_dir, notes)
     token = uuid.uuid4().hex
-    env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
-               SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
-               **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault))  # fmt: skip
+    env = dict(os.environ, **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S))
     cfg = f"timeout={faults.timeout_of(run.fault)},grace_period={faults.GRACE_S:g},retry_delay=0"
     argv = [sys.executable, "-m", "torchstep.cli", "run", "--app", str(app), "--log-dir", str(log_dir),
             "--retries", "0", "-c", cfg, "--json", "--no-live"]  # fmt: skip
@@ -121,10 +110,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
     if mounted:
         faults.umount(log_dir)
-    if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     del expect, seed
     return Observation(rc=proc.returncode, duration_s=duration, result=result, result_source=source,
                        console=text, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,

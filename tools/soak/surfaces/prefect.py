@@ -55,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.soak import closing, faults, procs
+from tools.soak import closing, faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "prefect"
@@ -316,16 +316,7 @@ def _pid(path: Path) -> int:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Run the soak flow once on the campaign's Prefect server with ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Run the soak flow once on the campaign's Prefect server with ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     t0 = time.monotonic()
     svc = service()
@@ -338,10 +329,11 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     notes: list[str] = []
     extra: dict[str, Any] = {}
     token = uuid.uuid4().hex
-    env = {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(LINES),
-           "SOAK_INTERVAL": str(INTERVAL_S), "XDG_STATE_HOME": str(workdir / "state"),
-           "TMPDIR": str(tmp),
-           **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault)}  # fmt: skip
+    env = {
+        **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S),
+        "XDG_STATE_HOME": str(workdir / "state"),
+        "TMPDIR": str(tmp),
+    }
     pid_file, record_file = workdir / "flow-run.pid", workdir / "record.json"
     params = {"env": env, "log_dir": str(log_dir), "pid_file": str(pid_file), "record": str(record_file),
               "timeout": faults.timeout_of(run.fault), "grace_period": faults.GRACE_S,
@@ -429,10 +421,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             result, source = json.loads((run_dir / "result.json").read_text()), "result.json"
         except (OSError, ValueError) as e:
             notes.append(f"result.json unreadable: {e}")
-    if faults.FAULTS[run.fault][0]:  # an in-worker fault leaves its marker when it fires
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     task_state = tasks[0]["state"]["type"] if len(tasks) == 1 else f"{len(tasks)} task runs"
     state = AS_STEP.get(task_state, task_state)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else process_rc

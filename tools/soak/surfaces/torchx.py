@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tools.soak import component, faults, procs
+from tools.soak import component, faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "torchx"
@@ -49,16 +49,7 @@ def _state(text: str) -> str | None:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Submit the soak job with ``torchx run -s torchstep_local`` under ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Submit the soak job with ``torchx run -s torchstep_local`` under ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ckpt, progress, log_dir, state_dir = (workdir / n for n in ("ckpt", "progress", "logs", "state"))
@@ -67,9 +58,9 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     notes: list[str] = []
     mounted = faults.log_disk(run.fault, log_dir, notes)
     token = uuid.uuid4().hex
-    env = dict(os.environ, SOAK_MARK=token, SOAK_CKPT=str(ckpt), SOAK_PROGRESS=str(progress),
-               SOAK_LINES=str(LINES), SOAK_INTERVAL=str(INTERVAL_S), PYTHONUNBUFFERED="1",
-               XDG_STATE_HOME=str(state_dir), **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault))  # fmt: skip
+    env = dict(
+        os.environ, **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S), XDG_STATE_HOME=str(state_dir)
+    )
 
     def torchx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([TORCHX, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
@@ -121,10 +112,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
     if mounted:
         faults.umount(log_dir)
-    if faults.FAULTS[run.fault][0]:
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
     return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
                        run_dir=run_dir if run_dir.exists() else None, leftovers=leftovers, hung=hung,

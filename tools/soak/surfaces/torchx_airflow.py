@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tools.soak import component, faults, procs
+from tools.soak import component, faults, procs, runkit
 from tools.soak.model import Observation, Run
 from tools.soak.surfaces import airflow_scheduler
 
@@ -87,16 +87,7 @@ def _status(text: str) -> str | None:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Submit the soak job with ``torchx run -s airflow`` under ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Submit the soak job with ``torchx run -s airflow`` under ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     d = airflow_scheduler.deployment()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -105,9 +96,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         p.mkdir(mode=0o700)
     notes: list[str] = []
     token = uuid.uuid4().hex
-    job_env = {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(LINES),
-               "SOAK_INTERVAL": str(INTERVAL_S), "PYTHONUNBUFFERED": "1",
-               **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault)}  # fmt: skip
+    job_env = runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env["XDG_STATE_HOME"] = str(state_dir)
 
@@ -189,10 +178,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             time.sleep(0.1)
         if faults.parent_of(watcher):
             leftovers.append(f"{watcher}: the Airflow task process")
-    if faults.FAULTS[run.fault][0]:
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
     return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
                        run_dir=run_dir if run_dir is not None and run_dir.exists() else None, leftovers=leftovers,

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.soak import closing, component, faults, procs
+from tools.soak import closing, component, faults, procs, runkit
 from tools.soak.model import Observation, Run
 
 NAME = "torchx_prefect"
@@ -160,16 +160,7 @@ def _state(srv: _Server, flow_run_id: str) -> str | None:
 
 
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Submit the soak job with ``torchx run -s prefect`` under ``run``'s fault.
-
-    Args:
-        run: the planned run.
-        seed: the campaign's seed (unused: the plan holds every draw).
-        workdir: a fresh private directory for this run.
-
-    Returns:
-        What was observed.
-    """
+    """Submit the soak job with ``torchx run -s prefect`` under ``run``'s fault: see the surface protocol in tools/soak/campaign.py (``SURFACES``)."""
     del seed
     srv = server()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -178,9 +169,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         d.mkdir(mode=0o700)
     notes: list[str] = []
     token = uuid.uuid4().hex
-    job_env = {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(LINES),
-               "SOAK_INTERVAL": str(INTERVAL_S), "PYTHONUNBUFFERED": "1",
-               **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault)}  # fmt: skip
+    job_env = runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["XDG_STATE_HOME"] = str(state_dir)
 
@@ -259,10 +248,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             time.sleep(0.1)
         if faults.parent_of(watcher) == srv.runner.pid:
             leftovers.append(f"{watcher}: the flow-run process")
-    if faults.FAULTS[run.fault][0]:
-        injected = (ckpt / f".fault-{run.fault}").exists()
-    if not injected and run.fault != "none":
-        notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
+    injected = runkit.settle_injected(run, ckpt, injected, notes)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
     expect = EXPECT.get(run.fault) if injected else None
     if expect is not None and expect.exit_code is None and result is not None:
