@@ -44,6 +44,30 @@ FINDINGS = [
     "the message names the blocked `torch.distributed` call and the store; finished ranks show "
     "`SUCCEEDED`. Regression tests: tests/agent/test_agent_watchdog_cause.py, and invariant 6 "
     "now fails any final result with a rank still `RUNNING`.",
+    "`kubernetes` `api_500` / `api_429`: one transient API error while polling failed the step and "
+    "deleted its gang (and when the deletes got a 500 too, the Job, both pods and the Service were "
+    "left on the cluster: rc 1, no result); a 500 on a log follower's pod status read stopped "
+    "following for good, and a failed read of a finished pod's log lost its lines. Fixed: "
+    "`torchstep.kubernetes.retry` retries reads, lists and deletes on 429 (Retry-After) / 5xx / a "
+    "dropped connection within `api_retry_budget_s`, creates on 429 only, then a RunError naming the "
+    "call (tests/kubernetes/test_api_retries.py).",
+    "`kubernetes` `cancel`: a cancelled run's result said exit code None where every other target "
+    "says 143. Fixed in kubernetes/collect.py.",
+    "`kfp` `cancel`: a pipeline process killed alone left the step running while it was a zombie "
+    "not yet reaped (the ancestors watch read `/proc/<pid>`'s existence), and an interrupt the "
+    "pipeline process survives left the step running unseen (kfp.local stops reading its output) "
+    "and ending in a broken pipe, not 143. Fixed in torchstep/childproc.py and torchstep_kfp/entry.py "
+    "(tests/kfp/test_local_interrupted.py).",
+    "`prefect` `cancel`: a step stopped by Prefect (a cancelled flow run, a task timeout) "
+    "published no `-ranks` / `-outputs` artifact. Fixed in torchstep_prefect/tasks.py "
+    "(tests/prefect/test_stopped_step_artifacts.py).",
+    "Harness and test suite: the servers of the server surfaces outlived a pytest-xdist worker "
+    "(its atexit handlers never run): stopped by a session fixture now (tools/soak/closing.py); "
+    "every test that ran a step through a real Airflow deployment left its run directory in the "
+    "user's `~/.local/state/torchstep` (the deployment's environment now has its own "
+    "`XDG_STATE_HOME`); Prefect 3.7 keeps result storage and the memo store under `~/.prefect` "
+    "whatever `PREFECT_HOME` says (the prefect surface sets `PREFECT_RESULTS_LOCAL_STORAGE_PATH` "
+    "and `PREFECT_MEMO_STORE_PATH`).",
     "Harness, not torchstep: a cancel through `torchx cancel` takes seconds to start, so it could "
     "land after a short job had already SUCCEEDED; the job now stays alive after its last line "
     "under `cancel` (`SOAK_TAIL_S`).",
