@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 # than cores (each with its own servers, ports and TMPDIR) finish it well inside 35 minutes.
 TEST_WORKERS ?= 4
 unit: $(STAMP) system-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 test: lint typecheck unit test-wheels docs-examples
 

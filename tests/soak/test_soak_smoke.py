@@ -1,6 +1,6 @@
 """The smoke campaign of ``make soak`` (issue 27) in ``make test``: a fixed-seed plan that
-covers every fault class of every surface the campaign drives once, each run a test of its
-own (so pytest-xdist spreads them), every invariant held; plus the plan's determinism."""
+covers every fault class of every surface the campaign drives once, every invariant held (a
+test per run, or per server for the surfaces that start one); plus the plan's determinism."""
 
 from __future__ import annotations
 
@@ -21,13 +21,41 @@ SEED = 27
 SMOKE = campaign.plan(SEED, len(campaign.pairs(list(campaign.SURFACES))))
 
 
-def _param(run: Run) -> object:
-    """A surface that starts a server (``SERVER = True``: Prefect, Airflow...) runs all its
-    smoke runs on one xdist worker (``--dist loadgroup``): one server start, not one per worker."""
+def _server_group(run: Run) -> str | None:
+    """The server a run's surface starts (``SERVER = True``: Prefect, Airflow...; surfaces that
+    share one name it in ``GROUP``), or None."""
     module = campaign.SURFACES[run.surface]
-    group = getattr(module, "GROUP", f"soak-{run.surface}")  # surfaces sharing a server share a group
-    marks = [pytest.mark.xdist_group(group)] if getattr(module, "SERVER", False) else []
-    return pytest.param(run, marks=marks, id=run.key)
+    return getattr(module, "GROUP", run.surface) if getattr(module, "SERVER", False) else None
+
+
+#: Runs of surfaces without a server: a test each (pytest-xdist spreads them).
+ALONE = [r for r in SMOKE if _server_group(r) is None]
+#: Runs of a server's surfaces: one test per server, its runs one after the other on one
+#: worker, so that the server starts once (xdist_group marks do not group under pytest 9:
+#: an item's node id can no longer be given the group's suffix).
+SERVED: dict[str, list[Run]] = {}
+for _run in SMOKE:
+    if (_group := _server_group(_run)) is not None:
+        SERVED.setdefault(_group, []).append(_run)
+
+
+def _execute(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """Run ``run``; what went wrong (empty: every invariant held and the fault struck) and what
+    it said. The run's directory, state and temp files are private to it, and short (a deep
+    TMPDIR leaves no room for the worker zygote's Unix socket path: workers would start by exec)."""
+    short = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(short))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state" / str(run.index)))
+    said: list[str] = []
+    try:
+        (outcome,) = campaign.execute([run], SEED, say=said.append, root=short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    wrong = [f"{run.key}: {v.invariant}: {v.detail}" for v in outcome.violations]
+    no_disk = any("no tmpfs" in note for note in outcome.observation.notes)
+    if not wrong and not no_disk and not outcome.observation.injected and run.fault != "none":
+        wrong.append(f"{run.key}: the fault never struck")
+    return wrong, said
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,23 +84,33 @@ def test_a_gap_or_a_repeated_line_is_a_violation() -> None:
     assert "pid 7 printed lines [0, 1, 1, 3]" in bad
 
 
+def _units() -> list[object]:
+    """The smoke's tests: the lone runs, with each server's runs as one test among them, spread
+    out (pytest-xdist hands out consecutive tests in chunks: adjacent servers would queue on one
+    worker)."""
+    units: list[object] = [pytest.param(r, id=r.key) for r in ALONE]
+    step = max(1, len(units) // max(1, len(SERVED)))
+    for i, group in enumerate(SERVED):
+        units.insert(i * (step + 1), pytest.param(group, id=f"server-{group}", marks=pytest.mark.timeout(1500)))
+    return units
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("run", [_param(r) for r in SMOKE])
-def test_soak_run_holds_every_invariant(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the run's directory, state and temp files: private to the test, and short (a deep TMPDIR
-    # leaves no room for the worker zygote's Unix socket path: workers would start by exec)
-    short = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
-    monkeypatch.setenv("TMPDIR", str(short))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+@pytest.mark.parametrize("unit", _units())
+def test_soak_smoke_holds_every_invariant(unit: Run | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run of a surface without a server, or every run of the surfaces of one server (a
+    Prefect server, an Airflow deployment...) one after the other: each run is made, then every
+    violation told."""
+    runs = [unit] if isinstance(unit, Run) else SERVED[unit]
+    wrong: list[str] = []
     said: list[str] = []
-    try:
-        (outcome,) = campaign.execute([run], SEED, say=said.append, root=short)
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-    assert not outcome.violations, "\n".join(said)
-    if any("no tmpfs" in note for note in outcome.observation.notes):
+    for run in runs:
+        bad, lines = _execute(run, tmp_path, monkeypatch)
+        wrong += bad
+        said += lines
+    assert not wrong, "\n".join(wrong) + "\n\n" + "\n".join(said)
+    if isinstance(unit, Run) and any("no tmpfs" in line for line in said):
         pytest.skip("a full log disk needs a tmpfs (root, CAP_SYS_ADMIN): " + "\n".join(said))
-    assert outcome.observation.injected or run.fault == "none", "\n".join(said)
 
 
 def test_a_non_retryable_error_whose_workers_ran_again_is_a_violation(tmp_path: Path) -> None:
