@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
+from torchstep import retryafter
 from torchstep.errors import RunError
 from torchstep.kubernetes.apiobj import http_status
 
@@ -111,7 +112,7 @@ def transient(error: BaseException, statuses: Collection[int] = RETRYABLE_STATUS
 
 
 def retry_after(error: BaseException) -> float | None:
-    """The seconds the server asked to wait (``Retry-After``, in seconds), capped at
+    """The seconds the server asked to wait (``Retry-After``: seconds or an HTTP date), capped at
     :data:`RETRY_AFTER_MAX_S`; ``None`` when it said nothing readable.
 
     Args:
@@ -130,9 +131,10 @@ def retry_after(error: BaseException) -> float | None:
         return None
     try:
         value = headers.get("Retry-After") or headers.get("retry-after")
-        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
-    except (TypeError, ValueError, AttributeError):
+    except AttributeError:
         return None
+    secs = retryafter.seconds(value if isinstance(value, str) else None)
+    return min(secs, RETRY_AFTER_MAX_S) if secs is not None else None
 
 
 def call_api(

@@ -16,10 +16,8 @@ Example::
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import json
-import math
 import random
 import ssl
 import time
@@ -30,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from torchstep import retryafter
 from torchstep.schedulers.base import SchedulerError
 
 
@@ -69,21 +68,12 @@ class RetryPolicy:
 
 def retry_after(value: str | None) -> float | None:
     """Seconds of a ``Retry-After`` header (a number or an HTTP date), ``None`` if absent or
-    unreadable.
+    unreadable (:func:`torchstep.retryafter.seconds`).
 
     >>> retry_after("2"), retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), retry_after("soon")
     (2.0, 0.0, None)
     """
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+    return retryafter.seconds(value)
 
 
 def segment(text: str) -> str:
