@@ -43,8 +43,9 @@ class FaultyProxy:
 
     * ``busy(n, retry_after)``: the next ``n`` requests are answered ``503`` with that
       ``Retry-After`` (as Prefect's server answers while its SQLite is locked), not forwarded;
-    * ``lose_answer(method, path_regex)``: the next such request is forwarded and done by the
-      API, and its answer is lost (the connection closed without a response).
+    * ``lose_answer(method, path_regex)``: the next such request the API does (answers 2xx)
+      has its answer lost (the connection closed without a response); an error answer of the
+      real API (its own 503 while busy) passes through and leaves the rule armed.
 
     ``log`` lists ``(method, path, what happened)``; ``url`` replaces the API's host and port.
     """
@@ -71,9 +72,6 @@ class FaultyProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with proxy._lock:
                     busy = proxy._busy.pop(0) if proxy._busy else None
-                    lose = next((r for r in proxy._lose if r[0] == self.command and r[1].search(self.path)), None)
-                    if lose is not None and busy is None:
-                        proxy._lose.remove(lose)
                 if busy is not None:
                     proxy.log.append((self.command, self.path, "busy"))
                     answer = b'{"detail": "database busy"}'
@@ -90,6 +88,12 @@ class FaultyProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 conn.close()
+                with proxy._lock:
+                    lose = next((r for r in proxy._lose if r[0] == self.command and r[1].search(self.path)), None)
+                    if lose is not None and 200 <= resp.status < 300:
+                        proxy._lose.remove(lose)
+                    else:
+                        lose = None
                 if lose is not None:  # done upstream; the caller never hears of it
                     proxy.log.append((self.command, self.path, f"answer {resp.status} lost"))
                     self.close_connection = True

@@ -623,7 +623,10 @@ def test_the_zygote_is_a_fresh_interpreter_where_forking_the_agent_is_not_safe(
         stop.set()
         other.join()
     try:
-        assert b"torchstep.agent.zygote" in Path(f"/proc/{z.proc.pid}/cmdline").read_bytes()
+        # Popen returns once exec has begun, a moment before the kernel fills the new command
+        # line in (a loaded machine shows it empty then)
+        cmdline = wait_for(lambda: Path(f"/proc/{z.proc.pid}/cmdline").read_bytes(), 30, "the zygote's command line")
+        assert b"torchstep.agent.zygote" in cmdline
         run_dir = tmp_path / "run"
         run_dir.mkdir(mode=0o700)
         monkeypatch.setenv(zygote_handle.SOCKET_ENV, "unset by the test's end")  # configure() sets them

@@ -133,6 +133,7 @@ def test_a_busy_api_and_a_lost_answer_neither_fail_nor_repeat_a_submission(airfl
         dag_run_id = handle.rsplit(":", 1)[1]
         assert proxy.log[0][2] == "busy"
         posts = [what for method, path, what in proxy.log if method == "POST" and path.endswith("/dagRuns")]
+        posts = [what for what in posts if what != "503"]  # the real api-server's own busy answers, waited for
         assert posts[0].startswith("answer 2") and posts[0].endswith(" lost") and posts[1:] == ["409"]
         runs = airflow.call("GET", "/api/v2/dags/torchstep_torchx/dagRuns?limit=1000")["dag_runs"]
         assert [r["dag_run_id"] for r in runs].count(dag_run_id) == 1  # the retry made no second run
