@@ -7,6 +7,7 @@ see job.py) or *external* (the harness acts on a process or the disk at a line n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -24,7 +25,7 @@ GRACE_S, CANCEL_MARGIN_S = 3.0, 12.0
 #: The run's own timeout (cfg timeout), generous: 2 shared cores may run 4 campaigns at once.
 RUN_TIMEOUT_S = 150
 #: ... except under ``stop``, where it is what ends a rank stopped without a timer.
-STOP_TIMEOUT_S = 45
+STOP_TIMEOUT_S = 35
 #: The harness's deadline for a run, past its timeout: past it the run counts as a hang (invariant 5).
 DEADLINE_MARGIN_S = 45
 
@@ -240,6 +241,34 @@ FAULTS: dict[str, tuple[bool, Expect]] = {
 STALL_WATCHDOG_S = 20
 
 
+#: The most seconds a rank waits at an external fault's line for the harness (``hold_env``).
+HOLD_MAX_S = 30
+
+
+def hold_env(fault: str, rank: int, line: int) -> dict[str, str]:
+    """The job's environment that makes an external fault's rank wait at its line until the
+    harness has acted (``release``): on 2 loaded cores a harness that only polls could see
+    the line after the run had ended, and the fault never struck.
+
+    Args:
+        fault: a key of FAULTS.
+        rank: the global rank whose progress times the fault.
+        line: the line after which it waits.
+
+    Returns:
+        ``SOAK_HOLD_RANK`` / ``SOAK_HOLD_LINE`` / ``SOAK_HOLD_MAX_S``, or nothing (an in-worker fault, none).
+    """
+    if fault == "none" or FAULTS[fault][0]:
+        return {}
+    return {"SOAK_HOLD_RANK": str(rank), "SOAK_HOLD_LINE": str(line), "SOAK_HOLD_MAX_S": str(HOLD_MAX_S)}
+
+
+def release(progress: Path) -> None:
+    """Let the rank that waits at the fault's line go on (the fault is injected, or never will be)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(progress / "go", os.O_CREAT | os.O_WRONLY, 0o600))
+
+
 def in_worker_env(fault: str, rank: int, line: int) -> dict[str, str]:
     """The job's environment for an in-worker fault (empty for an external one).
 
@@ -405,6 +434,15 @@ def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], b
     Returns:
         Whether it was injected (False: the run ended first).
     """
+    try:
+        return _inject(fault, rank, moment, alive=alive, watcher=watcher, progress=progress, log_dir=log_dir,
+                       cancel=cancel)  # fmt: skip
+    finally:
+        release(progress)
+
+
+def _inject(fault: str, rank: int, moment: int, *, alive: Callable[[], bool], watcher: int,
+            progress: Path, log_dir: Path, cancel: Callable[[], None]) -> bool:  # fmt: skip
     while alive():
         seen = progress_of(progress, rank)
         if seen and seen[1] >= moment:

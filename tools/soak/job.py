@@ -15,7 +15,9 @@ the checkpoint dir), on rank ``SOAK_FAULT_RANK`` just before it prints line ``SO
 
 ``SOAK_TAIL_S`` keeps every rank alive that long after its last line (a cancel through a
 CLI takes seconds to land). Every rank also writes ``SOAK_PROGRESS/rank<R>`` (``<pid> <line>``) so the harness can
-inject external faults (SIGKILL a rank or its agent, fill the log disk) at a line number.
+inject external faults (SIGKILL a rank or its agent, fill the log disk) at a line number; rank
+``SOAK_HOLD_RANK`` waits after line ``SOAK_HOLD_LINE`` (once) until the harness writes
+``SOAK_PROGRESS/go``, so the run cannot end before the fault strikes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ def once(ckpt: str, name: str) -> bool:
         return True
     except FileExistsError:
         return False
+
+
+def hold(progress: str) -> None:
+    """Wait (``SOAK_HOLD_MAX_S`` at most) for the harness's ``go``: it injects the external fault meanwhile."""
+    deadline = time.monotonic() + float(os.environ.get("SOAK_HOLD_MAX_S", "30"))
+    while not os.path.exists(os.path.join(progress, "go")) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -88,6 +97,8 @@ def main() -> None:
     kind = os.environ.get("SOAK_FAULT", "")
     fault_rank = int(os.environ.get("SOAK_FAULT_RANK", "-1"))
     fault_line = int(os.environ.get("SOAK_FAULT_LINE", "-1"))
+    hold_rank = int(os.environ.get("SOAK_HOLD_RANK", "-1"))
+    hold_line = int(os.environ.get("SOAK_HOLD_LINE", "-1"))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -106,6 +117,8 @@ def main() -> None:
             fault(kind)
         print(f"soak rank={rank} attempt={attempt} pid={os.getpid()} line={n}", flush=True)
         write_atomic(os.path.join(progress, f"rank{rank}"), f"{os.getpid()} {n}")
+        if rank == hold_rank and n == hold_line and once(ckpt, "hold"):
+            hold(progress)
         time.sleep(interval)
     time.sleep(float(os.environ.get("SOAK_TAIL_S", "0")))  # still running when a slow cancel lands
     dist.barrier()

@@ -11,7 +11,8 @@ from tools.soak.model import Run
 
 def job_env(run: Run, token: str, ckpt: Path, progress: Path, lines: int, interval_s: float) -> dict[str, str]:
     """The soak job's environment for ``run``: its marker, checkpoint and progress directories,
-    its length and pace, and the fault's own variables (faults.in_worker_env, faults.tail_env).
+    its length and pace, and the fault's own variables (faults.in_worker_env, faults.hold_env,
+    faults.tail_env).
 
     Args:
         run: the planned run.
@@ -26,7 +27,8 @@ def job_env(run: Run, token: str, ckpt: Path, progress: Path, lines: int, interv
     """
     return {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(lines),
             "SOAK_INTERVAL": str(interval_s), "PYTHONUNBUFFERED": "1",
-            **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.tail_env(run.fault)}  # fmt: skip
+            **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.hold_env(run.fault, run.rank, run.moment),
+            **faults.tail_env(run.fault)}  # fmt: skip
 
 
 def settle_injected(run: Run, ckpt: Path, injected: bool, notes: list[str]) -> bool:

@@ -175,6 +175,7 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         if not faults.FAULTS[run.fault][0] and run.fault != "none":
             if not executor:
                 injected = False
+                faults.release(progress)
                 notes.append("the KFP executor process was never seen: fault not injected")
             else:
                 injected = faults.inject_external(
