@@ -1,6 +1,8 @@
 """The smoke campaign of ``make soak`` (issue 27) in ``make test``: a fixed-seed plan that
-covers every fault class of every surface the campaign drives once, every invariant held (a
-test per run, or per server for the surfaces that start one); plus the plan's determinism."""
+covers every fault class and every surface the campaign drives (``campaign.smoke_pairs``:
+every class on the surfaces without a server, and on every surface the classes it implements
+itself), every invariant held (a test per run, or per server for the surfaces that start
+one); plus the plan's determinism. ``make soak`` covers every (surface, class) pair."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 from tools.soak import campaign, closing, invariants  # noqa: E402
 from tools.soak.model import Observation, Run  # noqa: E402
 
-SEED = 27
-SMOKE = campaign.plan(SEED, len(campaign.pairs(list(campaign.SURFACES))))
+SEED = campaign.SMOKE_SEED
+SMOKE = campaign.plan(SEED, len(campaign.smoke_pairs(SEED)), cover=campaign.smoke_pairs(SEED))
 
 
 def _server_group(run: Run) -> str | None:
@@ -66,8 +68,22 @@ def _stop_what_surfaces_started():
     closing.close_all()
 
 
-def test_the_smoke_plan_covers_every_fault_class_of_every_surface() -> None:
-    assert {(r.surface, r.fault) for r in SMOKE} == set(campaign.pairs(list(campaign.SURFACES)))
+def test_the_smoke_plan_covers_every_fault_class_and_every_surface() -> None:
+    every = set(campaign.pairs(list(campaign.SURFACES)))
+    smoke = {(r.surface, r.fault) for r in SMOKE}
+    assert len(smoke) == len(SMOKE) and smoke <= every  # no pair twice, none a surface cannot inject
+    assert {f for _, f in smoke} == {f for _, f in every}
+    for surface in campaign.SURFACES:
+        own = {f for s, f in every if s == surface}
+        want = own if surface in campaign.SMOKE_EVERY_CLASS else own & set(campaign.SMOKE_OWN_PATH)
+        assert want and want <= {f for s, f in smoke if s == surface}, surface
+        assert len({f for s, f in smoke if s == surface}) > len(want & set(campaign.SMOKE_OWN_PATH)), surface
+
+
+def test_make_soak_covers_every_pair_before_it_draws_at_random() -> None:
+    every = campaign.pairs(list(campaign.SURFACES))
+    runs = campaign.plan(11, len(every) + 5)
+    assert {(r.surface, r.fault) for r in runs[: len(every)]} == set(every)
 
 
 def test_the_same_seed_replays_the_same_campaign() -> None:

@@ -10,7 +10,7 @@ import sys
 from collections import defaultdict
 from importlib import metadata
 
-from tools.soak import faults
+from tools.soak import campaign, faults
 from tools.soak.campaign import SURFACES, Outcome
 from tools.soak.surfaces import NOT_COVERED
 
@@ -182,7 +182,15 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
             "the same code under every orchestrator; `local` and `torchx` inject them all):", ""]  # fmt: skip
     for surface, module in SURFACES.items():
         out.append(f"- `{surface}`: {', '.join(module.FAULTS)}")
+    every = campaign.pairs(list(SURFACES))
     out += [
+        "",
+        f"A campaign's first {len(every)} runs cover every (surface, class) pair once; the rest are drawn at "
+        f"random. The smoke campaign in `make test` ({len(campaign.smoke_pairs(campaign.SMOKE_SEED))} runs, seed "
+        f"{campaign.SMOKE_SEED}) covers every "
+        f"class and every surface: every class on {', '.join(f'`{s}`' for s in campaign.SMOKE_EVERY_CLASS)}, "
+        f"{' and '.join(f'`{f}`' for f in campaign.SMOKE_OWN_PATH)} on every other surface, and one more class "
+        "an orchestrator drives on each of those.",
         "",
         "## The invariants, checked after every run",
         "",
