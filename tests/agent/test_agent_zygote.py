@@ -67,7 +67,18 @@ def settings_line(a: Agent) -> str:
 def zygotes_of(a: Agent) -> list[int]:
     """Live zygote processes of agent ``a`` (found by its unique ``PIDS_DIR``). A zygote is
     forked from the agent (or a ``torchstep.agent.zygote`` interpreter); the agent and every
-    worker forked from the zygote lead their own session, the zygote does not."""
+    worker forked from the zygote lead their own session, the zygote does not. A child the
+    agent is starting (forked, not yet in its own session nor exec'd: a loaded machine
+    shows it so for a moment) looks the same: only what still looks so a moment later counts."""
+    first = _zygote_like(a)
+    if not first:
+        return first
+    time.sleep(0.3)
+    again = set(_zygote_like(a))
+    return [p for p in first if p in again]
+
+
+def _zygote_like(a: Agent) -> list[int]:
     mark = f"PIDS_DIR={a.pids_dir}".encode()
     found = []
     for proc in Path("/proc").iterdir():
