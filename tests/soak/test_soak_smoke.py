@@ -158,3 +158,24 @@ def test_a_killed_agents_console_may_stop_short_but_never_differ(tmp_path: Path)
     assert bad((0,), agent_killed=True) == []
     assert bad((0,), agent_killed=False) != []  # only a killed agent loses its tee's tail
     assert bad((1,), agent_killed=True) != []  # not a prefix: a line lost in the middle
+
+
+@pytest.mark.slow
+def test_an_interrupt_reaches_the_kfp_driver_of_a_campaign_started_with_sigint_ignored() -> None:
+    """A campaign started as a job of a non-interactive shell (``make soak &``) inherits SIGINT
+    ignored: the kfp surface's "SIGINT to the driver alone" did nothing, and the step ran on
+    (found by the 100-run campaign, seed 20261127, run 50). The driver now takes Ctrl-C as in a
+    terminal, and the step is cancelled."""
+    import os
+    import subprocess
+
+    short = tempfile.mkdtemp(prefix="soakint", dir="/tmp")
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); from tools.soak.__main__ import main; "
+            "sys.exit(main(['--replay', 'kfp:cancel:6:2', '--report', '']))")  # fmt: skip
+    try:
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": short},
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kfp:cancel:6:2: rc 143, CANCELLED" in done.stdout

@@ -28,6 +28,7 @@ holds its exit status, and exits 130.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         0 when the pipeline succeeded, 1 when kfp.local reported a failure, 130 when
         interrupted (Ctrl-C).
     """
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal: a job of a non-interactive shell (a
+    # campaign started with `make soak &`, a CI step) starts with SIGINT ignored, which Python
+    # keeps; the interrupt would then do nothing at all (found by the soak, seed 20261127)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="where the JSON record goes")
     p.add_argument("--pid-file", type=Path, default=None, help="where the KFP task process's pid goes")
