@@ -71,7 +71,21 @@ FINDINGS = [
     "Harness, not torchstep: a cancel through `torchx cancel` takes seconds to start, so it could "
     "land after a short job had already SUCCEEDED; the job now stays alive after its last line "
     "under `cancel` (`SOAK_TAIL_S`).",
+    "Harness, not torchstep: on 2 loaded cores a harness polling for the fault's line saw it after "
+    "the run had ended (`torchx_airflow:sigkill_agent`, smoke): the fault never struck. The rank "
+    "now waits at that line until the harness has acted (`SOAK_HOLD_*`, faults.hold_env).",
+    "Harness, not torchstep (100-run campaign, seed 20261127, run 50: `--replay kfp:cancel:6:2`): "
+    "started as a job of a non-interactive shell, the campaign inherited SIGINT ignored, which "
+    'Python keeps, so "SIGINT to the kfp.local driver alone" did nothing and the step ran on '
+    "(4 violations). The driver now takes Ctrl-C as in a terminal "
+    "(tests/soak/test_soak_smoke.py, started with SIGINT ignored); the same seed then held.",
 ]
+
+
+def _summary(name: str, doc: str) -> str:
+    """A surface module's first docstring paragraph on one line, without its "Surface ``name``:"."""
+    text = " ".join(doc.split("\n\n")[0].split())
+    return text.removeprefix(f"Surface ``{name}``: ")
 
 
 def machine() -> str:
@@ -126,10 +140,7 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         "",
         "## Surfaces",
         "",
-        *[
-            f"- `{name}`: {' '.join((module.__doc__ or '').split(chr(10) + chr(10))[0].split())}"
-            for name, module in SURFACES.items()
-        ],
+        *[f"- `{name}`: {_summary(name, module.__doc__ or '')}" for name, module in SURFACES.items()],
         "",
         "## Runs per surface and fault class",
         "",
