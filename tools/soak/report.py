@@ -199,7 +199,7 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
         f"A campaign's first {len(every)} runs cover every (surface, class) pair once; the rest are drawn at "
         f"random. The smoke campaign in `make test` ({len(campaign.smoke_pairs(campaign.SMOKE_SEED))} runs, seed "
         f"{campaign.SMOKE_SEED}) covers every "
-        f"class and every surface: every class on {', '.join(f'`{s}`' for s in campaign.SMOKE_EVERY_CLASS)}, "
+        f"class and every surface: every class on {' and '.join(f'`{s}`' for s in campaign.SMOKE_EVERY_CLASS)}; "
         f"{' and '.join(f'`{f}`' for f in campaign.SMOKE_OWN_PATH)} on every other surface, and one more class "
         "an orchestrator drives on each of those.",
         "",
