@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import socket
 from pathlib import Path
+from typing import Any
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -126,3 +127,25 @@ class FaultyProxy:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def api_call(method: str, url: str, **kwargs: Any) -> Any:
+    """A test's own call of a real server's API (Prefect's, Airflow's), waiting as torchstep's
+    REST client does (:class:`~torchstep.schedulers.rest.RetryPolicy`): Prefect's server answers
+    503 while its SQLite is busy, and 429/502 are as passing. Only those answers are retried:
+    the server did not do the request."""
+    import time
+
+    import httpx
+    from torchstep.schedulers.rest import RetryPolicy, retry_after
+
+    policy = RetryPolicy()
+    retry = 0
+    while True:
+        r = httpx.request(method, url, timeout=30, **kwargs)
+        retry += 1
+        busy = r.status_code in policy.statuses
+        wait = policy.wait(retry, retry_after(r.headers.get("Retry-After"))) if busy else None
+        if wait is None:
+            return r
+        time.sleep(wait)

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from netlib import free_port
+from netlib import api_call, free_port
 from proclib import procs_with_env, wait_for
 
 httpx = pytest.importorskip("httpx")
@@ -22,19 +22,8 @@ HERE = Path(__file__).resolve().parent
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
-def call(method: str, url: str, **kwargs: object) -> "httpx.Response":
-    """The test's own API call, waiting out a busy server: Prefect's SQLite answers 503 while it
-    is locked (a loaded 2-core machine), and such a request was not done (found failing in CI)."""
-    for attempt in range(20):
-        r = httpx.request(method, url, timeout=30, **kwargs)
-        if r.status_code not in (429, 502, 503):
-            return r
-        time.sleep(min(0.2 * 2**attempt, 3.0))
-    return r
-
-
 def state_of(api: str, run_id: str) -> str:
-    return call("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"]
+    return api_call("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"]
 
 
 @pytest.mark.slow
@@ -77,7 +66,7 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]
 
         def run(mark: str, seconds: float) -> str:
-            r = call("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
+            r = api_call("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
                      json={"parameters": {"mark": mark, "seconds": seconds}})  # fmt: skip
             r.raise_for_status()
             return r.json()["id"]
@@ -89,14 +78,14 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         mark = f"serve-cancel-{uuid.uuid4().hex[:6]}"
         long = run(mark, 600)
         wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the long run's processes")
-        r = call("POST", f"{api}/flow_runs/{long}/set_state",
+        r = api_call("POST", f"{api}/flow_runs/{long}/set_state",
                  json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})  # fmt: skip
         r.raise_for_status()
         t0 = time.monotonic()
         wait_for(lambda: state_of(api, long) in ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"), 120, "the cancel")
         assert state_of(api, long) == "CANCELLED"
         wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process of the cancelled step")
-        task_runs = call("POST", f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [long]}}})
+        task_runs = api_call("POST", f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [long]}}})
         assert [t["state"]["type"] for t in task_runs.json()] == ["CANCELLED"]  # not Crashed
         assert time.monotonic() - t0 < 60
 

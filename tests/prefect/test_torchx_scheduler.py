@@ -13,14 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from netlib import FaultyProxy, free_port
+from netlib import FaultyProxy, api_call, free_port
 from proclib import procs_with_env, wait_for
 
 httpx = pytest.importorskip("httpx")
@@ -313,25 +312,6 @@ def _final(handle: str, timeout: float = 120) -> Any:
     return wait_for(done, timeout, f"{handle} to end", interval=0.5)
 
 
-def _http(method: str, url: str, **kwargs: Any) -> Any:
-    """The test's own call of the Prefect API, waiting as the scheduler's client does
-    (:class:`~torchstep.schedulers.rest.RetryPolicy`): the server answers 503 while its
-    SQLite is busy, and 429/502 are as passing. Only those answers are retried: the server
-    did not do the request."""
-    from torchstep.schedulers.rest import RetryPolicy, retry_after
-
-    policy = RetryPolicy()
-    retry = 0
-    while True:
-        r = httpx.request(method, url, timeout=30, **kwargs)
-        retry += 1
-        busy = r.status_code in policy.statuses
-        wait = policy.wait(retry, retry_after(r.headers.get("Retry-After"))) if busy else None
-        if wait is None:
-            return r
-        time.sleep(wait)
-
-
 @pytest.mark.slow
 def test_echo_runs_as_a_flow_run_and_status_log_list_work_from_other_processes(api: str, tmp_path: Path) -> None:
     word = f"hi-{uuid.uuid4().hex[:6]}"
@@ -369,7 +349,9 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
     assert _final(handle, 60).state == AppState.CANCELLED
     wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 60, "no process of the cancelled app")
     run_id = ts.records.load("prefect", handle.rsplit("/", 1)[1])["flow_run_id"]  # type: ignore[index]
-    wait_for(lambda: _http("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"] == "CANCELLED", 60, "Cancelled")
+    wait_for(
+        lambda: api_call("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"] == "CANCELLED", 60, "Cancelled"
+    )
     follower.join(timeout=60)
     assert not follower.is_alive(), "log_lines(should_tail=True) did not end with the run"
     assert any("sleeping 600.0 s" in line for line in followed)
@@ -378,10 +360,12 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
 
 @pytest.mark.slow
 def test_a_broken_appdef_fails_the_flow_run_at_once_naming_the_field(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    dep = _http("GET", f"{api}/deployments/name/torchstep-torchx/torchx").json()
+    dep = api_call("GET", f"{api}/deployments/name/torchstep-torchx/torchx").json()
     name = f"broken-{uuid.uuid4().hex[:6]}"
     app = {"version": 1, "name": "broken", "roles": [{"name": "w", "image": "", "entrypoint": ["sh", "-c"]}]}
-    r = _http("POST", f"{api}/deployments/{dep['id']}/create_flow_run", json={"name": name, "parameters": {"app": app}})
+    r = api_call(
+        "POST", f"{api}/deployments/{dep['id']}/create_flow_run", json={"name": name, "parameters": {"app": app}}
+    )
     assert r.status_code == 201, r.text
     monkeypatch.setenv("PREFECT_API_URL", api)  # no record: found by name
     sched = ts.create_scheduler("t")
@@ -393,7 +377,7 @@ def test_a_broken_appdef_fails_the_flow_run_at_once_naming_the_field(api: str, m
     desc = wait_for(ended, 120, "the broken run", interval=0.5)
     assert desc.state == AppState.FAILED
     assert "SpecError: app.roles[0].entrypoint (target 'local'): must be a string, got list" in desc.msg
-    assert _http("GET", f"{api}/flow_runs/{r.json()['id']}").json()["run_count"] == 1  # never retried
+    assert api_call("GET", f"{api}/flow_runs/{r.json()['id']}").json()["run_count"] == 1  # never retried
 
 
 @pytest.mark.slow
@@ -413,9 +397,9 @@ def test_a_work_pool_deployment_gets_the_queue_and_tags_and_a_waiting_run_cancel
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     for path, body in ((f"{api}/work_pools/", {"name": pool, "type": "process"}),
                        (f"{api}/work_pools/{pool}/queues", {"name": "gpu"})):  # fmt: skip
-        assert _http("POST", path, json=body).status_code == 201
-    flow_id = _http("POST", f"{api}/flows/", json={"name": "torchstep-torchx"}).json()["id"]
-    r = _http("POST", f"{api}/deployments/", json={
+        assert api_call("POST", path, json=body).status_code == 201
+    flow_id = api_call("POST", f"{api}/flows/", json={"name": "torchstep-torchx"}).json()["id"]
+    r = api_call("POST", f"{api}/deployments/", json={
         "name": pool, "flow_id": flow_id, "work_pool_name": pool, "entrypoint": "torchstep_prefect.torchx_flow.torchx_app",
     })  # fmt: skip
     assert r.status_code in (200, 201), r.text
@@ -423,12 +407,12 @@ def test_a_work_pool_deployment_gets_the_queue_and_tags_and_a_waiting_run_cancel
     handle = runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={
         "endpoint": api, "deployment": f"torchstep-torchx/{pool}", "queue": "gpu", "tags": ["nightly"]})  # fmt: skip
     record = ts.records.load("prefect", handle.rsplit("/", 1)[1])
-    run = _http("GET", f"{api}/flow_runs/{record['flow_run_id']}").json()  # type: ignore[index]
+    run = api_call("GET", f"{api}/flow_runs/{record['flow_run_id']}").json()  # type: ignore[index]
     assert run["work_queue_name"] == "gpu" and "nightly" in run["tags"]
     assert runner.status(handle).state == AppState.SUBMITTED  # type: ignore[union-attr]  # no worker polls the pool
     runner.cancel(handle)
     assert runner.status(handle).state == AppState.CANCELLED  # type: ignore[union-attr]
-    assert _http("GET", f"{api}/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED"
+    assert api_call("GET", f"{api}/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED"
 
 
 @pytest.mark.slow
@@ -445,7 +429,7 @@ def test_a_busy_server_and_a_lost_answer_neither_fail_nor_repeat_a_submission(ap
         creates = [what for what in creates if what != "503"]  # the real server's own busy answers, waited for
         assert creates == ["answer 201 lost", "200"]  # retried with the same idempotency key: the same run
         body = {"flow_runs": {"name": {"any_": [app_id]}}}
-        runs = _http("POST", f"{api}/flow_runs/filter", json=body).json()
+        runs = api_call("POST", f"{api}/flow_runs/filter", json=body).json()
         assert len(runs) == 1 and ts.records.load("prefect", app_id)["flow_run_id"] == runs[0]["id"]  # type: ignore[index]
         proxy.busy(1)
         assert _final(handle).state == AppState.SUCCEEDED  # status through the proxy, busy once more
