@@ -65,9 +65,9 @@ SMOKE_OWN_PATH = ("sigkill_watcher", "cancel")
 
 
 def smoke_pairs(seed: int) -> list[tuple[str, str]]:
-    """The (surface, fault class) pairs of the smoke campaign in ``make test`` (every pair,
-    about 75 runs of which 42 start an orchestrator, needs about 25 minutes on 2 cores: that is
-    ``make soak``'s first 75 runs). Every fault class and every surface at least once: every
+    """The (surface, fault class) pairs of the smoke campaign in ``make test``; not every pair
+    (75 runs, 42 through an orchestrator: about 25 minutes on 2 cores, ``make soak``'s first
+    75 runs do that). Every fault class and every surface at least once: every
     class of ``SMOKE_EVERY_CLASS``; ``SMOKE_OWN_PATH`` on every other surface; and each other
     class an orchestrator drives (none, exit, nonretryable, sigkill_agent, flood) on one
     surface beside those, one per surface, dealt in a seeded order.
