@@ -202,6 +202,7 @@ class AgentRun:
             )
             master_addr, master_port = _get_addr_and_port(params)
             handler = rdzv_registry.get_rendezvous_handler(params)
+            guard_rendezvous(handler, config.rdzv_endpoint)
             if settings.sources.get("rdzv_conf.keep_alive_interval") == "default":
                 fast_keep_alive(handler, PRIVATE_KEEP_ALIVE_S if private_rendezvous(config) else KEEP_ALIVE_PERIOD_S)
             entrypoint, args = self._entrypoint()
@@ -332,6 +333,16 @@ class AgentRun:
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return result
+
+
+def guard_rendezvous(handler: Any, endpoint: str) -> None:
+    """A forged rendezvous state fails the run instead of running code in the agent
+    (:mod:`torchstep.agent.rdzv_guard`); a dynamic handler this torch cannot guard is
+    said on the console."""
+    from torchstep.agent.rdzv_guard import guard_handler
+
+    if not guard_handler(handler, endpoint) and type(handler).__name__ == "DynamicRendezvousHandler":
+        log.warning("cannot check the rendezvous state on this torch: a forged state in %s is not refused", endpoint)
 
 
 #: The keep-alive tick of a rendezvous no other node can reach (:func:`private_rendezvous`):
