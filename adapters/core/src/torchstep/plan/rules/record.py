@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
@@ -28,14 +29,30 @@ class Rejected(Exception):
     """Internal: stop planning a field group after a rejection was recorded."""
 
 
+#: The role a field path belongs to (``roles[3]`` of ``roles[3].args[0]``).
+_ROLE = re.compile(r"roles\[\d+\]")
+
+
+def _role_of(path: str) -> str:
+    """``roles[i]`` for a field of a role; ``""`` for any other field."""
+    m = _ROLE.match(path)
+    return m.group(0) if m else ""
+
+
 class Recorder:
     """The target and the decisions recorded so far: the first argument of every rule
-    function (``resources(rec, "roles[0]", role)``)."""
+    function (``resources(rec, "roles[0]", role)``).
+
+    Rejections are also kept by role, so that :meth:`rejected_under` looks only at the
+    rejections of its own role: planning stays linear in the AppDef's size (scanning every
+    decision made planning 1,000 roles take seconds, 10,000 minutes).
+    """
 
     def __init__(self, app: Any, target: str) -> None:
         self.app = app
         self.target = target
         self.decisions: list[Decision] = []
+        self._rejected: dict[str, list[str]] = {}  # role (``roles[i]`` or "") -> rejected field paths
 
     def on_target(self, wording: Wording, **fields: Any) -> str:
         """``wording``'s text for this target, formatted with ``fields``.
@@ -64,6 +81,7 @@ class Recorder:
     def reject(self, path: str, value: Any, problem: str, fix: str) -> None:
         """Record ``path`` as rejected: ``build_plan`` raises a SpecError with ``fix``."""
         self.decisions.append(Decision(path, show(value), "rejected", problem, fix))
+        self._rejected.setdefault(_role_of(path), []).append(path)
 
     def fail(self, path: str, value: Any, problem: str, fix: str) -> Rejected:
         """:meth:`reject`, and return an exception that ends the field group."""
@@ -72,14 +90,14 @@ class Recorder:
 
     @property
     def rejected(self) -> bool:
-        return any(d.action == "rejected" for d in self.decisions)
+        return bool(self._rejected)
 
     def rejected_under(self, prefix: str) -> bool:
         """Whether ``prefix`` or a field below it (``prefix.x``, ``prefix[i]``) was rejected."""
-        return any(
-            d.action == "rejected" and (d.field == prefix or d.field.startswith((prefix + ".", prefix + "[")))
-            for d in self.decisions
-        )
+        role = _role_of(prefix)
+        # a prefix inside one role can only match that role's rejections; any other, all of them
+        fields = self._rejected.get(role, []) if role else [f for fs in self._rejected.values() for f in fs]
+        return any(f == prefix or f.startswith((prefix + ".", prefix + "[")) for f in fields)
 
     def seconds(self, path: str, value: Any) -> float | None:
         """A positive duration in seconds (a number or a numeric string), or ``None``
