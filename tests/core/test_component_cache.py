@@ -184,7 +184,7 @@ def test_bad_arguments_raise_the_same_spec_error_every_time(comp: tuple[Path, Pa
         e = _spec_error("comps.py:unannotated")
         assert "has validation errors" in str(e) and "returns specs.AppDef" in (e.fix or "")
         e = _spec_error("comps.py:missing")
-        assert "Function missing does not exist in file comps.py" in str(e)
+        assert "comps.py has no function 'missing'" in str(e)  # said before the file is executed
 
 
 def test_a_broken_file_fails_each_time_and_works_once_fixed(comp: tuple[Path, Path]) -> None:
@@ -206,8 +206,8 @@ def test_builtins_by_name_are_torchx_own_functions() -> None:
     assert component_cache.resolve_builtin("utils.echo") is echo
     assert materialize("dist.ddp", argv) == materialize(ddp, argv)
     assert materialize("utils.echo", {"msg": "hi"}).roles[0].args == ["hi"]
-    assert "torchx builtins" in (_spec_error("dist.nope").fix or "")
-    assert "torchx builtins" in (_spec_error("nosuchmodule.fn").fix or "")
+    assert "torchstep builtins" in (_spec_error("dist.nope").fix or "")
+    assert "torchstep builtins" in (_spec_error("nosuchmodule.fn").fix or "")
     # a helper of a builtin module that fails TorchX's linter is no builtin, as in TorchX
     assert "dist.get_role_name" not in finder.get_components()
     e = _spec_error("dist.get_role_name")

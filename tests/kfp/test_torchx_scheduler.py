@@ -347,8 +347,7 @@ def test_log_iter_says_where_the_logs_are(fake: FakeKfp, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize(
     ("given", "message"),
-    [({}, r"cfg\['endpoint'\] .*no KFP endpoint.*fix: -cfg endpoint=https://"),
-     ({"endpoint": "kfp.example.com"}, r"cfg\['endpoint'\].*not an http\(s\) URL.*fix: -cfg endpoint="),
+    [({"endpoint": "kfp.example.com"}, r"cfg\['endpoint'\].*not an http\(s\) URL.*fix: -cfg endpoint="),
      ({"endpoint": "https://ada:hunter2@kfp.example.com"}, r"cfg\['endpoint'\].*with credentials, not shown"),
      ({"token_env": "eyJhbGciOi.J9.xyz"}, r"cfg\['token_env'\].*NAME of an environment variable.*not shown"),
      ({"token_env": "KFP_OTHER_TOKEN"}, r"cfg\['token_env'\].*\$KFP_OTHER_TOKEN is not set.*fix: export"),
@@ -362,6 +361,16 @@ def test_bad_cfg_is_one_clear_line(env: Path, given: dict[str, Any], message: st
         ks.create_scheduler("torchx").submit_dryrun(echo_app(), cfg)
     text = str(err.value)
     assert "\n" not in text and "hunter2" not in text and "eyJhbGciOi" not in text and "ghp_16C7" not in text
+
+
+def test_a_dry_run_needs_no_endpoint_a_submission_does(env: Path) -> None:
+    sched = ks.create_scheduler("torchx")
+    shown = str(sched.submit_dryrun(echo_app(), {}))  # `torchx run --dryrun -s kfp` with no endpoint anywhere
+    assert f"# kfp endpoint: (none yet: a submission needs -cfg endpoint=... or ${ks.ENDPOINT_ENV})" in shown
+    assert "pipelineInfo" in shown
+    with pytest.raises(SpecError, match=r"cfg\['endpoint'\] .*no KFP endpoint.*fix: -cfg endpoint=https://") as err:
+        sched.submit(echo_app(), {})
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(

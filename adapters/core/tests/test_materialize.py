@@ -230,7 +230,7 @@ def test_missing_file_and_bad_module(comp_dir: Path) -> None:
     assert "has no function 'nope'" in str(spec_error("ts_test_pkg.train:nope"))
     assert "RuntimeError: boom at import" in str(spec_error("ts_test_pkg.explodes:fn"))
     assert "syntax.py" in str(spec_error("syntax.py:f"))
-    assert "torchx builtins" in (spec_error("dist.nope").fix or "")
+    assert "torchstep builtins" in (spec_error("dist.nope").fix or "")
 
 
 def test_component_failures(comp_dir: Path) -> None:

@@ -1,30 +1,54 @@
-"""The ``torchstep`` command line.
+"""The ``torchstep`` command line: :data:`HELP` says what it does (``torchstep --help``).
 
-    torchstep explain REF --target T [-- component args]
-    torchstep run REF [options] [-- component args]      (or --app FILE.json)
-    torchstep render REF --namespace NS [-- component args]
-    torchstep runopts {local,kubernetes}
-    torchstep builtins
-    torchstep --version
-
-REF is anything :func:`torchstep.materialize` takes: ``path/file.py:fn``,
-``package.module:fn`` or a TorchX builtin such as ``dist.ddp``.
+A misspelt subcommand is one line naming the closest one; options before ``--`` are
+``torchstep``'s, component arguments go after it (``torchstep run REF -- --help`` lists a
+component's parameters); a :class:`~torchstep.SpecError` is one line and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from torchstep.contract import INTERRUPTED_EXIT_CODE
 from torchstep.errors import SpecError
 from torchstep.plan.cmdline import split_component_args
 from torchstep.result import CANCELLED
 
+#: What ``torchstep --help`` prints (plain text: no markup).
+HELP = """\
+usage: torchstep COMMAND [options] [-- component arguments]
+
+commands:
+  run REF [options] [-- ARGS]        run a component on this machine under torchstep-agent
+                                     (or: run --app FILE.json)
+  explain REF --target T [-- ARGS]   what each AppDef field becomes on target T
+                                     (local, kubernetes or kfp)
+  render REF -n NS [-- ARGS]         the Kubernetes objects of the kubernetes target, as YAML
+  runopts local|kubernetes           the run options of a target (-c key=value)
+  builtins                           TorchX's builtin components (dist.ddp, utils.echo, ...)
+  --version                          the installed version
+
+REF is a component: path/file.py:function, package.module:function or a TorchX
+builtin such as dist.ddp. Its arguments go after --; `torchstep run REF -- --help`
+lists them. `torchstep COMMAND --help` describes a command's options.
+
+examples:
+  torchstep run components/train.py:trainer -- --replicas 2
+  torchstep run dist.ddp -- -j 1x2 --script train.py
+  torchstep explain dist.ddp --target kfp -- -j 2x2 --script train.py
+"""
+#: Targets ``explain`` does not take, and what to use instead.
+NOT_TARGETS = {
+    "airflow": "Airflow steps run on the local or kubernetes target (AppDefOperator(target=...))",
+    "prefect": "Prefect steps run on the local or kubernetes target (app_task(..., target=...))",
+}
 #: subcommand -> "module:function" taking the remaining argv (lazy: no torch, no yaml until used)
 SUBCOMMANDS = {
     "render": "torchstep.kubernetes.cli:main",
@@ -40,15 +64,147 @@ def explain_main(argv: Sequence[str]) -> int:
     from torchstep.plan.planner import plan_decisions
 
     opts, comp_args = split_component_args(argv)
-    p = argparse.ArgumentParser(prog="torchstep explain", description="print the translation table of an AppDef")
+    p = argparse.ArgumentParser(
+        prog="torchstep explain",
+        description="print the translation table of an AppDef",
+        epilog="component arguments go after --; `torchstep explain REF --target T -- --help` lists them",
+    )
     p.add_argument("ref", help="component: path/file.py:fn, package.module:fn or a TorchX builtin (dist.ddp)")
-    p.add_argument("--target", "-t", required=True, choices=TARGETS)
-    ns = p.parse_args(opts)
+    p.add_argument("--target", "-t", required=True, metavar="{" + ",".join(TARGETS) + "}")
+    ns = parse_options(p, opts, "torchstep explain REF --target T")
+    if ns.target not in TARGETS:
+        why = NOT_TARGETS.get(ns.target.lower(), "")
+        p.error(f"argument --target: {ns.target!r} is not a target" + (f": {why}" if why else "")
+                + f"; choose from {', '.join(TARGETS)}")  # fmt: skip
+    if component_help_asked(comp_args):
+        return print_component_help(ns.ref, "explain", f"--target {ns.target} ")
     app = materialize(ns.ref, comp_args)
     decisions = plan_decisions(app, ns.target)
     notes = notes_of(app, ns.target)
     sys.stdout.write(render_table(decisions, app_name=getattr(app, "name", "?"), target=ns.target, notes=notes))
     return 2 if any(d.action == "rejected" for d in decisions) else 0
+
+
+def parse_options(p: argparse.ArgumentParser, opts: Sequence[str], usage: str) -> argparse.Namespace:
+    """``p.parse_args(opts)``, but words ``p`` does not know are an error that says that
+    component arguments go after ``--`` (the usual slip: ``torchstep run REF --replicas 2``).
+
+    Args:
+        p: the command's parser.
+        opts: the words before ``--``.
+        usage: the command as the hint shows it (``torchstep run REF``).
+
+    Returns:
+        The parsed options.
+    """
+    ns, extra = p.parse_known_args(list(opts))
+    if extra:
+        p.error(
+            f"unrecognized arguments: {' '.join(extra)} (component arguments go after '--': "
+            f"{usage} -- {' '.join(extra)}; `{usage} -- --help` lists them)"
+        )
+    return ns
+
+
+def component_help_asked(comp_args: Sequence[str]) -> bool:
+    """Whether the component arguments ask for the component's help (``-- --help``)."""
+    return bool(comp_args) and comp_args[0] in ("-h", "--help")
+
+
+def print_component_help(ref: str, command: str, options: str = "") -> int:
+    """Print the parameters of component ``ref`` (TorchX's own argument help) and how to
+    pass them to ``torchstep COMMAND``; 0."""
+    from torchstep.components.materialize import component_help
+
+    prefix = "torchx run <run args...> "
+    lines = component_help(ref).splitlines()
+    for i, line in enumerate(lines):  # TorchX's usage block, without the `torchx run` words
+        if i == 0:
+            lines[0] = line.replace(prefix, "", 1)
+        elif not line.strip():
+            break
+        elif line.startswith(" " * len(prefix)):
+            lines[i] = line[len(prefix) :]
+    text = "\n".join(lines)
+    print(f"{ref}: the component's parameters; pass them after --, e.g. torchstep {command} {ref} {options}-- ...")
+    print(text.rstrip())
+    return 0
+
+
+#: torchrun flags that take no value (every other flag before the script takes one).
+_TORCHRUN_BOOL_FLAGS = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path",
+                                  "--virtual-local-rank", "--virtual_local_rank"})  # fmt: skip
+
+
+def script_of(entrypoint: str, args: Sequence[str]) -> str | None:
+    """The Python script a role's command runs (``python train.py ...``, ``torchrun ...
+    train.py``, TorchX's ``bash -c "torchrun ... train.py"``), or ``None`` when it runs
+    a module, code, another program or a shell line it cannot read.
+
+    Args:
+        entrypoint: the role's entrypoint.
+        args: the role's arguments.
+
+    Returns:
+        The script's path as written, or ``None``.
+
+    >>> script_of("bash", ["-c", "torchrun --nnodes 1 --nproc_per_node 2 --tee 3 --role '' nope.py --lr 1"])
+    'nope.py'
+    >>> script_of("python", ["-u", "train.py"]), script_of("python", ["-m", "pkg.train"])
+    ('train.py', None)
+    """
+    import os
+    import shlex
+
+    exe = os.path.basename(entrypoint)
+    words = list(args)
+    if exe in ("bash", "sh") and len(words) == 2 and words[0] == "-c":
+        try:
+            words = shlex.split(words[1])
+        except ValueError:
+            return None
+        if not words or os.path.basename(words[0]) not in ("torchrun", "torchstep-agent"):
+            return None
+        exe, words = os.path.basename(words[0]), words[1:]
+    if exe in ("torchrun", "torchstep-agent"):
+        i = 0
+        while i < len(words) and words[i].startswith("-"):
+            flag = words[i]
+            if flag in ("-m", "--module", "--no-python", "--no_python"):
+                return None
+            i += 1 if "=" in flag or flag in _TORCHRUN_BOOL_FLAGS else 2
+        script = words[i] if i < len(words) else None
+    elif exe.startswith("python"):
+        script = next((w for w in words if not w.startswith("-")), None)
+        if any(w in ("-m", "-c") for w in words[: words.index(script) if script else len(words)]):
+            return None
+    else:
+        return None
+    return script if script and script.endswith(".py") and "$" not in script else None
+
+
+def check_scripts(plan: Any) -> None:
+    """Before anything starts on this machine: every role's Python script exists (in the
+    role's working directory), so a typo is one line, not every rank's failure report.
+
+    Args:
+        plan: the local target's plan.
+
+    Raises:
+        SpecError: a role's script does not exist, naming the role and the directory.
+    """
+    import os
+
+    for role in plan.roles:
+        script = script_of(role.entrypoint, role.args)
+        where = role.workdir or os.getcwd()
+        if script and not os.path.isfile(os.path.join(where, script)):
+            raise SpecError(
+                f"roles[{role.index}].args",
+                "local",
+                f"role {role.name!r} runs the script {script!r}, which does not exist in {where}",
+                fix="check the script's path (relative to that directory); nothing was started",
+            )
 
 
 def runopts_main(argv: Sequence[str]) -> int:
@@ -61,11 +217,24 @@ def runopts_main(argv: Sequence[str]) -> int:
 
 
 def builtins_main(argv: Sequence[str]) -> int:
-    from torchx.specs.finder import get_components
+    from torchstep.components.materialize import builtin_names
 
-    for name in sorted(get_components()):
+    argparse.ArgumentParser(prog="torchstep builtins", description=builtins_main.__doc__).parse_args(list(argv))
+    for name in builtin_names():
         print(name)
     return 0
+
+
+builtins_main.__doc__ = "list TorchX's builtin components (each is a REF: torchstep run dist.ddp -- --help)"
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (a TorchX message may span several).
+
+    >>> one_line("has validation errors: \\n  a\\n  b")
+    'has validation errors: a b'
+    """
+    return " ".join(text.split())
 
 
 def version_line(prog: str) -> str:
@@ -94,7 +263,11 @@ def run_main(argv: Sequence[str]) -> int:
     from torchstep.steps import run_tries, stop_on_signals
 
     opts_argv, comp_args = split_component_args(list(argv))
-    ns = parser().parse_args(opts_argv)
+    ns = parse_options(
+        parser(), opts_argv, f"torchstep run {next((a for a in opts_argv if not a.startswith('-')), 'REF')}"
+    )
+    if ns.ref and component_help_asked(comp_args):
+        return print_component_help(ns.ref, "run")
     if bool(ns.ref) == bool(ns.app):
         raise SpecError("REF", "local", "give a component reference or --app FILE.json (one of them)", fix="see --help")
     if ns.app:
@@ -115,6 +288,7 @@ def run_main(argv: Sequence[str]) -> int:
     if ns.log_dir is not None:
         cfg["log_dir"] = ns.log_dir
     plan = build_plan(app, "local")
+    check_scripts(plan)
     opts = resolve(cfg)
     retries = opts.retries if opts.retries is not None else plan.step_retry.count
     cancel = threading.Event()
@@ -142,9 +316,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["--version"]:
         print(version_line("torchstep"))
         return 0
-    if not argv or argv[0] in ("-h", "--help") or (argv[0] not in commands and argv[0] not in SUBCOMMANDS):
-        print(__doc__.strip())
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(HELP, end="")
+        return 0
+    if not argv:
+        print(HELP, end="", file=sys.stderr)
+        return 2
+    if argv[0] not in commands and argv[0] not in SUBCOMMANDS:
+        known = sorted([*commands, *SUBCOMMANDS])
+        close = difflib.get_close_matches(argv[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; commands: {', '.join(known)}"
+        print(f"torchstep: unknown command {argv[0]!r}{hint}; see torchstep --help", file=sys.stderr)
+        return 2
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd in commands:
@@ -152,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, _, fn = SUBCOMMANDS[cmd].partition(":")
         return int(getattr(importlib.import_module(module), fn)(rest) or 0)
     except SpecError as e:
-        print(f"torchstep {cmd}: error: {e}", file=sys.stderr)
+        print(f"torchstep {cmd}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before the run started (a component function, an import)
         print(f"torchstep {cmd}: interrupted", file=sys.stderr)

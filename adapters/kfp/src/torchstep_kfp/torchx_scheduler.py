@@ -122,15 +122,29 @@ class KfpOptions:
         return Connection(self.endpoint, self.token_env, self.namespace, self.ui_endpoint)
 
 
-def resolve(cfg: Mapping[str, Any]) -> KfpOptions:
-    """``cfg`` (typed, or strings as ``-cfg`` gives them) and kfp.Client's variables checked:
-    a SpecError naming ``cfg['<key>']`` and the fix otherwise; a token is never echoed."""
-    opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=TARGET)
-    fix = "-cfg {}=https://kfp.example.com (or export {}); a token goes in the variable named by token_env"
-    endpoint = opts["endpoint"] or os.environ.get(ENDPOINT_ENV)
-    opts["endpoint"] = base.endpoint(
-        endpoint, api="KFP endpoint", target=TARGET, fix=fix.format("endpoint", ENDPOINT_ENV)
+_FIX = "-cfg {}=https://kfp.example.com (or export {}); a token goes in the variable named by token_env"
+
+
+def no_endpoint_error() -> SpecError:
+    """The error of a submission without an endpoint (a dry run needs none)."""
+    return SpecError(
+        "cfg['endpoint']", TARGET, "no KFP endpoint to submit to", fix=_FIX.format("endpoint", ENDPOINT_ENV)
     )
+
+
+def resolve(cfg: Mapping[str, Any], *, need_endpoint: bool = True) -> KfpOptions:
+    """``cfg`` (typed, or strings as ``-cfg`` gives them) and kfp.Client's variables checked:
+    a SpecError naming ``cfg['<key>']`` and the fix otherwise; a token is never echoed.
+    ``need_endpoint=False`` (a dry run): no endpoint is an empty ``endpoint``, not an error."""
+    opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=TARGET)
+    fix = _FIX
+    endpoint = opts["endpoint"] or os.environ.get(ENDPOINT_ENV)
+    if not endpoint and not need_endpoint:
+        opts["endpoint"] = ""
+    else:
+        opts["endpoint"] = base.endpoint(
+            endpoint, api="KFP endpoint", target=TARGET, fix=fix.format("endpoint", ENDPOINT_ENV)
+        )
     if ui := opts["ui_endpoint"] or os.environ.get(UI_ENDPOINT_ENV):
         opts["ui_endpoint"] = base.check_endpoint(
             ui, "cfg['ui_endpoint']", TARGET, fix=fix.format("ui_endpoint", UI_ENDPOINT_ENV)
@@ -169,7 +183,8 @@ class KfpRequest:
     def __str__(self) -> str:
         c = self.conn
         head = {"run": self.run_name, "experiment": self.experiment,
-                "namespace": c.namespace or "(none: single-user KFP)", "endpoint": c.endpoint,
+                "namespace": c.namespace or "(none: single-user KFP)",
+                "endpoint": c.endpoint or f"(none yet: a submission needs -cfg endpoint=... or ${ENDPOINT_ENV})",
                 "token": f"${c.token_env}" if c.token_env else "(none)",
                 "service_account": self.service_account, "pipeline_root": self.pipeline_root}  # fmt: skip
         return "".join(f"# kfp {k}: {v}\n" for k, v in head.items() if v) + self.pipeline_yaml
@@ -221,7 +236,7 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
         self._clients: dict[Connection, Any] = {}
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
-        opts = resolve(cfg)
+        opts = resolve(cfg, need_endpoint=False)  # a dry run compiles the pipeline: no endpoint needed
         if opts.image:
             app = copy.deepcopy(app)
             for role in app.roles:
@@ -236,6 +251,8 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         req: KfpRequest = dryrun_info.request
+        if not req.conn.endpoint:
+            raise no_endpoint_error()
         client = self._client(req.conn)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "pipeline.yaml")

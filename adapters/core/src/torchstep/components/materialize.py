@@ -264,9 +264,21 @@ def component_of(component: Any) -> tuple[Callable[..., Any], str]:
         raise SpecError(
             "component",
             None,
-            f"component file {path!r} does not exist",
+            f"component file {path!r} does not exist (relative paths are read from {os.getcwd()})",
             fix="give a path relative to the current directory or an absolute path",
         )
+    if not sep and (ref.endswith(".py") or os.path.isfile(ref)):
+        found_fns = component_functions(ref)
+        raise SpecError(
+            "component",
+            None,
+            f"{ref!r} is a file: a component reference names a function in it, {ref}:FUNCTION",
+            fix=f"use one of: {', '.join(f'{ref}:{n}' for n in found_fns)}"
+            if found_fns
+            else f"{ref} defines no component function (a top-level def returning specs.AppDef)",
+        )
+    if sep and ":" not in path and os.path.isfile(path):
+        check_component_file(path, fn_name)  # before TorchX executes the file
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             # TorchX's get_component, each step done once per file version / builtin name
@@ -278,8 +290,14 @@ def component_of(component: Any) -> tuple[Callable[..., Any], str]:
             else:
                 found = get_component(ref).fn
     except ComponentNotFoundException as e:
+        if sep:
+            raise SpecError("component", None, " ".join(str(e).split()), fix="check the reference") from e
+        close = difflib.get_close_matches(ref, builtin_names(), n=1)
         raise SpecError(
-            "component", None, str(e).strip(), fix="check the name with `torchx builtins`, or use path/file.py:fn"
+            "component",
+            None,
+            f"{ref!r} is not a TorchX builtin component" + (f" (did you mean {close[0]!r}?)" if close else ""),
+            fix="list them with `torchstep builtins`, or use path/file.py:fn",
         ) from e
     except ComponentValidationException as e:
         raise SpecError(
@@ -294,6 +312,178 @@ def component_of(component: Any) -> tuple[Callable[..., Any], str]:
             fix = "write parameter annotations as typing.Optional[...] / List[...] / Dict[...], not `X | None`"
         raise SpecError("component", None, f"cannot load {ref!r}: {type(e).__name__}: {e}", fix=fix) from e
     return found, ref
+
+
+def builtin_names() -> list[str]:
+    """The names of TorchX's builtin components (and of any registered through
+    ``[torchx.components]`` entry points), sorted: what ``torchstep builtins`` lists.
+
+    Returns:
+        The names, e.g. ``["dist.ddp", "dist.spmd", ..., "utils.echo", ...]``.
+    """
+    from torchx.specs.finder import get_components
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return sorted(get_components())
+
+
+@dataclass(frozen=True)
+class _FileOutline:
+    """What a component file defines, read with ``ast`` (nothing executed)."""
+
+    functions: dict[str, str]  # top-level def name -> its return annotation as written ("" when none)
+    side_effect_line: int  # the first top-level statement that runs code at import (0: none)
+
+
+def _outline(path: str) -> _FileOutline | None:
+    """The outline of the file ``path``; ``None`` when it cannot be read or parsed (TorchX
+    then reports it as it does)."""
+    try:
+        st = os.stat(path)
+        return _outline_cached(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _outline_cached(abspath: str, _mtime_ns: int, _size: int) -> _FileOutline:
+    import ast
+
+    with open(abspath, "rb") as f:
+        tree = ast.parse(f.read(), abspath)
+    functions = {
+        node.name: ast.unparse(node.returns) if node.returns is not None else ""
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+    }
+    return _FileOutline(functions, _first_side_effect(tree.body))
+
+
+def _is_main_guard(node: Any) -> bool:
+    import ast
+
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    )
+
+
+def _first_side_effect(body: list[Any]) -> int:
+    """The line of the first statement of ``body`` that does work when the module is
+    imported — a call, a loop, a ``with`` — outside ``if __name__ == "__main__":``; 0 when none.
+    Definitions, imports and assignments are not counted (a component file has them)."""
+    import ast
+
+    for node in body:
+        if _is_main_guard(node):
+            continue
+        if isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant):
+            return int(node.lineno)
+        if isinstance(node, ast.For | ast.While | ast.With | ast.AsyncFor | ast.AsyncWith):
+            return int(node.lineno)
+        if isinstance(node, ast.If | ast.Try):
+            inner = [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            line = _first_side_effect(inner)
+            if line:
+                return line
+    return 0
+
+
+def component_functions(path: str) -> list[str]:
+    """The component functions of the file ``path`` (top-level defs annotated to return an
+    ``AppDef``), in file order, read without executing the file.
+
+    Args:
+        path: the component file.
+
+    Returns:
+        Their names; empty when there are none or the file cannot be parsed.
+
+    >>> component_functions("no/such/file.py")
+    []
+    """
+    outline = _outline(path)
+    if outline is None:
+        return []
+    return [name for name, returns in outline.functions.items() if returns.strip("'\"").rpartition(".")[2] == "AppDef"]
+
+
+_RUN_A_SCRIPT = (
+    "run a training script with `torchstep run dist.ddp -- -j 1x2 --script {path}` (or utils.python --script)"
+)
+
+
+def check_component_file(path: str, fn_name: str) -> None:
+    """Refuse ``path:fn_name`` before the file is executed when ``fn_name`` is not a
+    component function of it: loading a component must not run a user's training script
+    (a file whose top-level code calls ``init_process_group``...). Nothing is checked when
+    the file cannot be parsed (TorchX reports that).
+
+    Args:
+        path: the component file.
+        fn_name: the function named after the ``:``.
+
+    Raises:
+        SpecError: ``fn_name`` is not a top-level function of the file (the fix lists its
+            component functions), or does not return an AppDef in a file that runs code
+            when loaded (a training script's ``main``).
+    """
+    outline = _outline(path)
+    if outline is None:
+        return
+    ref = f"{path}:{fn_name}"
+    components = component_functions(path)
+    script = (
+        f"; {path} runs code when loaded (line {outline.side_effect_line}): it looks like a training script, "
+        "not a component file"
+        if outline.side_effect_line
+        else ""
+    )
+    if fn_name not in outline.functions:
+        close = difflib.get_close_matches(fn_name, components, n=1)
+        if components:
+            fix = f"use one of: {', '.join(components)}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        else:
+            fix = _RUN_A_SCRIPT.format(path=path) if script else "define it as a top-level def returning specs.AppDef"
+        raise SpecError("component", None, f"{path} has no function {fn_name!r}{script}", fix=fix)
+    if fn_name not in components and script:  # else TorchX's linter names what is missing
+        returns = outline.functions[fn_name] or "no annotation"
+        raise SpecError(
+            "component",
+            None,
+            f"{ref} is not a component: it does not return specs.AppDef ({returns}){script}",
+            fix=_RUN_A_SCRIPT.format(path=path),
+        )
+
+
+def component_help(component: Any) -> str:
+    """The parameters of a component, as TorchX's own argument parser prints them for
+    ``torchx run COMPONENT --help`` (what ``torchstep run REF -- --help`` shows).
+
+    Args:
+        component: a component callable or a reference string.
+
+    Returns:
+        The help text.
+
+    Raises:
+        SpecError: the component cannot be found.
+
+    >>> "--msg" in component_help("utils.echo")
+    True
+    """
+    from torchx.specs.builders import materialize_appdef
+
+    fn, _ = component_of(component)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            materialize_appdef(_with_evaluated_annotations(fn), ["--help"])
+        except SystemExit:
+            pass
+    return out.getvalue()
 
 
 def _function_info(fn: Callable[..., Any]) -> component_cache.FunctionInfo:

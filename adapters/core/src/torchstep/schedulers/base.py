@@ -78,6 +78,28 @@ class SchedulerError(RuntimeError):
         self.status = status
 
 
+def one_line_errors_under_torchx_cli() -> None:
+    """Under TorchX's own command line (``torchx run -s kfp ...``: its ``torchx.cli.main``
+    is loaded), a :class:`~torchstep.SpecError` or :class:`SchedulerError` that nothing
+    catches prints as one line, ``torchx: error: ...`` (exit code 1, as TorchX's own), not
+    as a traceback: it is bad input or an orchestrator's answer, not a bug. Every other
+    exception keeps Python's hook. Installed once, by each scheduler's constructor."""
+    import sys
+
+    if "torchx.cli.main" not in sys.modules or getattr(sys.excepthook, "torchstep_one_line", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if issubclass(kind, SpecError | SchedulerError):
+            sys.stderr.write(f"torchx: error: {' '.join(str(value).split())}\n")
+        else:
+            previous(kind, value, tb)
+
+    hook.torchstep_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 # -- options ----------------------------------------------------------------------------
 def parse(cfg: Mapping[str, Any], table: OptionTable, *, scheduler: str, target: str | None) -> dict[str, Any]:
     """The defaults of ``table`` overlaid with ``cfg`` converted to the options' types
@@ -416,6 +438,7 @@ class TorchstepScheduler(Scheduler[Mapping[str, Any]]):
 
     def __init__(self, session_name: str, **_: Any) -> None:
         super().__init__(self.BACKEND, session_name)
+        one_line_errors_under_torchx_cli()
 
     def _run_opts(self) -> runopts:
         return to_runopts(self.OPTIONS)  # type: ignore[no-any-return]

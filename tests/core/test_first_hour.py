@@ -1,0 +1,172 @@
+"""The first hour of a new user (issue 37 §3): each stumble, as the user meets it on the
+command line, asserted on what is printed — one clear line that says what to do, the exit
+code, and no traceback — from a directory of the user's own (not the repository)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+COMPONENTS = ROOT / "components" / "train.py"
+#: The README's five-line training script: top-level code, no component in it.
+SCRIPT = """import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())]); dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum of ranks {t.item():g}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Path:
+    """A directory of the user's own, with the README's train.py in it."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return tmp_path
+
+
+def run(cwd: Path, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KF_PIPELINES")}
+    env.update({"HOME": str(cwd), "XDG_STATE_HOME": str(cwd / "state")})
+    return subprocess.run(
+        [str(BIN / argv[0]), *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def one_error_line(p: subprocess.CompletedProcess[str], prefix: str) -> str:
+    """The one line the user reads: no traceback, and the line starts with ``prefix``."""
+    out = p.stdout + p.stderr
+    assert "Traceback" not in out, out
+    lines = [x for x in p.stderr.splitlines() if x.startswith(prefix)]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+# -- 1. torchx run --dryrun -s kfp needs no endpoint; a SpecError is one line under torchx's CLI --------
+def test_kfp_dryrun_needs_no_endpoint_and_a_submission_says_so_in_one_line(user_dir: Path) -> None:
+    dry = run(user_dir, "torchx", "run", "--dryrun", "-s", "kfp", "dist.ddp", "-j", "2x2", "--script", "train.py")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "# kfp endpoint: (none yet: a submission needs -cfg endpoint=" in dry.stdout
+    assert "pipelineInfo" in dry.stdout  # the compiled pipeline
+
+    sub = run(user_dir, "torchx", "run", "-s", "kfp", "dist.ddp", "-j", "2x2", "--script", "train.py")
+    assert sub.returncode == 1
+    line = one_error_line(sub, "torchx: error:")
+    assert "cfg['endpoint']" in line and "no KFP endpoint" in line and "fix: -cfg endpoint=https://" in line
+
+
+def test_the_readme_uses_the_environments_torchx() -> None:
+    readme = (ROOT / "README.md").read_text()
+    bare = [x for x in readme.splitlines() if re.match(r"torchx (run|status)", x)]
+    assert not bare, bare
+    assert ".venv/bin/torchx run --dryrun -s kfp dist.ddp" in readme
+
+
+# -- 5. help and a misspelt command ------------------------------------------------------------------
+def test_help_is_plain_text_and_a_misspelt_command_suggests_the_right_one(user_dir: Path) -> None:
+    h = run(user_dir, "torchstep", "--help")
+    assert h.returncode == 0
+    assert "usage: torchstep COMMAND" in h.stdout and "torchstep run REF -- --help" in h.stdout
+    assert ":func:" not in h.stdout and "``" not in h.stdout
+
+    p = run(user_dir, "torchstep", "rnu", "dist.ddp")
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert (
+        one_error_line(p, "torchstep:")
+        == "torchstep: unknown command 'rnu' (did you mean 'run'?); see torchstep --help"
+    )
+
+
+# -- 6. options vs component arguments; a component's parameters --------------------------------------
+def test_component_arguments_before_the_separator_get_a_hint(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "run", f"{COMPONENTS}:trainer", "--replicas", "2")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep run: error:")
+    assert f"component arguments go after '--': torchstep run {COMPONENTS}:trainer -- --replicas 2" in line
+
+
+@pytest.mark.parametrize("command", [["run"], ["explain", "--target", "kfp"]])
+def test_separator_help_lists_the_components_parameters(user_dir: Path, command: list[str]) -> None:
+    p = run(user_dir, "torchstep", command[0], f"{COMPONENTS}:trainer", *command[1:], "--", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{COMPONENTS}:trainer: the component's parameters; pass them after --")
+    assert "--replicas int" in p.stdout and "nodes (one torchstep-agent each) (default: 2)" in p.stdout
+    assert "torchx run <run args...>" not in p.stdout
+
+
+# -- 7. wrong component names ------------------------------------------------------------------------
+def test_a_misspelt_builtin_suggests_the_builtin_and_torchstep_builtins(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "run", "dist.dpp")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep run: error:")
+    assert "'dist.dpp' is not a TorchX builtin component (did you mean 'dist.ddp'?)" in line
+    assert "`torchstep builtins`" in line and "torchx builtins" not in line
+
+    b = run(user_dir, "torchstep", "builtins")
+    assert b.returncode == 0 and {"dist.ddp", "utils.echo", "utils.python"} <= set(b.stdout.split())
+
+
+def test_a_misspelt_component_function_lists_the_files_components(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "explain", f"{COMPONENTS}:trainr", "--target", "local")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep explain: error:")
+    assert "has no function 'trainr'" in line
+    assert "use one of: trainer, prepare, train, evaluate (did you mean 'trainer'?)" in line
+
+
+def test_a_component_file_without_a_function_says_so(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "explain", str(COMPONENTS), "--target", "local")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep explain: error:")
+    assert "is a file: a component reference names a function in it" in line
+    assert f"{COMPONENTS}:trainer, {COMPONENTS}:prepare" in line and "builtins" not in line
+
+
+# -- 8. a training script is never executed as a component file ------------------------------------
+def test_a_training_script_named_as_a_component_is_not_executed(user_dir: Path) -> None:
+    marker = user_dir / "ran"
+    (user_dir / "train2.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef main():\n    pass\n")
+    for ref, said in [("train.py:main", "train.py has no function 'main'"),
+                      ("train2.py:main", "train2.py:main is not a component")]:  # fmt: skip
+        p = run(user_dir, "torchstep", "run", ref)
+        assert p.returncode == 2
+        line = one_error_line(p, "torchstep run: error:")
+        assert said in line and "it looks like a training script" in line, line
+        assert "torchstep run dist.ddp -- -j 1x2 --script" in line
+        assert "init_process_group" not in p.stderr
+    assert not marker.exists()  # the file's top-level code never ran
+
+
+def test_a_function_that_returns_no_appdef_is_named(user_dir: Path) -> None:
+    (user_dir / "comps.py").write_text("def helper(x: int = 1) -> int:\n    return x\n")
+    p = run(user_dir, "torchstep", "explain", "comps.py:helper", "--target", "local")
+    line = one_error_line(p, "torchstep explain: error:")
+    assert "comps.py:helper has validation errors" in line and "incorrect return annotation" in line
+
+
+# -- 9. explain --target airflow|prefect ---------------------------------------------------------------
+@pytest.mark.parametrize(("target", "where"), [("airflow", "AppDefOperator"), ("prefect", "app_task")])
+def test_explain_for_an_orchestrator_says_which_targets_its_steps_use(user_dir: Path, target: str, where: str) -> None:
+    p = run(user_dir, "torchstep", "explain", "utils.echo", "--target", target)
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep explain: error:")
+    assert f"'{target}' is not a target: {target.capitalize()} steps run on the local or kubernetes target" in line
+    assert where in line and "choose from local, kubernetes, kfp" in line
+
+
+# -- 10. a missing script fails before anything starts --------------------------------------------------
+def test_a_missing_script_is_one_line_and_nothing_starts(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "run", "dist.ddp", "--", "-j", "1x2", "--script", "nope.py")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep run: error:")
+    assert f"runs the script 'nope.py', which does not exist in {user_dir}" in line and "nothing was started" in line
+    assert "ChildFailedError" not in p.stderr and "PENDING" not in p.stdout
+    assert not (user_dir / "state").exists()  # no run directory: nothing started
