@@ -10,6 +10,8 @@ What it serves, exactly as the official ``kubernetes`` client (30.x) calls it:
 - ``v1`` pods: create, get, ``/status``, list / delete-collection by ``labelSelector``,
   PATCH, ``/log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``sinceTime``;
 - ``v1`` services: create (409), list, delete by name;
+- ``networking.k8s.io/v1`` networkpolicies: create, get, list, delete — stored, **never
+  enforced** (no network plugin here); ``v1`` events: list (the ``--real`` mode records them);
 - ``GET /debug/state``: counters (``jobs_created``, ``pods_created``, ``conflicts``,
   ``patches``, ``log_requests``, ``faults_answered``, ``streams_cut``, ``pods_replaced``,
   ``deleted``) and every object;
@@ -41,6 +43,11 @@ replica of the agent with ``nproc_per_node=procs`` prints. A pod created directl
 what the scenario says for it with two test-only annotations (an impostor's forged result):
 ``kubehttp/message`` (its termination message) and ``kubehttp/line`` (the text of its lines).
 Delete-collection honours ``fieldSelector=metadata.name=...``.
+
+With ``start_server(..., real=...)`` (``--real``) nothing is scripted: the Job controller,
+the garbage collector and a kubelet of ``tests/cluster`` run every pod for real (own network,
+UTS and PID namespaces, cluster DNS, memory limits; root needed), and ``POST /debug/node``
+drains, loses or partitions a node (see ``tests/cluster/controller.py``).
 
     server = start_server(tmp_path, Scenario(replicas=2, run_s=5))
     kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
@@ -132,12 +139,14 @@ class Cluster:
         with self.lock:
             if (kind, ns, name) in self.objects:
                 self.counters["conflicts"] += 1
-                plural = {"Job": "jobs.batch", "Pod": "pods", "Service": "services"}[kind]
+                plural = {"Job": "jobs.batch", "Pod": "pods", "Service": "services"}.get(kind, kind.lower() + "s")
                 return 409, _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
             obj = json.loads(json.dumps(body))
             obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion="1")
             self.objects[(kind, ns, name)] = obj
-            self.counters[{"Job": "jobs_created", "Pod": "pods_created", "Service": "services_created"}[kind]] += 1
+            counter = {"Job": "jobs_created", "Pod": "pods_created", "Service": "services_created"}.get(kind)
+            if counter is not None:  # a NetworkPolicy is stored, never enforced
+                self.counters[counter] += 1
             if kind == "Job":
                 template = obj["spec"]["template"]
                 owner = {
@@ -218,7 +227,13 @@ class Cluster:
             return 200, self.view(kind, obj)
 
     def delete(
-        self, kind: str, ns: str, name: str | None, selector: str | None, field: str | None = None
+        self,
+        kind: str,
+        ns: str,
+        name: str | None,
+        selector: str | None,
+        field: str | None = None,
+        body: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         only = field.partition("metadata.name=")[2] if field else None
         with self.lock:
@@ -261,7 +276,7 @@ class Cluster:
     def view(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """The object as the API returns it, its status computed now (called under the lock)."""
         out = json.loads(json.dumps(obj))
-        out.setdefault("apiVersion", "batch/v1" if kind == "Job" else "v1")
+        out.setdefault("apiVersion", {"Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}.get(kind, "v1"))
         out.setdefault("kind", kind)
         if kind == "Pod":
             out["status"] = self._pod_status(obj)
@@ -365,13 +380,14 @@ def _status(code: int, reason: str, message: str, status: str = "Failure") -> di
 
 
 _PATH = re.compile(
-    r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(jobs|pods|services)(?:/([^/]+))?(?:/(status|log))?$"
+    r"^/(?:api/v1|apis/batch/v1|apis/networking\.k8s\.io/v1)/namespaces/([^/]+)"
+    r"/(jobs|pods|services|networkpolicies|events)(?:/([^/]+))?(?:/(status|log))?$"
 )
-_KINDS = {"jobs": "Job", "pods": "Pod", "services": "Service"}
+_KINDS = {"jobs": "Job", "pods": "Pod", "services": "Service", "networkpolicies": "NetworkPolicy", "events": "Event"}
 
 
 class Handler(BaseHTTPRequestHandler):
-    cluster: Cluster
+    cluster: Any  # Cluster (scripted) or cluster.controller.RealCluster (--real)
     protocol_version = "HTTP/1.1"  # a followed log is chunked, as the API server sends it
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
@@ -442,6 +458,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if self.path.startswith("/debug/fault"):
             return self._send(200, self.cluster.fault(self._body()))
+        if self.path.startswith("/debug/node"):
+            if not hasattr(self.cluster, "node"):
+                return self._send(404, _status(404, "NotFound", "nodes exist only with --real"))
+            return self._send(200, self.cluster.node(self._body()))
         if self._faulted():
             return
         route = self._route()
@@ -464,8 +484,12 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             return self._send(404, _status(404, "NotFound", self.path))
         kind, ns, name, _, query = route
-        self._body()
-        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector")))
+        body = self._body()
+        for key in ("propagationPolicy", "gracePeriodSeconds"):  # DeleteOptions, in the body or the query
+            if key in query:
+                body[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
+        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector"),
+                                            body=body))  # fmt: skip
 
     def _log(self, name: str, query: dict[str, str]) -> None:
         c = self.cluster
@@ -532,26 +556,58 @@ class KubeServer:
         with urllib.request.urlopen(request, timeout=10) as r:
             return dict(json.loads(r.read()))
 
+    def node(self, node: str, action: str, **extra: Any) -> dict[str, Any]:
+        """Act on a node of a ``--real`` cluster (``POST /debug/node``).
+
+        Args:
+            node: the node's name (``node-0`` ...); ignored by ``cut-pod`` / ``restore-pod``.
+            action: ``drain``, ``lose``, ``partition``, ``heal``, ``cut-pod`` or ``restore-pod``.
+            **extra: ``pod=NAME`` for the pod actions.
+
+        Returns:
+            The server's answer (``pods``: the pods that were on the node).
+
+        Raises:
+            RuntimeError: the server refused (an unknown node or action).
+        """
+        request = urllib.request.Request(f"{self.url}/debug/node", method="POST",
+                                         data=json.dumps({"node": node, "action": action, **extra}).encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as r:
+            answer = dict(json.loads(r.read()))
+        if not answer.get("ok"):
+            raise RuntimeError(f"node {node} {action}: {answer.get('error')}")
+        return answer
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(10)
+                self.process.wait(30)  # a --real cluster stops its pods and removes its namespaces
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
 
 
-def start_server(tmp_path: Path, scenario: Scenario | None = None) -> KubeServer:
+def start_server(tmp_path: Path, scenario: Scenario | None = None, *, real: dict[str, Any] | None = None) -> KubeServer:
     """Start the fake in its own session (a SIGKILLed watcher never takes it down) and write
-    a kubeconfig for it; the caller stops it (``.stop()``)."""
+    a kubeconfig for it; the caller stops it (``.stop()``).
+
+    With ``real`` (``tests/cluster/conftest.py`` builds it: ``root``, ``prefix``, ``path``,
+    ``nodes``, ``node_grace_s``) the pods run for real on the one-machine cluster of
+    ``tests/cluster`` (root and namespaces needed) instead of by the ``scenario``."""
     scenario = scenario or Scenario()
     tmp_path.mkdir(parents=True, exist_ok=True)
     port_file = tmp_path / "kubeapi.port"
     scenario_file = tmp_path / "kubeapi.scenario.json"
     scenario_file.write_text(json.dumps(asdict(scenario)))
+    mode = ["--scenario", str(scenario_file)]
+    if real is not None:
+        real_file = tmp_path / "kubeapi.real.json"
+        real_file.write_text(json.dumps(real))
+        mode = ["--real", str(real_file)]
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--port-file", str(port_file), "--scenario", str(scenario_file)],
+        [sys.executable, __file__, "--port-file", str(port_file), *mode],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kubeapi.log", "wb"),
     )  # fmt: skip
     deadline = time.monotonic() + 30
@@ -575,16 +631,27 @@ def start_server(tmp_path: Path, scenario: Scenario | None = None) -> KubeServer
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--port-file", required=True)
-    ap.add_argument("--scenario", required=True)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--scenario", help="scripted pods: a Scenario as JSON")
+    mode.add_argument("--real", help="pods run for real (tests/cluster): its config as JSON")
     ns = ap.parse_args()
-    Handler.cluster = Cluster(Scenario(**json.loads(Path(ns.scenario).read_text())))
+    if ns.real:
+        from cluster.controller import RealCluster  # tests/ is this script's directory
+
+        Handler.cluster = RealCluster(json.loads(Path(ns.real).read_text()))
+    else:
+        Handler.cluster = Cluster(Scenario(**json.loads(Path(ns.scenario).read_text())))
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     tmp = Path(ns.port_file + ".tmp")
     tmp.write_text(str(server.server_address[1]))
     tmp.replace(ns.port_file)
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    finally:
+        if hasattr(Handler.cluster, "close"):
+            Handler.cluster.close()
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite runs for real: PostgreSQL (the real Airflow
-# deployment test) and etcd (the agent's etcd rendezvous test). Idempotent and quick when
+# deployment test), etcd (the agent's etcd rendezvous test), and for the one-machine cluster
+# of tests/cluster: bubblewrap (each pod's UTS, PID and mount namespaces), dnsmasq (the
+# cluster DNS) and iproute2 (network namespaces, veths, bridges). Idempotent and quick when
 # they are present; prints what it did. Without root or apt it says so and the tests that
 # need the package skip with that reason.
 set -u
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: cannot install ${need[*]} (needs root and apt-get); tests that need them will skip" >&2
