@@ -207,7 +207,7 @@ class TorchstepAgent(LocalElasticAgent):
         self._worker_store = None  # the previous attempt's store: closed
         if wg.spec.rdzv_handler.use_agent_store or self.settings.config.rdzv_backend not in ("c10d", "etcd-v2"):
             return False
-        from torch.distributed import TCPStore
+        from torchstep.agent.stores import host_store
 
         key = "torchstep/agent_hosts_worker_store"
         store: Any = wg.store  # the rendezvous round's store (torch types it Optional)
@@ -216,13 +216,7 @@ class TorchstepAgent(LocalElasticAgent):
         if wg.group_rank == 0:
             ok = False
             try:
-                self._worker_store = TCPStore(
-                    host_name=addr,
-                    port=port,
-                    is_master=True,
-                    multi_tenant=True,
-                    wait_for_workers=False,
-                )
+                self._worker_store = host_store(addr, port)  # loopback only where addr is loopback
                 ok = True
             except Exception as e:  # the free port was taken meanwhile
                 log.warning("cannot host the workers' store on port %s: %s", port, e)

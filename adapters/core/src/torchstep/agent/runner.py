@@ -178,6 +178,7 @@ class AgentRun:
 
         from torchstep.agent.elastic import TorchstepAgent
         from torchstep.agent.logs import TorchstepLogsSpecs
+        from torchstep.agent.stores import private_handler, private_params
 
         settings, config = self.settings, self.settings.config
         self.write(running_result(settings, started_at=self.started_at), final=False)
@@ -191,17 +192,21 @@ class AgentRun:
         shutdown_rdzv = True
         try:
             signals.check()  # one the zygote's start or an import swallowed
-            params = RendezvousParameters(
-                backend=config.rdzv_backend,
-                endpoint=config.rdzv_endpoint,
-                run_id=config.run_id,
-                min_nodes=config.min_nodes,
-                max_nodes=config.max_nodes,
-                local_addr=config.local_addr,
-                **config.rdzv_configs,
+            params = private_params(  # a one-node rendezvous: its stores listen on loopback only
+                RendezvousParameters(
+                    backend=config.rdzv_backend,
+                    endpoint=config.rdzv_endpoint,
+                    run_id=config.run_id,
+                    min_nodes=config.min_nodes,
+                    max_nodes=config.max_nodes,
+                    local_addr=config.local_addr,
+                    **config.rdzv_configs,
+                )
             )
             master_addr, master_port = _get_addr_and_port(params)
-            handler = rdzv_registry.get_rendezvous_handler(params)
+            handler = private_handler(params)
+            if handler is None:
+                handler = rdzv_registry.get_rendezvous_handler(params)
             guard_rendezvous(handler, config.rdzv_endpoint)
             if settings.sources.get("rdzv_conf.keep_alive_interval") == "default":
                 fast_keep_alive(handler, PRIVATE_KEEP_ALIVE_S if private_rendezvous(config) else KEEP_ALIVE_PERIOD_S)

@@ -1,0 +1,149 @@
+"""Stores that only this machine can reach, when nothing but this machine needs them.
+
+torch's ``TCPStore`` server listens on every interface whatever host name it is given (checked
+on torch 2.6, 2.13 and 2.15 with ``ss -ltn``), and it has no authentication. A store only the
+run's own processes on one machine use — the rendezvous store of a one-node rendezvous the
+agent hosts itself (``--standalone``, torchrun's single-node default), and the workers' store
+when its address is a loopback address — is therefore bound here to loopback first and handed
+to torch as an already listening socket (``master_listen_fd``).
+
+Example (what the runner and the agent do)::
+
+    params = private_params(params)                 # local_addr 127.0.0.1 for a one-node rendezvous
+    handler = private_handler(params) or registry.get_rendezvous_handler(params)
+    store = host_store("127.0.0.1", 29400)          # the workers' store, loopback only
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["LOOPBACK", "host_store", "loopback_ip", "private_handler", "private_params"]
+
+log = logging.getLogger("torchstep.agent")
+
+#: The address a one-machine store is bound to.
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_ip(host: str | None) -> str | None:
+    """The IPv4 loopback address ``host`` stands for, if it is one.
+
+    Args:
+        host: a host name or address (``localhost``, ``127.0.0.1``, a name in /etc/hosts).
+
+    Returns:
+        The address (e.g. ``"127.0.0.1"``), or ``None`` when ``host`` is not (only) loopback.
+    """
+    if not host:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    addrs = {str(info[4][0]) for info in infos}
+    if len(addrs) == 1 and ipaddress.ip_address(next(iter(addrs))).is_loopback:
+        return addrs.pop()
+    return None
+
+
+def host_store(addr: str, port: int, *, timeout: timedelta = timedelta(seconds=300), multi_tenant: bool = True) -> Any:
+    """A master ``TCPStore`` on ``port`` that listens on loopback only when ``addr`` is a
+    loopback address, else on every interface (torch's own behaviour).
+
+    Args:
+        addr: the address its clients connect to.
+        port: its port (0: a free one; read it from ``store.port``).
+        timeout: the store's timeout.
+        multi_tenant: torch's ``multi_tenant`` (several stores of one process share the server).
+
+    Returns:
+        The store.
+
+    Raises:
+        OSError: the address cannot be bound.
+        RuntimeError: torch cannot serve the store.
+    """
+    from torch.distributed import TCPStore
+
+    ip = loopback_ip(addr)
+    if ip is None:
+        return TCPStore(addr, port, None, True, timeout, wait_for_workers=False, multi_tenant=multi_tenant)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((ip, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
+    fd = sock.detach()  # the store's from now on
+    kwargs: dict[str, Any] = {"wait_for_workers": False, "multi_tenant": multi_tenant, "master_listen_fd": fd}
+    try:
+        try:
+            return TCPStore(ip, port, None, True, timeout, use_libuv=True, **kwargs)
+        except NotImplementedError:  # torch < 2.7: libuv takes no listening socket; the legacy server does
+            return TCPStore(ip, port, None, True, timeout, use_libuv=False, **kwargs)
+    except BaseException:
+        socket.close(fd)
+        raise
+
+
+def private_params(params: Any) -> Any:
+    """The rendezvous parameters with ``local_addr`` set to loopback for a rendezvous no other
+    node can join (:func:`is_private`), so that the workers' store address is loopback too.
+
+    Args:
+        params: torch's ``RendezvousParameters``.
+
+    Returns:
+        ``params``, changed in place where that applies.
+    """
+    if is_private(params) and not params.local_addr:
+        params.local_addr = LOOPBACK
+    return params
+
+
+def is_private(params: Any) -> bool:
+    """Whether a rendezvous is this agent's alone: c10d over TCP, one node at most, on a port
+    the agent picks itself (``host:0``), which no other agent can know.
+
+    Args:
+        params: torch's ``RendezvousParameters``.
+
+    Returns:
+        ``True`` for such a rendezvous.
+    """
+    endpoint = str(params.endpoint or "")
+    return (
+        params.backend == "c10d"
+        and params.max_nodes == 1
+        and endpoint.endswith(":0")
+        and str(params.config.get("store_type", "tcp")).strip().lower() == "tcp"
+        and params.get_as_bool("is_host") is not False
+    )
+
+
+def private_handler(params: Any) -> Any:
+    """A c10d rendezvous handler whose store listens on loopback only, for a rendezvous no
+    other node can join (torch's own would listen on every interface).
+
+    Args:
+        params: torch's ``RendezvousParameters``.
+
+    Returns:
+        The handler, or ``None`` when the rendezvous is not private (use torch's registry).
+    """
+    if not is_private(params):
+        return None
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    read_timeout = params.get_as_int("read_timeout", 60)
+    store = host_store(LOOPBACK, 0, timeout=timedelta(seconds=read_timeout))
+    backend = C10dRendezvousBackend(store, params.run_id)
+    return create_handler(store, backend, params)
