@@ -212,7 +212,7 @@ def test_a_restart_is_counted_once_its_workers_start_not_when_it_is_cut_short(mo
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torchstep.agent.elastic import TorchstepAgent
 
-    owner = next(c for c in TorchstepAgent.__mro__[1:] if "_restart_workers" in vars(c))
+    owner = next(c for c in TorchstepAgent.__mro__[1:] if "torch_restart_workers" in vars(c))
     agent = TorchstepAgent.__new__(TorchstepAgent)  # the counters only: no workers, no rendezvous
     agent.failure_restarts = agent.membership_restarts = 0
     group = SimpleNamespace(state=WorkerState.FAILED)
@@ -220,12 +220,12 @@ def test_a_restart_is_counted_once_its_workers_start_not_when_it_is_cut_short(mo
     def cut_short(self, worker_group) -> None:
         raise RuntimeError("the rendezvous was closed")
 
-    monkeypatch.setattr(owner, "_restart_workers", cut_short)
+    monkeypatch.setattr(owner, "torch_restart_workers", cut_short)
     with pytest.raises(RuntimeError):
         agent._restart_workers(group)
     assert (agent.failure_restarts, agent.membership_restarts) == (0, 0)
 
-    monkeypatch.setattr(owner, "_restart_workers", lambda self, worker_group: None)
+    monkeypatch.setattr(owner, "torch_restart_workers", lambda self, worker_group: None)
     agent._restart_workers(group)
     group.state = WorkerState.HEALTHY  # a node joined: a membership change, not the budget
     agent._restart_workers(group)

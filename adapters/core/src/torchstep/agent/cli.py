@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from torchstep.agent import signals
+from torchstep.agent import compat, signals
 from torchstep.contract import AGENT_ERROR_EXIT_CODE, ENV_TERMINATION_LOG
 from torchstep.files import LossyFile
 
@@ -130,12 +130,13 @@ def _print_line(text: str) -> None:
         pass
 
 
-def _usage_result(message: str, code: int, *, started_at: float) -> None:
-    """A bad command line still leaves a result where the launcher looks for it."""
+def _usage_result(message: str, code: int, *, started_at: float, paths: Sequence[str] = ()) -> None:
+    """A bad command line still leaves a result where the launcher looks for it (and in
+    ``paths``: the ``--result-file`` of a command line the agent could not parse)."""
     from torchstep.result import FAILED, StepResult, write_json_atomic
 
-    path = os.environ.get("TORCHSTEP_RESULT_FILE")
-    if not path:
+    targets = [p for p in (*paths, os.environ.get("TORCHSTEP_RESULT_FILE")) if p]
+    if not targets:
         return
     now = time.time()
     result = StepResult(
@@ -148,10 +149,36 @@ def _usage_result(message: str, code: int, *, started_at: float) -> None:
         duration_s=now - started_at,
         message=message,
     )
-    try:
-        write_json_atomic(path, result.to_dict())
-    except OSError:
-        pass
+    for path in dict.fromkeys(os.path.abspath(p) for p in targets):
+        try:
+            write_json_atomic(path, result.to_dict())
+        except OSError:
+            pass
+
+
+def _result_file_flag(args: Sequence[str]) -> list[str]:
+    """``--result-file PATH`` read without torchrun's parser (the torch it needs may be the
+    problem): the first one on the command line, before a ``--``."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        for flag in ("--result-file", "--result_file"):
+            if arg == flag and i + 1 < len(args):
+                return [args[i + 1]]
+            if arg.startswith(flag + "="):
+                return [arg.split("=", 1)[1]]
+    return []
+
+
+def _torch_refusal(args: Sequence[str], started_at: float) -> int | None:
+    """Exit 2 with one line (and a FAILED result) when the installed torch is outside the
+    supported range, before anything imports torch (None: it is inside)."""
+    why = compat.torch_refusal(compat.installed_torch())
+    if not why:
+        return None
+    log.error("%s", why)
+    _usage_result(why, 2, started_at=started_at, paths=_result_file_flag(args))
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -215,6 +242,9 @@ def _run_cli(args: list[str], started_at: float, startup_env: dict[str, str | No
     settings = None
     zygote = None
     try:
+        refused = _torch_refusal(args, started_at)
+        if refused is not None:
+            return refused
         from torchstep.agent.runner import prepare_paths
         from torchstep.agent.settings import TorchrunError, UsageError, resolve
 
@@ -284,7 +314,8 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
             # a short fragment that belongs on this one line (how workers start when they do
             # not come from the zygote...) is passed as settings_line(settings, notes)
             why = settings.exec_reason()
-            _to(console, logging.INFO, settings_line(settings, [f"workers exec'd ({why})" if why else ""]))
+            newer = compat.newer_than_checked(compat.installed_torch())
+            _to(console, logging.INFO, settings_line(settings, [f"workers exec'd ({why})" if why else "", newer]))
             _to(to_file, logging.INFO, settings.describe())
         run = AgentRun(settings, started_at=started_at, zygote=zygote, warnings=warnings)
         outcome = run.execute()

@@ -32,11 +32,10 @@ from types import FrameType
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from torchstep.agent import signals
+from torchstep.agent import compat, signals
 from torchstep.agent.logs import RankPaths, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
 from torchstep.agent.settings import AgentSettings
@@ -102,7 +101,7 @@ class Attempt:
     cleaned: bool = False
 
 
-class TorchstepAgent(LocalElasticAgent):
+class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's LocalElasticAgent
     """See the module docstring. ``attempts`` and the counters are read by the result.
 
     Example::
@@ -110,6 +109,8 @@ class TorchstepAgent(LocalElasticAgent):
         agent = TorchstepAgent(spec, specs, settings, run_dir=d, reaper=r, exits=ExitWatcher(), watchdog=wd)
         agent.run(); agent.failure_restarts   # 1
     """
+
+    remaining_restarts: int  # torch's budget left (a property of compat's base)
 
     def __init__(
         self,
@@ -129,7 +130,6 @@ class TorchstepAgent(LocalElasticAgent):
             logs_specs,
             start_method=settings.config.start_method,
             exit_barrier_timeout=settings.exit_barrier_timeout,
-            log_line_prefix_template=None,  # LogTee prefixes the console copy
             shutdown_timeout=settings.config.shutdown_timeout,
         )
         self.settings = settings
@@ -186,9 +186,9 @@ class TorchstepAgent(LocalElasticAgent):
                     self._kill(w, signal.SIGKILL)
 
     # -- rendezvous / start ----------------------------------------------------------------
-    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+    def rendezvous_group(self, worker_group: WorkerGroup) -> None:
         self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
-        super()._rendezvous(worker_group)
+        self.torch_rendezvous(worker_group)
         self._watchdog.phase("starting workers", 120)
         self._agent_hosts_store = self._host_worker_store(worker_group)
         signals.check()  # before any worker starts
@@ -229,12 +229,13 @@ class TorchstepAgent(LocalElasticAgent):
             log.warning("node rank 0 did not say who hosts the workers' store (%s): workers host it", e)
             return False
 
-    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
-        # torch calls this from _start_workers with each worker's environment, just before
-        # the processes start: the place to add ours and to open the attempt
+    def prepare_workers(self, envs: dict[int, dict[str, str]]) -> None:
+        # torch calls this with each worker's environment just before the processes start:
+        # the place to add ours and to open the attempt (torch's own file timer server is
+        # not started: ours below, once per agent)
         if self._zygote is not None:
             self._zygote.running()  # a dead zygote: these workers are exec'd (one warning)
-        wg = self._worker_group
+        wg = self.current_group
         attempt_dir = self._specs.begin_attempt()
         index = len(self.attempts)
         control = os.path.join(self._run_dir, f"attempt_{index}")
@@ -278,14 +279,14 @@ class TorchstepAgent(LocalElasticAgent):
             "attempt %d: ranks %s, logs in %s", index, [w.global_rank for w in attempt.workers.values()], attempt_dir
         )
 
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+    def start_group(self, worker_group: WorkerGroup) -> dict[int, Any]:
         with self._exits.starting():  # until each new worker is watched, none is taken for an adopted orphan
-            pids = super()._start_workers(worker_group)
+            pids = self.torch_start_workers(worker_group)
             for pid in pids.values():
                 self._exits.watch(pid)
         signals.install_torch(self.settings.config.signals_to_handle)  # PContext.start set torch's own
         attempt = self.attempts[-1]
-        pcontext = self._pcontext
+        pcontext = self.process_context
         if pcontext is not None:
             original_close = pcontext.close
 
@@ -338,14 +339,14 @@ class TorchstepAgent(LocalElasticAgent):
         return pids
 
     # -- monitor -------------------------------------------------------------------------
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+    def monitor_group(self, worker_group: WorkerGroup) -> RunResult:
         signals.check()  # a signal whose exception some library swallowed: act on it now
         self._watchdog.tick()
         attempt = self.attempts[-1]
         if self._zygote is not None:
             self._check_zygote(attempt)
         self._check_heartbeats(attempt)
-        result = super()._monitor_workers(worker_group)
+        result: RunResult = self.torch_monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             attempt.state = FAILED
             attempt.failures = dict(result.failures)
@@ -353,11 +354,11 @@ class TorchstepAgent(LocalElasticAgent):
             bad = [rank for rank, f in result.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)]
             if bad:
                 attempt.non_retryable = True
-                if self._remaining_restarts > 0:
+                if self.remaining_restarts > 0:
                     log.error(
-                        "rank(s) %s failed non-retryably: no restart (%d left unused)", bad, self._remaining_restarts
+                        "rank(s) %s failed non-retryably: no restart (%d left unused)", bad, self.remaining_restarts
                     )
-                self._remaining_restarts = 0
+                self.remaining_restarts = 0
         elif result.state == WorkerState.SUCCEEDED:
             attempt.state = SUCCEEDED
             attempt.ended_at = time.time()
@@ -432,16 +433,16 @@ class TorchstepAgent(LocalElasticAgent):
             w.dead_before_stop = w.pid is not None and (exited_now(w.pid) or worker_ended(w.pid) is not None)
         attempt.stop_started_at = time.time()
 
-    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+    def stop_group(self, worker_group: WorkerGroup) -> None:
         self._watchdog.phase("stopping workers", self.settings.stop_timeout + 10)
-        self._shutdown(timeout=self.settings.stop_timeout)  # type: ignore[arg-type]
+        self.shutdown_group(signal.SIGTERM, self.settings.stop_timeout)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def shutdown_group(self, death_sig: signal.Signals, timeout: float) -> None:
         attempt = self.attempts[-1] if self.attempts else None
         if attempt is not None and not attempt.cleaned:
             self._before_stop(attempt)
         try:
-            super()._shutdown(death_sig, timeout)
+            self.torch_shutdown(death_sig, timeout)
         finally:
             if attempt is not None and not attempt.cleaned:
                 attempt.cleaned = True
@@ -479,22 +480,13 @@ class TorchstepAgent(LocalElasticAgent):
             self._tee = None
 
     def _returncode(self, local_rank: int) -> int | None:
-        pc: Any = self._pcontext
-        if pc is None:
-            return None
-        handlers = getattr(pc, "subprocess_handlers", None)
-        if handlers and local_rank in handlers:
-            return handlers[local_rank].proc.poll()
-        procs = getattr(getattr(pc, "_pc", None), "processes", None)
-        if procs and local_rank < len(procs):
-            return procs[local_rank].exitcode
-        return None
+        return compat.worker_returncode(self.process_context, local_rank)
 
-    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+    def restart_group(self, worker_group: WorkerGroup) -> None:
         failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
         if not failed:
             log.info("membership changed: restarting the group at the new size (not counted against the budget)")
-        super()._restart_workers(worker_group)
+        self.torch_restart_workers(worker_group)
         # counted once the new group has started: a restart cut short in its rendezvous (the
         # run stopped meanwhile, e.g. a peer's non-retryable failure) ran no worker again
         if failed:
@@ -502,9 +494,9 @@ class TorchstepAgent(LocalElasticAgent):
         else:
             self.membership_restarts += 1
 
-    def _exit_barrier(self) -> None:
-        self._watchdog.phase("exit barrier", self._exit_barrier_timeout + 10)
-        super()._exit_barrier()
+    def exit_barrier_wait(self) -> None:
+        self._watchdog.phase("exit barrier", self.exit_barrier_timeout_s + 10)
+        self.torch_exit_barrier()
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's ``SimpleElasticAgent.run`` plus: graceful rendezvous exit is recorded
@@ -513,10 +505,8 @@ class TorchstepAgent(LocalElasticAgent):
         start = time.monotonic()
         shutdown_called = False
         try:
-            result = self._invoke_run(role)
-            self._total_execution_time = int(time.monotonic() - start)
-            self._record_metrics(result)
-            self._record_worker_events(result)
+            result: RunResult = self.run_loop(role)
+            self.record_run(result, time.monotonic() - start)
             return result
         except RendezvousGracefulExitError as e:
             self.graceful_exit = str(e)
@@ -532,17 +522,17 @@ class TorchstepAgent(LocalElasticAgent):
             )
             self._escalate_on_next_signal()
             self._watchdog.phase("cancelling", self.settings.grace_period + 10)
-            self._shutdown(e.sigval, timeout=self.settings.grace_period)  # type: ignore[arg-type]
+            self.shutdown_group(e.sigval, self.settings.grace_period)
             shutdown_called = True
             raise
         finally:
             if not shutdown_called:
-                self._shutdown(timeout=self.settings.grace_period)  # type: ignore[arg-type]
+                self.shutdown_group(signal.SIGTERM, self.settings.grace_period)
             if self._timer_server is not None:
                 self._timer_server.stop()
                 self._timer_server = None
             self._worker_store = None
-            self._total_execution_time = int(time.monotonic() - start)
+            self.set_elapsed(time.monotonic() - start)
 
     def _escalate_on_next_signal(self) -> None:
         def kill_now(signum: int, frame: FrameType | None) -> None:

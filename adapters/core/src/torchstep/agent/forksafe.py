@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -143,18 +142,19 @@ def accelerator_in_use() -> str:
     """
     torch = sys.modules.get("torch")
     if torch is not None:
+        from torchstep.agent import compat
+
         names = [f"torch.{name}" for name in _ACCELERATORS]
-        with contextlib.suppress(Exception):
-            custom = torch._C._get_privateuse1_backend_name()
-            if custom != "privateuseone":
-                names.append(f"torch.{custom}")
+        custom = compat.privateuse1_backend(torch)
+        if custom:
+            names.append(f"torch.{custom}")
         for name in names:
             module = sys.modules.get(name)
-            probe, bad_fork = getattr(module, "is_initialized", None), getattr(module, "_is_in_bad_fork", None)
+            probe = getattr(module, "is_initialized", None)
             try:
                 if callable(probe) and probe():
                     return f"{name} is initialised"
-                if callable(bad_fork) and bad_fork():  # this process is a fork of one that had it
+                if compat.in_bad_fork(module):  # this process is a fork of one that had it
                     return f"{name} was initialised before a fork"
             except Exception:  # a broken backend module: not ours to judge
                 continue

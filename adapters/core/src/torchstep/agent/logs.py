@@ -46,6 +46,7 @@ from string import Template
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
+from torchstep.agent import compat
 from torchstep.contract import ENV_ERROR_FILE as ERROR_FILE_ENV
 from torchstep.files import DIR_MODE, LossyFile, UnsafePathError, open_private, private_dir, private_root
 
@@ -221,7 +222,7 @@ class TorchstepLogsSpecs(LogsSpecs):
         if self.inner is not None:
             return self._reify_inner(attempt_dir, envs)
         # --duplicate-*-filters are applied by LogTee (into filtered.log): torch's copies are unused
-        dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
+        dest = compat.logs_dest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
         self.close_pipes()  # a previous start that never reached the tee
         tag = os.path.basename(attempt_dir)
         for local_rank in range(len(envs)):

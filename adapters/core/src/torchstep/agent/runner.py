@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from torchstep.agent import signals
+from torchstep.agent import compat, signals
 from torchstep.agent.outcome import Outcome, build_result, result_paths, running_result, write_all
 from torchstep.agent.procs import EXEC_WRAPPER, ExitWatcher, OrphanSweeper, Reaper, become_subreaper
 from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings, UsageError
@@ -171,10 +171,8 @@ class AgentRun:
         self._start_zygote()  # first: it imports torch while the agent does its own imports
         import torch.distributed.elastic.rendezvous.registry as rdzv_registry
         from torch.distributed.elastic import events, metrics
-        from torch.distributed.elastic.agent.server.api import WorkerSpec
         from torch.distributed.elastic.multiprocessing import SignalException
         from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousParameters
-        from torch.distributed.launcher.api import _get_addr_and_port
 
         from torchstep.agent.elastic import TorchstepAgent
         from torchstep.agent.logs import TorchstepLogsSpecs
@@ -203,7 +201,7 @@ class AgentRun:
                     **config.rdzv_configs,
                 )
             )
-            master_addr, master_port = _get_addr_and_port(params)
+            master_addr, master_port = compat.addr_and_port(params)
             handler = private_handler(params)
             if handler is None:
                 handler = rdzv_registry.get_rendezvous_handler(params)
@@ -211,7 +209,7 @@ class AgentRun:
             if settings.sources.get("rdzv_conf.keep_alive_interval") == "default":
                 fast_keep_alive(handler, PRIVATE_KEEP_ALIVE_S if private_rendezvous(config) else KEEP_ALIVE_PERIOD_S)
             entrypoint, args = self._entrypoint()
-            spec = WorkerSpec(
+            spec = compat.worker_spec(
                 role=settings.role,
                 local_world_size=config.nproc_per_node,
                 entrypoint=entrypoint,
@@ -376,17 +374,7 @@ def fast_keep_alive(handler: Any, period_s: float) -> bool:
     ``keep_alive_interval`` as whole seconds). Every holder of the handler's settings gets
     the same new object, so the heartbeat period and the dead-node expiry agree. False
     (and nothing changed) for handlers without these settings (static, etcd)."""
-    import dataclasses
-    from datetime import timedelta
-
-    settings = getattr(handler, "_settings", None)
-    if settings is None or not hasattr(settings, "keep_alive_interval"):
-        return False
-    new = dataclasses.replace(settings, keep_alive_interval=timedelta(seconds=period_s))
-    for owner in (handler, getattr(handler, "_state_holder", None), getattr(handler, "_op_executor", None)):
-        if owner is not None and getattr(owner, "_settings", None) is settings:
-            owner._settings = new
-    return True
+    return compat.set_keep_alive(handler, period_s)
 
 
 def report_child_failure(settings: AgentSettings, failures: dict[int, Any], *, root_rank: int | None = None) -> None:
@@ -401,7 +389,6 @@ def report_child_failure(settings: AgentSettings, failures: dict[int, Any], *, r
     """
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import _get_entrypoint_name
 
         class _Report(ChildFailedError):
             def get_first_failure(self) -> tuple[int, Any]:
@@ -409,7 +396,7 @@ def report_child_failure(settings: AgentSettings, failures: dict[int, Any], *, r
                     return root_rank, self.failures[root_rank]
                 return super().get_first_failure()
 
-        name = _get_entrypoint_name(settings.entrypoint, list(settings.entry_args))
+        name = compat.entrypoint_name(settings.entrypoint, list(settings.entry_args))
         report = _Report(name=name, failures=failures).format_msg()
     except Exception as e:  # a report must never cost the result
         log.warning("could not format the failure report: %s: %s", type(e).__name__, e)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchstep.agent import compat
 from torchstep.agent.settings_table import (
     C10D_RDZV_DEFAULTS,
     DEFAULT_SIGNALS,
@@ -226,6 +227,7 @@ class AgentSettings:
             line("result_file", ", ".join(self.result_files) or "-"),
             line("replica_id", self.replica_id if self.replica_id is not None else "node rank"),
             line("worker_start", f"exec ({self.exec_reason()})" if self.exec_reason() else "zygote (fork)", "zygote"),
+            line("torch", compat.installed_torch() or "?", "torch"),
         ]
         rows += [line(k, v, k) for k, v in sorted(self.process_env.items())]
         return "\n".join(rows)
@@ -308,9 +310,8 @@ def _logs_specs_factory(name: str | None, args: Any, log_dir: str) -> Callable[[
     if not name:
         return None
     from torch.distributed.elastic.multiprocessing import Std
-    from torch.distributed.run import _get_logs_specs_class
 
-    cls = _get_logs_specs_class(name)
+    cls = compat.get_logs_specs_class(name)
     ranks = {int(r) for r in args.local_ranks_filter.split(",")} if args.local_ranks_filter else None
     redirects, tee = Std.from_str(args.redirects), Std.from_str(args.tee)
     return lambda: cls(log_dir=log_dir, redirects=redirects, tee=tee, local_ranks_filter=ranks)
@@ -341,8 +342,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 
     Example: ``resolve(["--nnodes", "2", "t.py"], environ={}).config.rdzv_backend`` is ``"c10d"``.
     """
-    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
-    from torch.distributed.run import config_from_args, parse_min_max_nnodes
+    from torch.distributed.run import parse_min_max_nnodes
 
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(None if argv is None else list(argv))
@@ -395,7 +395,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     # (--logs-specs NAME) later, on the real log dir (logs_specs_factory); here, on none
     specs_name, args.logs_specs, args.log_dir = args.logs_specs, None, os.devnull
     try:
-        config, entrypoint, entry_args = config_from_args(args)
+        config, entrypoint, entry_args = compat.launch_config_from_args(args)
+        compat.fill_launch_config(config, args)  # fields an older torch lacks: the value it behaves as
         logs_specs = _logs_specs_factory(specs_name, args, log_dir)
         conf = dict(config.rdzv_configs)
         for key, default in _rdzv_defaults(args.rdzv_backend).items():
@@ -404,7 +405,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
                 sources[f"rdzv_conf.{key}"] = "default"
         launcher_conf = read_env(env, ENV_RDZV_CONF)
         if launcher_conf is not None:
-            for key, given in _parse_rendezvous_config(launcher_conf).items():
+            for key, given in compat.parse_rendezvous_config(launcher_conf).items():
                 conf[key] = given
                 sources[f"rdzv_conf.{key}"] = f"env {ENV_RDZV_CONF}"
         echo = _echo_filter(args, config.nproc_per_node)

@@ -88,10 +88,10 @@ def _raise_cancelled(signum: int, frame: FrameType | None) -> None:
 
 
 def _raise_torch(signum: int, frame: FrameType | None) -> None:
-    from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+    from torchstep.agent import compat
 
     _note(signum)
-    _terminate_process_handler(signum, frame)
+    compat.terminate_process_handler(signum, frame)
 
 
 def pending() -> int | None:

@@ -57,7 +57,14 @@ import time
 import traceback
 from typing import Any
 
-from torchstep.agent.forksafe import MAX_REQUEST, STARTUP_ENV, BadRequest, fork_refusal, parse_request
+from torchstep.agent.forksafe import (
+    MAX_REQUEST,
+    STARTUP_ENV,
+    BadRequest,
+    accelerator_in_use,
+    fork_refusal,
+    parse_request,
+)
 
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -472,12 +479,23 @@ def forked(control: socket.socket, startup_env: dict[str, str | None], parent: i
         os.dup2(null, 0)
         os.close(null)
         _import_torch()
+        if accelerator_in_use():  # the agent had probed CUDA (--nproc-per-node gpu...): so would every worker
+            _exec_fresh(control)
         _serve_configured(control, startup_env)
     except BaseException:
         with contextlib.suppress(Exception):
             traceback.print_exc()
     finally:
         os._exit(1)
+
+
+def _exec_fresh(control: socket.socket) -> None:
+    """Become a fresh zygote interpreter (same pid, same control socket: the agent does not
+    notice): a fork of an agent whose accelerator was initialised or probed is a "bad fork"
+    in which no worker forked from here could use the accelerator. It imports torch itself."""
+    os.set_inheritable(control.fileno(), True)
+    argv = [sys.executable, "-m", "torchstep.agent.zygote", "--control", str(control.fileno())]
+    os.execv(sys.executable, argv)
 
 
 def startup_environment() -> dict[str, str | None]:
