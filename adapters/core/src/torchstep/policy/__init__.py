@@ -10,8 +10,11 @@ the one passed to the entry point, else the TOML file named by ``TORCHSTEP_POLIC
 
 :data:`DEFAULT` refuses what turns a step into a way onto the host or into the cluster:
 bind mounts, device mounts, a pod overlay that sets a host-level or privilege field,
-environment variables that change how programs load, a namespace, service account,
-Secret or trust-changing run option the deployment did not list. It allows any image.
+environment variables that load code, a namespace, service account, Secret or
+trust-changing run option the deployment did not list; extended resources, volume kinds,
+pod fields and token audiences pass only when listed (allow-lists). It allows any image, and
+caps the size of what is sent (roles, replicas, processes, argv, env, the request itself:
+checked before the AppDef is planned) and the grace period a pod or process may take to stop.
 
 Example::
 
@@ -45,11 +48,20 @@ from typing import Any
 from torchstep.policy.rules import (
     CFG_RULES,
     DEFAULT_ENV_DENIED,
+    DEFAULT_EXTENDED_RESOURCES,
+    DEFAULT_GPU_RESOURCES,
+    DEFAULT_POD_FIELDS,
+    DEFAULT_VOLUME_SOURCES,
     ENV_POLICY,
+    MAX_NESTING,
     OVERLAY_MODES,
     PolicyError,
     norm_path,
 )
+
+#: The policy's limits (numbers; ``None``: no limit); every other field but ``overlay`` is a list.
+_NUMBERS = frozenset({"replicas", "gpu", "cpu", "memMB", "roles", "nproc", "processes", "args_bytes", "env_bytes",
+                      "conf_bytes", "grace_period"})  # fmt: skip
 
 PolicyError.__module__ = __name__  # its public home (tracebacks say torchstep.policy.PolicyError)
 
@@ -81,10 +93,30 @@ class Policy:
         secrets: Kubernetes Secrets ``secret_env``, image pull secrets or an overlay may read.
         options: trust-changing run options a network cfg may set (``gpus``, ``priority_class``,
             ``queue``, ``labels``, ``annotations``).
+        extended_resources: extended resources (``Resource.devices``, an overlay's
+            ``resources``) a role may request: names or patterns (``nvidia.com/mig-*``).
+        gpu_resources: the extended resources that are GPUs: each unit counts against ``gpu``.
+        volume_sources: volume kinds an overlay may use (``emptyDir``, ``nfs``...); claims,
+            Secrets, tokens and claim templates in them are still checked; a ``hostPath``
+            must be under ``bind_mounts``.
+        pod_fields: pod spec fields an overlay may set as it likes (see :data:`DEFAULT_POD_FIELDS`;
+            ``automountServiceAccountToken`` listed allows it ``true``).
+        token_audiences: audiences a projected service account token in an overlay may name.
+        localhost_profiles: node-local seccomp / AppArmor profiles (``Localhost``) an overlay may use.
         replicas: most replicas per role (``None``: no limit).
-        gpu: most GPUs per replica (``None``: no limit).
+        gpu: most GPUs per replica, ``Resource.gpu`` and every ``gpu_resources`` unit together (``None``: no limit).
         cpu: most CPU cores per replica (``None``: no limit).
         memMB: most memory per replica in MiB, as TorchX's ``Resource.memMB`` (``None``: no limit).
+        roles: most roles per AppDef (``None``: no limit).
+        nproc: most worker processes per replica (``None``: no limit).
+        processes: most worker processes of the whole AppDef, replicas x processes summed over roles.
+        args_bytes: most bytes of one role's entrypoint and args together (UTF-8).
+        env_bytes: most bytes of one role's env, names and values together (UTF-8).
+        conf_bytes: most bytes of the request as JSON (the AppDef and its run options),
+            checked before it is parsed or planned.
+        grace_period: most seconds a step may take to stop after cancel or timeout
+            (``cfg['grace_period']``, ``metadata['torchstep']['grace_period']``, an
+            overlay's ``terminationGracePeriodSeconds``).
 
     Raises:
         PolicyError: a field of the wrong type, an unknown overlay mode, target or option,
@@ -108,18 +140,32 @@ class Policy:
     env_denied: tuple[str, ...] = DEFAULT_ENV_DENIED
     secrets: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
-    replicas: int | None = None
+    extended_resources: tuple[str, ...] = DEFAULT_EXTENDED_RESOURCES
+    gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES
+    volume_sources: tuple[str, ...] = DEFAULT_VOLUME_SOURCES
+    pod_fields: tuple[str, ...] = DEFAULT_POD_FIELDS
+    token_audiences: tuple[str, ...] = ()
+    localhost_profiles: tuple[str, ...] = ()
+    replicas: int | None = 16
     gpu: int | None = None
     cpu: float | None = None
     memMB: int | None = None
+    roles: int | None = 16
+    nproc: int | None = 16
+    processes: int | None = 64
+    args_bytes: int | None = 64 * 1024
+    env_bytes: int | None = 64 * 1024
+    conf_bytes: int | None = 256 * 1024
+    grace_period: float | None = 300
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("replicas", "gpu", "cpu", "memMB"):
+            if f.name in _NUMBERS:
                 ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
-                if not ok or (f.name != "cpu" and value is not None and not isinstance(value, int)):
-                    kind = "a number" if f.name == "cpu" else "an integer"
+                fractional = f.name in ("cpu", "grace_period")
+                if not ok or (not fractional and value is not None and not isinstance(value, int)):
+                    kind = "a number" if fractional else "an integer"
                     raise PolicyError(f.name, None, f"must be {kind} >= 0 or unset, got {value!r}", fix="e.g. 8")
             elif f.name == "overlay":
                 if value not in OVERLAY_MODES:
@@ -162,6 +208,42 @@ class Policy:
         """
         for problem in self.problems(app, target, cfg):
             raise problem
+
+    def check_sent(self, data: Any, target: str, cfg: Any = None, *, field: str = "app") -> None:
+        """Refuse a request that is too large or too deep before it is parsed or planned:
+        ``cfg`` and ``data`` (the AppDef as JSON data) together at most ``conf_bytes`` as
+        JSON, nested at most :data:`~torchstep.policy.rules.MAX_NESTING` levels. The cost is
+        bounded by the limit, not by what was sent.
+
+        Args:
+            data: the AppDef as it arrived (JSON data: a DAG run's conf, a flow's parameters).
+            target: the target it was sent for.
+            cfg: the run options sent with it.
+            field: what ``data`` is called in errors (``conf['app']``).
+
+        Raises:
+            PolicyError: naming ``cfg`` or ``field``, the size or depth, and the limit.
+
+        >>> DEFAULT.check_sent({"roles": [{"args": ["x" * 300_000]}]}, "local", field="conf['app']")
+        Traceback (most recent call last):
+        ...
+        torchstep.policy.PolicyError: conf['app'] (target 'local'): the request is more than 262144 bytes as JSON...
+        """
+        from torchstep.policy.checks import sent_size
+
+        limit = self.conf_bytes if self.conf_bytes is not None else float("inf")
+        used = 0.0
+        for name, value in (("cfg", cfg), (field, data)):
+            size, deep = sent_size(value, limit - used)
+            if deep:
+                raise PolicyError(name, target, f"nests deeper than {MAX_NESTING} levels, which the deployment's "
+                                  "policy refuses (no AppDef needs it)", fix="send a flatter request")  # fmt: skip
+            used += size
+            if used > limit:
+                raise PolicyError(name, target, f"the request is more than {self.conf_bytes} bytes as JSON, which "
+                                  "the deployment's policy refuses before reading it",
+                                  fix=f"send at most {self.conf_bytes} bytes (policy conf_bytes): put large "
+                                  "inputs in a file or volume the step reads")  # fmt: skip
 
     def problems(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> list[PolicyError]:
         """Every field :meth:`check` would refuse, in order (empty: allowed).

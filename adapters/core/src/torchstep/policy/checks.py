@@ -17,11 +17,13 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from torchstep.plan.cmdline import parse_torchrun, positive_int
 from torchstep.plan.options import convert
-from torchstep.policy.overlay import check_overlay
+from torchstep.policy.overlay import check_overlay, seconds
 from torchstep.policy.rules import (
     CFG_RULES,
     DEPLOYMENT_OWN,
+    MAX_NESTING,
     PRIVILEGE_ANNOTATIONS,
     PolicyError,
     image_allowed,
@@ -72,8 +74,22 @@ class Checker:
             return
         yield from self.cfg(cfg)
         roles = getattr(app, "roles", None)
-        for i, role in enumerate(roles if isinstance(roles, list | tuple) else []):
+        roles = roles if isinstance(roles, list | tuple) else []
+        if self.p.roles is not None and len(roles) > self.p.roles:
+            # before any role is looked at: a policy check costs what the limits allow, not what was sent
+            yield self.error("app.roles", f"{len(roles)} roles is more than the deployment's policy allows",
+                             f"send at most {self.p.roles} roles (policy roles)")  # fmt: skip
+            return
+        processes: int | None = 0
+        for i, role in enumerate(roles):
             yield from self.role(f"app.roles[{i}]", role)
+            n = self.processes_of(role)
+            processes = None if n is None or processes is None else processes + n
+        if self.p.processes is not None and (processes is None or processes > self.p.processes):
+            what = "a number of worker processes the policy cannot count" if processes is None else (
+                f"{processes} worker processes in all (replicas x processes per replica)")  # fmt: skip
+            yield self.error("app.roles", f"{what} is more than the deployment's policy allows",
+                             f"at most {self.p.processes} (policy processes), each role's counts as numbers")  # fmt: skip
 
     # -- run options --------------------------------------------------------------------------
     def cfg(self, cfg: Mapping[str, Any] | None) -> Iterator[PolicyError]:
@@ -122,6 +138,27 @@ class Checker:
                         yield self.secret_error(path, name)
             elif rule == "path":
                 yield from self.host_path(path, value, self.p.bind_mounts, "bind_mounts", "a run directory at")
+            if key == "grace_period":
+                yield from self.grace(path, value)
+
+    def grace(self, path: str, value: Any) -> Iterator[PolicyError]:
+        """A grace period (seconds between the stop signal and SIGKILL) within the policy's cap.
+
+        Args:
+            path: the field path (``cfg['grace_period']``).
+            value: the seconds as sent (a number or numeric text).
+
+        Yields:
+            One :class:`PolicyError` when refused.
+        """
+        limit = self.p.grace_period
+        if limit is None:
+            return
+        s = seconds(value)
+        if s is None or s > limit:
+            yield self.error(path, f"a grace period of {value!r} s lets the step outlive cancel and timeout, "
+                             "which the deployment's policy does not allow",
+                             f"at most {limit:g} seconds (policy grace_period)")  # fmt: skip
 
     def annotations(self, path: str, value: Any) -> Iterator[PolicyError]:
         """Annotations that change a pod's privileges (unless the overlay mode is ``any``).
@@ -151,7 +188,9 @@ class Checker:
         """
         yield from self.image(f"{p}.image", getattr(role, "image", None))
         env = getattr(role, "env", None)
-        for name in env if isinstance(env, Mapping) else ():
+        env = env if isinstance(env, Mapping) else {}
+        yield from self.sizes(p, role, env)
+        for name in env:
             yield from self.env_name(f"{p}.env[{name!r}]", name)
         yield from self.limits(p, role)
         mounts = getattr(role, "mounts", None)
@@ -167,6 +206,8 @@ class Checker:
             secret = ref.partition("/")[0] if isinstance(ref, str) else ref
             if not isinstance(secret, str) or not named(secret, self.p.secrets):
                 yield self.secret_error(sub, secret)
+        if isinstance(opts, Mapping) and "grace_period" in opts:
+            yield from self.grace(f"{p}.metadata['torchstep']['grace_period']", opts["grace_period"])
         if "kubernetes" in md:
             yield from check_overlay(self, f"{p}.metadata['kubernetes']", md["kubernetes"])
 
@@ -226,9 +267,18 @@ class Checker:
         if self.p.replicas is not None and (not isinstance(n, int) or n > self.p.replicas):
             yield self.error(f"{p}.num_replicas", f"{n!r} replicas is more than the deployment's policy allows",
                              f"at most {self.p.replicas} (policy replicas)")  # fmt: skip
+        nproc, where = self.nproc_of(role)
+        if self.p.nproc is not None and (nproc is None or nproc > self.p.nproc):
+            what = "a count the policy cannot check" if nproc is None else f"{nproc} processes"
+            yield self.error(f"{p}{where}", f"{what} per replica is more than the deployment's policy allows",
+                             f"at most {self.p.nproc}, as a number (metadata['torchstep']['nproc_per_node'] "
+                             "or torchrun's --nproc-per-node; policy nproc)")  # fmt: skip
         res = getattr(role, "resource", None)
         devices = getattr(res, "devices", None)
-        gpus = [v for k, v in devices.items() if str(k).endswith("/gpu")] if isinstance(devices, Mapping) else []
+        devices = devices if isinstance(devices, Mapping) else {}
+        for name in devices:
+            yield from self.extended_resource(f"{p}.resource.devices[{name!r}]", name)
+        gpus = [v for k, v in devices.items() if isinstance(k, str) and named(k, self.p.gpu_resources)]
         for field, limit in (("gpu", self.p.gpu), ("cpu", self.p.cpu), ("memMB", self.p.memMB)):
             if limit is None:
                 continue
@@ -259,11 +309,92 @@ class Checker:
                 yield self.error(f"{path}.src", f"volume claim {claim!r} is not allowed by the deployment's policy",
                                  f"use one of: {listed(self.p.volume_mounts)} (policy volume_mounts)")  # fmt: skip
         elif kind == "DeviceMount":
-            yield from self.host_path(f"{path}.src_path", getattr(m, "src_path", None), self.p.device_mounts,
-                                      "device_mounts", "a device mount of")  # fmt: skip
+            refused = list(self.host_path(f"{path}.src_path", getattr(m, "src_path", None), self.p.device_mounts,
+                                          "device_mounts", "a device mount of"))  # fmt: skip
+            yield from refused
+            if not refused and self.target == "kubernetes" and self.p.overlay != "any":
+                # a pod reaches a host device only from a privileged container, which sees every device
+                # of the node: the same privilege an overlay's securityContext may not ask for
+                yield self.error(path, "a device mount on Kubernetes runs the container privileged (every device "
+                                 "of the node, not only this one), which the deployment's policy refuses unless "
+                                 "overlay = 'any'", "request the device through its device plugin's extended "
+                                 "resource (Resource.devices; policy extended_resources), or run it on the local "
+                                 "target")  # fmt: skip
         else:
             yield from self.host_path(f"{path}.src_path", getattr(m, "src_path", None), self.p.bind_mounts,
                                       "bind_mounts", "a bind mount of host path")  # fmt: skip
+
+    def extended_resource(self, path: str, name: Any) -> Iterator[PolicyError]:
+        """An extended resource name against the policy's ``extended_resources`` (an allow-list).
+
+        Args:
+            path: the field path.
+            name: the resource name as sent (``nvidia.com/mig-3g.40gb``).
+
+        Yields:
+            One :class:`PolicyError` when refused.
+        """
+        if not isinstance(name, str) or not named(name, self.p.extended_resources):
+            yield self.error(path, f"extended resource {name!r} is not one the deployment's policy allows",
+                             f"use one of: {listed(self.p.extended_resources)} (policy extended_resources)")  # fmt: skip
+
+    def sizes(self, p: str, role: Any, env: Mapping[Any, Any]) -> Iterator[PolicyError]:
+        """One role's argv and env against ``args_bytes`` and ``env_bytes``.
+
+        Args:
+            p: the role's field path.
+            role: the ``torchx.specs.Role``.
+            env: its env (a mapping).
+
+        Yields:
+            One :class:`PolicyError` per refused field.
+        """
+        args = getattr(role, "args", None)
+        argv = [getattr(role, "entrypoint", None), *(args if isinstance(args, list | tuple) else [])]
+        for field, limit, texts, name in (
+            ("args", self.p.args_bytes, argv, "args_bytes"),
+            ("env", self.p.env_bytes, [t for kv in env.items() for t in kv], "env_bytes"),
+        ):
+            if limit is None:
+                continue
+            size = sum(_utf8_len(t) for t in texts)
+            if size > limit:
+                yield self.error(f"{p}.{field}", f"{size} bytes of {'entrypoint and args' if field == 'args' else 'env'}"
+                                 " is more than the deployment's policy allows",
+                                 f"at most {limit} bytes (policy {name}): put large inputs in a file the step reads")  # fmt: skip
+
+    def nproc_of(self, role: Any) -> tuple[int | None, str]:
+        """Worker processes per replica as the planner will count them (``None`` when the
+        AppDef says it in a way no policy can check: torchrun's ``--nproc-per-node auto``),
+        and the field that says it (``.args``, ``.metadata['torchstep']['nproc_per_node']``).
+
+        Args:
+            role: the ``torchx.specs.Role``.
+        """
+        md = getattr(role, "metadata", None)
+        opts = md.get("torchstep") if isinstance(md, Mapping) else None
+        want = opts.get("nproc_per_node") if isinstance(opts, Mapping) else None
+        entrypoint, args = getattr(role, "entrypoint", None), getattr(role, "args", None)
+        call = None
+        if isinstance(entrypoint, str) and isinstance(args, list | tuple) and all(isinstance(a, str) for a in args):
+            call = parse_torchrun(entrypoint, list(args))
+        if call is not None and call.nproc_per_node is not None:
+            return positive_int(call.nproc_per_node, 1 << 62), ".args"
+        if want is not None:
+            ok = isinstance(want, int) and not isinstance(want, bool) and want > 0
+            return (want if ok else None), ".metadata['torchstep']['nproc_per_node']"
+        return 1, ".num_replicas"
+
+    def processes_of(self, role: Any) -> int | None:
+        """Worker processes of every replica of ``role``; ``None``: not countable.
+
+        Args:
+            role: the ``torchx.specs.Role``.
+        """
+        n, nproc = getattr(role, "num_replicas", None), self.nproc_of(role)[0]
+        if not isinstance(n, int) or isinstance(n, bool) or nproc is None:
+            return None
+        return n * nproc
 
     def host_path(self, path: str, value: Any, allowed: tuple[str, ...], name: str, what: str) -> Iterator[PolicyError]:
         """A host path under ``allowed`` (on the local target its real path too).
@@ -294,3 +425,53 @@ def _amount(value: Any) -> float | None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value in (-1, 0):
         return None
     return float(value)
+
+
+def _utf8_len(text: Any) -> int:
+    """Bytes of ``text`` in UTF-8 (a non-string: its ``str``, which the planner refuses anyway)."""
+    text = text if isinstance(text, str) else str(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def sent_size(value: Any, limit: float) -> tuple[int, bool]:
+    """About how many bytes ``value`` (JSON data) takes as JSON, counted until ``limit`` is
+    passed, and whether it nests deeper than :data:`MAX_NESTING`. Iterative and stopping at
+    the limit: a deep or huge request costs no more than the limit allows.
+
+    Args:
+        value: the data as it arrived.
+        limit: where to stop counting.
+
+    Returns:
+        ``(bytes counted, too deep)``.
+
+    >>> sent_size({"a": [1, "xy", None]}, 1000)
+    (22, False)
+    """
+    size = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack and size <= limit:
+        v, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return size, True
+        if isinstance(v, str):
+            size += len(v) + 2
+        elif isinstance(v, Mapping):
+            size += 2
+            for k, x in v.items():
+                size += (len(k) if isinstance(k, str) else 8) + 4
+                stack.append((x, depth + 1))
+                if size > limit:
+                    break
+        elif isinstance(v, list | tuple):
+            size += 2
+            for x in v:
+                size += 1
+                stack.append((x, depth + 1))
+                if size > limit:
+                    break
+        elif isinstance(v, int) and not isinstance(v, bool):
+            size += v.bit_length() // 3 + 1  # about its decimal digits, without converting a huge int
+        else:  # None, a bool, a float, or something JSON has no word for
+            size += 5
+    return size, False

@@ -26,11 +26,65 @@ ENV_POLICY = "TORCHSTEP_POLICY"
 #: service accounts, Secrets, claims and env names in it like the AppDef's own);
 #: ``none`` refuses any overlay; ``any`` trusts the overlay entirely.
 OVERLAY_MODES = ("unprivileged", "none", "any")
-#: Environment variables that change how programs load (the default ``env_denied``).
+#: Environment variables that load code, start programs, redirect what torchstep's own
+#: processes read or write, or reach devices (the default ``env_denied``). A deny-list is
+#: never complete: docs/security.md says what this denial is and is not.
 DEFAULT_ENV_DENIED = (
-    "LD_*", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "BASH_ENV", "ENV", "PATH",
-    "GCONV_PATH", "GLIBC_TUNABLES", "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "JAVA_TOOL_OPTIONS",
+    # the dynamic loader and libc
+    "LD_*", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "HOSTALIASES",
+    # Python: import paths, startup code, hooks that import a module named by the variable
+    "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONWARNINGS", "PYTHONBREAKPOINT",
+    "PYTHONINSPECT", "PYTHONEXECUTABLE", "PYTHONPYCACHEPREFIX", "PYTHONPLATLIBDIR", "HOME", "IPYTHONDIR",
+    # shells: startup files, xtrace prompts that run commands, exported functions, lookup paths
+    "BASH_ENV", "ENV", "PATH", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "BASH_FUNC_*", "BASH_XTRACEFD",
+    "BASH_LOADABLES_PATH", "CDPATH", "GLOBIGNORE", "IFS", "ZDOTDIR",
+    # other runtimes
+    "NODE_OPTIONS", "NODE_PATH", "PERL5OPT", "PERL5LIB", "PERLLIB", "PERL5DB", "RUBYOPT", "RUBYLIB",
+    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH", "LUA_INIT*", "LUA_PATH*", "LUA_CPATH*",
+    # torch, compilers and their caches of compiled code
+    "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR", "TORCH_LOGS_OUT", "TRITON_*_DIR",
+    "TRITON_*_PATH", "TRITON_HOME", "CUDA_INJECTION*", "CUDA_CACHE_PATH", "CUDA_HOME", "CUDA_PATH",
+    # communication libraries' plugins and the files they read or write
+    "NCCL_*_PLUGIN", "NCCL_*_FILE", "OMPI_MCA_*", "OPAL_PREFIX", "PMIX_MCA_*", "PRTE_MCA_*", "FI_PROVIDER_PATH",
+    "UCX_MODULE_DIR", "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES", "KUBECONFIG",
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "GIT_CONFIG*", "GIT_ASKPASS", "GIT_PROXY_COMMAND",
+    "GIT_EXTERNAL_DIFF", "GIT_TEMPLATE_DIR", "GIT_DIR",
+    # devices outside the pod's allocation (nvidia-container-runtime reads NVIDIA_VISIBLE_DEVICES=all)
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_*", "NVIDIA_DISABLE_REQUIRE",
+    "NVIDIA_MIG_*", "NVIDIA_IMEX_CHANNELS",
+    # what the agent and torchrun read: its flags, files, stores and interpreter
+    "PET_*", "TORCHELASTIC_*", "TORCHSTEP_*_FILE", "TORCHSTEP_*_DIR", "TORCHSTEP_RDZV_*", "TORCHSTEP_ZYGOTE*",
+    "TORCHSTEP_PYTHON", "TORCHSTEP_LAUNCH_TOKEN", "TORCHSTEP_TERMINATION_LOG", "TORCHSTEP_PLAN_CACHE",
+    "TORCHSTEP_POLICY", "TORCHSTEP_*_ENDPOINT", "TORCHSTEP_LAST_CHECKPOINT",
 )  # fmt: skip
+#: Extended resources a network AppDef may request when the deployment lists none
+#: (``extended_resources``): whole GPUs and the EFA network devices TorchX's AWS named resources use.
+DEFAULT_EXTENDED_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "vpc.amazonaws.com/efa")
+#: Extended resources that are GPUs or accelerators under another name (``gpu_resources``):
+#: each unit counts against the policy's ``gpu`` limit, like ``Resource.gpu``.
+DEFAULT_GPU_RESOURCES = (
+    "nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*", "nvidia.com/*gpu*", "amd.com/gpu", "amd.com/*gpu*",
+    "gpu.intel.com/*", "habana.ai/*", "aws.amazon.com/neuron*", "google.com/tpu", "cloud-tpus.google.com/*",
+)  # fmt: skip
+#: Volume kinds an overlay may use (``volume_sources``); claims, Secrets, projected tokens
+#: and ephemeral claim templates in them are still checked.
+DEFAULT_VOLUME_SOURCES = (
+    "emptyDir", "configMap", "downwardAPI", "ephemeral", "persistentVolumeClaim", "secret", "projected",
+)  # fmt: skip
+#: Pod spec fields an overlay may set as it likes (``pod_fields``). The fields torchstep checks
+#: itself (service account, volumes, containers, pull Secrets, priority class, resources,
+#: ``terminationGracePeriodSeconds``, ``automountServiceAccountToken``, the host namespaces)
+#: are checked whatever this list says; ``resourceClaims`` (devices by dynamic resource
+#: allocation), ``securityContext``, ``nodeName`` and ``runtimeClassName`` are refused unless listed.
+DEFAULT_POD_FIELDS = (
+    "activeDeadlineSeconds", "affinity", "dnsConfig", "dnsPolicy", "enableServiceLinks", "hostAliases", "hostname",
+    "hostUsers", "nodeSelector", "os", "overhead", "preemptionPolicy", "readinessGates", "restartPolicy",
+    "schedulerName", "schedulingGates", "setHostnameAsFQDN", "shareProcessNamespace", "subdomain", "tolerations",
+    "topologySpreadConstraints",
+)  # fmt: skip
+#: The deepest nesting of a request from the network (an AppDef is about 12 levels deep):
+#: deeper data is refused before it is parsed.
+MAX_NESTING = 64
 
 # Run options per target: who may set each in a network-borne cfg.
 #   free:   any value (the target checks it)

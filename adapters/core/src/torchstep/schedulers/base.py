@@ -230,9 +230,9 @@ def app_received(
     name_target: bool = True,
 ) -> tuple[AppDef, Any]:
     """The other end of :func:`app_payload`: the AppDef a scheduler sent as JSON data (a DAG
-    run's conf, a flow run's parameters), checked before anything is created — its fields,
-    its plan for ``target``, and the deployment's policy (:mod:`torchstep.policy`) for it and
-    the run options ``cfg`` that came with it.
+    run's conf, a flow run's parameters), checked before anything is created — its size and
+    then its fields against the deployment's policy (:mod:`torchstep.policy`) for it and the
+    run options ``cfg`` that came with it, and only then its plan for ``target``.
 
     Args:
         data: the AppDef as JSON data.
@@ -255,6 +255,10 @@ def app_received(
     from torchstep.plan.planner import build_plan
     from torchstep.policy import resolve
 
+    # the policy first, its size limits before anything is parsed: what a stranger sends
+    # costs the worker what the policy allows, not what was sent
+    checked = resolve(policy)
+    checked.check_sent(data, target, cfg, field=field)
     try:
         app = app_from_dict(data)
     except SpecError as e:  # e.field is "app.roles[0]...": say where it is in what was sent
@@ -263,9 +267,8 @@ def app_received(
     except Exception as e:  # a shape app_from_dict does not check: still the data's fault
         raise SpecError(field, target if name_target else None, f"is not a valid AppDef ({type(e).__name__}: {e})",
                         fix="submit it with `torchx run` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
-    plan = build_plan(app, target)
-    resolve(policy).check(app, target, cfg)
-    return app, plan
+    checked.check(app, target, cfg)
+    return app, build_plan(app, target)
 
 
 def new_app_id(name: str) -> str:
