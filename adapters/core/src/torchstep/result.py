@@ -33,7 +33,7 @@ from torchstep.files import private_dir, write_private
 SCHEMA_VERSION = 1
 
 
-class StepState(enum.StrEnum):
+class StepState(str, enum.Enum):  # enum.StrEnum's behaviour; Python 3.10 has no StrEnum
     """The one set of state names of a step, a replica, a rank or an agent attempt: the
     agent, the local supervisor, the Kubernetes paths and every adapter use these members.
 
@@ -68,6 +68,12 @@ class StepState(enum.StrEnum):
     #: The Airflow durable path: a try watched the run to its end and reported it, so a
     #: later try starts a fresh one.
     REPORTED = "REPORTED"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        return str(self.value).__format__(format_spec)
 
 
 # The names this module had before :class:`StepState` (``from torchstep.result import FAILED``).

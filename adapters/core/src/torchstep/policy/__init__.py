@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +58,11 @@ from torchstep.policy.rules import (
     PolicyError,
     norm_path,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a backport (a dependency of torchstep there)
+    import tomli as tomllib
 
 #: The policy's limits (numbers; ``None``: no limit); every other field but ``overlay`` is a list.
 _NUMBERS = frozenset({"replicas", "gpu", "cpu", "memMB", "roles", "nproc", "processes", "args_bytes", "env_bytes",

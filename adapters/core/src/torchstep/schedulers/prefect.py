@@ -36,12 +36,12 @@ import base64
 import json
 import os
 import re
+import sys
 import time
-import tomllib
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
@@ -49,6 +49,11 @@ from torchx.specs import AppDef, AppDryRunInfo, AppState, Role
 
 from torchstep.errors import SpecError
 from torchstep.schedulers import base, generic, records, rest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a backport (a dependency of torchstep there)
+    import tomli as tomllib
 
 BACKEND = "prefect"
 FLOW_NAME = "torchstep-torchx"  # torchx_flow.FLOW_NAME (that module imports prefect)
@@ -101,6 +106,12 @@ class PrefectOptions:
     tags: tuple[str, ...] = ()
     target: str = "local"
     namespace: str | None = None
+
+
+def _parse_time(stamp: str) -> datetime:
+    """A time of Prefect's API (``2026-11-27T10:55:12.929000Z``); Python 3.10's
+    ``fromisoformat`` does not read the ``Z`` suffix."""
+    return datetime.fromisoformat(stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp)
 
 
 def resolve(cfg: Mapping[str, Any]) -> PrefectOptions:
@@ -358,7 +369,7 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
         if k != 0:
             return iter(())  # the log does not keep replicas apart: all of a role's ranks are under replica 0
         seen: set[str] = set()
-        after = {"ts": since.astimezone(UTC) if since else None}  # a naive time is this machine's local time
+        after = {"ts": since.astimezone(timezone.utc) if since else None}  # a naive time is this machine's local time
         flushed = {"last": False}
 
         def fetch(cursor: int, final: bool) -> tuple[list[str], int]:
@@ -367,7 +378,7 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             seen.update(log["id"] for log in new)
             flushed["last"] = flushed["last"] or any(_is_last(log) for log in new)
             if new:  # read again from a little before the newest line: late writers are not lost
-                newest = max(datetime.fromisoformat(log["timestamp"]) for log in new) - timedelta(seconds=30)
+                newest = max(_parse_time(log["timestamp"]) for log in new) - timedelta(seconds=30)
                 after["ts"] = max(newest, after["ts"]) if after["ts"] else newest
             text = [line for log in new for line in str(log.get("message", "")).splitlines()]
             return list(base.lines_of_role(text, role_name, names or [role_name])), cursor
@@ -379,7 +390,7 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             if (now.get("state") or {}).get("type") not in _FINAL:
                 return False
             end = now.get("end_time")
-            return not end or datetime.now(UTC) - datetime.fromisoformat(end) > timedelta(seconds=LOG_GRACE_S)
+            return not end or datetime.now(timezone.utc) - _parse_time(end) > timedelta(seconds=LOG_GRACE_S)
 
         tail = tail or (run.get("state") or {}).get("type") in _FINAL  # a just-ended run: its last lines
         return base.follow(fetch, finished, tail=tail, until=until)
