@@ -46,6 +46,7 @@ from torchstep.local.status import PlainDisplay, ReplicaEvent
 from torchstep.plan.model import StepPlan
 from torchstep.plan.rules.retry import check_user_retries
 from torchstep.result import CANCELLED, FAILED, is_retryable, root_cause_line
+from torchstep.untrusted import MAX_TAIL_LINE_BYTES, cut, escape_controls
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
@@ -211,8 +212,8 @@ def failure_summary(result: StepResult) -> str:
     if rc is not None:
         where = f"{rc.role}/{rc.replica_id if rc.replica_id is not None else '?'} rank {rc.rank}"
         text += f"; root cause: {where}: {root_cause_line(rc)}"
-    elif result.message:
-        text += f"; {result.message}"
+    elif result.message:  # it may quote a worker or a pod: one line, shown, never obeyed
+        text += f"; {cut(escape_controls(result.message, newlines=True), MAX_TAIL_LINE_BYTES)}"
     return text
 
 

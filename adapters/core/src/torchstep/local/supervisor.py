@@ -66,10 +66,13 @@ from torchstep.result import (
     replica_state,
     root_cause_line,
 )
+from torchstep.untrusted import MAX_SUMMARY_READ_BYTES, escape_control_bytes, read_capped
 
 #: How the supervisor starts the agent (``python -m torchstep.agent``, the interpreter running
 #: the supervisor: no dependence on PATH).
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "torchstep.agent")
+#: The most bytes of an agent's console line read at once (a longer line comes in pieces).
+_LINE_PIECE = 64 * 1024
 #: Exit code of a run stopped by its timeout (as GNU ``timeout``).
 
 
@@ -319,7 +322,11 @@ class Supervisor:
             self._log_lost(rep, e)
         try:
             # read to EOF whatever happens to the log: the agent never blocks on a full pipe
-            for raw in iter(proc.stdout.readline, b""):
+            # a line is read in pieces of at most _LINE_PIECE bytes: one endless line from a
+            # worker costs the supervisor that much memory, not the line's size
+            stdout = proc.stdout
+            for piece in iter(lambda: stdout.readline(_LINE_PIECE), b""):
+                raw = escape_control_bytes(piece)  # what the agent let through is shown, never obeyed
                 if log is not None:
                     try:
                         log.write(raw)
@@ -542,18 +549,19 @@ class Supervisor:
         final and the summary it left in the supervisor's directory is (a full disk)."""
         spec = rep.spec
         loaded: StepResult | None = None
-        if os.path.exists(spec.result_file):
-            try:
-                loaded = StepResult.load(spec.result_file)
-            except (OSError, ValueError, TypeError, KeyError):
-                loaded = None
+        try:  # never through a symlink, never blocking, capped: the workers could write there
+            loaded = StepResult.load(spec.result_file)
+        except FileNotFoundError:
+            loaded = None
+        except (OSError, ValueError) as e:
+            self._warn(f"{spec.role.name} replica {spec.replica_id}: the agent's result was not read: {e}")
+            loaded = None
         if loaded is not None and loaded.replicas and loaded.state in TERMINAL_STATES:
             return loaded
-        try:
-            with open(self._summary_file(rep)) as f:
-                summary = StepResult.from_summary(f.read())
-        except (OSError, ValueError, TypeError):
-            summary = None
+        data, why = read_capped(self._summary_file(rep), MAX_SUMMARY_READ_BYTES, what="result summary")
+        summary, notes = StepResult.read_summary(data.decode("utf-8", "replace") if data is not None else None)
+        for note in [*([why] if why else []), *notes]:
+            self._warn(f"{spec.role.name} replica {spec.replica_id}: {note}")
         if summary is None or summary.state not in TERMINAL_STATES:
             return loaded
         root = summary.root_cause
