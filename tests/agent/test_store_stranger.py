@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from agent_testlib import SCRIPTS, Agents, StoreHost, clean_env
+from listeners import descendants, external_ip, listening
+from netlib import free_port
 from proclib import wait_for
 from torchstep.agent.rdzv_guard import StateRefused, check_state
 
@@ -149,67 +151,6 @@ def test_a_stranger_who_forges_the_state_of_a_live_run_runs_nothing(
     assert "refused: forged or corrupt" in agent.stderr
 
 
-def _descendants(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, todo = {root}, [root]
-    while todo:
-        pid = todo.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _listening(pids: set[int]) -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket in LISTEN state that one of ``pids`` holds."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            pass
-    found = set()
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                cols = line.split()
-                if cols[3] != "0A" or cols[9] not in inodes:
-                    continue
-                hexaddr, hexport = cols[1].split(":")
-                if width == 8:
-                    addr = socket.inet_ntop(socket.AF_INET, bytes.fromhex(hexaddr)[::-1])
-                else:
-                    words = [bytes.fromhex(hexaddr[i : i + 8])[::-1] for i in range(0, 32, 8)]
-                    addr = socket.inet_ntop(socket.AF_INET6, b"".join(words))
-                found.add((addr, int(hexport, 16)))
-    return found
-
-
-def _external_ip() -> str | None:
-    """An address of this machine that is not loopback (what another machine would dial)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.123", 9))  # no packet is sent: only the route is looked up
-            ip = str(s.getsockname()[0])
-        except OSError:
-            return None
-    return None if ip.startswith("127.") else ip
-
-
 WORLD_SLEEPER = textwrap.dedent(
     """
     import os, sys, time
@@ -221,7 +162,7 @@ WORLD_SLEEPER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("nnodes", ["1", "2"])
+@pytest.mark.parametrize("nnodes", ["1", "1-localhost", "2"])
 def test_the_stores_of_a_run_on_one_machine_listen_on_loopback_only(
     agents: Agents, store: StoreHost, tmp_path: Path, nnodes: str
 ) -> None:
@@ -234,22 +175,27 @@ def test_the_stores_of_a_run_on_one_machine_listen_on_loopback_only(
     script.write_text(WORLD_SLEEPER)
     if nnodes == "1":
         args, env = ["--nnodes", "1", "--nproc-per-node", "2"], {}
+    elif nnodes == "1-localhost":  # a one-replica Kubernetes pod's rendezvous
+        args = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
+        args += ["--rdzv-endpoint", f"localhost:{free_port()}"]
+        env = {}
     else:
         args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", store.endpoint]
         env = {"TORCHSTEP_RDZV_CONF": "is_host=false", "TORCHSTEP_RDZV_ID": "loopback", "PET_LOCAL_ADDR": "127.0.0.1"}
-    run = [agents.start([*args, str(script), str(started)], env=env, name=f"node{i}") for i in range(int(nnodes))]
+    count = int(nnodes[0])
+    run = [agents.start([*args, str(script), str(started)], env=env, name=f"node{i}") for i in range(count)]
     wait_for(
         lambda: len(list(started.iterdir())) == 2 or any(a.returncode is not None for a in run), 120, "the workers"
     )
     assert all(a.returncode is None for a in run), "\n".join(a.diagnostics() for a in run)
     pids: set[int] = set()
     for a in run:
-        pids |= _descendants(a.pid)
-    sockets = _listening(pids)
+        pids |= descendants(a.pid)
+    sockets = listening(pids)
     # the agent's rendezvous store (one node), the workers' store and gloo's own listeners
     assert sockets, "no listening socket found"
     assert all(addr == "127.0.0.1" for addr, _ in sockets), sockets
-    ip = _external_ip()
+    ip = external_ip()
     if ip is not None:  # what a stranger on another machine (or another address) would dial
         for _, port in sockets:
             with pytest.raises(ConnectionRefusedError):

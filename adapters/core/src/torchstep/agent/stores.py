@@ -75,6 +75,7 @@ def host_store(addr: str, port: int, *, timeout: timedelta = timedelta(seconds=3
         return TCPStore(addr, port, None, True, timeout, wait_for_workers=False, multi_tenant=multi_tenant)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server does
         sock.bind((ip, port))
         sock.listen(1024)
     except OSError:
@@ -109,8 +110,9 @@ def private_params(params: Any) -> Any:
 
 
 def is_private(params: Any) -> bool:
-    """Whether a rendezvous is this agent's alone: c10d over TCP, one node at most, on a port
-    the agent picks itself (``host:0``), which no other agent can know.
+    """Whether a rendezvous is this agent's alone: c10d over TCP, one node at most, hosted by
+    this agent on a port it picks itself (``host:0``) or on a loopback endpoint
+    (``localhost:29500``, a one-replica pod's).
 
     Args:
         params: torch's ``RendezvousParameters``.
@@ -118,11 +120,11 @@ def is_private(params: Any) -> bool:
     Returns:
         ``True`` for such a rendezvous.
     """
-    endpoint = str(params.endpoint or "")
+    host, _, port = str(params.endpoint or "").strip().rpartition(":")
     return (
         params.backend == "c10d"
         and params.max_nodes == 1
-        and endpoint.endswith(":0")
+        and (port == "0" or loopback_ip(host.strip("[]")) is not None)
         and str(params.config.get("store_type", "tcp")).strip().lower() == "tcp"
         and params.get_as_bool("is_host") is not False
     )
@@ -136,7 +138,8 @@ def private_handler(params: Any) -> Any:
         params: torch's ``RendezvousParameters``.
 
     Returns:
-        The handler, or ``None`` when the rendezvous is not private (use torch's registry).
+        The handler, or ``None`` when the rendezvous is not private or its port is taken (use
+        torch's registry: it joins the store there as a client, as torchrun does).
     """
     if not is_private(params):
         return None
@@ -144,6 +147,11 @@ def private_handler(params: Any) -> Any:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     read_timeout = params.get_as_int("read_timeout", 60)
-    store = host_store(LOOPBACK, 0, timeout=timedelta(seconds=read_timeout))
+    port = int(str(params.endpoint).rpartition(":")[2])
+    try:
+        store = host_store(LOOPBACK, port, timeout=timedelta(seconds=read_timeout))
+    except OSError as e:
+        log.info("the rendezvous port %d is taken (%s): joining the store there", port, e)
+        return None
     backend = C10dRendezvousBackend(store, params.run_id)
     return create_handler(store, backend, params)

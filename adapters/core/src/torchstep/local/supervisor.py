@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -176,6 +177,9 @@ class Supervisor:
         self.attempt = attempt
         self.dir = app_dir(opts, self.app_id)
         self.token = f"{self.app_id}.{os.getpid()}.{short_id(8)}"
+        # names the state key in the rendezvous store: unguessable, and passed in the agents'
+        # environment (owner-only in /proc), never on their command line
+        self.rdzv_secret = secrets.token_hex(8)
         self.events: queue.Queue[tuple[tuple[str, int], int, int, float]] = queue.Queue()
         self.replicas: dict[tuple[str, int], _Replica] = {}
         self.rdzv: dict[str, tuple[str, str]] = {}  # role -> (endpoint, conf)
@@ -265,18 +269,21 @@ class Supervisor:
         endpoint, conf = self.rdzv[role.name]
         # a restarted role re-forms its group under a new id (a closed rendezvous stays closed)
         n = self.role_restarts.get(role.name, 0)
-        rdzv_id = f"{self.app_id}-{role.name}" + (f"-r{n}" if n else "")
+        rdzv_id = f"{self.app_id}-{role.name}-{self.rdzv_secret}" + (f"-r{n}" if n else "")
         env = dict(spec.env)
         env[contract.ENV_RUN_DIR] = self.tmp
         if self.opts.checkpoint_dir is not None:  # looked up per start: a replaced replica resumes too
             env[contract.ENV_CHECKPOINT_DIR] = self.opts.checkpoint_dir
             env[contract.ENV_LAST_CHECKPOINT] = self._last_checkpoint(self.opts.checkpoint_dir)
         env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
+        env[contract.ENV_RDZV_ID] = rdzv_id
+        # every replica is on this machine: the workers' store address is loopback, so the
+        # agent that hosts it listens on loopback only (torchstep.agent.stores)
+        env.setdefault("PET_LOCAL_ADDR", LOCALHOST)
         if role.uses_torchrun:
             env.update(
                 {
                     contract.ENV_RDZV_ENDPOINT: endpoint,
-                    contract.ENV_RDZV_ID: rdzv_id,
                     contract.ENV_RDZV_BACKEND: "c10d",
                 }
             )
@@ -288,7 +295,7 @@ class Supervisor:
         argv = agent_command.agent_argv(
             role,
             rdzv_endpoint=endpoint,
-            rdzv_id=rdzv_id,
+            rdzv_id=None,  # in env above: other users read command lines in /proc
             agent=AGENT_COMMAND,
             replica_args=agent_command.macro_values(self.app_id, spec.replica_id, img_root=spec.img_root),
             extra=extra,

@@ -64,7 +64,7 @@ def agent_argv(
     role: RolePlan,
     *,
     rdzv_endpoint: str,
-    rdzv_id: str,
+    rdzv_id: str | None,
     rdzv_backend: str = "c10d",
     agent: Sequence[str] = (AGENT,),
     replica_args: Mapping[str, str] | None = None,
@@ -80,7 +80,9 @@ def agent_argv(
     Args:
         role: the role's plan.
         rdzv_endpoint: ``host:port`` of the rendezvous.
-        rdzv_id: the rendezvous id, the same for every replica of one run.
+        rdzv_id: the rendezvous id, the same for every replica of one run; ``None``: not on
+            the command line (which every local user can read in /proc) — the caller sets it
+            in the environment (``TORCHSTEP_RDZV_ID``, see :func:`replica_env`) instead.
         rdzv_backend: torch's rendezvous backend.
         agent: the command that starts the agent.
         replica_args: macro values to bind the role's args with; ``None``: leave them unbound.
@@ -106,9 +108,9 @@ def agent_argv(
         rdzv_backend,
         "--rdzv-endpoint",
         rdzv_endpoint,
-        "--rdzv-id",
-        rdzv_id,
     ]
+    if rdzv_id is not None:
+        flags += ["--rdzv-id", rdzv_id]
     if role.heartbeat_timeout_s is not None:
         flags += ["--heartbeat-timeout", f"{role.heartbeat_timeout_s:g}"]
     if role.grace_period_s is not None:
@@ -135,7 +137,7 @@ def replica_env(
         replica_id: the replica's index in its role.
         rank0_host: replica 0's host (``TORCHX_RANK0_HOST``).
         rdzv_endpoint: ``host:port`` of the rendezvous, for a role's own torchrun; ``None``: unset.
-        rdzv_id: the rendezvous id, likewise; ``None``: unset.
+        rdzv_id: the rendezvous id (read by the agent whatever starts it); ``None``: unset.
         rdzv_conf: the agent's ``--rdzv-conf``, likewise; ``None``: unset.
         img_root: the ``${img_root}`` macro's value.
 

@@ -1,0 +1,81 @@
+"""The stores of a local run answer only this machine, and the rendezvous id is no command-line
+argument (issue 33): other users read every process's command line in /proc, and torch's
+TCPStore listens on every interface unless it is handed a loopback socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import torchstep
+from listeners import external_ip, listening
+from local_testlib import pids_with, rank_log_has, role
+from proclib import wait_for
+from torchstep.steps import run_local
+from torchx import specs
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_local_run_listens_on_loopback_only_and_keeps_its_rendezvous_id_off_the_command_line(
+    log_dir: Path, no_leftovers: str
+) -> None:
+    app = specs.AppDef(
+        "stores",
+        roles=[role("solo", ["loop", "600", "0.1"]), role("pair", ["loop", "600", "0.1"], replicas=2)],
+    )
+    cancel = threading.Event()
+    box: dict[str, torchstep.StepResult] = {}
+    t = threading.Thread(
+        target=lambda: box.update(r=run_local(app, log_dir=str(log_dir), cancel=cancel, cfg={"grace_period": 5}))
+    )
+    t.start()
+    try:
+        wait_for(
+            lambda: rank_log_has(log_dir, "solo", 0, "step 2") and rank_log_has(log_dir, "pair", 1, "step 2"),
+            180,
+            "both roles to train",
+        )
+        pids = set(pids_with(no_leftovers))
+        sockets = listening(pids)
+        # the store host, the one-replica agent's rendezvous store, both workers' stores, gloo
+        assert len(sockets) >= 3, sockets
+        assert all(addr == "127.0.0.1" for addr, _ in sockets), sockets
+        ip = external_ip()
+        if ip is not None:
+            for _, port in sockets:
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((ip, port), timeout=5).close()
+
+        ids = {env["TORCHSTEP_RDZV_ID"] for env in map(_environ, pids) if "TORCHSTEP_RDZV_ID" in env}
+        assert len(ids) == 2, ids  # one per role, the same for every replica of a role
+        app_id = next(iter(ids)).split("-solo-")[0].split("-pair-")[0]
+        assert not ({f"{app_id}-solo", f"{app_id}-pair"} & ids), "the rendezvous id is guessable from the app id"
+        for pid in pids:
+            cmd = _cmdline(pid)
+            assert "--rdzv-id" not in cmd and not any(i in cmd for i in ids), cmd
+    finally:
+        cancel.set()
+        t.join(120)
+    assert not t.is_alive()
+    assert box["r"].state == "CANCELLED"
+    assert os.path.isdir(log_dir)
