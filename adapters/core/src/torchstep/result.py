@@ -19,16 +19,30 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
+import errno
 import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torchstep.files import private_dir, write_private
+from torchstep.untrusted import (
+    MAX_JSON_DEPTH,
+    MAX_MESSAGE_CHARS,
+    MAX_RESULT_BYTES,
+    MAX_RESULT_READ_BYTES,
+    MAX_SUMMARY_READ_BYTES,
+    MAX_TAIL_LINE_BYTES,
+    cut,
+    escape_controls,
+    json_safe,
+    parse_json,
+    read_capped,
+)
 
 SCHEMA_VERSION = 1
 
@@ -209,6 +223,7 @@ class StepResult:
 
     def __post_init__(self) -> None:
         self.retryable = is_retryable(self.state, non_retryable=not self.retryable)
+        self.outputs = _safe_outputs(self.outputs, self.warnings)
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -255,8 +270,22 @@ class StepResult:
 
     # -- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """This result as JSON data (the result file's ``"schema": 1``), states as plain strings."""
-        return dataclasses.asdict(self, dict_factory=_plain_states)
+        """This result as JSON data (the result file's ``"schema": 1``), states as plain
+        strings, that every JSON encoder accepts: a non-finite number is the string
+        ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``; and that fits
+        :data:`~torchstep.untrusted.MAX_RESULT_BYTES`: beyond it the ranks' tails are cut,
+        then the outputs dropped, each with a warning in ``warnings``."""
+        notes: list[str] = []
+        outputs = _safe_outputs(self.outputs, notes)
+        shallow = copy.copy(self)  # outputs go in checked: dataclasses.asdict recurses into them
+        shallow.outputs = {}
+        data = dataclasses.asdict(shallow, dict_factory=_plain_states)
+        data["outputs"] = outputs
+        safe, more = json_safe(data, what="result", max_depth=MAX_JSON_DEPTH + 8)
+        if safe is not None:
+            data = safe
+        data["warnings"] = [*data.get("warnings", []), *(n for n in notes + more if n not in data["warnings"])]
+        return _fit(data, MAX_RESULT_BYTES)
 
     def to_json(self, indent: int | None = 2) -> str:
         """This result as JSON text (:meth:`to_dict`).
@@ -267,7 +296,7 @@ class StepResult:
         Returns:
             The JSON text.
         """
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepResult:
@@ -282,16 +311,24 @@ class StepResult:
         Raises:
             ValueError: ``data["schema"]`` is not the schema this version reads.
         """
+        if not isinstance(data, dict):
+            raise ValueError(f"a step result is a JSON object, not {type(data).__name__}")
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"unsupported step result schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
         d = dict(data)
         rc = d.pop("root_cause", None)
         reps = d.pop("replicas", [])
-        return cls(
-            **_declared(cls, d),
-            root_cause=_rank_from(rc) if rc else None,
-            replicas=[_replica_from(r) for r in reps],
-        )
+        notes: list[str] = []
+        fields = _declared(cls, d, "result", notes)
+        if "app_id" not in fields or "state" not in fields:
+            raise ValueError("a step result needs a string app_id and state: " + "; ".join(notes or ["missing"]))
+        if not isinstance(reps, list):
+            notes.append(f"result.replicas: refused {type(reps).__name__}; expected a list")
+            reps = []
+        replicas = [r for i, x in enumerate(reps) if (r := _replica_from(x, f"result.replicas[{i}]", notes))]
+        out = cls(**fields, root_cause=_rank_from(rc, "result.root_cause", notes) if rc else None, replicas=replicas)
+        out.warnings.extend(n for n in notes if n not in out.warnings)
+        return out
 
     def summary(self, max_bytes: int = SUMMARY_MAX_BYTES) -> str:
         """A compact JSON of this result that fits ``max_bytes`` (a termination message):
@@ -368,31 +405,48 @@ class StepResult:
         Returns:
             The result (without replicas, the root cause's tail its meaningful line), or ``None``.
         """
-        try:
-            data = json.loads(text or "")
-        except ValueError:
-            return None
+        return cls.read_summary(text)[0]
+
+    @classmethod
+    def read_summary(cls, text: str | None) -> tuple[StepResult | None, list[str]]:
+        """:meth:`from_summary` for a text a pod or an agent's worker could have written
+        (a termination message): nothing in it raises; a field of the wrong type is left
+        out and named in the result's ``warnings``.
+
+        Args:
+            text: a termination message or any text.
+
+        Returns:
+            ``(result, [])``, or ``(None, warnings)``: ``warnings`` is empty when ``text``
+            is simply not a summary (the container's last log lines), else says why a
+            summary was refused (too large, nested too deep).
+
+        >>> StepResult.read_summary('{"torchstep_result": 1, "state": "FAILED", "restarts": "x"}')[0].warnings
+        ["result summary.restarts: refused str 'x'; expected int"]
+        """
+        if not isinstance(text, str) or not text.lstrip().startswith("{"):
+            return None, []  # the container's last log lines, not a summary
+        if len(text) > MAX_SUMMARY_READ_BYTES:
+            return None, [f"result summary: refused: {len(text)} characters, over the cap of {MAX_SUMMARY_READ_BYTES}"]
+        data, notes = parse_json(text, what="result summary")
         if not isinstance(data, dict) or data.get(SUMMARY_KEY) != SCHEMA_VERSION:
-            return None
+            return None, notes if SUMMARY_KEY in text[:200] else []
+        fields = _declared(cls, {**data, "app_id": data.get("app_id", ""), "state": data.get("state", UNKNOWN)},
+                           "result summary", notes)  # fmt: skip
+        fields.setdefault("app_id", "")
+        fields.setdefault("state", UNKNOWN)
+        for name in ("replicas", "started_at", "ended_at", "log_dir", "attempts", "schema"):
+            fields.pop(name, None)  # not in a summary
         rc = data.get("root_cause")
         root = None
-        if isinstance(rc, dict):
-            root = _rank_from(rc)
-            if rc.get("line"):  # the root cause's meaningful line stands in for its tail
-                root.tail = [str(rc["line"])]
-        warnings = data.get("warnings")
-        return cls(
-            app_id=str(data.get("app_id", "")),
-            state=str(data.get("state", UNKNOWN)),
-            exit_code=data.get("exit_code"),
-            retryable=bool(data.get("retryable", True)),
-            restarts=int(data.get("restarts") or 0),
-            duration_s=float(data.get("duration_s") or 0.0),
-            message=data.get("message"),
-            root_cause=root,
-            outputs=data.get("outputs") or {},
-            warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [],
-        )
+        if rc is not None:
+            root = _rank_from(rc, "result summary.root_cause", notes)
+            line = rc.get("line") if isinstance(rc, dict) else None
+            if root is not None and isinstance(line, str) and line:
+                root.tail = [line]  # the root cause's meaningful line stands in for its tail
+        out = cls(**fields, root_cause=root)
+        out.warnings.extend(n for n in notes if n not in out.warnings)
+        return out, []
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> StepResult:
@@ -404,11 +458,32 @@ class StepResult:
         Returns:
             The result.
 
+        The file is read as one a worker could have planted: never through a symlink,
+        never blocking (a FIFO), a regular file of at most
+        :data:`~torchstep.untrusted.MAX_RESULT_READ_BYTES`, JSON nested at most
+        :data:`~torchstep.untrusted.MAX_JSON_DEPTH` levels; fields of the wrong type are
+        dropped with a warning in ``warnings``.
+
         Raises:
-            OSError: the file cannot be read.
-            ValueError: it is not JSON, or not of this schema.
+            FileNotFoundError: there is no such file.
+            ValueError: it was refused (a symlink, not a regular file, too large, not
+                JSON, too deep) or is not a result of this schema; the message says which.
         """
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        p = os.fspath(path)
+        data, why = read_capped(p, MAX_RESULT_READ_BYTES, what="result file")
+        if why is not None:
+            raise ValueError(why)
+        if data is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", p)
+        value, notes = parse_json(data, what=f"result file {p}")
+        if value is None:
+            raise ValueError(notes[0])
+        try:
+            result = cls.from_dict(value)
+        except ValueError as e:
+            raise ValueError(f"result file {p}: {e}") from None
+        result.warnings.extend(n for n in notes if n not in result.warnings)
+        return result
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temp file in the same directory + rename).
@@ -427,31 +502,145 @@ def _plain_states(items: list[tuple[str, Any]]) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, StepState) else v for k, v in items}
 
 
-def _rank_from(d: dict[str, Any]) -> RankResult:
-    return RankResult(**_declared(RankResult, d))
+def _rank_from(d: Any, where: str = "rank", notes: list[str] | None = None) -> RankResult | None:
+    """The rank in ``d``, or ``None`` (with a note) when it is not one."""
+    notes = [] if notes is None else notes
+    if not isinstance(d, dict):
+        notes.append(f"{where}: refused {type(d).__name__}; expected an object")
+        return None
+    fields = _declared(RankResult, d, where, notes)
+    if not all(k in fields for k in ("role", "rank", "local_rank")):
+        notes.append(f"{where}: refused: a rank needs role, rank and local_rank")
+        return None
+    return RankResult(**fields)
 
 
-def _replica_from(d: dict[str, Any]) -> ReplicaResult:
-    ranks = [_rank_from(r) for r in d.get("ranks", [])]
-    return ReplicaResult(**{k: v for k, v in _declared(ReplicaResult, d).items() if k != "ranks"}, ranks=ranks)
+def _replica_from(d: Any, where: str = "replica", notes: list[str] | None = None) -> ReplicaResult | None:
+    notes = [] if notes is None else notes
+    if not isinstance(d, dict):
+        notes.append(f"{where}: refused {type(d).__name__}; expected an object")
+        return None
+    fields = _declared(ReplicaResult, d, where, notes)
+    fields.pop("ranks", None)
+    if not all(k in fields for k in ("role", "replica_id")):
+        notes.append(f"{where}: refused: a replica needs role and replica_id")
+        return None
+    raw = d.get("ranks", [])
+    ranks = raw if isinstance(raw, list) else []
+    kept = [r for i, x in enumerate(ranks) if (r := _rank_from(x, f"{where}.ranks[{i}]", notes))]
+    return ReplicaResult(**fields, ranks=kept)
 
 
-def _declared(cls: Any, d: dict[str, Any]) -> dict[str, Any]:
-    """The fields of ``cls`` in ``d``, each number as the schema declares it: a result that
-    went through a store of doubles (a KFP STRUCT parameter: ``"exit_code": 0.0``) or a JSON
-    encoder that drops ``.0`` (``"duration_s": 3``) reads back with its ints and floats."""
+_NESTED = ("root_cause", "replicas", "ranks")
+
+
+def _declared(cls: Any, d: dict[str, Any], where: str = "result", notes: list[str] | None = None) -> dict[str, Any]:
+    """The fields of ``cls`` in ``d`` that have the declared type, each number as the
+    schema declares it: a result that went through a store of doubles (a KFP STRUCT
+    parameter: ``"exit_code": 0.0``) or a JSON encoder that drops ``.0``
+    (``"duration_s": 3``) reads back with its ints and floats. A field of another type
+    (``"restarts": "x"``, ``"outputs": [1, 2]``, a number too large) is left out, with a
+    note naming it in ``notes``; strings from a worker are cut to a bounded length."""
+    notes = [] if notes is None else notes
     out = {}
     for f in dataclasses.fields(cls):
-        if f.name not in d:
+        if f.name not in d or f.name in _NESTED:
             continue
-        value = d[f.name]
-        declared = str(f.type)
-        if isinstance(value, float) and value.is_integer() and "int" in declared and "float" not in declared:
-            value = int(value)
-        elif type(value) is int and "float" in declared:
-            value = float(value)
-        out[f.name] = value
+        ok, value = _typed(d[f.name], str(f.type))
+        if ok:
+            out[f.name] = value
+        else:
+            shown = cut(repr(d[f.name]), 40)
+            notes.append(f"{where}.{f.name}: refused {type(d[f.name]).__name__} {shown}; expected {f.type}")
     return out
+
+
+def _typed(value: Any, declared: str) -> tuple[bool, Any]:
+    """Whether ``value`` fits the declared annotation (as text: ``"int | None"``), and the
+    value converted to it."""
+    if value is None:
+        return "None" in declared, None
+    kinds = {k.strip() for k in declared.split("|")}
+    if "bool" in kinds:
+        return isinstance(value, bool), value
+    if isinstance(value, bool):
+        return False, value
+    if "float" in kinds:
+        if not isinstance(value, int | float):
+            return False, value
+        try:
+            f = float(value)
+        except OverflowError:  # an int of hundreds of digits
+            return False, value
+        return f == f and abs(f) != float("inf"), f
+    if "int" in kinds:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return isinstance(value, int) and -(2**63) <= value < 2**63, value  # an exit code, a count, a rank
+    if "str" in kinds:
+        if not isinstance(value, str):
+            return False, value
+        return True, cut(value, MAX_MESSAGE_CHARS * 16)
+    if declared.startswith("list[str]"):
+        return isinstance(value, list) and all(isinstance(x, str) for x in value), value
+    if declared.startswith("dict["):
+        return isinstance(value, dict), value
+    return True, value
+
+
+def _safe_outputs(outputs: Any, notes: list[str]) -> dict[str, Any]:
+    """``outputs`` as :func:`~torchstep.untrusted.json_safe` data (non-finite numbers as
+    strings), or ``{}`` when they are not an object or are nested too deep; ``notes`` gets
+    a warning for each change."""
+    if not isinstance(outputs, dict):
+        note = f"outputs: refused {type(outputs).__name__}; expected an object of name: value"
+        if note not in notes:
+            notes.append(note)
+        return {}
+    safe, more = json_safe(outputs, what="outputs")
+    notes.extend(n for n in more if n not in notes)
+    return safe if isinstance(safe, dict) else {}
+
+
+#: Lines of each rank's tail kept when a result is over its cap.
+_FIT_TAIL = 5
+
+
+def _fit(data: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    """``data`` (a result's JSON) cut to fit ``max_bytes``: first every rank's tail to its
+    last lines and tracebacks to their end, then the outputs, then tails and tracebacks
+    altogether; each step leaves a warning."""
+
+    def size() -> int:
+        return len(json.dumps(data, separators=(",", ":"), default=str).encode())
+
+    if size() <= max_bytes:
+        return data
+    ranks = [rk for rep in data.get("replicas") or [] for rk in rep.get("ranks") or []]
+    if isinstance(data.get("root_cause"), dict):
+        ranks.append(data["root_cause"])
+    for rk in ranks:
+        rk["tail"] = (rk.get("tail") or [])[-_FIT_TAIL:]
+        if isinstance(rk.get("traceback"), str):
+            rk["traceback"] = _cut_head(rk["traceback"], MAX_MESSAGE_CHARS)
+    data["warnings"].append(f"result over {max_bytes} bytes: each rank's tail cut to its last {_FIT_TAIL} lines")
+    if size() > max_bytes and data.get("outputs"):
+        data["outputs"] = {}
+        data["warnings"].append(f"result over {max_bytes} bytes: the outputs were dropped")
+    if size() > max_bytes:
+        for rk in ranks:
+            rk["tail"], rk["traceback"] = [], None
+            rk["message"] = cut(rk.get("message"), 200)
+        data["warnings"].append(f"result over {max_bytes} bytes: the ranks' tails and tracebacks were dropped")
+    return data
+
+
+def _cut_head(text: str, max_chars: int) -> str:
+    """The end of ``text`` (a traceback's last frames and its exception), at most
+    ``max_chars`` characters and a marker."""
+    if len(text) <= max_chars:
+        return text
+    return f"[{len(text) - max_chars} characters cut] …{text[-max_chars:]}"
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
@@ -609,12 +798,19 @@ def root_cause_line(rank: RankResult) -> str:
         rank: the failed rank.
 
     Returns:
-        One line, never empty (at worst ``"exit code N"``).
+        One line, never empty (at worst ``"exit code N"``), its control characters made
+        visible (:func:`~torchstep.untrusted.escape_controls`: a worker's ``ESC`` never
+        reaches a console or an orchestrator's page) and cut to
+        :data:`~torchstep.untrusted.MAX_TAIL_LINE_BYTES` characters.
 
     >>> root_cause_line(RankResult("train", 0, 0, "FAILED", 2, message="exited with code 2",
     ...                            tail=["python: can't open file '/x/missing.py': [Errno 2] No such file"]))
     "python: can't open file '/x/missing.py': [Errno 2] No such file"
     """
+    return cut(escape_controls(_root_cause_text(rank), newlines=True), MAX_TAIL_LINE_BYTES) or ""
+
+
+def _root_cause_text(rank: RankResult) -> str:
     message = (rank.message or "").strip()
     said = message.splitlines()[0] if message else ""
     if said and (rank.reason in _OBSERVED_REASONS or rank.traceback):
