@@ -23,6 +23,7 @@ from torchstep.kubernetes.apiobj import age_order, get, termination
 from torchstep.kubernetes.failure import FailureKind, classify_exit
 from torchstep.kubernetes.render import LABEL_ROLE, RenderedApp
 from torchstep.result import CANCELLED, FAILED, SUCCEEDED, ReplicaResult, StepResult, merge
+from torchstep.untrusted import escape_controls
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -79,24 +80,27 @@ def replica_result(app_id: str, role: str, idx: int, pod: Any, state: str) -> St
         for c in get(pod, "status", "conditions") or []
     )
     kind = classify_exit(code, disrupted=disrupted)
-    summary = StepResult.from_summary(message)
-    if summary is not None:
-        rep = ReplicaResult(
-            role, idx, summary.state, summary.exit_code, restarts=summary.restarts, message=summary.message
-        )
+    # the pod wrote this message: read so that nothing in it raises (issue 33); a field of the
+    # wrong type is left out with a warning, and the container's own exit code stands in
+    summary, refused = StepResult.read_summary(message)
+    notes = [f"{role} replica {idx}: {n}" for n in (summary.warnings if summary is not None else refused)]
+    if summary is not None and summary.state in (SUCCEEDED, FAILED, CANCELLED):
+        exit_code = summary.exit_code if summary.exit_code is not None else code
+        rep = ReplicaResult(role, idx, summary.state, exit_code, restarts=summary.restarts, message=summary.message)
         out = StepResult(
-            app_id, summary.state, summary.exit_code, summary.retryable,
-            restarts=summary.restarts, root_cause=summary.root_cause, outputs=summary.outputs,
+            app_id, summary.state, exit_code, summary.retryable,
+            restarts=summary.restarts, root_cause=summary.root_cause, outputs=summary.outputs, warnings=notes,
         )  # fmt: skip
     else:
         rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
-        rep = ReplicaResult(role, idx, rep_state, code, message=message)
-        out = StepResult(app_id, rep_state, code)
+        shown = None if summary is not None or refused else message
+        rep = ReplicaResult(role, idx, rep_state, code, message=escape_controls(shown) if shown else None)
+        out = StepResult(app_id, rep_state, code, warnings=notes)
     out.replicas = [rep]
     out.retryable = out.retryable and kind is not FailureKind.NON_RETRYABLE
     if rep.state == FAILED:
         detail = rep.message.strip().splitlines()[-1] if rep.message and rep.message.strip() else ""
-        out.message = f"{role}/{idx} exited {code} ({kind.value})" + (f": {detail}" if detail else "")
+        out.message = f"{role} replica {idx} exited {code} ({kind.value})" + (f": {detail}" if detail else "")
     else:
         out.message = None
     return out
