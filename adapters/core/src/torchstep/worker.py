@@ -56,6 +56,7 @@ from torchstep.contract import (
 )
 from torchstep.errors import NonRetryableError
 from torchstep.result import write_text_atomic
+from torchstep.untrusted import MAX_JSON_DEPTH, MAX_OUTPUTS_BYTES, json_safe, read_capped
 
 __all__ = [
     "ERROR_FILE_ENV",
@@ -276,12 +277,20 @@ def output(name: str, value: Any) -> None:
     ranks may call it too; their values are kept in their own files but not reported.
     Without the agent (no output file configured) the value is checked, then dropped.
 
+    A non-finite number (``float("nan")``, a diverged loss) is published as the string
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, and the result's ``warnings`` say so:
+    JSON has no such numbers and orchestrators refuse them.
+
     Args:
         name: the output's name (non-empty); a later value under the same name wins.
-        value: any JSON-serialisable value.
+        value: any JSON-serialisable value, nested at most 64 levels
+            (:data:`~torchstep.untrusted.MAX_JSON_DEPTH`).
 
     Raises:
-        ValueError: ``name`` is empty or not a string, or ``value`` is not JSON-serialisable.
+        ValueError: ``name`` is empty or not a string, ``value`` is not JSON-serialisable
+            or nested too deep, or the outputs would exceed
+            :data:`~torchstep.untrusted.MAX_OUTPUTS_BYTES` (1 MiB: save large data to a
+            file and publish its path).
 
     Example::
 
@@ -290,21 +299,36 @@ def output(name: str, value: Any) -> None:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"output name must be a non-empty string, got {name!r}")
+    if json_safe(value, max_depth=MAX_JSON_DEPTH)[0] is None and value is not None:
+        raise ValueError(f"output {name!r} is nested deeper than {MAX_JSON_DEPTH} levels: publish a flatter value")
     try:
-        encoded = json.dumps(value)
+        encoded = json.dumps(value)  # NaN stays NaN here: the agent's reader makes it "NaN" with a warning
     except (TypeError, ValueError) as e:
         raise ValueError(f"output {name!r} is not JSON-serialisable: {e}") from e
+    if len(encoded) > MAX_OUTPUTS_BYTES:
+        raise ValueError(
+            f"output {name!r} is {len(encoded)} bytes of JSON, over the {MAX_OUTPUTS_BYTES}-byte cap on a step's "
+            "outputs: save large data to a file (or a URI) and publish its path"
+        )
     path = _env(OUTPUT_FILE_ENV)
     if path is None:
         return
     with _lock:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (FileNotFoundError, ValueError):
+        raw, _ = read_capped(path, MAX_OUTPUTS_BYTES, what="outputs file")  # never blocks on a FIFO
+        try:  # json, not parse_json: a NaN stays NaN for the agent to warn about
+            data = json.loads(raw) if raw else {}
+        except (ValueError, RecursionError):
+            data = {}
+        if not isinstance(data, dict):
             data = {}
         data[name] = json.loads(encoded)
-        write_text_atomic(path, json.dumps(data))
+        text = json.dumps(data)
+        if len(text) > MAX_OUTPUTS_BYTES:
+            raise ValueError(
+                f"the outputs with {name!r} are {len(text)} bytes of JSON, over the {MAX_OUTPUTS_BYTES}-byte cap "
+                "on a step's outputs: save large data to a file (or a URI) and publish its path"
+            )
+        write_text_atomic(path, text)
 
 
 def checkpoint_dir() -> str | None:

@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -53,6 +52,15 @@ from torchstep.result import (
     earliest_failure,
     is_retryable,
     root_cause_line,
+)
+from torchstep.untrusted import (
+    MAX_ERROR_FILE_BYTES,
+    MAX_MESSAGE_CHARS,
+    MAX_OUTPUTS_BYTES,
+    MAX_TAIL_LINE_BYTES,
+    MAX_TRACEBACK_CHARS,
+    cut,
+    read_json_file,
 )
 
 if TYPE_CHECKING:
@@ -92,24 +100,49 @@ def exit_code_for(*, exit_code: int | None) -> int:
     return exit_code
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, max_bytes: int, what: str, notes: list[str] | None) -> Any:
+    """A JSON file the worker controls (its error or outputs file), read by the one reader
+    (:func:`torchstep.untrusted.read_json_file`: no symlink followed, no FIFO blocked on,
+    capped, depth-limited); what is refused becomes a warning in ``notes``."""
+    value, why = read_json_file(path, max_bytes, what=what)
+    if notes is not None:
+        notes.extend(n for n in why if n not in notes)
+    return value
+
+
+def _error_details(data: Any, code: int | None, notes: list[str] | None) -> tuple[str | None, str | None, bool]:
+    """``(message, traceback, non_retryable)`` from an error file's data, whatever shape a
+    worker gave it (a field of the wrong type is dropped), each cut to its cap."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+        message, trace = error_details(data)
+        non_retryable = is_non_retryable(code, data)
+    except (AttributeError, TypeError, ValueError):
+        if notes is not None:
+            notes.append("a worker's error file has fields of the wrong type: its message and traceback were dropped")
+        return None, None, is_non_retryable(code, None)
+    message = cut(message, MAX_MESSAGE_CHARS) if isinstance(message, str) else None
+    if isinstance(trace, str) and len(trace) > MAX_TRACEBACK_CHARS:  # keep its end: the exception
+        trace = f"[{len(trace) - MAX_TRACEBACK_CHARS} characters cut] …{trace[-MAX_TRACEBACK_CHARS:]}"
+    return message, trace if isinstance(trace, str) else None, non_retryable
 
 
-def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int) -> RankResult:
-    """One worker of ``attempt`` as a :class:`RankResult`.
+def rank_result(
+    attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int, notes: list[str] | None = None
+) -> RankResult:
+    """One worker of ``attempt`` as a :class:`RankResult`; what of its error file was
+    refused (a symlink, a FIFO, too large, too deep) is added to ``notes``.
 
     Example: ``rank_result(agent.attempts[-1], worker, role="trainer", replica_id=0).reason``
     is e.g. ``"timer_expired"``.
     """
     code = w.exit.exit_code if w.exit is not None else None
     collateral = attempt.stop_started_at is not None and not w.dead_before_stop and w.reason is None
-    data = _read_json(w.paths.error) if code not in (None, 0) else None
-    message, trace = error_details(data)
+    data = (
+        _read_json(w.paths.error, MAX_ERROR_FILE_BYTES, f"rank {w.global_rank}'s error file", notes)
+        if code not in (None, 0)
+        else None
+    )
+    message, trace, non_retryable = _error_details(data, code, notes)
     if attempt.state == CANCELLED and code != 0:
         state = CANCELLED
     elif code == 0:
@@ -126,7 +159,7 @@ def rank_result(attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int
             reason = w.reason
         elif collateral:
             reason = "stopped"
-        elif is_non_retryable(code, data):
+        elif non_retryable:
             reason = "non_retryable"
         elif code is not None and code < 0:
             reason = "signal"
@@ -173,15 +206,21 @@ def _tail(w: WorkerRecord) -> list[str]:
         for stream in ("err", "out"):  # split streams: the traceback is on stderr
             lines = list(w.tails.get(stream) or [])
             if lines:
-                return lines[-TAIL_LINES:]
+                return _capped(lines[-TAIL_LINES:])
         return []
     from torchstep.agent.logs import tail_lines
 
     if w.paths.stderr:
         lines = tail_lines(w.paths.stderr, TAIL_LINES)
         if lines:
-            return lines
-    return tail_lines(w.paths.log, TAIL_LINES)
+            return _capped(lines)
+    return _capped(tail_lines(w.paths.log, TAIL_LINES))
+
+
+def _capped(lines: list[str]) -> list[str]:
+    """Each line cut to :data:`~torchstep.untrusted.MAX_TAIL_LINE_BYTES` characters (a
+    line the tee cut already, its marker included, is left as it is)."""
+    return [line if len(line) <= MAX_TAIL_LINE_BYTES + 64 else cut(line, MAX_TAIL_LINE_BYTES) or "" for line in lines]
 
 
 def _summary(rank: RankResult) -> str:
@@ -189,11 +228,16 @@ def _summary(rank: RankResult) -> str:
     return f"rank {rank.rank} {what} ({rank.signal or f'exit {rank.exit_code}'}): {root_cause_line(rank)}"
 
 
-def _outputs(attempts: list[Attempt]) -> dict[str, Any]:
+def _outputs(attempts: list[Attempt], notes: list[str]) -> dict[str, Any]:
+    """Rank 0's outputs of the last attempt that ran it; refused ones (a symlink, a FIFO,
+    over :data:`~torchstep.untrusted.MAX_OUTPUTS_BYTES`, nested too deep, not an object)
+    leave a warning in ``notes``, never a silent loss."""
     for attempt in reversed(attempts):
         for w in attempt.workers.values():
             if w.global_rank == 0:
-                data = _read_json(w.paths.outputs)
+                data = _read_json(w.paths.outputs, MAX_OUTPUTS_BYTES, "rank 0's outputs file", notes)
+                if data is not None and not isinstance(data, dict):
+                    notes.append(f"rank 0's outputs file {w.paths.outputs}: refused: not a JSON object")
                 return data if isinstance(data, dict) else {}
     return {}
 
@@ -240,7 +284,12 @@ def build_result(
     group_rank = agent.group_rank if agent is not None else None
     replica_id = settings.replica_id if settings and settings.replica_id is not None else (group_rank or 0)
     last = attempts[-1] if attempts else None
-    ranks = [rank_result(last, w, role=role, replica_id=replica_id) for w in last.workers.values()] if last else []
+    notes = list(warnings or [])
+    ranks = (
+        [rank_result(last, w, role=role, replica_id=replica_id, notes=notes) for w in last.workers.values()]
+        if last
+        else []
+    )
     root = earliest_failure(ranks)
     history = []
     for attempt in attempts[:-1]:
@@ -293,10 +342,10 @@ def build_result(
         ended_at=ended,
         root_cause=root,
         replicas=[replica],
-        outputs=_outputs(attempts),
+        outputs=_outputs(attempts, notes),
         message=message,
         log_dir=settings.log_dir if settings else None,
-        warnings=list(warnings or []),
+        warnings=notes,
     )
 
 

@@ -33,6 +33,10 @@ from typing import TextIO, overload
 from torchstep.agent.logs import RankPipe, WarningCallback
 from torchstep.files import LossyFile
 from torchstep.result import TAIL_LINES
+from torchstep.untrusted import MAX_TAIL_LINE_BYTES, escape_control_bytes
+
+#: What ends a tail line longer than :data:`~torchstep.untrusted.MAX_TAIL_LINE_BYTES`.
+_CUT = f" … [line cut at {MAX_TAIL_LINE_BYTES} bytes]".encode()
 
 #: The tee drains what the workers left in their pipes for at most this long at its stop.
 _DRAIN_S = 20.0
@@ -52,7 +56,9 @@ _BATCH_BYTES = 32 * 1024
 class LineTail:
     """The last ``maxlen`` lines of a stream, kept as the bytes read and decoded (UTF-8,
     invalid bytes replaced) only when read: iterating, indexing and ``len`` give ``str``
-    lines, like the ``deque[str]`` it replaces.
+    lines, like the ``deque[str]`` it replaces. Each line is cut to
+    :data:`~torchstep.untrusted.MAX_TAIL_LINE_BYTES` bytes (and a marker), so the tail of a
+    rank that prints one endless line costs at most ``maxlen`` times that.
 
     Args:
         maxlen: how many lines to keep.
@@ -64,18 +70,29 @@ class LineTail:
         (['b', '\\ufffdc'], 2, '\\ufffdc')
     """
 
-    __slots__ = ("_lines",)
+    __slots__ = ("_lines", "_open")
 
     def __init__(self, maxlen: int = TAIL_LINES) -> None:
         self._lines: collections.deque[bytes] = collections.deque(maxlen=maxlen)
+        self._open = False  # the last line had no newline yet: the next extend continues it
 
-    def extend(self, lines: list[bytes]) -> None:
+    def extend(self, lines: list[bytes], *, whole: bool = True, open_end: bool = False) -> None:
         """Append raw lines (without their newline), dropping the oldest beyond ``maxlen``.
 
         Args:
             lines: the lines, oldest first.
+            whole: ``lines[0]`` starts where the previous extend ended (``False``: the
+                oldest lines were left out).
+            open_end: the last line has not ended yet (a piece of a line too long to wait
+                for): the next extend's first line continues it.
         """
-        self._lines.extend(lines)
+        if self._open and whole and lines and self._lines:
+            first, lines = lines[0], lines[1:]
+            prev = self._lines[-1]
+            if not prev.endswith(_CUT):
+                self._lines[-1] = _cap(prev + first[: MAX_TAIL_LINE_BYTES + 1])
+        self._lines.extend(_cap(line) for line in lines)
+        self._open = open_end
 
     def append(self, line: bytes | str) -> None:
         """Append one line (``str`` is stored encoded).
@@ -171,6 +188,10 @@ class _Console:
                 start = end
         except (BrokenPipeError, ValueError, OSError):
             self.ok = False  # console gone: the files still hold everything
+
+
+def _cap(line: bytes) -> bytes:
+    return line if len(line) <= MAX_TAIL_LINE_BYTES else line[:MAX_TAIL_LINE_BYTES] + _CUT
 
 
 def _last_segment(line: bytes) -> bytes:
@@ -311,9 +332,13 @@ class LogTee:
             fd = src.pipe.read_fd
         else:
             if src._fd is None:
-                try:
-                    src._fd = os.open(src.path, os.O_RDONLY)
+                try:  # the worker owns this file: a FIFO or a symlink put there must not block or lead us
+                    src._fd = os.open(src.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
                 except FileNotFoundError:
+                    return b""
+                except OSError as e:
+                    self._warn_once(f"log not copied to the console: {src.path}: {e.strerror or e}")
+                    src.echo, src.path = False, os.devnull
                     return b""
             fd = src._fd
         chunks: list[bytes] = []
@@ -350,19 +375,22 @@ class LogTee:
                 data = src._buf + data
             cut = data.rfind(b"\n") + 1
             body, rest = data[:cut], data[cut:]
+            open_end = False
             if rest and (final or len(rest) > _MAX_PARTIAL):
-                body, rest = body + rest + b"\n", b""
+                body, rest, open_end = body + rest + b"\n", b"", not final
             src._buf = rest
             if not body:
                 continue
             if b"\r" in body:  # progress bars rewrite a line with \r: show what a terminal would show
                 body = b"\n".join([_last_segment(line) if b"\r" in line else line for line in body.split(b"\n")])
-            text = body[:-1]  # the lines, joined by newlines
-            lines = text.rsplit(b"\n", TAIL_LINES)
-            src.tail.extend(lines[-TAIL_LINES:] if len(lines) > TAIL_LINES else lines)
             if not body.isascii():  # the console gets UTF-8: invalid bytes become U+FFFD, as text would
                 body = body.decode("utf-8", "replace").encode("utf-8")
-                text = body[:-1]
+            # past the rank's own log, a worker's ESC, BEL, NUL... are shown, never obeyed
+            body = escape_control_bytes(body)
+            text = body[:-1]  # the lines, joined by newlines
+            lines = text.rsplit(b"\n", TAIL_LINES)
+            whole = len(lines) <= TAIL_LINES
+            src.tail.extend(lines if whole else lines[-TAIL_LINES:], whole=whole, open_end=open_end)
             if src.echo:
                 (err if src.to_stderr else out).append(
                     prefix + text.replace(b"\n", b"\n" + prefix) + b"\n" if prefix else body
