@@ -7,6 +7,10 @@
 
 Keys are the task run's name made into a Prefect artifact key (lowercase letters, digits
 and dashes); each run of the task adds a new version under the same key.
+
+Everything a worker controls (output names and values, the root cause) goes into the
+Markdown through :func:`torchstep.untrusted.escape_markdown`: shown as written, never a
+link, an image, HTML or a broken table.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import json
 import re
 from typing import Any
 
-from torchstep.result import StepResult
+from torchstep.result import StepResult, root_cause_line
+from torchstep.untrusted import escape_markdown, markdown_code
 
 
 def artifact_key(task_name: str, kind: str) -> str:
@@ -43,14 +48,15 @@ def rank_rows(result: StepResult) -> list[dict[str, Any]]:
 
 def outputs_markdown(result: StepResult) -> str:
     """The ``-outputs`` artifact: the step's outcome and its rank-0 outputs."""
-    lines = [f"**{result.app_id}**: {result.state} (exit {result.exit_code}, restarts {result.restarts})", ""]
+    head = f"**{_cell(result.app_id)}**: {_cell(result.state)} (exit {result.exit_code}, restarts {result.restarts})"
+    lines = [head, ""]
     if result.root_cause is not None:
         rc = result.root_cause
-        lines += [f"Root cause: `{rc.role}` rank {rc.rank}: {_cell(rc.message or rc.reason or '')}", ""]
+        lines += [f"Root cause: {markdown_code(rc.role)} rank {rc.rank}: {_cell(root_cause_line(rc))}", ""]
     if result.outputs:
         lines += ["| output | value |", "|---|---|"]
         for key, value in sorted(result.outputs.items()):
-            lines.append(f"| `{_cell(key)}` | {_cell(json.dumps(value))} |")
+            lines.append(f"| {markdown_code(str(key), max_chars=200)} | {_cell(json.dumps(value, default=str))} |")
     else:
         lines.append("No rank-0 outputs (`torchstep.output(name, value)` on global rank 0 publishes them).")
     return "\n".join(lines) + "\n"
@@ -76,4 +82,4 @@ def publish(result: StepResult, task_name: str) -> None:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")[:500]
+    return escape_markdown(str(text), max_chars=500)
