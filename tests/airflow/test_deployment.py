@@ -28,7 +28,7 @@ def test_example_pipeline_succeeds_with_results_in_xcom_and_rank_logs_in_the_tas
     assert result["outputs"]["steps"] == 30
     log = log_text(deployment, run, "train", 1)
     assert "[trainer/0] trainer train-" in log and "steps on 4 ranks" in log  # rank output in Airflow's task log
-    assert "torchstep: trainer/1 SUCCEEDED" in log  # the launcher's replica events too
+    assert "torchstep: trainer replica 1 SUCCEEDED" in log  # the launcher's replica events too
 
 
 def test_failing_step_is_tried_retries_plus_one_times_and_its_log_shows_the_root_cause(deployment, tmp_path):
@@ -40,7 +40,7 @@ def test_failing_step_is_tried_retries_plus_one_times_and_its_log_shows_the_root
     for n in (1, 2):
         log = log_text(deployment, run, "always_fails", n)
         assert "[faulty/0]" in log and "RuntimeError: this step always fails" in log
-        assert "root cause: faulty/0 rank 0" in log
+        assert "root cause: rank 0 (faulty replica 0)" in log
 
 
 def test_marking_a_running_task_failed_stops_every_process_of_the_step(deployment, tmp_path):

@@ -89,7 +89,7 @@ def test_results_are_merged_from_the_agents_summaries() -> None:
     assert result.state == "FAILED" and result.exit_code == 1 and result.retryable
     assert result.outputs == {"acc": 0.9}  # replica 0 holds global rank 0
     assert result.root_cause is not None and result.root_cause.message == "disk full"
-    assert result.message.startswith("trainer/1 exited 1")
+    assert result.message.startswith("trainer replica 1 exited 1")
 
 
 def test_a_non_retryable_exit_is_not_retryable_and_failed_pods_can_be_kept() -> None:

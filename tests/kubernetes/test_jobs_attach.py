@@ -77,7 +77,7 @@ def test_a_job_that_finished_while_nobody_watched_returns_its_result_without_a_r
     while fake.reads <= 10:  # the pods run to their end meanwhile
         fake.read_namespaced_job_status(rendered().roles[0].name, "ml")
     result = JobGang(rendered(), fake, poll_interval=0.01).run()
-    assert result.state == FAILED and "trainer/0 exited 1" in (result.message or "")
+    assert result.state == FAILED and "trainer replica 0 exited 1" in (result.message or "")
     assert sum(o["kind"] == "Job" for o in fake.objects) == 1
 
 

@@ -60,12 +60,16 @@ def test_application_retries(tmp_path: Path, log_dir: Path, fail_until: int, cod
 def test_the_summary_names_the_root_cause_by_its_last_meaningful_line(tmp_path: Path, log_dir: Path) -> None:
     """A missing script: python's "can't open file", not "exited with code 2" (issue 23, item 8)."""
     missing = tmp_path / "missing.py"
-    app = specs.AppDef("missing", roles=[specs.Role("trainer", image="x", entrypoint="python", args=[str(missing)])])
+    # behind a shell line: `torchstep run` checks a script it can see before starting (test_first_hour)
+    role = specs.Role("trainer", image="x", entrypoint="sh", args=["-c", f"exec python {missing}"])
+    app = specs.AppDef("missing", roles=[role])
     p = subprocess.run(cli("--app", write_app(tmp_path / "app.json", app), "--log-dir", str(log_dir)),
                        capture_output=True, text=True, timeout=240)  # fmt: skip
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stdout.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.strip().startswith("root cause: trainer/0 rank 0 exit 2"))
+    at = next(
+        i for i, line in enumerate(lines) if line.strip().startswith("root cause: rank 0 (trainer replica 0) exit 2")
+    )
     assert f"can't open file '{missing}'" in lines[at + 1], p.stdout
     assert "exited with code 2" not in p.stdout
 
@@ -125,7 +129,7 @@ def test_torchx_builtins_through_the_cli(tmp_path: Path, log_dir: Path) -> None:
         timeout=120,
     )
     assert p.returncode == 0 and marker.exists(), p.stdout + p.stderr
-    assert "torchstep: sh/0 SUCCEEDED" in p.stdout  # plain status lines when stdout is not a terminal
+    assert "torchstep: sh replica 0 SUCCEEDED" in p.stdout  # plain status lines when stdout is not a terminal
 
 
 def test_live_table_on_a_terminal(log_dir: Path) -> None:
@@ -160,5 +164,5 @@ def test_live_table_on_a_terminal(log_dir: Path) -> None:
     text = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, text
     assert "py-ok" in text and "SUCCEEDED" in text
-    assert "┃" in text or "│" in text  # a rich table, not "torchstep: python/0 SUCCEEDED" lines
-    assert "torchstep: python/0 RUNNING" not in text
+    assert "┃" in text or "│" in text  # a rich table, not "torchstep: python replica 0 SUCCEEDED" lines
+    assert "torchstep: python replica 0 RUNNING" not in text

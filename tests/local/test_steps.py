@@ -157,22 +157,22 @@ def test_check_user_retries_names_the_field_and_the_fix() -> None:
 def test_failure_summary_names_state_exit_code_and_root_cause() -> None:
     from torchstep.result import RankResult, StepResult
 
-    text = failure_summary(StepResult("train-1", "FAILED", 3, message="trainer/1 exited 3"))
-    assert text == "train-1 FAILED (exit code 3); trainer/1 exited 3"
+    text = failure_summary(StepResult("train-1", "FAILED", 3, message="trainer replica 1 exited 3"))
+    assert text == "train-1 FAILED (exit code 3); trainer replica 1 exited 3"
     # the root cause by its last meaningful line: the traceback's exception, else the tail's last line
     tail = ["step 1", "Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "    boom()",
             "KeyError: 'lr'", "[rank0]:[W1125 11:53:21.620 ProcessGroupGloo.cpp:123] destroy_process_group() was not called"]  # fmt: skip
     root = RankResult("trainer", 1, 1, "FAILED", 3, message="exited with code 3", reason="worker_failed",
                       replica_id=0, tail=tail)  # fmt: skip
     text = failure_summary(StepResult("train-1", "FAILED", 3, root_cause=root, message="rank 1 failed"))
-    assert text == "train-1 FAILED (exit code 3); root cause: trainer/0 rank 1: KeyError: 'lr'"
+    assert text == "train-1 FAILED (exit code 3); root cause: rank 1 (trainer replica 0): KeyError: 'lr'"
     root.tail = ["loading", "python: can't open file '/w/missing.py': [Errno 2] No such file or directory", ""]
     assert failure_summary(StepResult("train-1", "FAILED", 2, root_cause=root)).endswith(
-        "root cause: trainer/0 rank 1: python: can't open file '/w/missing.py': [Errno 2] No such file or directory"
+        "root cause: rank 1 (trainer replica 0): python: can't open file '/w/missing.py': [Errno 2] No such file or directory"
     )
     root.reason, root.message = "timer_expired", "timer 'step' expired (torchstep.expires / timer.expires)"
     assert failure_summary(StepResult("train-1", "FAILED", 137, root_cause=root)).endswith(
-        "rank 1: timer 'step' expired (torchstep.expires / timer.expires)"
+        "rank 1 (trainer replica 0): timer 'step' expired (torchstep.expires / timer.expires)"
     )  # what the agent saw says more than the last log line
 
 

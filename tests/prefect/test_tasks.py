@@ -127,7 +127,7 @@ def test_step_failed_names_the_root_cause_by_its_last_meaningful_line(tmp_path: 
     with pytest.raises(StepFailed) as e:
         pipeline(path=str(tmp_path / "missing.py"))
     text = str(e.value)
-    assert "FAILED (exit code 2); root cause: trainer/0 rank 0: " in text
+    assert "FAILED (exit code 2); root cause: rank 0 (trainer replica 0): " in text
     assert f"can't open file '{tmp_path / 'missing.py'}'" in text
 
 

@@ -229,14 +229,14 @@ def test_logs_are_split_by_role_and_the_run_lines_go_to_the_first_role(monkeypat
            "parameters": {"app": {"roles": [{"name": "ps"}, {"name": "worker", "num_replicas": 2}]}}}  # fmt: skip
     logs = [{"id": str(i), "timestamp": f"2026-01-01T00:00:0{i}+00:00", "message": m}
             for i, m in enumerate(["Beginning flow run", "[ps/0] ready", "[worker/1] step 1\n[worker/0] step 1",
-                                   "torchstep: worker/1 SUCCEEDED (exit 0)"])]  # fmt: skip
+                                   "torchstep: worker replica 1 SUCCEEDED (exit 0)"])]  # fmt: skip
     monkeypatch.setattr(ts.PrefectAPI, "flow_run", lambda self, ref: run)
     monkeypatch.setattr(ts.PrefectAPI, "logs", lambda self, run_id, after=None: logs)
     sched = ts.create_scheduler("t")
     assert list(sched.log_iter("x-1a2b3c", "ps")) == ["Beginning flow run\n", "[ps/0] ready\n"]
     # a launcher event names its replica's role: it is that role's line (the one rule, as on Airflow)
     assert list(sched.log_iter("x-1a2b3c", "worker")) == [
-        "[worker/1] step 1\n", "[worker/0] step 1\n", "torchstep: worker/1 SUCCEEDED (exit 0)\n"]  # fmt: skip
+        "[worker/1] step 1\n", "[worker/0] step 1\n", "torchstep: worker replica 1 SUCCEEDED (exit 0)\n"]  # fmt: skip
     assert list(sched.log_iter("x-1a2b3c", "worker", 1)) == []
     assert list(sched.log_iter("x-1a2b3c", "worker", regex="/0")) == ["[worker/0] step 1\n"]
     with pytest.raises(ValueError, match=r"no role 'trainer'; fix: use one of \['ps', 'worker'\]"):
@@ -355,7 +355,7 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
     follower.join(timeout=60)
     assert not follower.is_alive(), "log_lines(should_tail=True) did not end with the run"
     assert any("sleeping 600.0 s" in line for line in followed)
-    assert any("sleeper/0 CANCELLED" in line for line in followed)
+    assert any("sleeper replica 0 CANCELLED" in line for line in followed)
 
 
 @pytest.mark.slow

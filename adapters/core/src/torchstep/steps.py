@@ -202,15 +202,15 @@ def failure_summary(result: StepResult) -> str:
         ``<app id> <state> (exit code N); <message or root cause>``.
 
     >>> from torchstep.result import StepResult
-    >>> failure_summary(StepResult("train-1", "FAILED", 82, message="worker/1 exited 82 (non-retryable)"))
-    'train-1 FAILED (exit code 82); worker/1 exited 82 (non-retryable)'
+    >>> failure_summary(StepResult("train-1", "FAILED", 82, message="worker replica 1 exited 82 (non-retryable)"))
+    'train-1 FAILED (exit code 82); worker replica 1 exited 82 (non-retryable)'
     """
     text = f"{result.app_id} {result.state}"
     if result.exit_code is not None:
         text += f" (exit code {result.exit_code})"
     rc = result.root_cause
     if rc is not None:
-        where = f"{rc.role}/{rc.replica_id if rc.replica_id is not None else '?'} rank {rc.rank}"
+        where = f"rank {rc.rank} ({rc.role} replica {rc.replica_id if rc.replica_id is not None else '?'})"
         text += f"; root cause: {where}: {root_cause_line(rc)}"
     elif result.message:  # it may quote a worker or a pod: one line, shown, never obeyed
         text += f"; {cut(escape_controls(result.message, newlines=True), MAX_TAIL_LINE_BYTES)}"

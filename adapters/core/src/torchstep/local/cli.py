@@ -105,11 +105,15 @@ def summary(result: Any, *, retries: int = 0) -> str:
     for rep in result.replicas:
         ranks = ",".join(str(r.rank) for r in rep.ranks) or "-"
         lines.append(
-            f"  {rep.role}/{rep.replica_id}: {rep.state} (exit {rep.exit_code}), ranks {ranks}, logs {rep.log_dir}"
+            f"  {rep.role} replica {rep.replica_id}: {rep.state} (exit {rep.exit_code}), ranks {ranks}, logs {rep.log_dir}"
         )
     rc = result.root_cause
     if rc is not None and not result.succeeded:
-        where = f"{rc.role}/{rc.replica_id} rank {rc.rank}" if rc.rank >= 0 else f"{rc.role}/{rc.replica_id}"
+        where = (
+            f"rank {rc.rank} ({rc.role} replica {rc.replica_id})"
+            if rc.rank >= 0
+            else f"{rc.role} replica {rc.replica_id}"
+        )
         lines.append(f"  root cause: {where} exit {rc.exit_code}" + (f" ({rc.signal})" if rc.signal else ""))
         lines.append(f"    {root_cause_line(rc)}")
         if rc.log_file:

@@ -178,7 +178,7 @@ def role_ports(roles: Sequence[RolePlan]) -> dict[tuple[str, int], dict[str, str
             field = f"roles[{i}].port_map[{port.name!r}]"
             for r in range(role.num_replicas):
                 p = port.port + r
-                who = f"{role.name}/{r}"
+                who = f"{role.name} replica {r}"
                 if p > 65535:
                     raise SpecError(
                         field,

@@ -10,7 +10,7 @@ Example::
     >>> out = io.StringIO()
     >>> PlainDisplay(out).event(ReplicaEvent("demo-1a2b", "trainer", 0, "RUNNING", None, 0.0, pid=42))
     >>> out.getvalue()
-    'torchstep: trainer/0 RUNNING (pid 42)\\n'
+    'torchstep: trainer replica 0 RUNNING (pid 42)\\n'
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class ReplicaEvent:
     message: str | None = None
 
     def describe(self) -> str:
-        """One line for people: ``train/0 FAILED (exit 1): message``."""
+        """One line for people: ``train replica 0 FAILED (exit 1): message`` (a replica is
+        ``role replica N``; ``[role/N]`` is rank N's line prefix)."""
         extra = []
         if self.pid is not None and self.state == "RUNNING":
             extra.append(f"pid {self.pid}")
@@ -61,7 +62,7 @@ class ReplicaEvent:
             extra.append(f"exit {self.exit_code}")
         if self.incarnation:
             extra.append(f"replacement {self.incarnation}")
-        text = f"{self.role}/{self.replica_id} {self.state}"
+        text = f"{self.role} replica {self.replica_id} {self.state}"
         if extra:
             text += f" ({', '.join(extra)})"
         if self.message:

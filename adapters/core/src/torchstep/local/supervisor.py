@@ -435,7 +435,7 @@ class Supervisor:
         budget = role.retry.agent_restarts
         sig = signal_name(rc)
         code = 128 - rc  # what a shell reports for a death by signal -rc
-        what = f"agent of {role.name}/{rep.spec.replica_id} (pid {rep.proc.pid if rep.proc else '?'}) died of {sig}"
+        what = f"agent of {role.name} replica {rep.spec.replica_id} (pid {rep.proc.pid if rep.proc else '?'}) died of {sig}"
         if used < budget:
             self.replaced[role.name] = used + 1
             self._emit(

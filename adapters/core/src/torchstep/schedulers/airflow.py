@@ -305,7 +305,9 @@ class AirflowScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
         if found is None or desc is None:
             raise ValueError(f"{BACKEND}: unknown app {app_id!r}; fix: use the handle `torchx run` printed")
         if k > 0:
-            return [f"(one Airflow task runs every replica: {role_name}/{k}'s lines are in {role_name}/0's log)\n"]
+            return [
+                f"(one Airflow task runs every replica: the lines of {role_name} replica {k} are in replica 0's log)\n"
+            ]
         api, path = found
         names = [r.name for r in desc.roles] or [role_name]
         seen = {"try": 0}

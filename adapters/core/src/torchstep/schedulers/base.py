@@ -332,9 +332,9 @@ def roles_of(app: Any, *, lenient: bool = False) -> list[Any]:
 
 # -- logs -------------------------------------------------------------------------------
 #: How a rank's line starts (``[role/rank] ...``, the agent's prefix) and how the launcher
-#: names a replica in its events (``torchstep: role/replica STATE``).
+#: names a replica in its events (``torchstep: role replica N STATE``).
 _RANK_PREFIX = re.compile(r"\[([^/\]\s]+)/\d+\]")
-_EVENT = re.compile(r"torchstep: ([^/\s]+)/\d+ ")
+_EVENT = re.compile(r"torchstep: (\S+) replica \d+ ")
 #: The agent's own informational line (``[torchstep-agent <date> <time> INFO] ...``): the
 #: agent's log (``agent.log``) holds it; its warnings and errors stay with the app's lines,
 #: as torchrun's own do under TorchX's ``local_cwd``.
@@ -343,7 +343,7 @@ _AGENT_INFO = re.compile(r"\[torchstep-agent [^\]]* (?:DEBUG|INFO)\] ")
 
 def role_of_line(line: str, roles: list[str]) -> str | None:
     """The role a line of a step's one combined log belongs to (a rank's ``[role/rank]``
-    line, a launcher event about ``role/replica``), or ``None`` for the orchestrator's own.
+    line, a launcher event about ``role replica N``), or ``None`` for the orchestrator's own.
 
     >>> role_of_line("[trainer/3] loss 0.1", ["trainer", "ps"]), role_of_line("Task failed", ["trainer"])
     ('trainer', None)

@@ -109,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchstep.result import root_cause_line
 
         rc = result.root_cause
-        msg = f"root cause {rc.role}/{rc.replica_id} rank {rc.rank} exit {rc.exit_code}: {root_cause_line(rc)}"
+        msg = (
+            f"root cause rank {rc.rank} ({rc.role} replica {rc.replica_id}) exit {rc.exit_code}: {root_cause_line(rc)}"
+        )
     writer.update(
         state=result.state,
         message=msg or writer.status.get("message", ""),
