@@ -160,6 +160,16 @@ def test_pod_fields_go_through_an_allow_list():
                    overlay({"terminationGracePeriodSeconds": 2147483647}))  # fmt: skip
 
 
+def test_probes_and_hooks_reach_the_pod_only_not_what_the_node_reaches():
+    metadata = {"httpGet": {"host": "169.254.169.254", "path": "/latest/meta-data/", "port": 80}}
+    err = refused(DEFAULT, main(livenessProbe=metadata))
+    assert err.field == f"{OV}['containers'][0]['livenessProbe']['httpGet']['host']"
+    hook = {"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 6443}}}
+    assert refused(DEFAULT, main(lifecycle=hook)).field.endswith("['lifecycle']['preStop']['tcpSocket']['host']")
+    DEFAULT.check(main(readinessProbe={"httpGet": {"path": "/healthz", "port": 8080}},
+                       lifecycle={"preStop": {"sleep": {"seconds": 5}}}), "kubernetes", {})  # fmt: skip
+
+
 # -- node-local profiles ---------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["seccompProfile", "appArmorProfile"])
 def test_a_localhost_profile_is_refused_unless_the_policy_lists_it(key):

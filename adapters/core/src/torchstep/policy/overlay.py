@@ -31,10 +31,12 @@ from torchstep.policy.rules import DEPLOYMENT_OWN, PolicyError, listed, named, n
 # policy's ``pod_fields``
 _POD_HOST = frozenset({"hostPID", "hostNetwork", "hostIPC"})
 _CONTAINER_FREE = frozenset({
-    "args", "command", "imagePullPolicy", "lifecycle", "livenessProbe", "name", "readinessProbe", "resizePolicy",
-    "restartPolicy", "startupProbe", "stdin", "stdinOnce", "terminationMessagePath", "terminationMessagePolicy",
-    "tty", "volumeDevices", "volumeMounts", "workingDir", "targetContainerName",
+    "args", "command", "imagePullPolicy", "name", "resizePolicy", "restartPolicy", "stdin", "stdinOnce",
+    "terminationMessagePath", "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts", "workingDir",
+    "targetContainerName",
 })  # fmt: skip
+# probes and lifecycle hooks: the kubelet runs their httpGet/tcpSocket from the node's network
+_PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 _PROJECTION_FREE = frozenset({"configMap", "downwardAPI", "clusterTrustBundle"})
 # resources every pod may ask for by name (amounts are the policy's cpu/memMB limits)
@@ -161,6 +163,19 @@ _CHECKED_POD_FIELDS = frozenset({
 })  # fmt: skip
 
 
+def _handler(c: Any, path: str, handler: Any) -> Iterator[PolicyError]:
+    """A probe or lifecycle hook: the kubelet sends its ``httpGet``/``tcpSocket`` from the
+    node, so a ``host`` other than the pod's own would reach what the node reaches."""
+    if not isinstance(handler, Mapping):
+        yield c.error(path, "must be a mapping", "{'httpGet': {'path': '/healthz', 'port': 8080}}")
+        return
+    for kind in ("httpGet", "tcpSocket"):
+        action = handler.get(kind)
+        if isinstance(action, Mapping) and "host" in action:
+            yield c.error(f"{path}[{kind!r}]['host']", "the kubelet would connect from the node to another host",
+                          "remove host (the pod's own IP is used)")  # fmt: skip
+
+
 def _resources(c: Any, path: str, res: Any) -> Iterator[PolicyError]:
     """An overlay's ``resources`` (pod or container) when the policy sets no cpu/gpu/memory
     limit: requests and limits only (no ``claims``), each name native or an allowed
@@ -194,6 +209,11 @@ def _container(c: Any, path: str, item: Any) -> Iterator[PolicyError]:
             continue
         if key == "resources" and not _limited(c.p):
             yield from _resources(c, sub, value)
+        elif key in _PROBES:
+            yield from _handler(c, sub, value)
+        elif key == "lifecycle":
+            for hook, handler in value.items() if isinstance(value, Mapping) else [("?", value)]:
+                yield from _handler(c, f"{sub}[{hook!r}]", handler)
         elif key == "image":
             yield from c.image(sub, value)
         elif key == "env":
