@@ -170,3 +170,18 @@ def test_a_missing_script_is_one_line_and_nothing_starts(user_dir: Path) -> None
     assert f"runs the script 'nope.py', which does not exist in {user_dir}" in line and "nothing was started" in line
     assert "ChildFailedError" not in p.stderr and "PENDING" not in p.stdout
     assert not (user_dir / "state").exists()  # no run directory: nothing started
+
+
+# -- 4. a replica is "role replica N"; "[role/N]" is always rank N ----------------------------------------
+def test_replicas_and_ranks_are_named_apart(user_dir: Path) -> None:
+    from torchstep.schedulers.base import role_of_line
+
+    p = run(user_dir, "torchstep", "run", "utils.echo", "--", "--msg", "hi", "--num_replicas", "2", timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "torchstep: echo replica 1 SUCCEEDED (exit 0)" in p.stdout
+    assert "[echo/1] hi" in p.stdout  # rank 1's line
+    assert re.search(r"^  echo replica 1: SUCCEEDED \(exit 0\), ranks 1, logs ", p.stdout, re.M), p.stdout
+    assert not re.search(r"torchstep: echo/\d", p.stdout)  # no replica written as role/N
+    # torchx log splits an orchestrator's one log by role with both forms
+    assert role_of_line("torchstep: echo replica 1 SUCCEEDED (exit 0)", ["echo"]) == "echo"
+    assert role_of_line("[echo/1] hi", ["echo"]) == "echo"
