@@ -12,7 +12,8 @@ PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench soak system-deps lock clean
+.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench soak system-deps lock clean \
+	test-torch torch-matrix-env gpu-wheels gpu-check
 
 env: $(STAMP)
 
@@ -43,8 +44,29 @@ typecheck: $(STAMP)
 # The suite waits on real servers and processes more than it computes: a few more workers
 # than cores (each with its own servers, ports and TMPDIR) finish it well inside 35 minutes.
 TEST_WORKERS ?= 4
-unit: $(STAMP) system-deps
+unit: $(STAMP) system-deps torch-matrix-env
 	$(BIN)/pytest -n $(TEST_WORKERS)
+
+# The torch matrix (issue 32; docs/contributing.md): the agent's compatibility suite
+# (tests/torchmatrix) against each supported (Python, torch), each in a virtualenv of PyPI's
+# own wheels cached in ~/.cache/torchstep/torch-matrix. `make test` runs the oldest and the
+# newest rows inside `unit` (their virtualenvs built or checked first, here); `make test-torch`
+# runs every row and the dev pin and prints the table. TORCH_ROWS=py3.12-torch2.11.0 picks rows.
+TORCH_ROWS ?= all
+torch-matrix-env: $(STAMP)
+	$(BIN)/python tools/torch_matrix.py ensure ends
+
+test-torch: $(STAMP)
+	$(BIN)/python tools/torch_matrix.py run $(TORCH_ROWS)
+
+# The GPU check (bench/gpu.sh): the wheels it installs on a GPU machine without network, in the
+# git-ignored bench/gpu-wheels/ that travels with the working tree; then, on that machine,
+# `bench/gpu.sh` (or `make gpu-check`). Its dry mode runs in `make test`.
+gpu-wheels: $(STAMP)
+	bash bench/gpu.sh --build-wheels
+
+gpu-check:
+	bash bench/gpu.sh
 
 test: lint typecheck unit test-wheels docs-examples
 
