@@ -209,7 +209,7 @@ class Dns:
             ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs"),
              "nsenter", f"--net=/run/netns/{self.netns}", "dnsmasq", "--keep-in-foreground",
              "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces",
-             f"--listen-address={DNS_IP}", "--port=53", f"--local=/{DOMAIN}/", "--domain-needed",
+             f"--listen-address={DNS_IP}", "--port=53", f"--local=/{DOMAIN}/", "--domain-needed", "--bogus-priv",
              f"--hostsdir={self.dir}", "--user=root", "--group=root", "--pid-file=", "--log-facility=-",
              "--local-ttl=1", "--neg-ttl=1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
