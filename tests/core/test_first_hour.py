@@ -185,3 +185,34 @@ def test_replicas_and_ranks_are_named_apart(user_dir: Path) -> None:
     # torchx log splits an orchestrator's one log by role with both forms
     assert role_of_line("torchstep: echo replica 1 SUCCEEDED (exit 0)", ["echo"]) == "echo"
     assert role_of_line("[echo/1] hi", ["echo"]) == "echo"
+
+
+# -- 12. the agent's help; one grace period; explain never cuts a name --------------------------------
+def test_agent_help_says_each_default_once_and_the_grace_period_is_one_default(user_dir: Path) -> None:
+    from torchstep.agent.settings_table import setting
+    from torchstep.local.options import resolve
+
+    h = run(user_dir, "torchstep-agent", "--help")
+    assert h.returncode == 0
+    text = " ".join(h.stdout.split())
+    assert "replica id reported in the result (env TORCHSTEP_REPLICA_ID; default this agent's node rank)" in text
+    assert "default off" not in text.partition("--replica-id N, --replica_id N")[2][:200]
+    assert "(torch: 30) (env TORCHSTEP_GRACE_PERIOD; default 10)" in text
+    assert setting("grace_period").default == resolve({}).grace_period == 10.0  # the agent's = torchstep run's
+
+
+def test_explain_wraps_values_between_names_not_inside_them(user_dir: Path) -> None:
+    p = run(user_dir, "torchstep", "explain", "dist.ddp", "--target", "kfp", "--", "-j", "2x2", "--script", "t.py")
+    assert p.returncode == 0, p.stderr
+    values = {}
+    for line in p.stdout.splitlines():
+        cells = line.split(" | ")
+        if len(cells) == 4 and cells[0].strip():
+            field = cells[0].strip()
+        if len(cells) == 4:
+            values.setdefault(field, []).append(cells[1].strip())
+    assert values["roles[0].image"][0] == "ghcr.io/pytorch/torchx:0.7.0"  # whole, on one line
+    for field, pieces in values.items():  # a piece that is cut ends at a separator, never inside a name
+        for piece in pieces[:-1]:
+            last = piece.split()[-1] if piece.split() else ""
+            assert not re.search(r"[A-Za-z0-9]{2}$", last) or len(last) < 20, (field, pieces)

@@ -156,9 +156,11 @@ SETTINGS: tuple[Setting, ...] = (
           "write the versioned step result JSON here, atomically, on every exit path"),
     _ours("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT, float, 0.0,
           "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)", minimum=0),
-    Setting("grace_period", (FLAG, ENV_GRACE_PERIOD, "--shutdown-timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), 30.0,
+    # one default with `torchstep run` and the adapters (their grace_period option): 10 s
+    Setting("grace_period", (FLAG, ENV_GRACE_PERIOD, "--shutdown-timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), 10.0,
             float, ("--grace-period", "--grace_period"),
-            "seconds between forwarding a signal to the workers and SIGKILL of their process groups", minimum=0),
+            "seconds between forwarding a signal to the workers and SIGKILL of their process groups (torch: 30)",
+            minimum=0),
     _ours("stop_timeout", ENV_STOP_TIMEOUT, float, 10.0,
           "seconds between SIGTERM and SIGKILL when the agent stops a group after a failure (torch: 30)", minimum=0),
     _ours("exit_barrier_timeout", ENV_EXIT_BARRIER_TIMEOUT, float, 60.0,
@@ -166,7 +168,7 @@ SETTINGS: tuple[Setting, ...] = (
     _ours("watchdog_timeout", ENV_WATCHDOG_TIMEOUT, float, 60.0,
           "fail with exit 83 when the elastic loop makes no progress this long (0: off)", minimum=0),
     _ours("replica_id", ENV_REPLICA_ID, int, None,
-          "replica id reported in the result (default: this agent's node rank)"),
+          "replica id reported in the result"),
     Setting("zygote", (FLAG, ENV_ZYGOTE), True, _on_off, label=_zygote_label),
     _torchrun("rdzv_backend", "static"),
     _torchrun("rdzv_endpoint", ""),
@@ -178,6 +180,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_dir", (FLAG, ENV_LOG_DIR, "PET_LOG_DIR"), None, default_source="default: new directory",
             skip_blank=True),
 )  # fmt: skip
+
+#: What ``--help`` says is the default of a setting whose default is not a value.
+_DEFAULT_SHOWN = {"replica_id": "this agent's node rank"}
 
 #: Launcher variables that replace a torchrun flag after torchrun's own rules ran: the local
 #: launcher hosts the rendezvous store and tells every agent (also one started by a
@@ -325,6 +330,7 @@ def build_parser() -> ArgumentParser:
         if not row.flags:
             continue
         shown = "off" if row.default in (None, 0.0) else f"{row.default:g}" if row.kind is float else row.default
+        shown = _DEFAULT_SHOWN.get(row.dest, shown)
         group.add_argument(
             *row.flags,
             dest=row.dest,

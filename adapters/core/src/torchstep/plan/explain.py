@@ -99,7 +99,8 @@ def render_table(
     status = ", ".join(counts) or "OK"
     head = f"torchstep explain: app {_one_line(app_name)!r} on target {_one_line(str(target))!r} — {status}"
     fw = min(max((len(d.field) for d in decisions), default=5), 36)  # longer paths wrap
-    vw = 24
+    # the value column widens for its longest word (an image reference), up to 32
+    vw = min(max([24, *(len(w) for d in decisions for w in _one_line(d.value).split())]), 32)
     aw = 8
     bw = max(width - fw - vw - aw - 9, 30)
     lines = [head, "", f"{'field':<{fw}} | {'value':<{vw}} | {'honoured':<{aw}} | on {target}"]
@@ -124,6 +125,23 @@ def _one_line(text: str) -> str:
 
 
 def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken between words; a word longer than a
+    line is broken after a ``/``, ``:``, ``,``, ``=``, ``.``, ``_`` or ``-`` where it has one, so a path or
+    an image reference is never cut in the middle of a name.
+
+    >>> _wrap("image ghcr.io/pytorch/torchx:0.7.0 is used", 24)
+    ['image', 'ghcr.io/pytorch/torchx:', '0.7.0', 'is used']
+    """
     # break_on_hyphens=False keeps paths and flags whole; control characters are escaped
     # so one field is one table cell whatever its value holds
-    return textwrap.wrap(_one_line(text), width, break_on_hyphens=False, drop_whitespace=True) or [""]
+    lines = textwrap.wrap(_one_line(text), width, break_on_hyphens=False, break_long_words=False, drop_whitespace=True)
+    out: list[str] = []
+    for line in lines:
+        while len(line) > width:
+            cut = max(line.rfind(c, 0, width) for c in "/:,=._-")
+            cut = cut + 1 if cut > 0 else width
+            out.append(line[:cut])
+            line = line[cut:].lstrip()
+        if line:
+            out.append(line)
+    return out or [""]
