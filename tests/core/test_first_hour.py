@@ -216,3 +216,16 @@ def test_explain_wraps_values_between_names_not_inside_them(user_dir: Path) -> N
         for piece in pieces[:-1]:
             last = piece.split()[-1] if piece.split() else ""
             assert not re.search(r"[A-Za-z0-9]{2}$", last) or len(last) < 20, (field, pieces)
+
+
+# -- 13. the API reference leads with the functions a user calls --------------------------------------
+def test_the_api_reference_leads_with_the_functions_and_groups_the_data_classes_after() -> None:
+    import torchstep
+
+    page = (ROOT / "docs" / "reference" / "torchstep.md").read_text()
+    shown = re.findall(r"^::: torchstep\.(\w+)$", page, re.M)
+    public = [n for n in torchstep.__all__ if n != "kubernetes"]  # kubernetes: a page of its own
+    assert sorted(shown) == sorted(public)  # every public name, once
+    assert shown[:4] == ["materialize", "build_plan", "explain", "run_local"]
+    assert shown[-2:] == ["StepPlan", "RolePlan"]  # the long data classes last
+    assert "members: false" in page  # the package heading does not list every member again
