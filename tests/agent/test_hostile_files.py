@@ -8,6 +8,7 @@ log, and keeps the result small; the rank's own log keeps every byte as written.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,26 @@ def test_one_200_mb_line_keeps_the_result_small_and_the_log_whole(agents: Agents
     logs = [p for p in a.log_dir.rglob("*.log") if p.name != "agent.log"]
     assert max(p.stat().st_size for p in logs) >= 200 << 20  # every byte in the rank's log
     assert (a.out / "stdout").stat().st_size >= 200 << 20  # and on the console
+
+
+def test_reading_a_tail_from_a_fifo_or_a_symlink_returns_nothing_without_blocking(tmp_path: Path) -> None:
+    """The tail of a rank without a tee (a ``--logs-specs`` of the user's) is read back
+    from its log file, which the worker owns."""
+    import threading
+
+    from torchstep.agent.logs import tail_lines
+
+    fifo = tmp_path / "stdout.log"
+    os.mkfifo(fifo)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t\n")
+    (tmp_path / "link.log").symlink_to(secret)
+    got: list[list[str]] = []
+    t = threading.Thread(target=lambda: got.append(tail_lines(str(fifo), 5)), daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the reader go before failing
+        pytest.fail("tail_lines blocked on a FIFO")
+    assert got == [[]]
+    assert tail_lines(str(tmp_path / "link.log"), 5) == []

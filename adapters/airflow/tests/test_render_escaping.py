@@ -53,3 +53,18 @@ def test_the_failure_is_one_bounded_line_with_escapes_shown() -> None:
     assert "\x1b" not in text and "\x07" not in text and "ValueError: \\x1b[2J\\x1b]0;owned\\x07" in text
     assert "\n" not in text and len(text) < MAX_TAIL_LINE_BYTES + 400, len(text)
     json.dumps(ti.pushed["return_value"], allow_nan=False)
+
+
+@pytest.mark.parametrize("written", [[1, 2], {"schema": 1, "state": "FAILED"}, "x"], ids=["list", "no-app-id", "str"])
+def test_a_step_result_the_pod_wrote_that_is_not_one_is_a_warning_never_a_crash(written: Any) -> None:
+    """KubernetesPodOperator's XCom sidecar hands back what the pod wrote to return.json."""
+    from types import SimpleNamespace as ns
+
+    from torchstep_airflow.kubernetes import _from_pod
+
+    pod = ns(status=ns(container_statuses=[ns(name="main", state=ns(terminated=ns(exit_code=3, message=None)))]))
+    op = ns(step_result=written, final_pod=pod)
+    rendered = ns(app_id="demo-1", namespace="ml", roles=[ns(name="demo-1")])
+    result = _from_pod(op, rendered, lambda: None, log=None)  # type: ignore[arg-type]
+    assert (result.state, result.exit_code) == ("FAILED", 3)
+    assert result.warnings and result.warnings[0].startswith("the pod's step result was refused: "), result.warnings

@@ -45,7 +45,7 @@ from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, re
 from torchstep.kubernetes.apiobj import termination, uid_of
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
 from torchstep.plan.model import StepPlan
-from torchstep.result import FAILED, StepResult
+from torchstep.result import FAILED, SUCCEEDED, StepResult
 from torchstep.steps import open_step, run_tries
 
 from torchstep_airflow.settings import attempt_of
@@ -261,7 +261,12 @@ def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -
     if op.step_result is None:
         pod = f"Pod {rendered.namespace}/{rendered.roles[0].name}"
         raise RunError(pod, "it finished without a step result; fix: check the pod log")
-    return StepResult.from_dict(op.step_result)
+    try:
+        return StepResult.from_dict(op.step_result)
+    except ValueError as e:  # the pod wrote it: refused and said, never a crash; its exit code stands in
+        code = termination(op.final_pod)[0]
+        return StepResult(app_id=rendered.app_id, state=SUCCEEDED if code == 0 else FAILED, exit_code=code,
+                          warnings=[f"the pod's step result was refused: {e}"])  # fmt: skip
 
 
 def _on_finish(kwargs: Mapping[str, Any]) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -313,7 +314,8 @@ def line_prefix(template: str | None, *, role: str, rank: int, local_rank: int) 
 
 
 def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
-    """The last ``n`` lines of a file (reads at most ``max_bytes`` from its end).
+    """The last ``n`` lines of a file (reads at most ``max_bytes`` from its end); nothing
+    when it is not a regular file (a FIFO a worker put there is never waited on) or a symlink.
 
     Example::
 
@@ -322,12 +324,18 @@ def tail_lines(path: str, n: int, *, max_bytes: int = 256 * 1024) -> list[str]:
         >>> tail_lines(f.name, 2)
         ['b', 'c']
     """
+    try:  # the worker owns this file: a FIFO or a symlink put there must not block or lead us
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return []
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            data = f.read()
+            data = f.read(max_bytes)
     except OSError:
         return []
     lines = data.decode("utf-8", "replace").splitlines()
