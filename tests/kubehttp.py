@@ -561,8 +561,9 @@ class KubeServer:
 
         Args:
             node: the node's name (``node-0`` ...); ignored by ``cut-pod`` / ``restore-pod``.
-            action: ``drain``, ``lose``, ``partition``, ``heal``, ``cut-pod`` or ``restore-pod``.
-            **extra: ``pod=NAME`` for the pod actions.
+            action: ``drain``, ``lose``, ``partition``, ``heal``; ``cut-pod``, ``restore-pod``
+                or ``signal-pod`` (its PID 1, from the node).
+            **extra: ``pod=NAME`` for the pod actions, ``signal=N`` for ``signal-pod``.
 
         Returns:
             The server's answer (``pods``: the pods that were on the node).

@@ -47,11 +47,13 @@ import string
 import sys
 import threading
 import time
+import traceback
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, rfc3339
+from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, remove_cgroups, rfc3339
 
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
 PLURALS = {"Job": "jobs.batch", "Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
@@ -243,8 +245,6 @@ class RealCluster:
         for raw in proc.log.read_text(errors="replace").splitlines():
             when, _, text = raw.partition(" ")
             with contextlib.suppress(ValueError):
-                from datetime import datetime
-
                 t = datetime.fromisoformat(when[:26] + "+00:00").timestamp()
                 lines.append((t, text))
         return lines, ended, len(lines)
@@ -295,16 +295,20 @@ class RealCluster:
 
     # -- nodes ---------------------------------------------------------------------------------------
     def node(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal" | "cut-pod" |
-        "restore-pod", "pod": NAME}`` (a test's hand on the machines)."""
+        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal"}``, or
+        ``{"action": "cut-pod" | "restore-pod" | "signal-pod", "pod": NAME, "signal": N}`` (a
+        test's hand on the machines: ``signal-pod`` signals the container's PID 1 from the node)."""
         action, name = body.get("action"), body.get("node")
         with self.lock:
-            if action in ("cut-pod", "restore-pod"):
+            if action in ("cut-pod", "restore-pod", "signal-pod"):
                 pod = next((o for (k, _, n), o in self.objects.items() if k == "Pod" and n == body.get("pod")), None)
                 proc = self.procs.get(pod["metadata"]["uid"]) if pod else None
-                if proc is None:
+                if proc is None or proc.ended.is_set():
                     return {"ok": False, "error": f"pod {body.get('pod')!r} is not running"}
-                self.network.set_pod_link(proc.slot, action == "restore-pod")
+                if action == "signal-pod":  # from the node, as `kill` of the host PID crictl names
+                    proc.signal(int(body.get("signal", 9)))
+                else:
+                    self.network.set_pod_link(proc.slot, action == "restore-pod")
                 return {"ok": True, "pods": [proc.name]}
             node = self.nodes.get(str(name))
             if node is None:
@@ -379,11 +383,8 @@ class RealCluster:
         while not self._stop.wait(0.1):
             try:
                 self.reconcile()
-            except Exception as e:  # a controller bug must show, not stop the cluster silently
-                print(f"controllers: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                import traceback
-
-                traceback.print_exc()
+            except Exception:  # a controller bug must show (in kubeapi.log), not stop the cluster
+                traceback.print_exc(file=sys.stderr)
 
     def reconcile(self) -> None:
         """One pass of every controller: nodes, jobs, garbage collection, scheduling, DNS."""
@@ -457,9 +458,8 @@ class RealCluster:
         with self.lock:
             self.procs[proc.uid] = proc
             status = pod["status"]
-            status.update(podIP=proc.ip, podIPs=[{"ip": proc.ip}], hostIP=f"{self.network.nodes.index(node)}",
-                          startTime=_now())  # fmt: skip
-            status["hostIP"] = f"10.244.{self.network.nodes.index(node) + 1}.1"
+            host_ip = f"10.244.{self.network.nodes.index(node) + 1}.1"  # the node's subnet (no node holds it)
+            status.update(podIP=proc.ip, podIPs=[{"ip": proc.ip}], hostIP=host_ip, startTime=_now())
             if proc.waiting is not None:
                 reason, message = proc.waiting
                 status["containerStatuses"] = [
@@ -720,8 +720,6 @@ class RealCluster:
         self.kubelet.shutdown()
         self.dns.stop()
         self.network.down()
-        from cluster.kubelet import remove_cgroups
-
         remove_cgroups(self.kubelet.cgroups)
 
 

@@ -5,6 +5,7 @@ assertions are the row's "expected" column."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -138,3 +139,50 @@ def test_row_12_the_active_deadline_stops_the_agent_with_sigterm(real_cluster: C
     events = real_cluster.items("events")
     ends = [e["message"] for e in events if e["reason"] == "Failed" and e["involvedObject"]["kind"] == "Pod"]
     assert len(ends) == 2 and all("exited 143" in m for m in ends), ends  # the agents forwarded SIGTERM and exited 143
+
+
+def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_completes(real_cluster: Cluster) -> None:
+    role = specs.Role("t", image="unused", entrypoint="python",
+                      args=[str(Path(__file__).resolve().parent / "apps" / "steps.py"), "--steps", "40"],
+                      num_replicas=2, max_retries=2, retry_policy=specs.RetryPolicy.REPLICA,
+                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    rendered = torchstep.kubernetes.render_app(specs.AppDef("steps", roles=[role]), namespace="ml",
+                                               cfg={"run_id": f"r{uuid.uuid4().hex[:6]}"})  # fmt: skip
+    kube = OfficialClient.from_config(config_file=str(real_cluster.kubeconfig), in_cluster=False)
+    lines: list[str] = []
+    gang = JobGang(rendered, kube, on_line=lines.append, poll_interval=0.5, on_finish="keep")
+    done: list[Any] = []
+    runner = threading.Thread(target=lambda: done.append(gang.run()), daemon=True)
+    runner.start()
+
+    def index_1() -> dict[str, Any] | None:
+        return next((p for p in pods(real_cluster, rendered) if p["status"]["phase"] == "Running"
+                     and "deletionTimestamp" not in p["metadata"]
+                     and p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"), None)  # fmt: skip
+
+    def steps_seen() -> int:
+        return sum("step 3 world 2" in line for line in lines)
+
+    real_cluster.wait(lambda: steps_seen() >= 1, 120, "the 2-replica job to train")
+    first = index_1()
+    assert first is not None
+    real_cluster.server.node(first["spec"]["nodeName"], "drain")  # row 7
+    real_cluster.wait(lambda: steps_seen() >= 2, 180, "the survivors and the replacement to train again")
+    second = real_cluster.wait(index_1, 30, "the replacement of index 1")
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    assert second["spec"]["nodeName"] != first["spec"]["nodeName"]  # the drained node is cordoned
+    real_cluster.server.node("", "signal-pod", pod=second["metadata"]["name"], signal=9)  # row 8
+    runner.join(300)
+    assert done, "JobGang did not return"
+    result = done[0]
+    assert result.state == "SUCCEEDED", result.summary()
+    assert job_condition(real_cluster, rendered) == ("Complete", "CompletionsReached")
+    killed = real_cluster.get("pods", second["metadata"]["name"])
+    assert terminated(killed)["exitCode"] == 137  # counted (the failure policy's Count rule), then replaced
+    final = [p for p in pods(real_cluster, rendered) if p["status"]["phase"] == "Succeeded"]
+    counts = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]:
+              p["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] for p in final}  # fmt: skip
+    assert counts == {"0": "0", "1": "2"}  # pod 0 never replaced; index 1 replaced once per fault
+    events = real_cluster.items("events")
+    assert any(e["reason"] == "Evicted" and e["involvedObject"]["name"] == first["metadata"]["name"] for e in events)
+    assert steps_seen() >= 3 and any("step 39 world 2" in line for line in lines)
