@@ -183,3 +183,19 @@ def test_a_lost_node_fails_its_pods_with_disruption_target_and_a_partition_cuts_
     assert any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in lost["status"]["conditions"])
     assert real_cluster.get("pods", "cli")["status"]["phase"] == "Running"
     real_cluster.delete("pods", "cli", gracePeriodSeconds=0)
+
+
+def test_network_policies_are_stored_listed_and_collected_with_their_owner(real_cluster: Cluster) -> None:
+    real_cluster.create(job("owner", "echo done", 1))
+    uid = real_cluster.wait(lambda: real_cluster.get("jobs", "owner").get("metadata", {}).get("uid"))
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": {"name": "owner", "labels": {"test": "owner"}, "ownerReferences": [
+                  {"apiVersion": "batch/v1", "kind": "Job", "name": "owner", "uid": uid}]},
+              "spec": {"podSelector": {"matchLabels": {"test": "owner"}}, "policyTypes": ["Ingress"]}}  # fmt: skip
+    made = real_cluster.create(policy)
+    assert made["kind"] == "NetworkPolicy" and made["apiVersion"] == "networking.k8s.io/v1"
+    assert real_cluster.create(policy)["code"] == 409
+    assert [p["metadata"]["name"] for p in real_cluster.items("networkpolicies", "test=owner")] == ["owner"]
+    real_cluster.job_done("owner")  # stored, not enforced: the pod ran whatever the policy says
+    real_cluster.delete("jobs", "owner")
+    real_cluster.wait(lambda: not real_cluster.items("networkpolicies"), 30, "the policy to go with its Job")

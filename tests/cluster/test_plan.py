@@ -186,3 +186,23 @@ def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_comp
     events = real_cluster.items("events")
     assert any(e["reason"] == "Evicted" and e["involvedObject"]["name"] == first["metadata"]["name"] for e in events)
     assert steps_seen() >= 3 and any("step 39 world 2" in line for line in lines)
+
+
+def test_row_13_rendered_mounts_and_shm_size_are_what_the_pod_sees(real_cluster: Cluster, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_text("dataset\n")
+    script = ("cat /data/in.txt; touch /data/x 2>/dev/null || echo data-read-only; echo kept > /ckpt/step && echo ckpt-rw;"
+              " df -k /dev/shm | tail -1")  # fmt: skip
+    role = specs.Role("m", image="unused", entrypoint="bash", args=["-c", script],
+                      mounts=[specs.BindMount(src_path=str(data), dst_path="/data", read_only=True),
+                              specs.VolumeMount(src="ckpt", dst_path="/ckpt")],
+                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    result, lines, rendered = run(real_cluster, specs.AppDef("mounts", roles=[role]), shm_size="64Mi")
+    assert result.state == "SUCCEEDED", result.summary()
+    text = "\n".join(lines)
+    assert "dataset" in text and "data-read-only" in text and "ckpt-rw" in text, text
+    assert not (data / "x").exists()
+    shm = next(line for line in lines if "/dev/shm" in line)
+    assert int(shm.split()[-5]) == 64 * 1024, shm  # 1K-blocks of the rendered sizeLimit
+    assert (real_cluster.root / "pvc" / "ml" / "ckpt" / "step").read_text() == "kept\n"  # the claim's directory
