@@ -190,7 +190,10 @@ def _resources(c: Any, path: str, res: Any) -> Iterator[PolicyError]:
                 "this resources field is not one the deployment's policy allows")  # fmt: skip
             yield c.error(sub, why, "remove it (policy overlay = 'unprivileged')")
             continue
-        for name in amounts if isinstance(amounts, Mapping) else [None]:
+        if not isinstance(amounts, Mapping):
+            yield c.error(sub, "must be a mapping", "{'cpu': '2', 'memory': '4Gi'}")
+            continue
+        for name in amounts:
             if not (isinstance(name, str) and named(name, _NATIVE_RESOURCES)):
                 yield from c.extended_resource(f"{sub}[{name!r}]", name)
 
@@ -211,8 +214,10 @@ def _container(c: Any, path: str, item: Any) -> Iterator[PolicyError]:
             yield from _resources(c, sub, value)
         elif key in _PROBES:
             yield from _handler(c, sub, value)
+        elif key == "lifecycle" and not isinstance(value, Mapping):
+            yield c.error(sub, "must be a mapping", "{'preStop': {'sleep': {'seconds': 5}}}")
         elif key == "lifecycle":
-            for hook, handler in value.items() if isinstance(value, Mapping) else [("?", value)]:
+            for hook, handler in value.items():
                 yield from _handler(c, f"{sub}[{hook!r}]", handler)
         elif key == "image":
             yield from c.image(sub, value)
