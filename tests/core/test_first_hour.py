@@ -229,3 +229,25 @@ def test_the_api_reference_leads_with_the_functions_and_groups_the_data_classes_
     assert shown[:4] == ["materialize", "build_plan", "explain", "run_local"]
     assert shown[-2:] == ["StepPlan", "RolePlan"]  # the long data classes last
     assert "members: false" in page  # the package heading does not list every member again
+
+
+# -- 2. a component run from another directory: one line naming where to run it ----------------------
+def test_a_component_whose_script_is_elsewhere_says_where_to_run_it(user_dir: Path) -> None:
+    hello = user_dir / "hello"
+    hello.mkdir()
+    p = run(hello, "torchstep", "run", f"{COMPONENTS}:trainer", "--", "--replicas", "1")
+    assert p.returncode == 2
+    line = one_error_line(p, "torchstep run: error:")
+    assert f"runs the script 'components/apps/train.py', which does not exist in {hello}" in line
+    assert f"fix: run torchstep from {ROOT}, where components/apps/train.py is" in line
+    assert "restart" not in p.stdout + p.stderr  # nothing started, so no restart was spent on it
+
+
+def test_the_tutorial_runs_section_6_from_the_clones_root() -> None:
+    text = (ROOT / "docs" / "tutorial.md").read_text()
+    six = text[text.index("## 6. Faults, on purpose") :]
+    blocks = re.findall(r"```bash\n(.*?)```", six, re.S)
+    assert blocks[0].startswith("cd ..\n")  # from hello/ back to the clone's root, where the scripts are
+    prepare = next(i for i, b in enumerate(blocks) if "components/train.py:prepare" in b)
+    train = next(i for i, b in enumerate(blocks) if "components/train.py:train --" in b and "--kill_rank" in b)
+    assert prepare < train  # the dataset is written before train reads it

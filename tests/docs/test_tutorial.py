@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     clone.mkdir()
     (clone / ".venv").symlink_to(ROOT / ".venv")
     (clone / "prefect.toml").write_text((ROOT / "prefect.toml").read_text())
+    shutil.copytree(ROOT / "components", clone / "components")  # section 6 runs the clone's own components
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_", "VIRTUAL_ENV"))}
     env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "TMPDIR": str(tmp_path)})
     proc = subprocess.run(["bash", "-c", script(TUTORIAL.read_text())], cwd=clone, env=env, capture_output=True,
@@ -101,8 +103,17 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert (hello / "hello.yaml").exists() and "sum: 32.0" in kfp, kfp[-4000:]
     prefect = by_command["cp ../prefect.toml ."] + by_command["python hello_flow.py"]
     assert "sum: 1048576.0" in prefect, prefect[-4000:]
+    # section 6, from the clone's root: a component's parameters, a retry, a restart, a non-retryable stop
+    assert "--kill_rank int" in by_command["cd .."], by_command["cd .."][-2000:]
+    prepare = by_command["torchstep run components/train.py:prepare -- --out hello/data --fail_once True"]
+    assert "SUCCEEDED after 2 attempt(s)" in prepare, prepare[-3000:]
+    (train,) = [v for k, v in by_command.items() if "--kill_rank 1" in k]
+    assert re.search(r"torchstep: train-\S+ SUCCEEDED in .*, 1 restart\(s\)", train), train[-3000:]
+    (stop,) = [v for k, v in by_command.items() if "--non_retryable True" in k]
+    assert "root cause: rank " in stop and "NonRetryableError" in stop and "exit code 82" in stop, stop[-3000:]
+    quiet = out.replace(stop, "")  # the ranks of the non-retryable run print their own traceback, on purpose
     for noise in ("database is locked", "Traceback", "non-Python base image"):
-        assert noise not in out, f"{noise!r}:\n{out[-6000:]}"
+        assert noise not in quiet, f"{noise!r}:\n{quiet[-6000:]}"
 
 
 if __name__ == "__main__":

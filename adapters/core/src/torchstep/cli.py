@@ -183,12 +183,14 @@ def script_of(entrypoint: str, args: Sequence[str]) -> str | None:
     return script if script and script.endswith(".py") and "$" not in script else None
 
 
-def check_scripts(plan: Any) -> None:
+def check_scripts(plan: Any, ref: str | None = None) -> None:
     """Before anything starts on this machine: every role's Python script exists (in the
     role's working directory), so a typo is one line, not every rank's failure report.
 
     Args:
         plan: the local target's plan.
+        ref: the component reference run (``path/file.py:fn``): when the script is found
+            next to the component file or above it, the fix names that directory.
 
     Raises:
         SpecError: a role's script does not exist, naming the role and the directory.
@@ -198,13 +200,29 @@ def check_scripts(plan: Any) -> None:
     for role in plan.roles:
         script = script_of(role.entrypoint, role.args)
         where = role.workdir or os.getcwd()
-        if script and not os.path.isfile(os.path.join(where, script)):
-            raise SpecError(
-                f"roles[{role.index}].args",
-                "local",
-                f"role {role.name!r} runs the script {script!r}, which does not exist in {where}",
-                fix="check the script's path (relative to that directory); nothing was started",
-            )
+        if not script or os.path.isfile(os.path.join(where, script)):
+            continue
+        fix = "check the script's path (relative to that directory); nothing was started"
+        path, sep, _ = (ref or "").rpartition(":")
+        if sep and path.endswith(".py") and not os.path.isabs(script):
+            here = os.path.dirname(os.path.abspath(path))
+            found = next((d for d in [here, *_parents(here)] if os.path.isfile(os.path.join(d, script))), None)
+            if found:
+                fix = f"run torchstep from {found}, where {script} is (a script's path is relative to the " \
+                      "working directory); nothing was started"  # fmt: skip
+        raise SpecError(f"roles[{role.index}].args", "local",
+                        f"role {role.name!r} runs the script {script!r}, which does not exist in {where}",
+                        fix=fix)  # fmt: skip
+
+
+def _parents(path: str) -> list[str]:
+    import os
+
+    out = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
 
 
 def runopts_main(argv: Sequence[str]) -> int:
@@ -288,7 +306,7 @@ def run_main(argv: Sequence[str]) -> int:
     if ns.log_dir is not None:
         cfg["log_dir"] = ns.log_dir
     plan = build_plan(app, "local")
-    check_scripts(plan)
+    check_scripts(plan, ns.ref)
     opts = resolve(cfg)
     retries = opts.retries if opts.retries is not None else plan.step_retry.count
     cancel = threading.Event()

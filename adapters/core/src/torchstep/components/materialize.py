@@ -675,8 +675,8 @@ def _materialize_argv(fn: Callable[..., Any], label: str, argv: list[str]) -> An
             "component",
             None,
             f"{label}: {detail}",
-            fix=f"pass the component's arguments as `torchx run` takes them (see `torchx run {label} --help`); "
-            f"got {argv!r}",
+            fix=f"pass the component's arguments as `torchx run` takes them (`torchstep run {label} -- --help` "
+            f"lists them); got {argv!r}",
         ) from None
     except SpecError:
         raise
