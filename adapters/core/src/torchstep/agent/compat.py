@@ -185,28 +185,17 @@ def newer_than_checked(version: str | None) -> str:
 # torchrun's parser and LaunchConfig (torchstep.agent.settings)
 #
 # config_from_args, get_args_parser and parse_min_max_nnodes are public; these are not:
-#   _get_logs_specs_class (torch.distributed.run)            2.3 …: --logs-specs NAME
-#   _parse_rendezvous_config (…rendezvous.utils)             1.9 …: "k=v,k=v"
-#   _utils_internal.get_default_numa_options                 2.8 …: see launch_config_from_args
-# Flags that only newer torchruns have (--shutdown-timeout 2.12, --signals-to-handle 2.7,
-# --numa-binding 2.8, --duplicate-*-filters, --virtual-local-rank, --event-log-handler) are
-# refused by the user's torchrun parser exactly as that torchrun refuses them; the agent
-# reads a flag's value with parsed_flag() and fills LaunchConfig fields the user's torch
-# lacks with the value that torch behaves as (fill_launch_config).
+#   _get_logs_specs_class (torch.distributed.run)            --logs-specs NAME
+#   _parse_rendezvous_config (…rendezvous.utils)             "k=v,k=v"
+#   _utils_internal.get_default_numa_options                 2.11 …: see launch_config_from_args
+# (checked, unchanged, on 2.4.1, 2.6.0, 2.11.0, 2.13.0 and 2.15.0, as every name below)
+# Flags that only newer torchruns have (--shutdown-timeout: not in 2.11, in 2.13;
+# --signals-to-handle, --numa-binding, --duplicate-*-filters, --virtual-local-rank,
+# --event-log-handler: not in 2.6, in 2.11) are refused by the user's torchrun parser exactly
+# as that torchrun refuses them (a row of SETTINGS whose flag this torchrun lacks counts as
+# not given); LaunchConfig fields the user's torch lacks get the value that torch behaves as
+# (fill_launch_config).
 # ---------------------------------------------------------------------------------------
-
-
-def parsed_flag(args: Any, dest: str) -> Any:
-    """A torchrun flag's parsed value, None where the user's torchrun has no such flag.
-
-    Args:
-        args: the parsed command line.
-        dest: the flag's argparse destination, e.g. ``"shutdown_timeout"``.
-
-    Returns:
-        The value, or None.
-    """
-    return getattr(args, dest, None)
 
 
 def get_logs_specs_class(name: str) -> Any:
@@ -241,11 +230,11 @@ def parse_rendezvous_config(text: str) -> dict[str, str]:
 LAUNCH_CONFIG_DEFAULTS: dict[str, Any] = {
     "event_log_handler": "null",
     "numa_options": None,
-    "signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",  # what torch < 2.7 handles, fixed
+    "signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",  # what torch 2.4/2.6 handle, fixed
     "duplicate_stdout_filters": None,
     "duplicate_stderr_filters": None,
     "virtual_local_rank": False,
-    "shutdown_timeout": 30,  # torch < 2.12: SIGTERM -> SIGKILL after a signal, fixed
+    "shutdown_timeout": 30,  # torch 2.4-2.11: SIGTERM -> SIGKILL after a signal, fixed
 }
 
 
@@ -258,7 +247,7 @@ def _numa_probe_is_idle() -> bool:
     from torch.distributed.launcher.api import LaunchConfig
 
     if "numa_options" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
-        return False  # torch < 2.8: no probe at all
+        return False  # torch 2.4/2.6: no probe at all
     try:
         from torch._utils_internal import get_default_numa_options
 
@@ -271,8 +260,8 @@ def launch_config_from_args(args: Any) -> tuple[Any, Any, list[str]]:
     """torch's ``config_from_args`` without its accelerator probe where the probe can change
     nothing.
 
-    torch >= 2.8's ``LaunchConfig.__post_init__`` calls ``torch.accelerator.is_available()``
-    (2.8-2.13: ``torch.cuda.is_available()``) and ``device_count()`` to pick default NUMA
+    torch's ``LaunchConfig.__post_init__`` (2.11 …; not 2.6) calls ``torch.cuda.is_available()``
+    (2.15: ``torch.accelerator.is_available()``) and ``device_count()`` to pick default NUMA
     options. On a CUDA build that is ``cudaGetDeviceCount``: it initialises the CUDA driver
     where there is one and, GPU or not, registers torch's fork handler, so every process
     forked from the agent afterwards (the worker zygote) is a "bad fork" that may not use
@@ -362,7 +351,7 @@ def worker_spec(**fields: Any) -> Any:
 
 def logs_dest(**fields: Any) -> Any:
     """torch's ``LogsDest`` from ``fields``, leaving out those the user's torch lacks
-    (``filtered_stdout`` / ``filtered_stderr``: 2.7 …, with ``--duplicate-*-filters``).
+    (``filtered_stdout`` / ``filtered_stderr``: not in 2.6, in 2.11, with ``--duplicate-*-filters``).
 
     Args:
         fields: ``LogsDest`` fields.
@@ -381,9 +370,9 @@ def logs_dest(**fields: Any) -> Any:
 # ---------------------------------------------------------------------------------------
 # torch.distributed.launcher.api and the rendezvous handler (torchstep.agent.runner)
 #
-#   _get_addr_and_port, _get_entrypoint_name                 2.0 …, unchanged to 2.15
+#   _get_addr_and_port, _get_entrypoint_name
 #   DynamicRendezvousHandler._settings / _state_holder._settings / _op_executor._settings
-#     (a frozen RendezvousSettings; 1.9 …): the sub-second keep-alive tick
+#     (a frozen RendezvousSettings): the sub-second keep-alive tick
 # ---------------------------------------------------------------------------------------
 
 
@@ -444,7 +433,7 @@ def set_keep_alive(handler: Any, period_s: float) -> bool:
 # ---------------------------------------------------------------------------------------
 # Signals (torchstep.agent.signals)
 #
-#   torch.distributed.elastic.multiprocessing.api._terminate_process_handler (2.0 …):
+#   torch.distributed.elastic.multiprocessing.api._terminate_process_handler:
 #   raises SignalException, which torch's agent loop and the runner turn into a cancel.
 # ---------------------------------------------------------------------------------------
 
@@ -464,9 +453,9 @@ def terminate_process_handler(signum: int, frame: Any) -> None:
 # ---------------------------------------------------------------------------------------
 # Accelerator state before a fork (torchstep.agent.forksafe: the worker zygote)
 #
-#   torch.cuda/xpu/mtia._is_in_bad_fork (cuda 1.x …, xpu 2.4 …, mtia 2.4 …): this process
+#   torch.cuda/xpu/mtia._is_in_bad_fork (cuda: every checked torch): this process
 #   is a fork of one whose accelerator was initialised or probed (torch refuses it here).
-#   torch._C._get_privateuse1_backend_name (2.1 …): an out-of-tree backend's module name.
+#   torch._C._get_privateuse1_backend_name (every checked torch): an out-of-tree backend's name.
 # ---------------------------------------------------------------------------------------
 
 
@@ -509,23 +498,23 @@ def privateuse1_backend(torch: Any) -> str | None:
 # method (the subclass overrides those), and offers torch's own step as ``torch_<name>``:
 #
 #   torch calls            forwarded to            torch's own
-#   _rendezvous            rendezvous_group        torch_rendezvous           1.9 …
-#   _setup_local_watchdog  prepare_workers         torch_setup_local_watchdog 2.1 …
-#   _start_workers         start_group             torch_start_workers        1.9 …
-#   _monitor_workers       monitor_group           torch_monitor_workers      1.9 …
-#   _stop_workers          stop_group              -                          (2.4-2.6: is_restart)
-#   _shutdown              shutdown_group          torch_shutdown             (< 2.12: no timeout)
-#   _restart_workers       restart_group           torch_restart_workers      1.9 …
-#   _exit_barrier          exit_barrier_wait       torch_exit_barrier         1.9 …
+#   _rendezvous            rendezvous_group        torch_rendezvous
+#   _setup_local_watchdog  prepare_workers         torch_setup_local_watchdog
+#   _start_workers         start_group             torch_start_workers
+#   _monitor_workers       monitor_group           torch_monitor_workers
+#   _stop_workers          stop_group              -                          (2.4/2.6: is_restart)
+#   _shutdown              shutdown_group          torch_shutdown             (2.4-2.11: no timeout)
+#   _restart_workers       restart_group           torch_restart_workers
+#   _exit_barrier          exit_barrier_wait       torch_exit_barrier
 # and run_loop / record_run / remaining_restarts / process_context / exit_barrier_timeout_s
 # for torch's _invoke_run, _record_metrics + _record_worker_events + _total_execution_time,
 # _remaining_restarts, _pcontext and _exit_barrier_timeout.
 #
-# _shutdown's signature: 2.4-2.6 (death_sig, is_restart), 2.7-2.11 (death_sig), 2.12 …
-# (death_sig, timeout). Before 2.12 it closes the process context with torch's fixed 30 s
-# and, before 2.7 and unless restarting, the rendezvous too: torch_shutdown passes the
+# _shutdown's signature: 2.4.1/2.6.0 (death_sig, is_restart), 2.11.0 (death_sig), 2.13.0/
+# 2.15.0 (death_sig, timeout). Without a timeout it closes the process context with torch's
+# fixed 30 s and, with is_restart=False, the rendezvous too: torch_shutdown passes the
 # agent's timeout to the process context itself and leaves the rendezvous to the runner,
-# as torch >= 2.12 does.
+# as 2.13 does.
 # ---------------------------------------------------------------------------------------
 
 
@@ -539,7 +528,7 @@ def _accepts(func: Any, name: str) -> bool:
 
 
 def shutdown_has_timeout() -> bool:
-    """Whether the user's torch's ``LocalElasticAgent._shutdown`` takes a timeout (2.12 …).
+    """Whether the user's torch's ``LocalElasticAgent._shutdown`` takes a timeout (2.13 …).
 
     Returns:
         The answer.
@@ -669,7 +658,7 @@ def _build_agent_base() -> Any:
             if pc is not None:  # this torch closes with its fixed 30 s: pass the agent's
                 pc.close = lambda sig=None, _t=30: close(sig, timeout)
             try:
-                if has_is_restart:  # < 2.7: is_restart=False would close the rendezvous (the runner does)
+                if has_is_restart:  # 2.4/2.6: is_restart=False would close the rendezvous (the runner does)
                     super()._shutdown(death_sig, is_restart=True)  # type: ignore[call-arg]
                 else:
                     super()._shutdown(death_sig)

@@ -251,7 +251,7 @@ def pick(row: Setting, args: Any, environ: Mapping[str, str]) -> tuple[Any, str 
         raw = None
         is_flag = where == FLAG or where.startswith("-")
         if is_flag:
-            # a flag the user's torchrun lacks (--shutdown-timeout before 2.12): not given
+            # a flag the user's torchrun lacks (--shutdown-timeout on 2.4-2.11): not given
             given = getattr(args, row.dest if where == FLAG else where.lstrip("-").replace("-", "_"), None)
             if given is UNSET or given is None or (row.skip_blank and not str(given).strip()):
                 continue
@@ -295,7 +295,7 @@ def build_parser() -> ArgumentParser:
         if action.dest in rows:  # torch's env action read PET_* from os.environ: pick() reads it instead
             action.default = UNSET
         elif action.dest == "master_port" and action.default == 29500:
-            # torchrun < 2.12 defaults it to 29500 (a single-node run then binds a static store
+            # torchrun 2.4-2.11 defaults it to 29500 (a single-node run then binds a static store
             # there, so two runs on one host collide); newer ones leave it unset and give a
             # single node a private c10d store on a free port. The agent does so on every torch
             # (resolve() still uses 29500 wherever a master port is needed).
