@@ -221,7 +221,7 @@ def test_torchx_own_parser_is_left_as_it_is(comp_dir: Path) -> None:
 
 def test_missing_required_argument(comp_dir: Path) -> None:
     e = spec_error("utils.copy", ["--src", "/a"])
-    assert "required: --dst" in str(e) and "torchx run utils.copy --help" in (e.fix or "")
+    assert "required: --dst" in str(e) and "torchstep run utils.copy -- --help" in (e.fix or "")
 
 
 def test_missing_file_and_bad_module(comp_dir: Path) -> None:
