@@ -561,9 +561,10 @@ class KubeServer:
 
         Args:
             node: the node's name (``node-0`` ...); ignored by ``cut-pod`` / ``restore-pod``.
-            action: ``drain``, ``lose``, ``partition``, ``heal``; ``cut-pod``, ``restore-pod``
-                or ``signal-pod`` (its PID 1, from the node).
-            **extra: ``pod=NAME`` for the pod actions, ``signal=N`` for ``signal-pod``.
+            action: ``drain``, ``lose``, ``partition``, ``heal``, ``slow-pulls``; ``cut-pod``,
+                ``restore-pod`` or ``signal-pod`` (its PID 1, from the node).
+            **extra: ``pod=NAME`` for the pod actions, ``signal=N`` for ``signal-pod``,
+                ``seconds=S`` for ``slow-pulls``.
 
         Returns:
             The server's answer (``pods``: the pods that were on the node).

@@ -28,7 +28,8 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   condition), ``lose`` (every process SIGKILLed and the node's link cut; the API hears nothing
   until the node is ``NotReady`` after ``node_grace_s``, then its pods get ``DisruptionTarget``
   and fail), ``partition`` (the link cut, the processes alive; ``NotReady`` likewise, the pods
-  left as they are), ``heal``;
+  left as they are), ``heal``, ``slow-pulls`` (its pods' sandboxes — IP, DNS name — come at
+  once, their containers ``seconds`` later, as behind a slow image pull);
 - **events** (``SuccessfulCreate``, ``Started``, ``Killing``, ``Evicted``, ``Completed``,
   ``BackoffLimitExceeded``, ...), NetworkPolicies stored and listed (**not enforced**).
 
@@ -128,7 +129,8 @@ class RealCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.network = Network(self.prefix)
         self.network.up(names)
-        self.kubelet = Kubelet(KubeletConfig(self.root, str(config["path"]), self.prefix), self.network, self._ended)
+        self.kubelet = Kubelet(KubeletConfig(self.root, str(config["path"]), self.prefix), self.network, self._ended,
+                               self._started)  # fmt: skip
         self.dns = Dns(self.root, self.network.ns, self.kubelet.cgroups / "dns")
         self.dns.start()
         self._stop = threading.Event()
@@ -295,7 +297,8 @@ class RealCluster:
 
     # -- nodes ---------------------------------------------------------------------------------------
     def node(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal"}``, or
+        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal" | "slow-pulls",
+        "seconds": S}``, or
         ``{"action": "cut-pod" | "restore-pod" | "signal-pod", "pod": NAME, "signal": N}`` (a
         test's hand on the machines: ``signal-pod`` signals the container's PID 1 from the node)."""
         action, name = body.get("action"), body.get("node")
@@ -333,12 +336,14 @@ class RealCluster:
             elif action == "partition":
                 node.update(partitioned=True, since=time.time())
                 self.network.set_node_link(str(name), False)
+            elif action == "slow-pulls":
+                node["pull_s"] = float(body.get("seconds", 0))
             elif action == "heal":
                 node.update(schedulable=True, partitioned=False, ready=True, since=None)
                 if not node["lost"]:
                     self.network.set_node_link(str(name), True)
             else:
-                return {"ok": False, "error": f"unknown action {action!r}: drain, lose, partition, heal"}
+                return {"ok": False, "error": f"unknown action {action!r}: drain, lose, partition, heal, slow-pulls"}
             return {"ok": True, "pods": [k[2] for k in on_node]}
 
     # -- the kubelet's reports -------------------------------------------------------------------------
@@ -448,7 +453,7 @@ class RealCluster:
         """Start the pod (outside the lock: the sandbox takes some ``ip`` calls)."""
         snapshot = json.loads(json.dumps(pod))
         try:
-            proc = self.kubelet.start(snapshot, node)
+            proc = self.kubelet.start(snapshot, node, float(self.nodes[node].get("pull_s", 0)))
         except Exception as e:
             with self.lock:
                 pod["status"]["containerStatuses"] = [{"name": "main", "image": "onemachine", "imageID": "",
@@ -460,6 +465,13 @@ class RealCluster:
             status = pod["status"]
             host_ip = f"10.244.{self.network.nodes.index(node) + 1}.1"  # the node's subnet (no node holds it)
             status.update(podIP=proc.ip, podIPs=[{"ip": proc.ip}], hostIP=host_ip, startTime=_now())
+            if proc.waiting is not None and proc.waiting[0] == "ContainerCreating":
+                reason, message = proc.waiting
+                status["containerStatuses"] = [
+                    self._container(proc, {"waiting": {"reason": reason, "message": message}}, False)
+                ]
+                self._event(pod, "Pulling", message)
+                return
             if proc.waiting is not None:
                 reason, message = proc.waiting
                 status["containerStatuses"] = [
@@ -468,13 +480,24 @@ class RealCluster:
                 self._event(pod, "Failed", f"Error: {message}")
                 return
             if not proc.ended.is_set():
-                status["phase"] = "Running"
-                status["containerStatuses"] = [self._container(proc, {"running": {"startedAt": _now()}}, True)]
-                for t in ("Initialized", "ContainersReady", "Ready"):
-                    self._condition(pod, t, None, None)
-                self._event(pod, "Started", f"Started container {proc.container}")
+                self._running(pod, proc)
             elif "deletionTimestamp" not in pod["metadata"] and pod["status"].get("phase") in ("Pending", None):
                 self._terminated(pod, proc)
+
+    def _started(self, proc: PodProcess) -> None:
+        """A delayed container started (its node's slow "pull" is over)."""
+        with self.lock:
+            pod = self.objects.get(("Pod", proc.ns, proc.name))
+            if pod is not None and pod["metadata"]["uid"] == proc.uid and self.procs.get(proc.uid) is proc \
+                    and not proc.ended.is_set() and pod["status"].get("phase") == "Pending":  # fmt: skip
+                self._running(pod, proc)
+
+    def _running(self, pod: dict[str, Any], proc: PodProcess) -> None:
+        pod["status"]["phase"] = "Running"
+        pod["status"]["containerStatuses"] = [self._container(proc, {"running": {"startedAt": _now()}}, True)]
+        for t in ("Initialized", "ContainersReady", "Ready"):
+            self._condition(pod, t, None, None)
+        self._event(pod, "Started", f"Started container {proc.container}")
 
     def _condition(self, pod: dict[str, Any], kind: str, reason: str | None, message: str | None) -> None:
         conditions = pod["status"].setdefault("conditions", [])

@@ -310,10 +310,12 @@ class PodProcess:
 class Kubelet:
     """Runs pods for real (see the module docstring); one per cluster, for all its nodes."""
 
-    def __init__(self, config: KubeletConfig, network: Network, on_end: Callable[[PodProcess], None]) -> None:
+    def __init__(self, config: KubeletConfig, network: Network, on_end: Callable[[PodProcess], None],
+                 on_start: Callable[[PodProcess], None] | None = None) -> None:  # fmt: skip
         self.config = config
         self.network = network
         self.on_end = on_end
+        self.on_start = on_start or (lambda p: None)
         self.cgroups = memory_cgroup_root() / f"{config.prefix}pods"
         self.cgroups.mkdir(exist_ok=True)
         self.pods: dict[str, PodProcess] = {}  # pod uid -> its process
@@ -410,8 +412,10 @@ class Kubelet:
                 f"nameserver {DNS_IP}\noptions ndots:5\n")  # fmt: skip
 
     # lifecycle --------------------------------------------------------------------------------------
-    def start(self, pod: dict[str, Any], node: str) -> PodProcess:
-        """Create the pod's sandbox on ``node`` and start its (first) container."""
+    def start(self, pod: dict[str, Any], node: str, pull_s: float = 0.0) -> PodProcess:
+        """Create the pod's sandbox on ``node`` (its IP, hence its DNS name, exist from now on)
+        and start its (first) container, ``pull_s`` seconds later when the node's "image
+        pulls" are slowed (the container waits in ``ContainerCreating``, as behind a pull)."""
         meta, spec = pod["metadata"], pod["spec"]
         container = (spec.get("containers") or [{}])[0]
         with self._lock:
@@ -455,11 +459,23 @@ class Kubelet:
         # the shell joins the pod's cgroup, then becomes nsenter, which becomes bubblewrap
         launcher = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(p.cgroup / "cgroup.procs"),
                     "nsenter", f"--net=/run/netns/{p.netns}", *sandbox]  # fmt: skip
-        p.proc = subprocess.Popen(launcher, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        p.started_at = time.time()
-        threading.Thread(target=self._follow, args=(p,), daemon=True, name=f"kubelet-{p.name}").start()
+        if pull_s > 0:
+            p.waiting = ("ContainerCreating", f"pulling the image (this node's pulls take {pull_s:g} s)")
+            threading.Timer(pull_s, self._exec, args=(p, launcher, env)).start()
+        else:
+            self._exec(p, launcher, env)
         return p
+
+    def _exec(self, p: PodProcess, launcher: list[str], env: dict[str, str]) -> None:
+        with self._lock:  # never start a container whose pod is being deleted
+            if p.deleting:
+                return
+            p.proc = subprocess.Popen(launcher, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            p.started_at = time.time()
+            p.waiting = None
+        threading.Thread(target=self._follow, args=(p,), daemon=True, name=f"kubelet-{p.name}").start()
+        self.on_start(p)
 
     def _follow(self, p: PodProcess) -> None:
         """Copy the container's output to its log (each line timestamped), then record how it ended."""
@@ -498,11 +514,14 @@ class Kubelet:
     def delete(self, uid: str, grace: float | None = None) -> None:
         """SIGTERM to the container's PID 1, SIGKILL after the grace period (in a thread)."""
         p = self.pods.get(uid)
-        if p is None or p.deleting:
-            return
-        p.deleting = True
+        with self._lock:
+            if p is None or p.deleting:
+                return
+            p.deleting = True
         if p.proc is None:  # never started: the sandbox alone goes
             self.network.detach(p.netns, p.slot)
+            if p.cgroup is not None:
+                _rmdir_cgroup(p.cgroup)
             p.ended.set()
             return
         wait = p.grace_s if grace is None else grace

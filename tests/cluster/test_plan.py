@@ -206,3 +206,22 @@ def test_row_13_rendered_mounts_and_shm_size_are_what_the_pod_sees(real_cluster:
     shm = next(line for line in lines if "/dev/shm" in line)
     assert int(shm.split()[-5]) == 64 * 1024, shm  # 1K-blocks of the rendered sizeLimit
     assert (real_cluster.root / "pvc" / "ml" / "ckpt" / "step").read_text() == "kept\n"  # the claim's directory
+
+
+def test_row_4_pod_1_waits_for_a_pod_0_whose_image_pull_is_slow(real_cluster: Cluster) -> None:
+    real_cluster.server.node("node-0", "slow-pulls", seconds=PULL_S)  # pod 0 lands there (the first, emptiest node)
+    app = torchstep.materialize("dist.ddp", ["-j", "2x1", "--script", str(ALLREDUCE)])
+    result, lines, rendered = run(real_cluster, app)
+    assert result.state == "SUCCEEDED", result.summary()
+    assert not [line for line in lines if "timed out" in line], lines
+    assert job_condition(real_cluster, rendered) == ("Complete", "CompletionsReached")
+    by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+                for p in pods(real_cluster, rendered)}  # fmt: skip
+    assert by_index["0"]["spec"]["nodeName"] == "node-0"
+    started = {i: terminated(p)["startedAt"] for i, p in by_index.items()}
+    assert started["1"] < started["0"], started  # pod 1's agent ran first and waited
+    pulls = [e for e in real_cluster.items("events") if e["reason"] == "Pulling"]
+    assert [e["involvedObject"]["name"] for e in pulls] == [by_index["0"]["metadata"]["name"]]
+
+
+PULL_S = 15  # longer than an agent takes to start here (the 60 s TCPStore read timeout would cost a minute more)
