@@ -58,11 +58,15 @@ launchers).
 
 NO_GPU = """## On a GPU
 
-No figure here comes from a GPU: the machine of this run has none, and none was lent to the
-session that made it. What a GPU run adds (NCCL, a 1-GPU DDP step under the agent with the
-zygote on — the forked worker initialises CUDA itself —, `CUDA_VISIBLE_DEVICES` / `LOCAL_RANK`
-as torchrun sets them, startup and recovery against torchrun there) is to be recorded here
-marked with its device when a machine with one is at hand.
+No figure here comes from a GPU yet: the machine of this run has none, and none was lent to
+the session that made it. The check is prepared: `bench/gpu.sh`, one command of at most 8
+minutes on a GPU machine without network ([how its wheels travel](contributing.md#the-torch-matrix-and-the-gpu-check)),
+runs torchstep-agent against torchrun on the same GPU — a DDP step over NCCL in a worker
+forked from the zygote that initialises CUDA itself, a rank SIGKILLed mid-step and
+restarted, `CUDA_VISIBLE_DEVICES` / `LOCAL_RANK` as torchrun sets them, startup and
+recovery — and replaces this section with its figures, marked with the device. Its dry mode
+(gloo on the CPU) passes in `make test`, and by hand with Python 3.12 and PyPI's torch 2.11.0
+(CUDA 13.0 build), the GPU machines' pair.
 """
 
 
@@ -176,14 +180,25 @@ def machine_line(figures: dict[str, dict]) -> str:
     )
 
 
+def gpu_section() -> str:
+    """The "On a GPU" section: bench/gpu.sh's last real run (bench/results/gpu.json), else
+    what is prepared."""
+    gpu = ROOT / "bench" / "results" / "gpu.json"
+    if not gpu.exists():
+        return NO_GPU
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_bench import section
+
+    return section(json.loads(gpu.read_text()))
+
+
 def main() -> int:
     data = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     figures, curve_data = data.get("figures", {}), data.get("curves", {})
     parts = [INTRO, machine_line(figures), "", "## Figures", "", table(figures), "", notes(figures), ""]
     if any(f in figures for f in ("9a", "9b", "10", "11a", "11b")):
         parts += [THROUGHPUT]
-    if not any("gpu" in str(f.get("what", "")).lower() for f in figures.values()):
-        parts += [NO_GPU]
+    parts += [gpu_section()]
     if curve_data:
         parts += ["## Scaling", "", curves(curve_data)]
     extra = ROOT / "bench" / "results" / "analysis.md"
