@@ -143,9 +143,10 @@ def marked(mark: str) -> list[int]:
 
 #: scenario -> what it does (the index of the logs folder says it too)
 SCENARIOS = {
-    "faults": "prepare fails once, rank 1 of train is killed mid-epoch 1: both survived",
-    "non-retryable": "train raises NonRetryableError: the run fails at once, no retry",
-    "cancel": "the orchestrator's process gets SIGINT mid-epoch: no process may be left",
+    # what is injected and what must follow: the outcome is said once the run has ended
+    "faults": "prepare fails once, rank 1 of train is killed mid-epoch 1 (each must be survived)",
+    "non-retryable": "train raises NonRetryableError (the run must fail at once, without a retry)",
+    "cancel": "the orchestrator's process gets SIGINT mid-epoch (every process must stop)",
 }
 #: Seconds without output after which a long wait prints a progress line (output not a terminal).
 PROGRESS_EVERY_S = 10.0
@@ -154,7 +155,8 @@ LEGEND = """\
   steps       torchstep steps of the pipeline that ran (prepare, train, evaluate); Airflow's DAG
               also runs publish_model, a plain @task that emits the model as an Airflow Asset
   restarts    rounds in which torchstep's agent restarted train's worker group after rank 1 was
-              killed (1 expected: training resumed from the epoch's checkpoint, no step retry)
+              killed (1 expected: training resumed from the epoch's checkpoint, no step retry);
+              a step's result.json counts every replica's restarts: 2 nodes restarted once, 2
   retries     times the orchestrator retried prepare after its planned failure (1 expected; under
               kfp.local, which ignores set_retry, the step spent the same budget itself)
   wall (s)    wall time of the faults run, the orchestrator's start-up included
@@ -315,6 +317,7 @@ class Demo:
                 dest = self.logs / name / scenario / step / f"try{n}"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 run_dir.rename(dest)
+                self.repoint(run_dir, dest)
                 self.index.append({"orchestrator": name, "scenario": scenario, "step": step, "try": n,
                                    "state": result.get("state", "no result"), "app_id": run_dir.name,
                                    "folder": dest.relative_to(self.logs).as_posix()})  # fmt: skip
@@ -322,14 +325,25 @@ class Demo:
             with contextlib.suppress(OSError):
                 empty.rmdir()
 
+    @staticmethod
+    def repoint(old: Path, new: Path) -> None:
+        """The paths a moved run directory's files name (its results' ``log_dir`` and
+        ``log_file``, the agents' logs) point to where it is now."""
+        for f in [*new.rglob("result.json"), *new.rglob("agent.log")]:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = f.read_text()
+                if str(old) in text:
+                    f.write_text(text.replace(str(old), str(new)))
+
     def write_index(self) -> Path:
         lines = [
             "# torchstep demo: the logs of every run",
             "",
             "`<orchestrator>/<scenario>/<orchestrator>.log`: everything the orchestrator printed (its task logs,",
             "every rank's lines prefixed `[role/rank]`). `<orchestrator>/<scenario>/<step>/try<N>/`: torchstep's",
-            "run directory of one try of one step (named `<step>-<hash>` while it ran): `result.json` (the step",
-            "result), `<role>/<replica>/agent.log`, `console.log` and `attempt_<k>/rank<r>.log` (one per rank",
+            "run directory of one try of one step (named `<step>-<hash>` while it ran; the paths in its files",
+            "name where it is now): `result.json` (the step result; its `restarts` counts every replica's agent",
+            "restarts), `<role>/<replica>/agent.log`, `console.log` and `attempt_<k>/rank<r>.log` (one per rank",
             "and agent restart).",
             "",
             "Scenarios: " + "; ".join(f"`{k}`: {v}" for k, v in SCENARIOS.items()) + ".",
@@ -375,6 +389,9 @@ class Demo:
                     f"{name}: training did not resume at the killed epoch: {history}")  # fmt: skip
         self.expect(retries == 1, f"{name}: expected prepare to be retried exactly once, got {retries}")
         self.expect(accuracy is not None and accuracy > 0.25 + 0.3, f"{name}: accuracy {accuracy} does not beat chance")
+        survived = bool(summary and summary.get("ok")) and restarts == 1 and retries == 1
+        self.progress.say(f"  {name}, faults: {'survived' if survived else 'NOT survived'} (agent restart rounds "
+                          f"{restarts}, retries of prepare {retries}, accuracy {accuracy})")  # fmt: skip
         # 2. non-retryable
         mark2 = uuid.uuid4().hex
         bad, _ = self.run(name, "non-retryable", mark2, non_retryable=True)
@@ -383,10 +400,12 @@ class Demo:
         self.expect(bool(bad) and not bad.get("ok") and bad_train.get("tries", 1) == 1,
                     f"{name}: the non-retryable run was retried or did not fail: {bad_train.get('tries')}")  # fmt: skip
         orphans += self.orphans_after(mark2)
+        self.progress.say(f"  {name}, non-retryable: failed in {bad_train.get('tries', '?')} try: {root_cause}")
         # 3. cancelled mid-epoch
         mark3 = uuid.uuid4().hex
         self.run(name, "cancel", mark3, cancel=True, epochs=10_000)
         orphans += self.orphans_after(mark3)
+        self.progress.say(f"  {name}, cancel: stopped; processes left behind by the three runs: {orphans}")
         self.expect(orphans == 0, f"{name}: {orphans} process(es) outlived their run")
         steps = sum(1 for t in tasks.values() if isinstance(t.get("result"), dict) and "schema" in t["result"])
         row.update({"steps": steps, "restarts": restarts, "retries": retries, "wall": wall, "accuracy": accuracy,
@@ -426,8 +445,9 @@ def main() -> int:
                       f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-", str(r["orphans"]), r["root_cause"])  # fmt: skip
     console.print(table)
     console.print(LEGEND, highlight=False)
-    console.print(f"logs: {demo.logs} — <orchestrator>/<scenario>/<step>/try<N>, listed in {demo.write_index()}",
-                  highlight=False)  # fmt: skip
+    # soft_wrap: a path is never broken over two lines, whatever the width
+    console.print(f"logs: {demo.logs} — <orchestrator>/<scenario>/<step>/try<N>", highlight=False, soft_wrap=True)
+    console.print(f"index: {demo.write_index()}", highlight=False, soft_wrap=True)
     for failure in demo.failures:
         console.print(f"[red]FAILED[/] {failure}")
     return 1 if demo.failures else 0

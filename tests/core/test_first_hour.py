@@ -251,3 +251,47 @@ def test_the_tutorial_runs_section_6_from_the_clones_root() -> None:
     prepare = next(i for i, b in enumerate(blocks) if "components/train.py:prepare" in b)
     train = next(i for i, b in enumerate(blocks) if "components/train.py:train --" in b and "--kill_rank" in b)
     assert prepare < train  # the dataset is written before train reads it
+
+
+# -- 3. the demo: moved logs named where they are, restarts explained, the index path whole -------------
+def _demo_module():  # noqa: ANN202 - a module loaded from its file
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_first_hour", ROOT / "dags" / "demo.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demos_moved_run_directories_name_where_they_are(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    demo = _demo_module()
+    out = io.StringIO()
+    d = demo.Demo(True, tmp_path, demo.Progress(Console(file=out, width=60), None))
+    runs = tmp_path / "runs" / "kfp" / "faults" / "torchstep"
+    run_dir = runs / "train-1a2b3c"
+    (run_dir / "train" / "0").mkdir(parents=True)
+    (run_dir / "result.json").write_text(f'{{"state": "SUCCEEDED", "log_dir": "{run_dir}", "restarts": 2}}')
+    (run_dir / "train" / "0" / "agent.log").write_text(f"logs in {run_dir}/train/0/attempt_0\n")
+    d.collect_logs("kfp", "faults", runs)
+    moved = tmp_path / "logs" / "kfp" / "faults" / "train" / "try1"
+    assert not run_dir.exists()
+    assert f'"log_dir": "{moved}"' in (moved / "result.json").read_text()
+    assert (moved / "train" / "0" / "agent.log").read_text() == f"logs in {moved}/train/0/attempt_0\n"
+    index = d.write_index().read_text()
+    assert "its `restarts` counts every replica's agent restarts" in " ".join(index.split())
+    assert "| kfp | faults | train | 1 | SUCCEEDED | kfp/faults/train/try1/ |" in index
+
+
+def test_the_demo_says_what_its_restarts_count_and_no_outcome_before_a_run_ends() -> None:
+    demo = _demo_module()
+    assert "a step's result.json counts every replica's restarts" in demo.LEGEND
+    for scenario, said in demo.SCENARIOS.items():  # the progress line printed when the run starts
+        assert "survived" not in said.replace("must be survived", ""), (scenario, said)
+        assert "must" in said, (scenario, said)
+    source = (ROOT / "dags" / "demo.py").read_text()
+    assert 'print(f"index: {demo.write_index()}", highlight=False, soft_wrap=True)' in source
