@@ -17,7 +17,9 @@ Test infrastructure, not product code. Each pod is one process tree in
   over it is an ``OOMKilled`` termination with exit code 137.
 
 The image is never pulled: a pod runs on this machine's filesystem, with the checkout's
-virtual environment first on ``PATH`` (``KubeletConfig.path``). Deleting a pod sends SIGTERM
+virtual environment first on ``PATH`` (``KubeletConfig.path``); the "image's" environment is
+``PATH``, ``HOME=/root``, ``HOSTNAME`` and ``XDG_STATE_HOME=/tmp/.state`` (the pod's private
+``/tmp``, so pods never share the agent's state directory), then the container's ``env``. Deleting a pod sends SIGTERM
 to its PID 1 and SIGKILL after ``terminationGracePeriodSeconds``. Its stdout and stderr are
 its log (one file, each line prefixed by the RFC 3339 time it was read); the file at
 ``terminationMessagePath`` is read into the status (at most 4096 bytes, as kubelet), with
