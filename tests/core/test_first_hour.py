@@ -295,3 +295,28 @@ def test_the_demo_says_what_its_restarts_count_and_no_outcome_before_a_run_ends(
         assert "must" in said, (scenario, said)
     source = (ROOT / "dags" / "demo.py").read_text()
     assert 'print(f"index: {demo.write_index()}", highlight=False, soft_wrap=True)' in source
+
+
+# -- 11. noise: no OMP_NUM_THREADS banner per agent, no NumPy warning from torchstep's own torch import ----
+def test_a_run_prints_no_omp_banner_and_no_numpy_warning_where_numpy_is_missing(user_dir: Path) -> None:
+    nonumpy = user_dir / "nonumpy" / "numpy"  # an environment without numpy: torch works, and warns
+    nonumpy.mkdir(parents=True)
+    (nonumpy / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n')
+    (user_dir / "comp.py").write_text(
+        "import torchx.specs as specs\n\n\n"
+        "def two(n: int = 2) -> specs.AppDef:\n"
+        '    """Two workers that need no numpy.\n\n    Args:\n        n: workers\n    """\n'
+        '    role = specs.Role("two", image=".", entrypoint="python", args=["-c", "print(\'hello\')"],\n'
+        '                      metadata={"torchstep": {"nproc_per_node": n}})\n'
+        '    return specs.AppDef("two", roles=[role])\n'
+    )
+    env = {**os.environ, "HOME": str(user_dir), "XDG_STATE_HOME": str(user_dir / "state"),
+           "PYTHONPATH": str(nonumpy.parent)}  # fmt: skip
+    env.pop("OMP_NUM_THREADS", None)
+    p = subprocess.run([str(BIN / "torchstep"), "run", "comp.py:two"], cwd=user_dir, env=env, capture_output=True,
+                       text=True, timeout=240)  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert out.count("[two/") == 2 and "hello" in out
+    assert "OMP_NUM_THREADS" not in out and "*****" not in out
+    assert "Failed to initialize NumPy" not in out

@@ -213,6 +213,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """
     started_at = time.time()
     _setup_logging()
+    _quiet_torch_without_numpy()
     from torchstep.agent.settings import DEFAULT_SIGNALS
 
     # before the (slow) torch import: a signal now must still produce a result
@@ -221,6 +222,19 @@ def run(argv: Sequence[str] | None = None) -> int:
     from torchstep.agent.zygote import startup_environment
 
     return _run_cli(args, started_at, startup_environment())  # before torch loads
+
+
+def _quiet_torch_without_numpy() -> None:
+    """Without numpy installed (it is optional for torch), ``import torch`` warns ``Failed to
+    initialize NumPy`` — in the agent, the zygote and each exec'd worker's logs. The agent
+    never uses numpy: its own import of torch (and the zygote's, forked from it) says
+    nothing; a worker that needs numpy still fails on its own ``import numpy``."""
+    import warnings
+
+    try:
+        import numpy  # noqa: F401 - torch imports it anyway when it can
+    except Exception:  # missing, or broken: torch says so in its warning
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 
 def _start_zygote(settings: AgentSettings, startup_env: dict[str, str | None]) -> ZygoteProcess | None:

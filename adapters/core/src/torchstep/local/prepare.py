@@ -196,6 +196,10 @@ def prepare(
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[key])
             if key in cpus and "OMP_NUM_THREADS" not in role.env:
                 env["OMP_NUM_THREADS"] = str(max(1, len(cpus[key]) // role.nproc_per_node))
+            elif role.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+                # torchrun's own default for several workers, set here: torch then prints no
+                # four-line banner per agent into every step's log (issue 37 §3, item 11)
+                env["OMP_NUM_THREADS"] = "1"
             env.update(ports.get(key, {}))
             if role.grace_period_s is None:
                 env[contract.ENV_GRACE_PERIOD] = f"{opts.grace_period:g}"  # the supervisor waits that long
