@@ -80,9 +80,9 @@ dist: $(STAMP)
 
 # Each adapter's wheel (with core's) in a fresh venv with the newest versions its ranges
 # allow, its unit tests and its example run from outside the repository; core against a
-# pinned torchx-nightly too.
+# pinned torchx-nightly too, and on Python 3.10 (requires-python's floor).
 test-wheels: dist
-	$(BIN)/python tools/test_wheels.py airflow kfp prefect core core-nightly
+	$(BIN)/python tools/test_wheels.py airflow kfp prefect core core-nightly core-py310
 
 # The documentation site in site/ (strict: no broken link, anchor or reference), and served.
 docs: $(STAMP)
