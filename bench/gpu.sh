@@ -23,10 +23,21 @@ PYTHON=${PYTHON:-python3}
 WHEELS=${GPU_WHEELS:-$HERE/gpu-wheels}
 TORCHX=$(sed -n 's/^torchx==//p' "$ROOT/requirements/dev.lock")
 
+# The torchstep wheel, built from a copy of the tree (a build writes build/ and egg-info
+# beside the sources: never into the checkout, where a test run may build at the same time).
+torchstep_wheel() {  # PYTHON_WITH_SETUPTOOLS DEST
+    local src
+    src=$(mktemp -d "${TMPDIR:-/tmp}/torchstep-src.XXXXXX")
+    cp -r "$ROOT/adapters/core/." "$src/"
+    rm -rf "$src/build" "$src"/src/*.egg-info
+    "$1" -m pip wheel -q --no-deps --no-build-isolation -w "$2" "$src"
+    rm -rf "$src"
+}
+
 build_wheels() {
     local py=$ROOT/.venv/bin/python
     rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-    "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$ROOT/adapters/core"
+    torchstep_wheel "$py" "$WHEELS"
     # torchx and its dependencies as the GPU machine's Python 3.12 installs them (pure wheels or
     # cp312 manylinux ones), from PyPI whatever this machine's pip configuration says
     PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= "$py" -m pip download -q --dest "$WHEELS" --only-binary=:all: \
@@ -50,7 +61,7 @@ site=$work/site
 if [[ ! -d $WHEELS ]]; then
     if [[ $dry == 1 ]]; then  # no wheel folder here: the torchstep wheel alone, built from the tree
         WHEELS=$work/wheels
-        "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$ROOT/adapters/core"
+        torchstep_wheel "$PYTHON" "$WHEELS"
     else
         echo "gpu.sh: no $WHEELS; fix: run 'bench/gpu.sh --build-wheels' (or make gpu-wheels) where there is a network" >&2
         exit 2
