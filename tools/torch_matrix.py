@@ -16,6 +16,7 @@ Usage::
     python tools/torch_matrix.py list                 # the rows, their interpreters and venvs
     python tools/torch_matrix.py ensure ends          # build (or check) the oldest and newest rows
     python tools/torch_matrix.py run all [-n 2]       # ensure + the suite for every row + the table
+    python tools/torch_matrix.py table all            # the last run's table again
 
 ROWS: ``all``, ``ends`` (the oldest and the newest: what ``make test`` runs), ``dev`` (the
 repository's .venv), or row ids (``py3.12-torch2.11.0``), comma-separated. A row whose
@@ -273,15 +274,15 @@ def in_ci() -> bool:
 
 
 def _table(junit: Path, rows: list[Row], skipped: dict[str, str]) -> tuple[str, bool]:
-    """A markdown table (a row per (Python, torch), a column per scenario) from pytest's
-    JUnit XML; and whether every cell passed."""
+    """A markdown table from pytest's JUnit XML: a row per scenario, a column per (Python,
+    torch), each cell ``pass``, ``FAIL`` or ``skip``; and whether every cell passed."""
     cells: dict[str, dict[str, str]] = {r.id: {} for r in rows}
     scenarios: list[str] = []
     for case in ET.parse(junit).iter("testcase"):
         m = re.match(r"(test_\w+)\[(.+)\]$", case.get("name", ""))
         if not m or m.group(2) not in cells:
             continue
-        name = m.group(1).removeprefix("test_")
+        name = m.group(1).removeprefix("test_").replace("_", " ")
         if name not in scenarios:
             scenarios.append(name)
         if case.find("failure") is not None or case.find("error") is not None:
@@ -290,17 +291,13 @@ def _table(junit: Path, rows: list[Row], skipped: dict[str, str]) -> tuple[str, 
             cells[m.group(2)][name] = "skip"
         else:
             cells[m.group(2)][name] = "pass"
-    lines = ["| Python | torch | " + " | ".join(scenarios) + " |", "|---|---|" + "---|" * len(scenarios)]
-    ok = True
-    for r in rows:
-        torch = f"{r.torch} (CPU build, dev pin)" if r.dev else f"{r.torch} (PyPI, CUDA build)"
-        if r.id in skipped:
-            lines.append(f"| {r.python} | {torch} | skipped: {skipped[r.id]} |")
-            ok = ok and not in_ci()
-            continue
-        got = [cells[r.id].get(s, "missing") for s in scenarios]
-        ok = ok and all(g == "pass" for g in got)
-        lines.append(f"| {r.python} | {torch} | " + " | ".join(got) + " |")
+    heads = [f"{r.python} + {r.torch} ({'dev pin, CPU build' if r.dev else 'PyPI, CUDA build'})" for r in rows]
+    lines = ["| scenario | " + " | ".join(heads) + " |", "|---|" + "---|" * len(rows)]
+    for name in scenarios:
+        got = [f"skipped: {skipped[r.id]}" if r.id in skipped else cells[r.id].get(name, "missing") for r in rows]
+        lines.append(f"| {name} | " + " | ".join(got) + " |")
+    ok = all(cells[r.id].get(s) == "pass" for r in rows if r.id not in skipped for s in scenarios)
+    ok = ok and bool(scenarios) and not (skipped and in_ci())
     return "\n".join(lines), ok
 
 
@@ -314,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         The exit status: 0 when every selected row passed (or, outside CI, was skipped).
     """
     p = argparse.ArgumentParser(prog="torch_matrix", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["list", "ensure", "run"])
+    p.add_argument("command", choices=["list", "ensure", "run", "table"])
     p.add_argument("rows", nargs="?", default="all", help="all | ends | dev | row ids, comma-separated")
     p.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for `run` (default 2)")
     p.add_argument("--table", type=Path, help="`run`: also write the markdown table to this file")
@@ -323,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = select(a.rows)
     except ValueError as e:
         p.error(str(e))
+    if a.command == "table":  # the last run's table again (its rows: ROWS)
+        print(_table(cache_root() / "junit-last.xml", rows, {})[0])
+        return 0
     skipped: dict[str, str] = {}
     for row in rows:
         try:
@@ -341,13 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.command != "run":
         return 1 if skipped and in_ci() else 0
     runnable = [r for r in rows if r.id not in skipped]
-    junit = cache_root() / f"junit-{os.getpid()}.xml"
+    junit = cache_root() / "junit-last.xml"  # kept: `table` renders it again
     env = {**os.environ, "TORCHSTEP_TORCH_ROWS": ",".join(r.id for r in runnable) or "none"}
     cmd = [str(DEV_PYTHON), "-m", "pytest", "-n", a.workers, f"--junitxml={junit}", "tests/torchmatrix"]
     t0 = time.monotonic()
     subprocess.run(cmd, cwd=ROOT, env=env)
     table, ok = _table(junit, rows, skipped)
-    junit.unlink(missing_ok=True)
     print(f"\ntorch matrix ({time.monotonic() - t0:.0f} s):\n{table}")
     if a.table:
         a.table.write_text(table + "\n")
