@@ -30,7 +30,8 @@ def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_timed_out_step_publishes_its_ranks_and_outputs(submitted: bool) -> None:
     mark = f"prefect-stopped-{uuid.uuid4().hex[:8]}"
     name = f"stopped-{uuid.uuid4().hex[:8]}"
-    sleeper = app_task(f"{STEPS}:sleeper", defaults={"mark": mark}, timeout_seconds=6, name=name)
+    # the timeout must fire after the rank started: 6 s did not on a loaded machine (load average 15)
+    sleeper = app_task(f"{STEPS}:sleeper", defaults={"mark": mark}, timeout_seconds=20, name=name)
 
     @flow
     def pipeline() -> str:

@@ -134,7 +134,8 @@ def test_step_failed_names_the_root_cause_by_its_last_meaningful_line(tmp_path: 
 def test_a_task_timeout_stops_every_process_and_the_run_ends_timed_out() -> None:
     mark = f"prefect-timeout-{uuid.uuid4().hex[:8]}"
     # long enough for both replicas to start all their processes on a loaded 2-core machine
-    sleeper = app_task(SLEEPER, defaults={"mark": mark}, timeout_seconds=10)
+    # (10 s was not, with load average 15)
+    sleeper = app_task(SLEEPER, defaults={"mark": mark}, timeout_seconds=25)
 
     @flow
     def pipeline() -> str:
