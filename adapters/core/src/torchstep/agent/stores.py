@@ -86,12 +86,25 @@ def host_store(addr: str, port: int, *, timeout: timedelta = timedelta(seconds=3
     kwargs: dict[str, Any] = {"wait_for_workers": False, "multi_tenant": multi_tenant, "master_listen_fd": fd}
     try:
         try:
-            return TCPStore(ip, port, None, True, timeout, use_libuv=True, **kwargs)
-        except NotImplementedError:  # torch < 2.7: libuv takes no listening socket; the legacy server does
+            return TCPStore(ip, port, None, True, timeout, use_libuv=_libuv_takes_listen_fd(), **kwargs)
+        except NotImplementedError:  # libuv takes no listening socket here; the legacy server does
             return TCPStore(ip, port, None, True, timeout, use_libuv=False, **kwargs)
     except BaseException:
         socket.close(fd)
         raise
+
+
+def _libuv_takes_listen_fd() -> bool:
+    """Whether torch's libuv store server accepts ``master_listen_fd``: not on 2.4 and 2.6
+    (``NotImplementedError``, after an error line on stderr), yes on 2.11 and later (checked);
+    the legacy server takes it on every version checked (2.4, 2.6, 2.11, 2.13, 2.15)."""
+    import torch
+
+    try:
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 11)
 
 
 def private_params(params: Any) -> Any:
