@@ -43,7 +43,7 @@ class Run:
         )
 
     def kill_when_training(self, replica: int, incarnation: int) -> int:
-        """SIGKILL the agent of trainer/<replica> once its workers have taken a few steps."""
+        """SIGKILL the agent of trainer replica <replica> once its workers have taken a few steps."""
         ev = wait_for(lambda: self.running("trainer", replica, incarnation), 120, f"agent #{incarnation} to start")
         wait_for(
             lambda: rank_log_has(self.log_dir, "trainer", replica, "step 3", newer_than=ev.ts),
