@@ -72,7 +72,11 @@ def test_the_task_log_and_exception_name_the_root_cause_by_its_last_meaningful_l
     """A missing script: the task's error says python's "can't open file", not "exited with code 2"."""
     summary = dag_tester.run("torchstep_missing_script", {"state_dir": str(tmp_path)})
     assert summary["tasks"]["missing"]["state"] == "failed"
-    said = [x for x in summary["output"].splitlines() if "FAILED (exit code 2); root cause: rank 0 (trainer replica 0): " in x]
+    said = [
+        x
+        for x in summary["output"].splitlines()
+        if "FAILED (exit code 2); root cause: rank 0 (trainer replica 0): " in x
+    ]
     assert said and all(f"can't open file '{tmp_path}/missing.py'" in x for x in said), summary["output"][-3000:]
     assert any("AirflowException: torchstep: " in x for x in said)  # the exception, not only the log line
 

@@ -193,7 +193,9 @@ def test_a_failed_step_logs_its_root_cause_by_its_last_meaningful_line(
     with pytest.raises(RuntimeError, match="FAILURE"):
         pipe(path=str(script))
     out, err = capfd.readouterr()
-    (line,) = [x for x in (out + err).splitlines() if "FAILED (exit code 2); root cause: rank 0 (trainer replica 0): " in x]
+    (line,) = [
+        x for x in (out + err).splitlines() if "FAILED (exit code 2); root cause: rank 0 (trainer replica 0): " in x
+    ]
     assert f"can't open file '{script}'" in line
 
 
