@@ -153,6 +153,13 @@ class FakeKube:
     def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._create(body)
 
+    # -- networking.k8s.io/v1 ---------------------------------------------------------------------
+    def create_namespaced_network_policy(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._create(body)
+
+    def delete_collection_namespaced_network_policy(self, namespace: str, label_selector: str) -> None:
+        self.deleted.append(("networkpolicies", label_selector, None))
+
     def read_namespaced_pod_status(self, name: str, namespace: str) -> Any:
         if any(o["kind"] == "Pod" and o["metadata"]["name"] == name for o in self.objects):
             with self._lock:
@@ -378,3 +385,7 @@ class DyingOnce(FakeKube):
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         if not self.dead:
             super().delete_namespaced_service(name, namespace)
+
+    def delete_collection_namespaced_network_policy(self, namespace: str, label_selector: str) -> None:
+        if not self.dead:
+            super().delete_collection_namespaced_network_policy(namespace, label_selector)

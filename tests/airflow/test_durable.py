@@ -113,7 +113,7 @@ class Cluster:
     def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> Any:
         return self._create(body)
 
-    create_namespaced_pod = create_namespaced_service = create_namespaced_job
+    create_namespaced_pod = create_namespaced_service = create_namespaced_network_policy = create_namespaced_job
 
     def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
         return self._by_name(name).read_namespaced_job_status(name, namespace)
@@ -145,6 +145,10 @@ class Cluster:
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self._by_name(name).delete_namespaced_service(name, namespace)
+
+    def delete_collection_namespaced_network_policy(self, namespace: str, label_selector: str) -> None:
+        if fake := self._by_selector(label_selector):
+            fake.delete_collection_namespaced_network_policy(namespace, label_selector)
 
     def sanitize(self, obj: Any) -> dict[str, Any]:
         return _plain(obj)
@@ -265,7 +269,7 @@ def test_retry_reattaches_to_the_running_job_and_continues_its_logs(cluster: Clu
     capsys.readouterr()
     out = op.execute(context(2, store))
     assert out["state"] == "SUCCEEDED" and out["app_id"] == app_id(first)  # the first try's Job, not a new one
-    assert cluster.jobs() == [job] and cluster.conflicts() == 2  # the Job and its Service existed: attached
+    assert cluster.jobs() == [job] and cluster.conflicts() == 3  # Job, Service, NetworkPolicy existed
     printed = capsys.readouterr().out
     assert "[trainer/0] step 3" not in printed and "[trainer/0] step 4" in printed  # continued after the cursor
     assert "[trainer/1] step 0" in printed  # pod 1 had no saved position: read from its start
@@ -408,7 +412,7 @@ def test_without_the_mixin_a_retry_still_attaches_by_the_deterministic_name(
     core_step(op, attempt).job_gang().create()  # try 1 created the Job of the attempt, then died
     out = op.execute(context(2, Store()))
     assert out["state"] == "SUCCEEDED" and out["app_id"] == app_id(attempt)
-    assert len(cluster.jobs()) == 1 and cluster.conflicts() == 2
+    assert len(cluster.jobs()) == 1 and cluster.conflicts() == 3
 
 
 def test_durable_false_runs_each_try_under_its_own_name_and_stores_nothing(cluster: Cluster) -> None:

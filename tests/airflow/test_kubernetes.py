@@ -121,11 +121,12 @@ def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job
     s, fake = job_set([0, 0], monkeypatch=monkeypatch)
     result = s.run(context=None)
     kinds = [o["kind"] for o in fake.objects]
-    assert kinds == ["Job", "Service"]
+    assert kinds == ["Job", "Service", "NetworkPolicy"]
     for obj in fake.objects:
         clean = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
         kubernetes_validate.validate(clean, MIN_KUBERNETES_VERSION, strict=True)
-    job, svc = fake.objects
+    job, svc, policy = fake.objects
+    assert policy["metadata"]["ownerReferences"] == svc["metadata"]["ownerReferences"]  # goes with the Job
     assert svc["metadata"]["ownerReferences"][0] == {
         "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": "uid-0"
     }  # fmt: skip

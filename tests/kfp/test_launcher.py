@@ -60,7 +60,7 @@ def test_the_launcher_submits_valid_jobs_streams_every_pod_and_returns_the_merge
     rc = entry.main(argv(tmp_path, replicas=2, nproc_per_node=1), client=fake)
     assert rc == 0
     kinds = [o["kind"] for o in fake.objects]
-    assert kinds == ["Job", "Service"]
+    assert kinds == ["Job", "Service", "NetworkPolicy"]
     for obj in fake.objects:
         assert obj["metadata"]["namespace"] == "ml"
         clean = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
@@ -103,11 +103,11 @@ def test_a_retried_launcher_pod_attaches_to_the_jobs_its_dead_predecessor_create
     args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-7")
     with pytest.raises(WatcherDies):
         entry.main(args, client=fake)
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"] and not fake.deleted
     fake.dead = False
     monkeypatch.setenv("TORCHSTEP_POD_NAME", "p-launcher-1-retry")  # KFP's retry: a new pod, the same task id
     assert entry.main(args, client=fake) == 0
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # attached: no second gang of pods
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"]  # attached: no second gang
     assert "attaching" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "result").read_text())["outputs"] == {"loss": 0.5}
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}

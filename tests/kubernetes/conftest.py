@@ -259,6 +259,23 @@ def check_service(svc: Mapping[str, Any], where: str) -> None:
         assert is_qualified(key) and _NAME_PART.match(value), where
 
 
+def check_network_policy(policy: Mapping[str, Any], where: str) -> None:
+    """Ingress only (egress untouched), its pods are the object's own, and the rule without a
+    port list admits only pods of the same run: nothing else reaches the stores."""
+    from torchstep.kubernetes import LABEL_APP_ID
+
+    spec = policy["spec"]
+    labels = policy["metadata"]["labels"]
+    assert spec["policyTypes"] == ["Ingress"], where
+    selected = spec["podSelector"]["matchLabels"]
+    assert selected and all(labels.get(k) == v for k, v in selected.items()), where
+    for rule in spec["ingress"]:
+        if "from" in rule:
+            assert rule["from"] == [{"podSelector": {"matchLabels": {LABEL_APP_ID: labels[LABEL_APP_ID]}}}], where
+        else:
+            assert rule["ports"], f"{where}: a rule without peers nor ports admits everyone"
+
+
 def check_object(obj: Mapping[str, Any]) -> None:
     """Strict schema validation for every version, then the semantic rules."""
     kind = obj["kind"]
@@ -275,6 +292,8 @@ def check_object(obj: Mapping[str, Any]) -> None:
         check_job(obj, where)
     elif kind == "Service":
         check_service(obj, where)
+    elif kind == "NetworkPolicy":
+        check_network_policy(obj, where)
     else:
         raise AssertionError(f"unexpected kind {kind}")
 
@@ -300,6 +319,15 @@ def check_run(rendered: Any) -> list[dict[str, Any]]:
             assert r.rank0_host.startswith(f"{r.name}-0.{r.name}.{rendered.namespace}.svc.")
         if r.kind == "Pod":
             assert r.workload == r.pod
+        if r.role.num_replicas > 1:  # its stores answer only the run's pods; declared ports stay open
+            policy = r.network_policy["spec"]
+            assert policy["podSelector"]["matchLabels"] == dict(r.selector)
+            opened = {p["port"] for rule in policy["ingress"] for p in rule.get("ports", [])}
+            declared = {p["containerPort"] for p in r.template["spec"]["containers"][0].get("ports", [])}
+            rdzv = int(r.rdzv_endpoint.rpartition(":")[2])
+            assert opened == declared - {rdzv}, (opened, declared, rdzv)
+        else:
+            assert r.network_policy is None
     return objs
 
 

@@ -23,10 +23,10 @@ def test_render_prints_valid_yaml(capsys, check):
     assert out.startswith("# torchstep: app 'train', run train-4e65d3fb, namespace ml\n")
     assert "-l torchstep/app-id=train-4e65d3fb" in out
     objs = list(yaml.safe_load_all(out))
-    assert [o["kind"] for o in objs] == ["Service", "Job"]
+    assert [o["kind"] for o in objs] == ["Service", "NetworkPolicy", "Job"]
     for o in objs:
         assert o["metadata"]["labels"]["team"] == "ml"
-    assert objs[1]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert objs[2]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     rendered = torchstep.kubernetes.render_app(
         torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"]),
         namespace="ml",

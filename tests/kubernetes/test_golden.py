@@ -60,6 +60,7 @@ def test_names_labels_and_dns(rendered):
     }
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered.objects] == [
         ("Service", NAME),
+        ("NetworkPolicy", NAME),
         ("Job", NAME),
         ("Pod", "train-eval-4e65d3fb"),
     ]
@@ -76,6 +77,22 @@ def test_headless_service(rendered):
         ],
     }
     assert rendered.roles[1].service is None
+
+
+def test_network_policy(rendered):
+    """The stores answer the run's own pods only; the declared port (tb) stays open to all."""
+    trainer, evaluator = rendered.roles
+    policy = trainer.network_policy
+    assert policy["metadata"]["labels"] == trainer.labels
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {"torchstep/app-id": "train-4e65d3fb", "torchstep/role": "trainer"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{"podSelector": {"matchLabels": {"torchstep/app-id": "train-4e65d3fb"}}}]},
+            {"ports": [{"port": 6006, "protocol": "TCP"}]},
+        ],
+    }
+    assert evaluator.network_policy is None  # one replica: its stores listen on loopback only
 
 
 def test_replica_retry_settings(rendered):

@@ -42,8 +42,9 @@ def summary(state: str = "SUCCEEDED", code: int = 0, **kw) -> str:
 def test_creates_a_valid_job_and_its_service_owned_by_it() -> None:
     fake = FakeKube({0: Script(), 1: Script()})
     js, result, _ = run(fake)
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]
-    job, svc = fake.objects
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"]
+    job, svc, policy = fake.objects
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # deleted with the Job
     for obj in fake.objects:
         clean = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "uid"}}
         kubernetes_validate.validate(clean, MIN_KUBERNETES_VERSION, strict=True)

@@ -53,8 +53,8 @@ def test_a_second_watcher_attaches_to_the_running_job_instead_of_creating_anothe
     second = JobGang(rendered(), fake, on_line=lines.append, poll_interval=0.01)
     result = second.run()
     assert second.attached is True
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # one Job, one Service: nothing new
-    assert fake.conflicts == 2  # the Job and its Service both existed
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"]  # one of each: nothing new
+    assert fake.conflicts == 3  # the Job, its Service and its NetworkPolicy existed
     assert result.state == SUCCEEDED and [r.replica_id for r in result.replicas] == [0, 1]
     assert len(lines) == 16  # nobody saved a cursor: every line is read
 
@@ -68,7 +68,7 @@ def test_state_reads_the_cluster_without_changing_it() -> None:
     while js.state() == RUNNING:
         pass
     assert js.state() == SUCCEEDED
-    assert len(fake.objects) == 2
+    assert len(fake.objects) == 3  # the Job, its Service and its NetworkPolicy
 
 
 def test_a_job_that_finished_while_nobody_watched_returns_its_result_without_a_rerun() -> None:

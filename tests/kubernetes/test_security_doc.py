@@ -29,6 +29,8 @@ NEEDS = {
     "create_namespaced_service": ("", "services", "create"),
     "list_namespaced_service": ("", "services", "list"),
     "delete_namespaced_service": ("", "services", "delete"),
+    "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create"),
+    "delete_collection_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "deletecollection"),
 }
 
 

@@ -59,13 +59,13 @@ def test_a_re_executed_flow_run_attaches_to_the_job_its_dead_process_created(mon
 
     with pytest.raises(WatcherDies):
         pipeline()
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"] and not fake.deleted
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"] and not fake.deleted
     with get_client(sync_client=True) as client:
         first = client.read_flow_run(runs[0])
     fake.dead = False  # the flow run's infrastructure runs the same flow run again
     result = run_flow(pipeline, flow_run=first)
     assert result["state"] == "SUCCEEDED" and result["outputs"] == {"loss": 0.25}
-    assert [o["kind"] for o in fake.objects] == ["Job", "Service"]  # attached: no second Job
+    assert [o["kind"] for o in fake.objects] == ["Job", "Service", "NetworkPolicy"]  # attached: no second Job
     assert fake.conflicts >= 1
     assert {kind for kind, _, _ in fake.deleted} >= {"jobs", "pods"}  # cleaned up by the run that finished
 
@@ -122,7 +122,7 @@ def test_the_kubernetes_target_submits_what_render_gives_and_returns_the_merged_
     created = {o["kind"]: strip_uid(o) for o in fake.objects}
     for obj in expected:
         got = dict(created[obj["kind"]])
-        if obj["kind"] == "Service":  # the one field set on creation: the Job owns its Service
+        if obj["kind"] in ("Service", "NetworkPolicy"):  # the one field set on creation: the Job owns them
             got["metadata"] = {k: v for k, v in got["metadata"].items() if k != "ownerReferences"}
         assert got == obj
     job = created["Job"]

@@ -2,7 +2,8 @@
 
 Per role: a bare Pod (1 replica; what KubernetesPodOperator runs) or an Indexed Job
 (several replicas, or retries that need the Job controller) plus a headless Service that
-gives replica 0 a stable DNS name for the rendezvous. :class:`JobGang` runs the rendered
+gives replica 0 a stable DNS name for the rendezvous and a NetworkPolicy that lets only the
+run's own pods reach its stores. :class:`JobGang` runs the rendered
 objects of one attempt on a cluster (create, follow logs, collect the result, delete) through
 an injected client. Every container runs the embedded
 agent (``torchstep-agent``), so the image must contain ``torchstep[agent]``. The mapping is
@@ -15,7 +16,7 @@ Example::
     >>> import torchstep
     >>> app = torchstep.materialize("dist.ddp", ["-j", "2x1", "--script", "train.py"])
     >>> [o["kind"] for o in torchstep.kubernetes.render(app, namespace="ml")]
-    ['Service', 'Job']
+    ['Service', 'NetworkPolicy', 'Job']
     >>> rendered = torchstep.kubernetes.render_app(app, namespace="ml", cfg={"run_id": "run-7"})
     >>> rendered.roles[0].workload["spec"]["completionMode"], rendered.label_selector
     ('Indexed', 'torchstep/app-id=train-b4c05df0')

@@ -186,6 +186,30 @@ class KubernetesClient(Protocol):
         """
         ...
 
+    def create_namespaced_network_policy(self, namespace: str, body: Any) -> Any:
+        """Create a NetworkPolicy (``NetworkingV1Api``).
+
+        Args:
+            namespace: the NetworkPolicy's namespace.
+            body: the NetworkPolicy, a dict as rendered.
+
+        Returns:
+            The NetworkPolicy as the API server created it.
+        """
+        ...
+
+    def delete_collection_namespaced_network_policy(self, namespace: str, **kwargs: Any) -> Any:
+        """Delete the NetworkPolicies a ``label_selector`` keyword selects (``NetworkingV1Api``).
+
+        Args:
+            namespace: the NetworkPolicies' namespace.
+            **kwargs: the official client's keywords.
+
+        Returns:
+            The API server's answer.
+        """
+        ...
+
     def sanitize(self, obj: Any) -> dict[str, Any]:
         """An API object (or dict) as a plain dict (``ApiClient.sanitize_for_serialization``).
 
@@ -200,13 +224,16 @@ class KubernetesClient(Protocol):
 
 class OfficialClient:
     """:class:`KubernetesClient` over the official client's ``CoreV1Api`` (``core``),
-    ``BatchV1Api`` (``batch``) and ``ApiClient`` (``api_client``).
+    ``BatchV1Api`` (``batch``), ``NetworkingV1Api`` (``networking``) and ``ApiClient``
+    (``api_client``).
 
     Args:
         core: a ``kubernetes.client.CoreV1Api`` (Pods, Services, logs).
         batch: a ``kubernetes.client.BatchV1Api`` (Jobs).
         api_client: the ``ApiClient`` used to sanitise objects; ``None``: a default one
             when first needed.
+        networking: a ``kubernetes.client.NetworkingV1Api`` (NetworkPolicies); ``None``:
+            one over ``core``'s ``ApiClient`` when first needed.
     """
 
     _BATCH = frozenset(
@@ -218,14 +245,23 @@ class OfficialClient:
         }
     )
 
-    def __init__(self, *, core: Any, batch: Any, api_client: Any = None) -> None:
+    def __init__(self, *, core: Any, batch: Any, api_client: Any = None, networking: Any = None) -> None:
         self.core = core
         self.batch = batch
         self.api_client = api_client
+        self.networking = networking
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name.endswith("_network_policy"):
+            if self.networking is None:
+                if hasattr(self.core, name):  # one object that serves every API (a recorded fake)
+                    return getattr(self.core, name)
+                from kubernetes.client import NetworkingV1Api
+
+                self.networking = NetworkingV1Api(getattr(self.core, "api_client", None) or self.api_client)
+            return getattr(self.networking, name)
         return getattr(self.batch if name in self._BATCH else self.core, name)
 
     def sanitize(self, obj: Any) -> dict[str, Any]:
@@ -278,4 +314,9 @@ class OfficialClient:
         else:
             config.load_kube_config(config_file=config_file, context=context)
         api = client.ApiClient()
-        return cls(core=client.CoreV1Api(api), batch=client.BatchV1Api(api), api_client=api)
+        return cls(
+            core=client.CoreV1Api(api),
+            batch=client.BatchV1Api(api),
+            api_client=api,
+            networking=client.NetworkingV1Api(api),
+        )

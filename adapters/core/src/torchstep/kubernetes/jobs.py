@@ -276,8 +276,28 @@ class JobGang:
                     if http_status(error) != 409:
                         raise refused_creation("Service", self.ns, svc_name, error) from e
                     self._check_service(service["metadata"]["name"], kind, name)
+            if role.network_policy is not None:
+                self._create_network_policy(owned_by(role.network_policy, self.client.sanitize(created)))
         if self.attached and self.cursor_store is not None:
             self._resume_merge(cursor_value(self._store_get()))
+
+    def _create_network_policy(self, policy: dict[str, Any]) -> None:
+        """Create a role's NetworkPolicy, owned by its Job (deleted with it): only the run's
+        own pods reach its stores. A refusal stops the run (the stores would be open to every
+        pod of the cluster); 409 is this run's own, created before a reattach."""
+        name = policy["metadata"]["name"]
+        create = getattr(self.client, "create_namespaced_network_policy", None)
+        if create is None:  # a client written before NetworkPolicies: say so, every run
+            self.log.warning("torchstep: NetworkPolicy %s/%s not created: this Kubernetes client has no "
+                             "create_namespaced_network_policy; the rendezvous store is open to every pod", self.ns, name)  # fmt: skip
+            return
+        try:
+            self._api(f"create NetworkPolicy {self.ns}/{name}", partial(create, self.ns, body=policy),
+                      statuses={429}, connection=False)  # fmt: skip
+        except Exception as e:
+            error = e.error if isinstance(e, ApiRetriesExhausted) else e
+            if http_status(error) != 409:
+                raise refused_creation("NetworkPolicy", self.ns, name, error) from e
 
     def _own(self, kind: str, name: str, created: Any) -> None:
         """Keep the uid of a workload this run just created, and record it in the store
@@ -603,6 +623,7 @@ class JobGang:
             ("jobs", lambda: self.client.delete_collection_namespaced_job(self.ns, label_selector=sel, propagation_policy="Foreground")),
             ("pods", lambda: self.client.delete_collection_namespaced_pod(self.ns, label_selector=sel, propagation_policy="Foreground")),
             ("services", self._delete_services),
+            ("networkpolicies", self._delete_network_policies),
         ]  # fmt: skip
         for what, call in calls:
             try:  # deleting by label is idempotent: retried after transient errors, a little
@@ -631,6 +652,12 @@ class JobGang:
             self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector), "items"
         ):
             self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
+
+    def _delete_network_policies(self) -> None:
+        # owned by their Jobs, so normally gone already; one whose Job creation was cut short is not
+        delete = getattr(self.client, "delete_collection_namespaced_network_policy", None)
+        if delete is not None:
+            delete(self.ns, label_selector=self.rendered.label_selector)
 
 
 def _print_line(text: str) -> None:

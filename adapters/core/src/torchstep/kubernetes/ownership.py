@@ -128,12 +128,15 @@ def refused_creation(kind: str, namespace: str, name: str, error: BaseException)
         reason = getattr(error, "reason", None)
         what = f"the API server refused its creation (HTTP {status}{f' {reason}' if reason else ''}: {said})"
         fix = {
-            403: f"let the step's identity create {kind.lower()}s in namespace {namespace} (RBAC), or run it in "
-            "another namespace",
+            403: f"let the step's identity create {_PLURALS.get(kind, kind.lower() + 's')} in namespace {namespace} "
+            "(RBAC), or run it in another namespace",
             404: f"create namespace {namespace}, or run the step in another one",
             422: "the object is invalid for this cluster's Kubernetes version: `torchstep render` prints it",
         }.get(status, "check the API server's health; a retry may succeed")
     return RunError(f"{kind} {namespace}/{name}", f"{what}; fix: {fix}")
+
+
+_PLURALS = {"NetworkPolicy": "networkpolicies"}
 
 
 def _server_message(error: BaseException) -> str:

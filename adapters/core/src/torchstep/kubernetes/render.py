@@ -1,6 +1,11 @@
 """StepPlan → Kubernetes objects (plain dicts): per role a bare Pod (1 replica) or an
-Indexed Job (several replicas) plus a headless Service, all labelled so that one selector
-lists or deletes the whole run.
+Indexed Job (several replicas) plus a headless Service and a NetworkPolicy, all labelled so
+that one selector lists or deletes the whole run.
+
+The NetworkPolicy of a multi-replica role admits traffic to its pods from the same run's pods
+only (the rendezvous store, the workers' store and the collectives' own connections, whose
+ports are picked at run time), plus the role's declared ports from anywhere as before: torch's
+stores have no authentication (issue 33).
 
 Example::
 
@@ -58,7 +63,8 @@ class RenderedRole:
     """One role's objects and the names that tie them together.
 
     ``kind`` is ``Pod`` or ``Job``; ``workload`` that object; ``service`` the headless
-    Service (several replicas, or declared ports) or ``None``; ``template`` the pod
+    Service (several replicas, or declared ports) or ``None``; ``network_policy`` the
+    NetworkPolicy of a multi-replica role (else ``None``); ``template`` the pod
     template (``metadata`` + ``spec``) every replica runs; ``labels`` are on every object
     of the role and ``selector`` selects its pods; ``rank0_host`` is what
     ``TORCHX_RANK0_HOST`` holds (replica 0's FQDN, or ``localhost`` for one replica).
@@ -78,6 +84,7 @@ class RenderedRole:
         rdzv_endpoint: ``host:port`` of the c10d rendezvous.
         notes: choices that are not obvious from the objects.
         single_pod: the standalone Pod of a 1-replica role (:attr:`pod`); ``None`` otherwise.
+        network_policy: the NetworkPolicy of a multi-replica role; ``None`` otherwise.
     """
 
     role: RolePlan
@@ -93,11 +100,13 @@ class RenderedRole:
     rdzv_endpoint: str
     notes: tuple[str, ...] = ()
     single_pod: Mapping[str, Any] | None = field(default=None, repr=False)
+    network_policy: Mapping[str, Any] | None = None
 
     @property
     def objects(self) -> list[dict[str, Any]]:
-        """The role's objects, Service first (its DNS records must exist before pods start)."""
-        return copy.deepcopy([o for o in (self.service, self.workload) if o is not None])  # type: ignore[misc]
+        """The role's objects, Service first (its DNS records must exist before pods start),
+        then the NetworkPolicy (in force before any store listens), then the workload."""
+        return [copy.deepcopy(dict(o)) for o in (self.service, self.network_policy, self.workload) if o is not None]
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -148,9 +157,10 @@ class RenderedApp:
 
     @property
     def objects(self) -> list[dict[str, Any]]:
-        """Every object: all Services first, then the Pods and Jobs."""
-        services = [o for r in self.roles for o in r.objects if o["kind"] == "Service"]
-        return services + [o for r in self.roles for o in r.objects if o["kind"] != "Service"]
+        """Every object: all Services and NetworkPolicies first, then the Pods and Jobs."""
+        first = ("Service", "NetworkPolicy")
+        services = [o for r in self.roles for o in r.objects if o["kind"] in first]
+        return services + [o for r in self.roles for o in r.objects if o["kind"] not in first]
 
     def role(self, name: str) -> RenderedRole:
         """The rendered role called ``name``.
@@ -183,7 +193,7 @@ def render(app: Any, *, namespace: str = "default", cfg: Mapping[str, Any] | Non
         cfg: run options (:func:`~torchstep.kubernetes.runopts`); ``None``: the defaults.
 
     Returns:
-        Every object as a dict: the Services first, then the Pods and Jobs.
+        Every object as a dict: the Services and NetworkPolicies first, then the Pods and Jobs.
 
     Raises:
         SpecError: the AppDef cannot run on Kubernetes, or an option is bad.
@@ -411,6 +421,7 @@ def _render_role(
         job_meta = {**meta, "labels": {**labels, **queue}, "annotations": dict(annotations)}
         workload = {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
     service = _service(meta, selector, spec) if indexed or role.ports else None
+    policy = _network_policy(meta, selector, {LABEL_APP_ID: app_id}, spec, rdzv_port) if indexed else None
     return RenderedRole(
         role=role,
         index=i,
@@ -425,6 +436,7 @@ def _render_role(
         rdzv_endpoint=ep.rdzv_endpoint,
         notes=tuple(notes),
         single_pod=single_pod,
+        network_policy=policy,
     )
 
 
@@ -494,4 +506,29 @@ def _service(meta: Mapping[str, Any], selector: Mapping[str, str], spec: Mapping
             "selector": dict(selector),
             "ports": ports,
         },
+    }
+
+
+def _network_policy(
+    meta: Mapping[str, Any],
+    selector: Mapping[str, str],
+    run_selector: Mapping[str, str],
+    spec: Mapping[str, Any],
+    rdzv_port: int,
+) -> dict[str, Any]:
+    """The role's pods accept connections from the run's own pods on every port (the
+    rendezvous store, the workers' store, gloo/NCCL: their ports are picked at run time), and
+    from anywhere on the role's other declared ports only (a pod selected by an ingress
+    policy refuses every port no rule allows)."""
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": dict(run_selector)}}]}]
+    declared = sorted(
+        {p["containerPort"] for p in spec["containers"][0].get("ports", []) if p["containerPort"] != rdzv_port}
+    )
+    if declared:
+        ingress.append({"ports": [{"port": port, "protocol": "TCP"} for port in declared]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": copy.deepcopy(dict(meta)),
+        "spec": {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
