@@ -321,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     if a.command == "table":  # the last run's table again (its rows: ROWS)
-        print(_table(cache_root() / "junit-last.xml", rows, {})[0])
+        last = cache_root() / "junit-last.xml"
+        if not last.is_file():
+            print(
+                f"torch-matrix: no run recorded yet ({last} is missing): run 'make test-torch' first", file=sys.stderr
+            )
+            return 1
+        print(_table(last, rows, {})[0])
         return 0
     skipped: dict[str, str] = {}
     for row in rows:
