@@ -31,6 +31,9 @@ ENV_RDZV_BACKEND = "TORCHSTEP_RDZV_BACKEND"
 ENV_RDZV_ENDPOINT = "TORCHSTEP_RDZV_ENDPOINT"
 ENV_RDZV_ID = "TORCHSTEP_RDZV_ID"
 ENV_RDZV_CONF = "TORCHSTEP_RDZV_CONF"
+#: The run's rendezvous key: the agent signs and checks the rendezvous state with it
+#: (environment only, never argv; the agent removes it before anything else starts).
+ENV_RDZV_KEY = "TORCHSTEP_RDZV_KEY"
 ENV_RESULT_FILE = "TORCHSTEP_RESULT_FILE"
 ENV_LOG_DIR = "TORCHSTEP_LOG_DIR"
 #: Where the agent writes its result summary (Kubernetes: the container's termination log).

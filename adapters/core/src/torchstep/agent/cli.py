@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from torchstep.agent import compat, signals
+from torchstep.agent.rdzv_guard import take_key, unauthenticated_note
 from torchstep.contract import AGENT_ERROR_EXIT_CODE, ENV_TERMINATION_LOG
 from torchstep.files import LossyFile
 
@@ -219,6 +220,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     # before the (slow) torch import: a signal now must still produce a result
     signals.install_early(os.environ.get("PET_SIGNALS_TO_HANDLE") or DEFAULT_SIGNALS)
     args = list(sys.argv[1:] if argv is None else argv)
+    take_key()  # out of the environment before the zygote or any worker can inherit it
     from torchstep.agent.zygote import startup_environment
 
     return _run_cli(args, started_at, startup_environment())  # before torch loads
@@ -329,7 +331,8 @@ def _run(settings: AgentSettings, started_at: float, zygote: ZygoteProcess | Non
             # not come from the zygote...) is passed as settings_line(settings, notes)
             why = settings.exec_reason()
             newer = compat.newer_than_checked(compat.installed_torch())
-            _to(console, logging.INFO, settings_line(settings, [f"workers exec'd ({why})" if why else "", newer]))
+            notes = [f"workers exec'd ({why})" if why else "", newer, unauthenticated_note(settings.config)]
+            _to(console, logging.INFO, settings_line(settings, notes))
             _to(to_file, logging.INFO, settings.describe())
         run = AgentRun(settings, started_at=started_at, zygote=zygote, warnings=warnings)
         outcome = run.execute()

@@ -9,6 +9,14 @@ that admits only the classes the state is made of, and then by its shape; anythi
 fails the rendezvous (``RendezvousStateError``) before torch unpickles it, with a root cause
 that names the store and the refused class.
 
+A forged state made only of these classes still passes that check (``closed=True`` with
+this node among the spares makes torch end the agent as a graceful exit). So when the
+launcher hands every agent of a run the same secret (``TORCHSTEP_RDZV_KEY``, in the
+environment only: the local target does), every state the agent writes is signed
+(HMAC-SHA256, :data:`MAC_PREFIX` + MAC + state) and every state it reads must carry a valid
+MAC before anything unpickles it; a state without one fails the rendezvous as a forged
+class does. Without a key (torchrun-style use, Kubernetes) the state is unauthenticated.
+
 Example::
 
     >>> import os, pickle
@@ -26,13 +34,35 @@ and in the agent, once per handler (what the runner does)::
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import io
+import os
 import pickle
+from collections.abc import MutableMapping
 from typing import Any
 
 from torchstep.agent import compat
+from torchstep.contract import ENV_RDZV_KEY
 
-__all__ = ["ALLOWED_CLASSES", "StateRefused", "check_state", "guard_handler"]
+__all__ = [
+    "ALLOWED_CLASSES",
+    "MAC_PREFIX",
+    "StateRefused",
+    "check_state",
+    "guard_handler",
+    "sign_state",
+    "take_key",
+    "unauthenticated_note",
+    "verify_state",
+]
+
+#: What a signed state starts with (then the 32-byte HMAC-SHA256 of the state, then the state).
+MAC_PREFIX = b"torchstep-hmac-sha256:"
+_MAC_LEN = 32
+
+#: The run's key, taken from the environment by :func:`take_key` (``None``: unauthenticated).
+_key: bytes | None = None
 
 #: ``(module, name)`` of every class a genuine rendezvous state pickle refers to (torch
 #: 1.9 … 2.15 keep both state classes in ``dynamic_rendezvous``); builtins such as set,
@@ -131,6 +161,76 @@ def check_state(data: bytes, endpoint: str) -> None:
         raise refused(why)
 
 
+def take_key(env: MutableMapping[str, str] | None = None) -> bytes | None:
+    """Take the run's rendezvous key out of the environment, so that no process the agent
+    starts (zygote, workers) inherits it, and keep it for :func:`guard_handler`.
+
+    Args:
+        env: the environment to take it from (default ``os.environ``).
+
+    Returns:
+        The key, or ``None`` when the launcher gave none (the state is then unauthenticated).
+    """
+    global _key
+    value = (os.environ if env is None else env).pop(ENV_RDZV_KEY, None)
+    if value:
+        _key = value.encode()
+    return _key
+
+
+def unauthenticated_note(config: Any) -> str:
+    """A note for the settings line when other processes share this rendezvous but no key
+    authenticates its state (``""`` otherwise).
+
+    Args:
+        config: torch's ``LaunchConfig``.
+
+    Returns:
+        The note, or ``""``.
+    """
+    backend = str(getattr(config, "rdzv_backend", "") or "")
+    endpoint = str(getattr(config, "rdzv_endpoint", "") or "")
+    private = getattr(config, "max_nodes", 0) == 1 and endpoint.endswith(":0")
+    if _key is not None or private or backend not in ("c10d", "etcd-v2"):
+        return ""
+    return f"rendezvous state unauthenticated (no {ENV_RDZV_KEY})"
+
+
+def sign_state(state: bytes, key: bytes) -> bytes:
+    """The state as it goes into the store: :data:`MAC_PREFIX`, its HMAC-SHA256, the state.
+
+    Args:
+        state: the state pickle torch wants to write.
+        key: the run's key.
+
+    Returns:
+        The signed bytes.
+    """
+    return MAC_PREFIX + hmac.new(key, state, hashlib.sha256).digest() + state
+
+
+def verify_state(data: bytes, key: bytes, endpoint: str) -> bytes:
+    """The state inside signed ``data``, once its MAC is checked (nothing is unpickled).
+
+    Args:
+        data: the bytes read from the store.
+        key: the run's key.
+        endpoint: the store's ``host:port``, for the message.
+
+    Returns:
+        The state pickle.
+
+    Raises:
+        StateRefused: ``data`` is not signed, or not with ``key``.
+    """
+    body = data[len(MAC_PREFIX) + _MAC_LEN :]
+    mac = data[len(MAC_PREFIX) : len(MAC_PREFIX) + _MAC_LEN]
+    expected = hmac.new(key, body, hashlib.sha256).digest()
+    if not data.startswith(MAC_PREFIX) or not hmac.compare_digest(mac, expected):
+        raise StateRefused(f"rendezvous state from {endpoint} refused: not signed with this run's key")
+    return body
+
+
 def guard_handler(handler: Any, endpoint: str) -> bool:
     """Make ``handler`` refuse forged states: its backend's reads are checked first.
 
@@ -141,42 +241,52 @@ def guard_handler(handler: Any, endpoint: str) -> bool:
     Returns:
         ``True`` when the handler's states are now checked; ``False`` for handlers that keep
         no pickled state (static, etcd v1) or whose internals this torch does not have.
+
+    With a key from :func:`take_key`, the states are also signed and their MACs checked.
     """
     backend = compat.rdzv_backend_of(handler)
     if backend is None or isinstance(backend, _GuardedBackend):
         return isinstance(backend, _GuardedBackend)
-    return compat.set_rdzv_backend(handler, _GuardedBackend(backend, endpoint))
+    return compat.set_rdzv_backend(handler, _GuardedBackend(backend, endpoint, _key))
 
 
 class _GuardedBackend:
-    """A ``RendezvousBackend`` that checks each state it returns (duck-typed: torch only
-    calls ``name``, ``get_state`` and ``set_state``)."""
+    """A ``RendezvousBackend`` that signs each state it writes (with a key) and checks each
+    state it returns (duck-typed: torch only calls ``name``, ``get_state`` and ``set_state``)."""
 
-    def __init__(self, inner: Any, endpoint: str) -> None:
+    def __init__(self, inner: Any, endpoint: str, key: bytes | None = None) -> None:
         self._inner = inner
         self._endpoint = endpoint
+        self._key = key
 
     @property
     def name(self) -> str:
         return str(self._inner.name)
 
-    def _checked(self, data: Any) -> None:
+    def _checked(self, data: Any) -> bytes:
+        """The state in ``data`` (MAC removed), refused as torch's RendezvousStateError."""
         try:
-            check_state(bytes(data), self._endpoint)
+            state = bytes(data)
+            if self._key is not None:
+                state = verify_state(state, self._key, self._endpoint)
+            check_state(state, self._endpoint)
         except StateRefused as e:
             raise compat.rendezvous_state_error()(str(e)) from None
+        return state
 
     def get_state(self) -> Any:
         response = self._inner.get_state()
-        if response is not None:
-            self._checked(response[0])
-        return response
+        if response is None:  # no state yet: the first node creates it
+            return None
+        return (self._checked(response[0]), *response[1:])
 
     def set_state(self, state: bytes, token: Any = None) -> Any:
-        response = self._inner.set_state(state, token)
-        if response is not None:
-            self._checked(response[0])
-        return response
+        # the store holds the signed bytes; torch's "did my write win" compares them whole
+        payload = sign_state(state, self._key) if self._key is not None else state
+        response = self._inner.set_state(payload, token)
+        if response is None:
+            return None
+        return (self._checked(response[0]), *response[1:])
 
     def __getattr__(self, name: str) -> Any:  # anything else torch or a test reads
         return getattr(self._inner, name)

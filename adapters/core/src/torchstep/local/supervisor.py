@@ -180,6 +180,10 @@ class Supervisor:
         # names the state key in the rendezvous store: unguessable, and passed in the agents'
         # environment (owner-only in /proc), never on their command line
         self.rdzv_secret = secrets.token_hex(8)
+        # signs the rendezvous state (torchstep.agent.rdzv_guard): one per run, handed to its
+        # agents in the environment only, so another local user who reaches the store cannot
+        # write a state they accept
+        self.rdzv_key = secrets.token_hex(32)
         self.events: queue.Queue[tuple[tuple[str, int], int, int, float]] = queue.Queue()
         self.replicas: dict[tuple[str, int], _Replica] = {}
         self.rdzv: dict[str, tuple[str, str]] = {}  # role -> (endpoint, conf)
@@ -277,6 +281,7 @@ class Supervisor:
             env[contract.ENV_LAST_CHECKPOINT] = self._last_checkpoint(self.opts.checkpoint_dir)
         env[procs.ENV_TOKEN] = f"{self.token}/r/{role.name}/{spec.replica_id}/{rep.incarnation}"
         env[contract.ENV_RDZV_ID] = rdzv_id
+        env[contract.ENV_RDZV_KEY] = self.rdzv_key
         # every replica is on this machine: the workers' store address is loopback, so the
         # agent that hosts it listens on loopback only (torchstep.agent.stores)
         env.setdefault("PET_LOCAL_ADDR", LOCALHOST)
