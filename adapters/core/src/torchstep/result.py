@@ -840,6 +840,21 @@ def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
     return min(failed, key=lambda r: (r.timestamp is None, r.timestamp or 0.0, r.rank))
 
 
+#: How an agent's result message starts when torch ended it as a spare node of a closed
+#: rendezvous (``RendezvousGracefulExitError``; :mod:`torchstep.agent.runner` writes it).
+GRACEFUL_EXIT_MESSAGE = "rendezvous closed"
+
+
+def _left_as_spare(result: StepResult) -> bool:
+    """Whether an agent's result is a graceful exit before any of its workers ran."""
+    messages = [result.message or "", *(rep.message or "" for rep in result.replicas)]
+    return (
+        result.state == SUCCEEDED
+        and any(m.startswith(GRACEFUL_EXIT_MESSAGE) for m in messages)
+        and not any(rep.ranks for rep in result.replicas)
+    )
+
+
 def merge(
     app_id: str,
     replicas: list[StepResult],
@@ -892,6 +907,23 @@ def merge(
     roots = [r.root_cause for r in replicas if r.root_cause is not None]
     root = min(roots, key=lambda r: (r.timestamp is None, r.timestamp or 0.0)) if roots else None
     exit_code = 0 if state == SUCCEEDED else next((r.exit_code for r in replicas if r.exit_code not in (None, 0)), None)
+    if state == SUCCEEDED and replicas and all(_left_as_spare(r) for r in replicas):
+        # a spare's graceful exit is a success only beside peers that trained: alone it is
+        # a rendezvous closed under every agent (e.g. by a forged state), no work done
+        state, exit_code = FAILED, 1
+        first = reps[0] if reps else None
+        root = RankResult(
+            role=first.role if first else "",
+            rank=-1,
+            local_rank=-1,
+            state=FAILED,
+            message=(
+                "no replica ran its workers: every agent left a closed rendezvous as a spare"
+                f" ({next((r.message for r in replicas if r.message), GRACEFUL_EXIT_MESSAGE)})"
+            ),
+            reason="rendezvous_closed",
+            replica_id=first.replica_id if first else None,
+        )
     outputs: dict[str, Any] = {}
     for r in replicas:
         if r.outputs:

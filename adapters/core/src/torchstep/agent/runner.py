@@ -30,7 +30,7 @@ from torchstep.agent.settings import KEEP_ALIVE_PERIOD_S, AgentSettings, UsageEr
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.errors import AGENT_ERROR_EXIT_CODE
 from torchstep.files import UnsafePathError, private_dir, private_root
-from torchstep.result import StepResult
+from torchstep.result import GRACEFUL_EXIT_MESSAGE, StepResult
 
 log = logging.getLogger("torchstep.agent")
 
@@ -252,7 +252,9 @@ class AgentRun:
             if result.is_failed() and not self.agent.graceful_exit:
                 self._failures = dict(result.failures)  # reported by finish(), from the result's root cause
             if self.agent.graceful_exit:
-                return Outcome("workers", succeeded=True, message=f"rendezvous closed: {self.agent.graceful_exit}")
+                return Outcome(
+                    "workers", succeeded=True, message=f"{GRACEFUL_EXIT_MESSAGE}: {self.agent.graceful_exit}"
+                )
             return Outcome("workers", succeeded=not result.is_failed())
         except SignalException as e:
             # like torch: a signalled agent does not close the rendezvous (peers may go on)
