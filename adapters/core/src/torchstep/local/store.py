@@ -101,18 +101,15 @@ def serve(fds: Sequence[int], timeout_s: float = 3600.0) -> list[Any]:
     for fd in fds:
         with socket.socket(fileno=os.dup(fd)) as s:
             port = s.getsockname()[1]
-        stores.append(
-            TCPStore(
-                "127.0.0.1",
-                port,
-                None,
-                True,
-                datetime.timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-                master_listen_fd=fd,
-                use_libuv=True,
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            store = TCPStore("127.0.0.1", port, None, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+        except NotImplementedError:
+            # torch < 2.11: its libuv server (the default) takes no listening socket; the legacy one does
+            store = TCPStore(
+                "127.0.0.1", port, None, True, timeout, wait_for_workers=False, master_listen_fd=fd, use_libuv=False
             )
-        )
+        stores.append(store)
     return stores
 
 
