@@ -150,14 +150,16 @@ def test_what_this_machine_cannot_run_is_refused_by_the_dry_run_before_anything_
     run = ["run", *(["--dryrun"] if dryrun else []), "-s", "torchstep_local"]
     out = cli(*run, "dist.spmd", "--script", "train.py", CUDA_VISIBLE_DEVICES="")  # one GPU asked, none here
     assert out.returncode != 0
-    assert "SpecError: roles[0].resource.gpu (target 'local')" in out.stderr and "fix:" in out.stderr
+    # one line under torchx's CLI, as under torchstep's: no traceback
+    assert "torchx: error: roles[0].resource.gpu (target 'local')" in out.stderr and "fix:" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "state" / "torchstep" / "torchx" / "torchstep_local").exists()  # nothing submitted
     # a log directory another user owns: refused before the run, as the run itself would
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 12345, 12345)
     out = cli(*run, "-cfg", f"log_dir={theirs}", "utils.echo", "--msg", "x")
-    assert out.returncode != 0 and "SpecError: log_dir (target 'local')" in out.stderr, out.stderr[-2000:]
+    assert out.returncode != 0 and "torchx: error: log_dir (target 'local')" in out.stderr, out.stderr[-2000:]
     assert "owned by uid 12345" in out.stderr
 
 
