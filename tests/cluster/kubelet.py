@@ -41,6 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubeexpand import expand  # tests/ is on the path (pytest, kubehttp.py)
+
 SUBNET = "10.244"  # the cluster's own test range; nothing outside it is ever addressed
 DNS_IP = f"{SUBNET}.0.1"
 DOMAIN = "cluster.local"
@@ -85,35 +87,6 @@ def quantity_bytes(q: str | int) -> int:
         if text.endswith(suffix):
             return int(float(text[: -len(suffix)]) * factor)
     return int(float(text))
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion (third_party/forked/golang/expansion): ``$(NAME)`` →
-    its value when defined, else kept as written; ``$$`` → ``$``."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "$" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt == "(":
-                end = text.find(")", i + 2)
-                if end != -1:
-                    name = text[i + 2 : end]
-                    out.append(env[name] if name in env else f"$({name})")
-                    i = end + 1
-                    continue
-                out.append("$(")
-                i += 2
-                continue
-            out.append("$" + nxt)
-            i += 2
-            continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
 
 
 class ConfigError(Exception):

@@ -20,6 +20,7 @@ import kubernetes_validate
 import kubernetes_validate.utils as kv_utils
 import pytest
 from jsonschema.validators import Draft202012Validator
+from kubeexpand import expand
 from packaging.version import Version
 from referencing import Registry, Resource
 from torchstep.kubernetes import MIN_KUBERNETES_VERSION
@@ -76,35 +77,7 @@ def schema_errors(obj: Mapping[str, Any], version: str) -> list[str]:
     return [f"{e.message} at {list(e.absolute_path)}" for e in v.iter_errors(dict(obj))]
 
 
-# -- Kubernetes $(VAR) expansion -------------------------------------------------------------
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' expansion: ``$(NAME)`` → env value if defined (else kept), ``$$`` → ``$``."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "$" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt == "(":
-                end = text.find(")", i + 2)
-                if end != -1:
-                    name = text[i + 2 : end]
-                    out.append(env[name] if name in env else f"$({name})")
-                    i = end + 1
-                    continue
-                out.append("$(")
-                i += 2
-                continue
-            out.append("$" + nxt)
-            i += 2
-            continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
-
-
+# -- Kubernetes $(VAR) expansion: tests/kubeexpand.py -------------------------------------
 def unresolved_refs(text: str, env: Mapping[str, str]) -> list[str]:
     """``$(NAME)`` references Kubernetes would leave in place (undefined variables)."""
     refs, i = [], 0
