@@ -49,3 +49,23 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    """A live process's environment (``{}`` once it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def proc_cmdline(pid: int) -> str:
+    """A live process's command line, words joined by spaces (``""`` once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

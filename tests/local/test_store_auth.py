@@ -19,7 +19,7 @@ import pytest
 import torchstep
 from listeners import listening
 from local_testlib import pids_with, rank_log_has, role
-from proclib import wait_for
+from proclib import proc_cmdline, proc_environ, wait_for
 from torchstep.local.options import LocalOptions
 from torchstep.local.supervisor import Supervisor
 from torchstep.steps import run_local
@@ -28,24 +28,6 @@ from torchx import specs
 STRANGER = str(Path(__file__).resolve().parents[1] / "agent" / "scripts" / "stranger.py")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (setuid)")
 KEY_ENV = "TORCHSTEP_RDZV_KEY"
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _stranger_env() -> dict[str, str]:
@@ -76,12 +58,12 @@ def test_a_forged_closed_state_makes_a_live_local_run_fail_not_succeed(
         )
         assert t.is_alive(), box
         pids = set(pids_with(no_leftovers))
-        keys = {env[KEY_ENV] for env in map(_environ, pids) if KEY_ENV in env}
+        keys = {env[KEY_ENV] for env in map(proc_environ, pids) if KEY_ENV in env}
         assert len(keys) == 1, keys  # every agent of the run holds the same key
         key = keys.pop()
         assert len(key) >= 32
         for pid in pids:
-            assert key not in _cmdline(pid), _cmdline(pid)
+            assert key not in proc_cmdline(pid), proc_cmdline(pid)
         sockets = listening(pids)
         endpoints = ",".join(f"{addr}:{port}" for addr, port in sockets)
         stranger = subprocess.run(

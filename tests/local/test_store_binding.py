@@ -13,27 +13,9 @@ import pytest
 import torchstep
 from listeners import external_ip, listening
 from local_testlib import pids_with, rank_log_has, role
-from proclib import wait_for
+from proclib import proc_cmdline, proc_environ, wait_for
 from torchstep.steps import run_local
 from torchx import specs
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_a_local_run_listens_on_loopback_only_and_keeps_its_rendezvous_id_off_the_command_line(
@@ -66,12 +48,12 @@ def test_a_local_run_listens_on_loopback_only_and_keeps_its_rendezvous_id_off_th
                 with pytest.raises(ConnectionRefusedError):
                     socket.create_connection((ip, port), timeout=5).close()
 
-        ids = {env["TORCHSTEP_RDZV_ID"] for env in map(_environ, pids) if "TORCHSTEP_RDZV_ID" in env}
+        ids = {env["TORCHSTEP_RDZV_ID"] for env in map(proc_environ, pids) if "TORCHSTEP_RDZV_ID" in env}
         assert len(ids) == 2, ids  # one per role, the same for every replica of a role
         app_id = next(iter(ids)).split("-solo-")[0].split("-pair-")[0]
         assert not ({f"{app_id}-solo", f"{app_id}-pair"} & ids), "the rendezvous id is guessable from the app id"
         for pid in pids:
-            cmd = _cmdline(pid)
+            cmd = proc_cmdline(pid)
             assert "--rdzv-id" not in cmd and not any(i in cmd for i in ids), cmd
     finally:
         cancel.set()
