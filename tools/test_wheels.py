@@ -237,7 +237,21 @@ class Check:
             except RowSkipped as e:  # under CI a missing interpreter fails, as in the torch matrix
                 raise (Failed if in_ci() else Skipped)(str(e)) from None
         self.step("venv", [str(UV), "venv", "-q", "--python", python, str(self.venv)], cwd=home, env=env)
-        install = [str(UV), "pip", "install", "-q", "--python", self.py, "--resolution", "highest"]
+        # copies, not hardlinks into uv's cache: environments checked in parallel would share
+        # inodes, and one's cleanup changes the ctime of the files of another's (the plan
+        # store keys a builtin component by its file's ctime: a hit became a miss)
+        install = [
+            str(UV),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            self.py,
+            "--resolution",
+            "highest",
+            "--link-mode",
+            "copy",
+        ]
         wheels = [wheel(d) for d in self.env.dists]
         if self.env.name == "core-nightly":  # core's own dependency names torchx (the release)
             self.step("install", [*install, TORCHX_NIGHTLY, "pyyaml", *TOOLS], cwd=home, env=env)

@@ -60,6 +60,7 @@ def test_a_step_result_the_pod_wrote_that_is_not_one_is_a_warning_never_a_crash(
     """KubernetesPodOperator's XCom sidecar hands back what the pod wrote to return.json."""
     from types import SimpleNamespace as ns
 
+    pytest.importorskip("airflow.providers.cncf.kubernetes")  # the 1-pod path needs the provider
     from torchstep_airflow.kubernetes import _from_pod
 
     pod = ns(status=ns(container_statuses=[ns(name="main", state=ns(terminated=ns(exit_code=3, message=None)))]))

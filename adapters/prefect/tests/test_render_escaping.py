@@ -11,6 +11,7 @@ from torchstep.result import RankResult, ReplicaResult, StepResult
 from torchstep_prefect.artifacts import outputs_markdown
 
 markdown_it = pytest.importorskip("markdown_it")
+pytest.importorskip("linkify_it")  # gfm-like autolinks bare URLs: what the tests check
 
 LINK = "[click me](https://evil.example/phish)"
 IMAGE = "![pixel](https://evil.example/track.png)"
