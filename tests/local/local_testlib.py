@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,34 @@ def role(name: str, args: list[str], *, replicas: int = 1, nproc: int = 1, **kw:
 def cli(*args: str) -> list[str]:
     """The argv of ``torchstep run ARGS`` with this interpreter."""
     return [sys.executable, "-m", "torchstep.cli", "run", *args]
+
+
+class BackgroundRun:
+    """``run_local(app)`` blocking in a thread of its own while the test acts from another,
+    as an orchestrator's worker runs a step while its ``on_kill`` may cancel it."""
+
+    def __init__(self, app: Any, log_dir: Path, grace_period: float = 5) -> None:
+        from torchstep.steps import run_local
+
+        self.cancel = threading.Event()
+        self._result: list[Any] = []
+        self.thread = threading.Thread(
+            target=lambda: self._result.append(
+                run_local(app, log_dir=str(log_dir), cancel=self.cancel, cfg={"grace_period": grace_period})
+            )
+        )
+        self.thread.start()
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float) -> None:
+        """Cancel the run (a no-op once it ended) and wait at most ``timeout`` s for it."""
+        self.cancel.set()
+        self.thread.join(timeout)
+
+    def result(self, timeout: float) -> Any:
+        """The run's ``StepResult`` once it ended within ``timeout`` s (AssertionError if not)."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"run_local still running after {timeout:g} s"
+        return self._result[0]

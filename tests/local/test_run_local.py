@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
 import torchstep
-from local_testlib import WORKER, rank_log_has, role
+from local_testlib import WORKER, BackgroundRun, rank_log_has, role
 from proclib import wait_for
 from torchstep.local import ReplicaEvent
 from torchstep.steps import run_local
@@ -142,17 +141,10 @@ def test_torchx_builtins_run_unchanged(tmp_path: Path, log_dir: Path) -> None:
 def test_cancel_from_another_thread_stops_everything(log_dir: Path) -> None:
     """What an Airflow on_kill does: set the cancel event while run_local blocks elsewhere."""
     app = specs.AppDef("long", roles=[role("worker", ["loop", "600", "0.1"], replicas=2)])
-    cancel = threading.Event()
-    box: dict[str, torchstep.StepResult] = {}
-    t = threading.Thread(
-        target=lambda: box.update(r=run_local(app, log_dir=str(log_dir), cancel=cancel, cfg={"grace_period": 5}))
-    )
-    t.start()
+    run = BackgroundRun(app, log_dir)
     wait_for(lambda: rank_log_has(log_dir, "worker", 1, "step 2"), 120, "the workers to train")
-    cancel.set()
-    t.join(60)
-    assert not t.is_alive()
-    result = box["r"]
+    run.stop(60)
+    result = run.result(0)
     assert result.state == "CANCELLED" and not result.retryable
     assert json.loads((log_dir / result.app_id / "result.json").read_text())["state"] == "CANCELLED"
 

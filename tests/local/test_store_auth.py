@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torchstep
 from listeners import listening
-from local_testlib import pids_with, rank_log_has, role
+from local_testlib import BackgroundRun, pids_with, rank_log_has, role
 from proclib import proc_cmdline, proc_environ, wait_for
 from torchstep.local.options import LocalOptions
 from torchstep.local.supervisor import Supervisor
@@ -44,19 +43,14 @@ def test_a_forged_closed_state_makes_a_live_local_run_fail_not_succeed(
     root cause, and the key was never on a command line nor in a file of the run."""
     marker = tmp_path / "marker"
     app = specs.AppDef("auth", roles=[role("train", ["loop", "6000", "0.1"], replicas=replicas)])
-    cancel = threading.Event()
-    box: dict[str, torchstep.StepResult] = {}
-    t = threading.Thread(
-        target=lambda: box.update(r=run_local(app, log_dir=str(log_dir), cancel=cancel, cfg={"grace_period": 5}))
-    )
-    t.start()
+    run = BackgroundRun(app, log_dir)
     try:
         wait_for(
-            lambda: all(rank_log_has(log_dir, "train", i, "step 2") for i in range(replicas)) or not t.is_alive(),
+            lambda: all(rank_log_has(log_dir, "train", i, "step 2") for i in range(replicas)) or not run.is_alive(),
             180,
             "every replica to train",
         )
-        assert t.is_alive(), box
+        assert run.is_alive(), run.result(0).to_dict()
         pids = set(pids_with(no_leftovers))
         keys = {env[KEY_ENV] for env in map(proc_environ, pids) if KEY_ENV in env}
         assert len(keys) == 1, keys  # every agent of the run holds the same key
@@ -75,15 +69,14 @@ def test_a_forged_closed_state_makes_a_live_local_run_fail_not_succeed(
         )
         assert stranger.returncode == 0, stranger.stderr
         assert stranger.stdout.startswith("uid=65534 wrote torch.rendezvous."), stranger.stdout
-        t.join(180)  # the agents read the state within their next sync (seconds)
-        assert not t.is_alive(), "the run went on after its state was forged"
+        run.thread.join(180)  # the agents read the state within their next sync (seconds)
+        assert not run.is_alive(), "the run went on after its state was forged"
         for path in log_dir.rglob("*"):  # logs, results, console: none holds the key
             if path.is_file() and not path.is_symlink():
                 assert key.encode() not in path.read_bytes(), path
     finally:
-        cancel.set()
-        t.join(120)
-    result = box["r"]
+        run.stop(120)
+    result = run.result(0)
     assert result.state == "FAILED", result.to_dict()
     assert result.root_cause is not None
     text = str(result.to_dict())

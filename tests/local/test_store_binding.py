@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from pathlib import Path
 
 import pytest
-import torchstep
 from listeners import external_ip, listening
-from local_testlib import pids_with, rank_log_has, role
+from local_testlib import BackgroundRun, pids_with, rank_log_has, role
 from proclib import proc_cmdline, proc_environ, wait_for
-from torchstep.steps import run_local
 from torchx import specs
 
 
@@ -25,12 +22,7 @@ def test_a_local_run_listens_on_loopback_only_and_keeps_its_rendezvous_id_off_th
         "stores",
         roles=[role("solo", ["loop", "600", "0.1"]), role("pair", ["loop", "600", "0.1"], replicas=2)],
     )
-    cancel = threading.Event()
-    box: dict[str, torchstep.StepResult] = {}
-    t = threading.Thread(
-        target=lambda: box.update(r=run_local(app, log_dir=str(log_dir), cancel=cancel, cfg={"grace_period": 5}))
-    )
-    t.start()
+    run = BackgroundRun(app, log_dir)
     try:
         wait_for(
             lambda: rank_log_has(log_dir, "solo", 0, "step 2") and rank_log_has(log_dir, "pair", 1, "step 2"),
@@ -56,8 +48,6 @@ def test_a_local_run_listens_on_loopback_only_and_keeps_its_rendezvous_id_off_th
             cmd = proc_cmdline(pid)
             assert "--rdzv-id" not in cmd and not any(i in cmd for i in ids), cmd
     finally:
-        cancel.set()
-        t.join(120)
-    assert not t.is_alive()
-    assert box["r"].state == "CANCELLED"
+        run.stop(120)
+    assert run.result(0).state == "CANCELLED"
     assert os.path.isdir(log_dir)
