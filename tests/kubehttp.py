@@ -76,6 +76,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from apifaults import ApiFaults  # tests/ is this script's directory (and on pytest's path)
+
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
@@ -117,7 +119,7 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
-class Cluster:
+class Cluster(ApiFaults):
     """The state of the fake API server (one lock; every handler thread uses it)."""
 
     def __init__(self, scenario: Scenario) -> None:
@@ -337,12 +339,7 @@ class Cluster:
     def fault(self, body: dict[str, Any]) -> dict[str, Any]:
         """Arm or inject one fault (see the module docstring)."""
         with self.lock:
-            if "status" in body:
-                self.answer = {"status": int(body["status"]), "count": int(body.get("count", 1)),
-                               "retry_after": body.get("retry_after"), "match": body.get("match"),
-                               "methods": body.get("methods")}  # fmt: skip
-            if "cut_logs" in body:
-                self.cut_logs += int(body["cut_logs"])
+            self.arm_faults(body)
             running = None
             if "delete_pod" in body:
                 running = next((key for key, o in self.objects.items() if key[0] == "Pod"
@@ -351,27 +348,6 @@ class Cluster:
         if running is not None:
             self.delete("Pod", running[1], running[2], None)
         return {"ok": True, "pod": running[2] if running else None}
-
-    def answered(self, method: str, path: str) -> tuple[int, float | None] | None:
-        """The status an armed fault answers this request with (it counts one), or None."""
-        with self.lock:
-            a = self.answer
-            if a is None or a["count"] <= 0 or (a["match"] and a["match"] not in path):
-                return None
-            if a["methods"] and method not in a["methods"]:
-                return None
-            a["count"] -= 1
-            self.counters["faults_answered"] += 1
-            return a["status"], a["retry_after"]
-
-    def cut(self) -> bool:
-        """Whether a followed log stream that sent a line is to be cut now (it counts one)."""
-        with self.lock:
-            if self.cut_logs <= 0:
-                return False
-            self.cut_logs -= 1
-            self.counters["streams_cut"] += 1
-            return True
 
 
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:

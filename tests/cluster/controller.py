@@ -54,6 +54,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from apifaults import ApiFaults
+
 from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, remove_cgroups, rfc3339
 
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
@@ -105,7 +107,7 @@ class JobState:
         self.counted: set[str] = set()  # pod uids already accounted
 
 
-class RealCluster:
+class RealCluster(ApiFaults):
     """The API state and its controllers (one lock; the HTTP handler threads use it too)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -260,12 +262,7 @@ class RealCluster:
     # -- injected faults (the scripted mode's /debug/fault) ---------------------------------------------
     def fault(self, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            if "status" in body:
-                self.answer = {"status": int(body["status"]), "count": int(body.get("count", 1)),
-                               "retry_after": body.get("retry_after"), "match": body.get("match"),
-                               "methods": body.get("methods")}  # fmt: skip
-            if "cut_logs" in body:
-                self.cut_logs += int(body["cut_logs"])
+            self.arm_faults(body)
             running = None
             if "delete_pod" in body:
                 running = next((key for key, o in self.objects.items() if key[0] == "Pod"
@@ -275,25 +272,6 @@ class RealCluster:
             if running is not None:
                 self._delete(running)
         return {"ok": True, "pod": running[2] if running else None}
-
-    def answered(self, method: str, path: str) -> tuple[int, float | None] | None:
-        with self.lock:
-            a = self.answer
-            if a is None or a["count"] <= 0 or (a["match"] and a["match"] not in path):
-                return None
-            if a["methods"] and method not in a["methods"]:
-                return None
-            a["count"] -= 1
-            self.counters["faults_answered"] += 1
-            return a["status"], a["retry_after"]
-
-    def cut(self) -> bool:
-        with self.lock:
-            if self.cut_logs <= 0:
-                return False
-            self.cut_logs -= 1
-            self.counters["streams_cut"] += 1
-            return True
 
     # -- nodes ---------------------------------------------------------------------------------------
     def node(self, body: dict[str, Any]) -> dict[str, Any]:
