@@ -488,7 +488,9 @@ def test_a_bad_request_is_refused_and_harms_neither_the_zygote_nor_its_workers(
                                stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         assert running.stdout is not None and running.stdout.readline().startswith("preloaded=True")
-        worker = int(next(iter((standalone["dir"]).glob("[0-9]*"))).name)  # <map-dir>/<forked worker pid>
+        # <map-dir>/<forked worker pid>: the zygote writes it after the fork, so the worker may print first
+        wait_for(lambda: any(standalone["dir"].glob("[0-9]*")), 60, "the zygote's map file for the worker")
+        worker = int(next(iter(standalone["dir"].glob("[0-9]*"))).name)
         assert alive(worker)
         with open(os.devnull) as null:
             for name, (payload, nfds) in BAD_REQUESTS.items():
