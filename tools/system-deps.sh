@@ -2,7 +2,8 @@
 # Installs the Debian packages the test suite runs for real: PostgreSQL (the real Airflow
 # deployment test), etcd (the agent's etcd rendezvous test), and for the one-machine cluster
 # of tests/cluster: bubblewrap (each pod's UTS, PID and mount namespaces), dnsmasq (the
-# cluster DNS) and iproute2 (network namespaces, veths, bridges). Idempotent and quick when
+# cluster DNS) and iproute2 (network namespaces, veths, bridges); chromium and chromium-driver
+# for tests/browser (the Airflow and Prefect pages in headless Chromium). Idempotent and quick when
 # they are present; prints what it did. Without root or apt it says so and the tests that
 # need the package skip with that reason.
 set -u
@@ -12,6 +13,8 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: cannot install ${need[*]} (needs root and apt-get); tests that need them will skip" >&2
