@@ -52,9 +52,11 @@ def test_replica_policy_replaces_only_lost_pods(role, case):
     spec = job_spec(role, specs.RetryPolicy.REPLICA, 3)
     action = match_policy(spec["podFailurePolicy"], exit_code, disrupted)
     kind = classify_exit(exit_code, disrupted=disrupted)
-    # the agent's own final answer fails the Job at once; anything else replaces the pod,
-    # counted against backoffLimitPerIndex (3); maxFailedIndexes 0 ends the Job when an index runs out
-    expected = "FailJob" if kind in (FailureKind.FAILED, FailureKind.NON_RETRYABLE) else "Count"
+    # the agent's own final answer fails the Job at once; a preempted pod is replaced uncounted
+    # (its own budget); anything else replaces the pod, counted against backoffLimitPerIndex (3);
+    # maxFailedIndexes 0 ends the Job when an index runs out
+    expected = {FailureKind.FAILED: "FailJob", FailureKind.NON_RETRYABLE: "FailJob", FailureKind.PREEMPTED: "Ignore"}
+    expected = expected.get(kind, "Count")
     assert action == expected, (case, kind)
     assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (3, 0)
 
@@ -65,7 +67,7 @@ def test_other_policies_fail_fast_on_non_retryable(role, policy, case):
     exit_code, disrupted = CASES[case]
     spec = job_spec(role, policy, 2)
     action = match_policy(spec["podFailurePolicy"], exit_code, disrupted)
-    assert action == ("FailJob" if exit_code == 82 else "Count")
+    assert action == ("FailJob" if exit_code == 82 else "Ignore" if disrupted else "Count")
     # APPLICATION: backoffLimit 0, the first counted failure fails the Job (the orchestrator retries);
     # ROLE: the Job retries the role, N per replica
     assert spec["backoffLimit"] == (0 if policy == specs.RetryPolicy.APPLICATION else 2 * 4)
@@ -87,8 +89,8 @@ def test_sidecar_exit_codes_never_match(role):
         (83, False, FailureKind.AGENT_ERROR),
         (137, False, FailureKind.LOST),
         (143, False, FailureKind.STOPPED),
-        (143, True, FailureKind.LOST),
-        (1, True, FailureKind.LOST),
+        (143, True, FailureKind.PREEMPTED),
+        (1, True, FailureKind.PREEMPTED),
         (None, False, FailureKind.LOST),
     ],
 )

@@ -106,7 +106,7 @@ def test_replica_retry_settings(rendered):
         "podFailurePolicy": {
             "rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [82]}},
-                {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 {
                     "action": "Count",
                     "onExitCodes": {"containerName": "main", "operator": "In", "values": [83, 137, 143]},
@@ -196,8 +196,11 @@ def test_application_and_role_policies(role):
         spec = render_plan(plan, run_id="r").roles[0].workload["spec"]
         return {k: v for k, v in spec.items() if k in ("backoffLimit", "backoffLimitPerIndex", "podFailurePolicy")}
 
-    fail_82 = {
-        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [82]}}]
+    fail_82 = {  # then preemption ignored: replaced, never counted (its own budget, preemption_retries)
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [82]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
     }
     assert job_spec(specs.RetryPolicy.APPLICATION, 4) == {"backoffLimit": 0, "podFailurePolicy": fail_82}
     assert job_spec(specs.RetryPolicy.REPLICA, 0) == {"backoffLimit": 0, "podFailurePolicy": fail_82}

@@ -82,6 +82,11 @@ class StepState(str, enum.Enum):  # enum.StrEnum's behaviour; Python 3.10 has no
     #: The Airflow durable path: a try watched the run to its end and reported it, so a
     #: later try starts a fresh one.
     REPORTED = "REPORTED"
+    #: Kubernetes took the step's pods away more often than its preemption budget allows
+    #: (``DisruptionTarget``: drain, preemption, a Kueue eviction; the kubernetes run option
+    #: ``preemption_retries``). Not the step's failure and never retried from the step's
+    #: retry budget; TorchX sees ``FAILED`` with the reason (:data:`TORCHX_STATES`).
+    PREEMPTED = "PREEMPTED"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -97,6 +102,11 @@ CANCELLED = StepState.CANCELLED
 RUNNING = StepState.RUNNING
 PENDING = StepState.PENDING
 UNKNOWN = StepState.UNKNOWN
+PREEMPTED = StepState.PREEMPTED
+
+#: Step states that TorchX's ``AppState`` has no member for → the ``AppState`` name shown
+#: instead (the result's message gives the reason).
+TORCHX_STATES: dict[str, str] = {PREEMPTED: "FAILED"}
 
 #: The number of trailing log lines of a failed rank kept in the result.
 TAIL_LINES = 50
@@ -241,6 +251,7 @@ class StepResult:
         from torchx.specs import AppState, AppStatus, ReplicaStatus, RoleStatus
 
         def state_of(name: str) -> AppState:
+            name = TORCHX_STATES.get(name, name)
             return AppState[name] if name in AppState.__members__ else AppState.UNKNOWN
 
         roles: dict[str, list[ReplicaStatus]] = {}

@@ -21,22 +21,30 @@ from typing import Any
 from torchstep.contract import SIGTERMED_EXIT_CODE
 from torchstep.kubernetes.apiobj import age_order, get, termination
 from torchstep.kubernetes.failure import FailureKind, classify_exit
+from torchstep.kubernetes.preemption import Preemptions
 from torchstep.kubernetes.render import LABEL_ROLE, RenderedApp
-from torchstep.result import CANCELLED, FAILED, SUCCEEDED, ReplicaResult, StepResult, merge
+from torchstep.result import CANCELLED, FAILED, PREEMPTED, SUCCEEDED, ReplicaResult, StepResult, merge
 from torchstep.untrusted import escape_controls
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
-def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: float) -> StepResult:
+def collect(
+    rendered: RenderedApp, pods: Iterable[Any], state: str, started: float, preemptions: Preemptions | None = None
+) -> StepResult:
     """The step result of ``rendered`` from ``pods`` (the run's own), the run being in
-    ``state`` (the workloads' state, or CANCELLED) since ``started`` (epoch seconds).
+    ``state`` (the workloads' state, CANCELLED or PREEMPTED) since ``started`` (epoch seconds).
+
+    A run that was preempted says so in ``warnings`` whatever its end; one that ends
+    PREEMPTED says why in ``message``: its budget spent (not retryable), or its bare Pod
+    preempted (retryable: :func:`torchstep.steps.run_tries` runs it again from the same budget).
 
     Args:
         rendered: the rendering of the run.
         pods: the run's own pods (never another run's).
         state: the run's state.
         started: epoch seconds the run started.
+        preemptions: what the watcher saw of the run's preemptions; ``None``: none.
 
     Returns:
         The merged step result, one replica result per replica of every role.
@@ -58,6 +66,16 @@ def collect(rendered: RenderedApp, pods: Iterable[Any], state: str, started: flo
         merged.message = "cancelled: every object of the run was deleted"
     if state == CANCELLED and merged.exit_code is None:  # its agents are SIGTERMed: as on the local target
         merged.exit_code = SIGTERMED_EXIT_CODE
+    note = preemptions.note() if preemptions is not None else None
+    if note is not None:
+        merged.warnings.append(note)
+    if state == PREEMPTED and preemptions is not None:
+        bare = preemptions.bare_pod if not preemptions.exhausted else None
+        merged.message = f"{bare}: nothing replaces a bare Pod" if bare else preemptions.exhausted_message()
+        merged.retryable = bare is not None  # a spent budget never falls back on the step's retries
+        merged.root_cause = None
+        if merged.exit_code is None:
+            merged.exit_code = SIGTERMED_EXIT_CODE
     return merged
 
 
@@ -93,6 +111,8 @@ def replica_result(app_id: str, role: str, idx: int, pod: Any, state: str) -> St
         )  # fmt: skip
     else:
         rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
+        if kind is FailureKind.PREEMPTED:
+            rep_state = PREEMPTED
         shown = None if summary is not None or refused else message
         rep = ReplicaResult(role, idx, rep_state, code, message=escape_controls(shown) if shown else None)
         out = StepResult(app_id, rep_state, code, warnings=notes)

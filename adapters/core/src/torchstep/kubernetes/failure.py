@@ -7,6 +7,11 @@ final answer, so the Job controller only replaces a pod that was *lost* — evic
 its node gone (the ``DisruptionTarget`` condition), or the agent itself killed or stopped —
 and never a pod whose agent gave up.
 
+Preemption is not failure: every Job's ``podFailurePolicy`` *ignores* a pod with the
+``DisruptionTarget`` condition (the Job controller replaces it without counting it against
+any budget); the watcher counts those against the run option ``preemption_retries``
+instead (:mod:`torchstep.kubernetes.preemption`).
+
 The agent's exit codes (the contract every target shares) and their :class:`FailureKind`:
 
 - ``0``: every worker succeeded — ``succeeded``
@@ -16,12 +21,13 @@ The agent's exit codes (the contract every target shares) and their :class:`Fail
 - ``83``: the agent failed on its own account (rendezvous, watchdog) — ``agent-error``
 - ``137``: the agent was SIGKILLed (container OOM-killed, ``kill -9``) — ``lost``
 - ``143``: the agent was SIGTERMed (pod deleted: cancel, Kueue suspension, ``kubectl delete``) — ``stopped``
-- any code with the pod condition ``DisruptionTarget`` (eviction, preemption, node gone) — ``lost``
+- any code with the pod condition ``DisruptionTarget`` (eviction, preemption, node gone) —
+  ``preempted`` (ignored by the Job's ``podFailurePolicy``: never counted)
 
 Example::
 
     >>> classify_exit(82), classify_exit(143, disrupted=True), classify_exit(1)
-    (<FailureKind.NON_RETRYABLE: 'non-retryable'>, <FailureKind.LOST: 'lost'>, <FailureKind.FAILED: 'failed'>)
+    (<FailureKind.NON_RETRYABLE: 'non-retryable'>, <FailureKind.PREEMPTED: 'preempted'>, <FailureKind.FAILED: 'failed'>)
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class FailureKind(str, enum.Enum):
     AGENT_ERROR = "agent-error"
     LOST = "lost"
     STOPPED = "stopped"
+    #: Kubernetes disrupted the pod (``DisruptionTarget``): drain, preemption, a Kueue
+    #: eviction, its node gone. Never the step's failure: replaced within ``preemption_retries``.
+    PREEMPTED = "preempted"
 
 
 def classify_exit(exit_code: int | None, *, disrupted: bool = False) -> FailureKind:
@@ -68,7 +77,9 @@ def classify_exit(exit_code: int | None, *, disrupted: bool = False) -> FailureK
     """
     if exit_code == NON_RETRYABLE_EXIT_CODE:
         return FailureKind.NON_RETRYABLE
-    if disrupted or exit_code is None or exit_code == SIGKILLED_EXIT_CODE:
+    if disrupted:
+        return FailureKind.PREEMPTED
+    if exit_code is None or exit_code == SIGKILLED_EXIT_CODE:
         return FailureKind.LOST
     if exit_code == 0:
         return FailureKind.SUCCEEDED
@@ -103,11 +114,15 @@ def job_failure_fields(role: RolePlan, container: str) -> dict[str, Any]:
       replaces a lost pod of an index at most N times; ``maxFailedIndexes: 0`` fails the
       Job as soon as one index is given up (its peers would wait in the rendezvous); the
       ``podFailurePolicy`` fails the Job at once on the agent's own final answer.
+    - every policy: a pod with the ``DisruptionTarget`` condition (drain, preemption, a
+      Kueue eviction, node gone) is ignored — replaced, never counted: preemptions have
+      their own budget (the run option ``preemption_retries``), kept by the watcher.
     - ROLE (the Job owns N): ``backoffLimit: N * num_replicas`` — a role failure usually
       fails every replica (peers lose their collective), each counted.
     - APPLICATION (the orchestrator owns N) and no retries: ``backoffLimit: 0``.
 
-    Every Job fails at once on exit code 82 with reason ``PodFailurePolicy``.
+    Every Job fails at once on exit code 82 with reason ``PodFailurePolicy`` (first rule:
+    a non-retryable failure stops all layers, even during an eviction).
 
     Args:
         role: the role's plan.
@@ -123,12 +138,14 @@ def job_failure_fields(role: RolePlan, container: str) -> dict[str, Any]:
     0
     """
     non_retryable = _on_exit("FailJob", container, "In", [NON_RETRYABLE_EXIT_CODE])
+    # before the exit codes: a disrupted pod's agent was SIGTERMed (143) too, and its eviction,
+    # not the 143, decides; Ignore needs restartPolicy Never (pod.py renders it)
+    preempted = {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}]}
     budget = role.retry
     if budget.owner is RetryOwner.AGENT:
         rules = [
             non_retryable,
-            # before the exit codes: a disrupted pod's agent was SIGTERMed (143) too
-            {"action": "Count", "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}]},
+            preempted,
             _on_exit("Count", container, "In", sorted(REPLACED_EXIT_CODES)),
             _on_exit("FailJob", container, "NotIn", [0]),
         ]
@@ -141,7 +158,7 @@ def job_failure_fields(role: RolePlan, container: str) -> dict[str, Any]:
     limit = budget.count * role.num_replicas if budget.owner is RetryOwner.ROLE else 0
     return {
         "backoffLimit": limit,
-        "podFailurePolicy": {"rules": [non_retryable]},
+        "podFailurePolicy": {"rules": [non_retryable, preempted]},
         # a replacement starts only once the old pod is gone: never two pods with one hostname
         "podReplacementPolicy": "Failed",
     }

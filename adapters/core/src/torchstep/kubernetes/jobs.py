@@ -1,8 +1,7 @@
 """``JobGang``: the lifecycle of a rendered app on a cluster, for every adapter.
 
 One :class:`JobGang` is one logical attempt's gang of Jobs (or bare Pods) and their headless
-Services. It is torchstep's own class, not the Kubernetes JobSet API (``jobset.x-k8s.io``);
-it was named ``JobSet`` until 0.2, and that name still imports for one release and warns.
+Services. It is torchstep's own class, not the Kubernetes JobSet API (``jobset.x-k8s.io``).
 
 Create the objects of :func:`torchstep.kubernetes.render_app` (each role's Job or Pod, and
 its headless Service owned by it), wait for the workloads, follow every pod's log as lines
@@ -43,7 +42,6 @@ import json
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -55,6 +53,7 @@ from torchstep.kubernetes.collect import collect
 from torchstep.kubernetes.logcursor import Cursor, cursor_value, lines_of
 from torchstep.kubernetes.ownership import Owners, record_uid, recorded_uids, refusal, refused_creation
 from torchstep.kubernetes.pod import CONTAINER_NAME
+from torchstep.kubernetes.preemption import Preemptions
 from torchstep.kubernetes.render import LABEL_APP_ID, LABEL_MANAGED_BY, RenderedApp, owned_by
 from torchstep.kubernetes.retry import (
     API_RETRY_BUDGET_S,
@@ -64,7 +63,7 @@ from torchstep.kubernetes.retry import (
     call_api,
     transient,
 )
-from torchstep.result import CANCELLED, FAILED, RUNNING, SUCCEEDED, StepResult
+from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, StepResult
 
 #: What happens to the objects when the run ends: always deleted, deleted only after
 #: success (failed pods stay for inspection), or kept.
@@ -186,6 +185,8 @@ class JobGang:
         self._created: list[tuple[str, str]] = []  # (kind, name) of what this object created
         self._refused = False  # an existing object was refused: delete only what was created here
         self.api_retry_budget_s = API_RETRY_BUDGET_S
+        #: The run's preemptions against its own budget (:mod:`torchstep.kubernetes.preemption`).
+        self.preemptions = Preemptions(rendered.options.preemption_retries, rendered.options.queue, self._say)
 
     def _api(self, what: str, fn: Callable[[], Any], *, stop: threading.Event | None = None, **kw: Any) -> Any:
         """``fn()`` retried after transient API errors (:func:`~torchstep.kubernetes.retry.call_api`)."""
@@ -211,7 +212,7 @@ class JobGang:
             state = self.wait()
             # attached: the run began when the first watcher created it, not now
             self.result = self.collect(state, min(started, self._began or started))
-            if state == CANCELLED:
+            if state in (CANCELLED, PREEMPTED):
                 self.delete()  # a cancelled run never keeps pods running, whatever on_finish says
         except BaseException:
             self.delete()  # nothing may keep running
@@ -388,15 +389,20 @@ class JobGang:
     def wait(self) -> str:
         """Poll until every workload finished, one failed, or a cancel; the step's state.
         Transient API errors are retried (:mod:`torchstep.kubernetes.retry`); a cancel
-        while waiting to retry returns CANCELLED."""
+        while waiting to retry returns CANCELLED. A Job suspended for Kueue is waited for
+        (no deadline of the watcher's own runs meanwhile); preemptions beyond the run's
+        ``preemption_retries`` end it PREEMPTED (:mod:`torchstep.kubernetes.preemption`)."""
+        kinds = {r.name: r.kind for r in self.rendered.roles}
         while True:
             if self._cancel.is_set():
                 return CANCELLED
             try:
                 states = [self._workload_state(r.kind, r.name, self._cancel) for r in self.rendered.roles]
-                self._follow_new_pods(self._cancel)
+                self.preemptions.observe_pods(self._follow_new_pods(self._cancel), kinds)
             except Interrupted:
                 return CANCELLED
+            if self.preemptions.exhausted or self.preemptions.bare_pod is not None:
+                return PREEMPTED
             if FAILED in states:
                 return FAILED
             if all(s == SUCCEEDED for s in states):
@@ -408,6 +414,7 @@ class JobGang:
         if kind == "Job":
             job = self._api(f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns),
                             stop=stop)  # fmt: skip
+            self.preemptions.observe_job(name, job)
             for c in get(job, "status", "conditions") or []:
                 if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
                     return SUCCEEDED
@@ -443,8 +450,10 @@ class JobGang:
             except Exception as e:
                 self.log.warning("torchstep: on_line raised %s: %s", type(e).__name__, e)
 
-    def _follow_new_pods(self, stop: threading.Event | None = None) -> None:
-        for pod in self._pods(stop):
+    def _follow_new_pods(self, stop: threading.Event | None = None) -> list[Any]:
+        """Follow the log of every pod of the run not followed yet; the run's pods as listed."""
+        pods = self._pods(stop)
+        for pod in pods:
             name = get(pod, "metadata", "name")
             if name in self._followed or get(pod, "status", "phase") not in ("Running", "Succeeded", "Failed"):
                 continue
@@ -452,6 +461,7 @@ class JobGang:
             t = threading.Thread(target=self._follow, args=(name,), name=f"log-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        return pods
 
     def _follow(self, name: str) -> None:
         """Stream one pod's log to ``on_line``; reattach after a dropped stream (the
@@ -608,7 +618,7 @@ class JobGang:
         Returns:
             The merged step result.
         """
-        return collect(self.rendered, self._pods(), state, started)
+        return collect(self.rendered, self._pods(), state, started, self.preemptions)
 
     def delete(self) -> None:
         """Delete every object of the run: Jobs and Pods with foreground propagation (their
@@ -663,25 +673,3 @@ class JobGang:
 def _print_line(text: str) -> None:
     print(text, flush=True)
 
-
-def __getattr__(name: str) -> Any:
-    """The deprecated name ``JobSet`` (:class:`JobGang` until 0.2), for one release.
-
-    Args:
-        name: the attribute looked up on this module.
-
-    Returns:
-        :class:`JobGang` for ``JobSet``, after a :class:`DeprecationWarning`.
-
-    Raises:
-        AttributeError: for any other name.
-    """
-    if name == "JobSet":
-        warnings.warn(
-            "torchstep.kubernetes.JobSet was renamed JobGang (it is not the Kubernetes JobSet API); "
-            "the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return JobGang
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

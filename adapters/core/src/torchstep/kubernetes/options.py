@@ -28,6 +28,8 @@ TARGET = "kubernetes"
 
 #: Label Kueue reads to put a Job (or a bare Pod) into a LocalQueue.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Default of the ``preemption_retries`` run option.
+DEFAULT_PREEMPTION_RETRIES = 10
 #: ``imagePullPolicy`` values.
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -44,7 +46,19 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
     "image_pull_secrets": (list, None, "Secrets to pull images with, ';'-separated"),
     "image_pull_policy": (str, None, f"imagePullPolicy: {' | '.join(PULL_POLICIES)} (default: Kubernetes')"),
     "priority_class": (str, None, "priorityClassName of every pod"),
-    "queue": (str, None, f"Kueue LocalQueue: label {QUEUE_LABEL} on every Job and bare Pod"),
+    "queue": (
+        str,
+        None,
+        f"Kueue LocalQueue: label {QUEUE_LABEL} on every Job and bare Pod; Jobs are created suspended "
+        "and start when Kueue admits them (the wait is not counted against the step's timeout)",
+    ),
+    "preemption_retries": (
+        int,
+        DEFAULT_PREEMPTION_RETRIES,
+        "how many times the step's pods may be taken away (DisruptionTarget: drain, preemption, a Kueue "
+        "eviction) and replaced, resuming from the step's checkpoint, before the step ends PREEMPTED; "
+        "never counted against the step's retries",
+    ),
     "labels": (dict, None, "extra labels on every object and pod: key:value;key2:value2"),
     "annotations": (dict, None, "extra annotations on every object and pod: key:value;key2:value2"),
     "ttl_seconds_after_finished": (int, None, "Jobs (and their pods) are deleted this long after they finish"),
@@ -103,7 +117,10 @@ class KubernetesOptions:
         image_pull_secrets: Secrets to pull images with.
         image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``; ``None``: Kubernetes' default.
         priority_class: ``priorityClassName`` of every pod.
-        queue: the Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name`` on every Job and bare Pod).
+        queue: the Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name`` on every Job and bare
+            Pod; Jobs are created suspended, for Kueue to admit).
+        preemption_retries: how many preemptions (pods with ``DisruptionTarget``, Kueue
+            evictions) the step survives before it ends PREEMPTED; never the step's retries.
         labels: extra labels on every object and pod.
         annotations: extra annotations on every object and pod.
         ttl_seconds_after_finished: seconds after which finished Jobs (and their pods) are deleted.
@@ -127,6 +144,7 @@ class KubernetesOptions:
     image_pull_policy: str | None = None
     priority_class: str | None = None
     queue: str | None = None
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     ttl_seconds_after_finished: int | None = None
@@ -199,6 +217,8 @@ def _check(key: str, value: Any) -> Any:
                 raise SpecError(f"{path}[{k!r}]", TARGET, "not a valid label/annotation key", fix="e.g. 'team'")
             if key == "labels" and not names.is_label_value(v):
                 raise SpecError(f"{path}[{k!r}]", TARGET, f"{v!r} is not a valid label value", fix="e.g. 'ml'")
+    elif key == "preemption_retries" and value < 0:
+        raise SpecError(path, TARGET, "must not be negative", fix="e.g. 10 (0: the first preemption ends the step)")
     elif key in ("ttl_seconds_after_finished",) and value < 0:
         raise SpecError(path, TARGET, "must not be negative", fix="e.g. 3600")
     elif key in ("active_deadline", "join_timeout") and value <= 0:

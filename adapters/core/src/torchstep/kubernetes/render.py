@@ -418,6 +418,10 @@ def _render_role(
         if opts.ttl_seconds_after_finished is not None:
             job_spec["ttlSecondsAfterFinished"] = opts.ttl_seconds_after_finished
         job_spec["template"] = copy.deepcopy(template)
+        if opts.queue:
+            # created suspended: no pod starts before Kueue admits the Job (what Kueue's webhook
+            # would do; without the webhook, nothing would run around the queue's quota)
+            job_spec["suspend"] = True
         job_meta = {**meta, "labels": {**labels, **queue}, "annotations": dict(annotations)}
         workload = {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
     service = _service(meta, selector, spec) if indexed or role.ports else None

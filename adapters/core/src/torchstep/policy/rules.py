@@ -102,7 +102,7 @@ CFG_RULES: dict[str, dict[str, str]] = {
         "run_id": "entry", "result_file": "entry", "priority_class": "option", "queue": "option",
         "labels": "option", "annotations": "option", "image_pull_policy": "free",
         "ttl_seconds_after_finished": "free", "active_deadline": "free", "pod": "free", "shm_size": "free",
-        "rdzv_port": "free", "join_timeout": "free", "cluster_domain": "free",
+        "rdzv_port": "free", "join_timeout": "free", "cluster_domain": "free", "preemption_retries": "free",
     },
 }  # fmt: skip
 #: Annotations that lift a container's confinement (refused unless ``overlay = "any"``).

@@ -51,6 +51,7 @@ from torchstep.errors import SpecError
 from torchstep.plan.limits import MAX_SECONDS
 from torchstep.plan.names import is_dns_label, short_id
 from torchstep.plan.options import OptionTable, parse_options, to_runopts
+from torchstep.result import TORCHX_STATES
 from torchstep.schedulers.rules import SECRET_VAR, url_problem
 
 #: How often a following ``log_iter`` / a waiting caller polls the orchestrator.
@@ -279,7 +280,10 @@ def new_app_id(name: str) -> str:
 
 
 def app_state(name: str | None) -> AppState:
-    """A TorchX ``AppState`` by name (``UNKNOWN`` for anything else)."""
+    """A TorchX ``AppState`` by name (``UNKNOWN`` for anything else); a step state TorchX
+    has no name for maps as :data:`torchstep.result.TORCHX_STATES` says (``PREEMPTED`` →
+    ``FAILED``: the message gives the reason)."""
+    name = TORCHX_STATES.get(name, name) if name else name
     return AppState[name] if name and name in AppState.__members__ else AppState.UNKNOWN
 
 
