@@ -13,7 +13,8 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   order (``onExitCodes`` In/NotIn, ``onPodConditions`` such as ``DisruptionTarget``; actions
   FailJob, FailIndex, Ignore, Count), ``podReplacementPolicy`` (``Failed``: a replacement only
   once the old pod is terminal; ``TerminatingOrFailed``: as soon as it is terminating),
-  ``suspend`` and resume, ``activeDeadlineSeconds`` (``DeadlineExceeded``),
+  ``suspend`` (its pods deleted, never counted as failures) and resume,
+  ``activeDeadlineSeconds`` (``DeadlineExceeded``; counted from the last resume),
   ``ttlSecondsAfterFinished``; conditions ``Complete`` / ``Failed`` with Kubernetes' reasons,
   ``active``, ``ready``, ``succeeded``, ``failed``, ``completedIndexes``;
 - **garbage collection** by ``ownerReferences`` (a Job deleted with ``Foreground`` stays,
@@ -502,7 +503,9 @@ class RealCluster(ApiFaults):
         if st.condition is None:
             if spec.get("suspend") and not st.suspended:
                 st.suspended = True
-                for pod in pods:
+                for pod in pods:  # deleted by the suspension: never counted as failures (as Kubernetes)
+                    if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                        st.counted.add(pod["metadata"]["uid"])
                     self._delete(("Pod", meta["namespace"], pod["metadata"]["name"]))
                 self._event(job, "Suspended", "Job suspended")
             elif not spec.get("suspend") and st.suspended:

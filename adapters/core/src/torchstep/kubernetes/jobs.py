@@ -672,4 +672,3 @@ class JobGang:
 
 def _print_line(text: str) -> None:
     print(text, flush=True)
-

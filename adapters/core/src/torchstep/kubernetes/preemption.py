@@ -197,7 +197,8 @@ class Preemptions:
         Returns:
             The message, with the fix.
         """
-        return (f"preempted {self.count} times, more than preemption_retries={self.budget} allows "
+        times = "time" if self.count == 1 else "times"
+        return (f"preempted {self.count} {times}, more than preemption_retries={self.budget} allows "
                 "(the step's own retries were not used); fix: raise preemption_retries, or run where "
                 "the step is not preempted (a priority class, a queue with guaranteed quota)")  # fmt: skip
 
