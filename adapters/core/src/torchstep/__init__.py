@@ -34,6 +34,7 @@ _LAZY = {
     "expires": "torchstep.worker",
     "heartbeat": "torchstep.worker",
     "output": "torchstep.worker",
+    "progress": "torchstep.worker",
     "checkpoint_dir": "torchstep.worker",
     "last_checkpoint": "torchstep.worker",
 }
@@ -62,6 +63,7 @@ __all__ = [
     "last_checkpoint",
     "materialize",
     "output",
+    "progress",
     "record",
     "run_local",
 ]
@@ -75,7 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.plan.planner import build_plan
     from torchstep.result import StepResult, StepState
     from torchstep.steps import run_local
-    from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, record
+    from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, progress, record
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,7 @@ ENV_GRACE_PERIOD = "TORCHSTEP_GRACE_PERIOD"
 ENV_STOP_TIMEOUT = "TORCHSTEP_STOP_TIMEOUT"
 ENV_EXIT_BARRIER_TIMEOUT = "TORCHSTEP_EXIT_BARRIER_TIMEOUT"
 ENV_WATCHDOG_TIMEOUT = "TORCHSTEP_WATCHDOG_TIMEOUT"
+ENV_HANG_TIMEOUT = "TORCHSTEP_HANG_TIMEOUT"
 #: The interpreter the ``torchrun`` shim execs the agent with.
 ENV_PYTHON = "TORCHSTEP_PYTHON"
 #: A token in the environment of every process a local run starts (the leak sweep finds them).
@@ -67,6 +68,14 @@ ENV_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 ENV_HEARTBEAT_FILE = "TORCHSTEP_HEARTBEAT_FILE"
 #: The JSON file ``torchstep.output()`` writes.
 ENV_OUTPUT_FILE = "TORCHSTEP_OUTPUT_FILE"
+#: The file a worker's stack dump handler writes to (``faulthandler``, on :data:`STACKS_SIGNAL`).
+ENV_STACKS_FILE = "TORCHSTEP_STACKS_FILE"
+#: The JSON file ``torchstep.progress()`` writes.
+ENV_PROGRESS_FILE = "TORCHSTEP_PROGRESS_FILE"
+#: The signal the agent sends a worker for its stacks: a real-time one, which no library
+#: handles and whose default action (terminate) the agent never triggers: it signals only a
+#: worker whose stacks file says the handler is installed.
+STACKS_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 #: The step's checkpoint directory (local run option ``checkpoint_dir``), the same for every try.
 ENV_CHECKPOINT_DIR = "TORCHSTEP_CHECKPOINT_DIR"
 #: The newest checkpoint in it when the replica started (``torchstep.last_checkpoint()`` looks again).

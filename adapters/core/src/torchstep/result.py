@@ -139,6 +139,11 @@ class RankResult:
         replica_id: the replica it ran in; ``None``: not known.
         log_file: the path of its log file, where there is one.
         tail: the last lines of its log when it failed.
+        stack: where it was when the agent stopped the group (a timeout, a cancel, a timer,
+            the watchdog, ``--hang-timeout``): its main thread's innermost Python frames,
+            innermost first (``"/src/train.py:42 in load_batch"``), or one line saying why
+            there is none; empty when the agent did not ask (the workers ended on their own).
+        waiting_in: the ``torch.distributed`` call it was in then (``"all_reduce"``), if any.
     """
 
     role: str
@@ -154,6 +159,8 @@ class RankResult:
     replica_id: int | None = None
     log_file: str | None = None
     tail: list[str] = field(default_factory=list)  # last TAIL_LINES lines when it failed
+    stack: list[str] = field(default_factory=list)  # innermost frames when the agent stopped it
+    waiting_in: str | None = None  # the torch.distributed call it was in then
 
 
 @dataclass
@@ -170,6 +177,9 @@ class ReplicaResult:
         log_dir: the directory of its logs, where there is one.
         result_file: the path of the result file it wrote.
         message: an agent-level message (rendezvous timeout, signal...).
+        stacks_file: the file with every rank's full stacks (all threads), when the agent
+            collected them before stopping the group.
+        nccl_dumps: NCCL flight recorder dumps the ranks wrote (``TORCH_NCCL_DUMP_ON_TIMEOUT``).
     """
 
     role: str
@@ -181,6 +191,8 @@ class ReplicaResult:
     log_dir: str | None = None
     result_file: str | None = None
     message: str | None = None  # agent-level message (rendezvous timeout, signal, ...)
+    stacks_file: str | None = None
+    nccl_dumps: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -210,6 +222,9 @@ class StepResult:
         attempts: how many times the step was tried in this run.
         schema: the result file's schema version.
         warnings: problems beside the outcome that did not change it.
+        progress: the lowest rank's last :func:`torchstep.progress` report
+            (:func:`progress_info`: ``step``, ``total``, ``rate`` per second, ``eta_s``,
+            ``rank``, ``time``); ``None`` when no rank reported any.
     """
 
     app_id: str
@@ -230,6 +245,7 @@ class StepResult:
     #: What went wrong beside the outcome and did not change it (a log that could not be
     #: written: ``"log truncated: <path>: No space left on device"``).
     warnings: list[str] = field(default_factory=list)
+    progress: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.retryable = is_retryable(self.state, non_retryable=not self.retryable)
@@ -764,7 +780,15 @@ def replica_state(exit_code: int | None, *, reported: str | None = None, stopped
 
 #: Reasons whose message the agent or supervisor wrote from what it saw (a timer, a lost
 #: replica, a signal...): that message says more than the rank's last log line.
-_OBSERVED_REASONS = ("timer_expired", "heartbeat_timeout", "stopped", "cancelled", "replica_lost", "signal")
+_OBSERVED_REASONS = (
+    "timer_expired",
+    "heartbeat_timeout",
+    "hang_timeout",
+    "stopped",
+    "cancelled",
+    "replica_lost",
+    "signal",
+)
 #: torch's own glog-style lines (``W1125 11:53:21.620000 ...``, ``[rank0]:[W1125 ...]``):
 #: warnings printed at exit, never the cause.
 _NOISE = re.compile(r"^(\[rank\d+\]:)?\[?[IWE]\d{4} \d\d:\d\d:\d\d")
@@ -958,4 +982,82 @@ def merge(
         log_dir=log_dir,
         attempts=attempts,
         warnings=[w for r in replicas for w in r.warnings],
+        progress=min((r.progress for r in replicas if r.progress), key=lambda p: p.get("rank", 0), default=None),
     )
+
+
+def progress_info(data: Any, *, rank: int = 0) -> dict[str, Any] | None:
+    """A worker's progress file (what :func:`torchstep.progress` writes) as the result's
+    ``progress``: ``step``, ``total``, ``rate`` (steps per second since its first report),
+    ``eta_s`` (seconds left at that rate), ``rank`` and ``time`` (of the report).
+
+    Args:
+        data: the decoded progress file (a JSON object); anything else gives ``None``.
+        rank: the global rank that wrote it.
+
+    Returns:
+        The progress, or ``None`` when ``data`` is not a progress report.
+
+    >>> p = progress_info({"step": 120, "total": 1000, "time": 70.0, "first_step": 0, "first_time": 10.0})
+    >>> (p["rate"], p["eta_s"])
+    (2.0, 440.0)
+    """
+    if not isinstance(data, dict):
+        return None
+
+    def number(key: str) -> float | None:
+        v = data.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else None
+
+    step, total, when = number("step"), number("total"), number("time")
+    if step is None or when is None:
+        return None
+    first, t0 = number("first_step"), number("first_time")
+    rate = None
+    if first is not None and t0 is not None and when > t0 and step > first:
+        rate = (step - first) / (when - t0)
+    eta = (total - step) / rate if rate and total is not None and total >= step else None
+    return {
+        "step": int(step) if step.is_integer() else step,
+        "total": (int(total) if total.is_integer() else total) if total is not None else None,
+        "rate": round(rate, 6) if rate is not None else None,
+        "eta_s": round(eta, 1) if eta is not None else None,
+        "rank": rank,
+        "time": when,
+    }
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def progress_line(progress: StepResult | dict[str, Any] | None) -> str | None:
+    """The one line the agent logs and an adapter shows for a step's progress.
+
+    Args:
+        progress: a step result (its ``progress``) or a ``progress`` dict
+            (:func:`progress_info`).
+
+    Returns:
+        ``"progress 120/1000 (12%), ETA 3m40s"`` (no ETA before a rate is known, no
+        percentage without a total); ``None`` when there is no progress.
+
+    >>> progress_line({"step": 120, "total": 1000, "rate": 4.0, "eta_s": 220.0})
+    'progress 120/1000 (12%), ETA 3m40s'
+    >>> progress_line({"step": 7, "total": None, "rate": None, "eta_s": None})
+    'progress 7'
+    """
+    p = progress.progress if isinstance(progress, StepResult) else progress
+    if not isinstance(p, dict) or not isinstance(p.get("step"), int | float):
+        return None
+    step, total = p["step"], p.get("total")
+    if not isinstance(total, int | float) or total <= 0:
+        return f"progress {step:g}"
+    text = f"progress {step:g}/{total:g} ({int(100 * step / total)}%)"
+    eta = p.get("eta_s")
+    if isinstance(eta, int | float) and step < total:
+        text += f", ETA {_duration(eta)}"
+    return text

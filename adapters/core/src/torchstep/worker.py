@@ -12,6 +12,9 @@ for each worker; no sockets, no threads in the worker:
 ``TORCHELASTIC_TIMER_FILE``    FIFO of the agent's timer server (:func:`expires`)
 ``TORCHSTEP_HEARTBEAT_FILE``   :func:`heartbeat` touches it; the agent watches its mtime
 ``TORCHSTEP_OUTPUT_FILE``      :func:`output` keeps a JSON object of name -> value here
+``TORCHSTEP_PROGRESS_FILE``    :func:`progress` keeps the last step, total and times here
+``TORCHSTEP_STACKS_FILE``      where this worker's stacks go when the agent asks for them
+                               (:func:`install_stack_dump`: ``faulthandler`` on a signal)
 =============================  ==========================================================
 
 Example::
@@ -24,6 +27,7 @@ Example::
             with torchstep.expires(after=60):   # a stuck step is killed and restarted
                 train_one_step()
             torchstep.heartbeat()               # for --heartbeat-timeout
+            torchstep.progress(step + 1, 1000)  # the step's progress and ETA
         torchstep.output("accuracy", 0.93)      # rank 0's value lands in the step result
 
     if __name__ == "__main__":
@@ -50,8 +54,11 @@ from torchstep.contract import (
     ENV_HEARTBEAT_FILE,
     ENV_LAST_CHECKPOINT,
     ENV_OUTPUT_FILE,
+    ENV_PROGRESS_FILE,
+    ENV_STACKS_FILE,
     ENV_TIMER_FILE,
     NON_RETRYABLE_EXIT_CODE,
+    STACKS_SIGNAL,
     error_record,
 )
 from torchstep.errors import NonRetryableError
@@ -66,8 +73,10 @@ __all__ = [
     "checkpoint_dir",
     "expires",
     "heartbeat",
+    "install_stack_dump",
     "last_checkpoint",
     "output",
+    "progress",
     "record",
     "write_error_file",
 ]
@@ -85,8 +94,15 @@ _HEARTBEAT_MIN_INTERVAL_S = 0.05
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
+# progress() is meant to be called every step too: the file is rewritten at most this often
+# (and always for the last step)
+_PROGRESS_MIN_INTERVAL_S = 0.2
+
 _lock = threading.Lock()  # output() from several threads of one worker
 _last_heartbeat = 0.0
+_progress_first: tuple[float, float] | None = None  # (step, unix time) of the first progress() call
+_progress_written = 0.0
+_stacks_file: Any = None  # the open file faulthandler writes to (kept open for the worker's life)
 _timer_clients: dict[str, Any] = {}
 
 
@@ -163,6 +179,7 @@ def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
             faulthandler.enable(all_threads=True)  # a segfault still prints a traceback
         except Exception:  # stderr may be closed; not worth failing for
             pass
+        install_stack_dump()  # a worker the agent exec'd (no zygote) gets the handler here
         try:
             return fn(*args, **kwargs)
         except SystemExit as e:
@@ -255,6 +272,7 @@ def heartbeat() -> None:
             torchstep.heartbeat()
     """
     global _last_heartbeat
+    install_stack_dump()
     path = _env(HEARTBEAT_FILE_ENV)
     if path is None:
         return
@@ -267,6 +285,102 @@ def heartbeat() -> None:
     except FileNotFoundError:
         with open(path, "a"):
             pass
+
+
+def install_stack_dump() -> bool:
+    """Let the agent collect this worker's Python stacks (all threads) when it stops the
+    group (a timeout, a cancel, a timer, the watchdog, ``--hang-timeout``).
+
+    Registers :func:`faulthandler.register` for :data:`torchstep.contract.STACKS_SIGNAL`,
+    writing to ``TORCHSTEP_STACKS_FILE`` (set by the agent); the file's first line names this
+    process, which tells the agent the handler is there (it never sends the signal to a
+    process without it). The agent's worker zygote calls it for every worker it forks; a
+    worker the agent exec'd gets it from :func:`record`, :func:`heartbeat` or :func:`progress`.
+    Idempotent; without the agent it does nothing.
+
+    Returns:
+        Whether the handler is installed (now or before).
+
+    Example::
+
+        torchstep.worker.install_stack_dump()   # first thing in a script not using @torchstep.record
+    """
+    global _stacks_file
+    path = _env(ENV_STACKS_FILE)
+    if path is None:
+        return False
+    if _stacks_file is not None:  # here, or in the worker this process was forked from
+        return True
+    try:
+        # O_EXCL: the file is the rank's main process's; a subprocess that inherited the
+        # variable leaves it alone
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    except OSError as e:  # the agent then says "no stack handler"
+        print(f"torchstep: no stack dump handler: {e}", file=sys.stderr)
+        return False
+    f = os.fdopen(fd, "w")
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=f, all_threads=True, chain=False)
+        f.write(f"torchstep stacks of pid {os.getpid()}\n")  # after: the agent signals only a handled pid
+        f.flush()
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"torchstep: no stack dump handler: {e}", file=sys.stderr)
+        return False
+    _stacks_file = f
+    return True
+
+
+def progress(step: float, total: float | None = None) -> None:
+    """Report how far this worker is: ``step`` of ``total`` (e.g. batches or epochs).
+
+    The agent logs it every 30 s (``progress 120/1000 (12%), ETA 3m20s``), puts the lowest
+    rank's last report in the step result (``progress``: step, total, rate, ETA) and counts
+    it as progress for ``--hang-timeout``. Cheap enough to call every step: the file is
+    rewritten at most every 0.2 s (and always when ``step`` reaches ``total``). It also
+    counts as a :func:`heartbeat`. Without the agent it does nothing.
+
+    Args:
+        step: steps done so far (>= 0).
+        total: steps in all; ``None``: not known (no percentage, no ETA).
+
+    Raises:
+        ValueError: ``step`` is negative or not a number, or ``total`` is not positive.
+
+    Example::
+
+        for i, batch in enumerate(loader):
+            train(batch)
+            torchstep.progress(i + 1, len(loader))
+    """
+    global _progress_first, _progress_written
+    if isinstance(step, bool) or not isinstance(step, int | float) or not step >= 0:
+        raise ValueError(f"progress(step=...) must be a number >= 0, got {step!r}")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int | float) or not total > 0):
+        raise ValueError(f"progress(total=...) must be a number > 0 or None, got {total!r}")
+    heartbeat()
+    path = _env(ENV_PROGRESS_FILE)
+    if path is None:
+        return
+    now = time.time()
+    if _progress_first is None or step < _progress_first[0]:  # a restart from an earlier step
+        _progress_first = (float(step), now)
+    last = total is not None and step >= total
+    if not last and now - _progress_written < _PROGRESS_MIN_INTERVAL_S:
+        return
+    _progress_written = now
+    data = {
+        "step": step,
+        "total": total,
+        "time": now,
+        "first_step": _progress_first[0],
+        "first_time": _progress_first[1],
+    }
+    try:
+        write_text_atomic(path, json.dumps(data))
+    except OSError as e:  # progress is advisory: never fail a training step for it
+        print(f"torchstep: cannot write progress file {path}: {e}", file=sys.stderr)
 
 
 def output(name: str, value: Any) -> None:

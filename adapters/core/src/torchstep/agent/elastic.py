@@ -11,7 +11,9 @@ barrier) stays torch's; the subclass hooks in around it:
   restarts at once;
 * stopping a group SIGKILLs the whole process groups afterwards (dataloader children,
   grandchildren), and the wait after a failure is ``--stop-timeout``, not torch's fixed 30 s;
-* a second signal while the first one's grace period runs kills everything at once.
+* a second signal while the first one's grace period runs kills everything at once;
+* every stop that is not the workers' own exit (signal, timer, heartbeat, ``--hang-timeout``,
+  watchdog) first takes every live rank's stacks (:meth:`TorchstepAgent.collect_stacks`).
 
 Example (what :mod:`torchstep.agent.runner` does)::
 
@@ -36,17 +38,19 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from torchstep.agent import compat, signals
+from torchstep.agent.hang import HangWatch, ProgressWatch, gpu_present, nccl_env, request_nccl_dumps
 from torchstep.agent.logs import RankPaths, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
 from torchstep.agent.settings import AgentSettings
+from torchstep.agent.stacks import RankStack, StackTarget, collect, outliers, summary, write_file
 from torchstep.agent.tee import LogTee, TeeSource
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
+from torchstep.contract import ENV_PROGRESS_FILE, ENV_STACKS_FILE, is_non_retryable
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
-from torchstep.contract import is_non_retryable
 from torchstep.result import StepState
 
 log = logging.getLogger("torchstep.agent")
@@ -76,6 +80,10 @@ class WorkerRecord:
     detail: str | None = None
     #: The last lines of its stdout and stderr as the tee saw them (whatever the log files kept).
     tails: dict[str, Any] = field(default_factory=dict)
+    stacks_file: str = ""  # where its faulthandler writes (TORCHSTEP_STACKS_FILE)
+    progress_file: str = ""  # what torchstep.progress() writes (TORCHSTEP_PROGRESS_FILE)
+    #: Where it was when the agent stopped the group (collect_stacks), if it did.
+    stack: RankStack | None = None
 
 
 @dataclass
@@ -99,6 +107,10 @@ class Attempt:
     stop_started_at: float | None = None
     ended_at: float | None = None
     cleaned: bool = False
+    #: collect_stacks ran for this attempt: its one-line summary and the file with every dump.
+    stacks_summary: str | None = None
+    stacks_file: str | None = None
+    hang_fired: bool = False
 
 
 class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's LocalElasticAgent
@@ -149,6 +161,11 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._worker_store: Any = None
         self._agent_hosts_store = False
         self._heartbeats = HeartbeatWatch(settings.heartbeat_timeout) if settings.heartbeat_timeout > 0 else None
+        hang_timeout = getattr(settings, "hang_timeout", 0.0)
+        self._hang = HangWatch(hang_timeout) if hang_timeout > 0 else None
+        self._progress = ProgressWatch()
+        self._nccl = gpu_present(os.environ)  # workers may use NCCL: its flight recorder on
+        self._stacks_lock = threading.Lock()
         #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
         self.warnings: list[str] = warnings if warnings is not None else []
         self._warn_lock = threading.Lock()
@@ -272,8 +289,18 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # connect as clients only
             env[HEARTBEAT_FILE_ENV] = record.heartbeat_file
             env[OUTPUT_FILE_ENV] = record.paths.outputs
+            record.stacks_file = env[ENV_STACKS_FILE] = os.path.join(control, f"stacks.{local_rank}")
+            record.progress_file = env[ENV_PROGRESS_FILE] = os.path.join(control, f"progress.{local_rank}")
+            if self._nccl:
+                env.update(nccl_env(env, attempt_dir))
         if self._heartbeats is not None:
             self._heartbeats.reset({lr: w.heartbeat_file for lr, w in attempt.workers.items()})
+        if self._hang is not None:
+            watched = [w.heartbeat_file for w in attempt.workers.values()]
+            watched += [w.progress_file for w in attempt.workers.values()]
+            watched += [p for w in attempt.workers.values() for p in (w.paths.log, w.paths.stderr) if p]
+            self._hang.reset(watched)
+        self._progress.reset({w.global_rank: w.progress_file for w in attempt.workers.values()})
         self.attempts.append(attempt)
         log.info(
             "attempt %d: ranks %s, logs in %s", index, [w.global_rank for w in attempt.workers.values()], attempt_dir
@@ -346,6 +373,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if self._zygote is not None:
             self._check_zygote(attempt)
         self._check_heartbeats(attempt)
+        self._check_hang(attempt)
+        self._progress.tick()
         result: RunResult = self.torch_monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             attempt.state = FAILED
@@ -374,6 +403,78 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             log.info("%s (pid %d) started by exec, not from the worker zygote: %s", who, wrapper, why)
         self._zygote.running()
 
+    # -- stacks, hangs, progress ---------------------------------------------------------
+    def collect_stacks(self, why: str) -> dict[int, RankStack]:
+        """Take every live rank's Python stacks (all threads) before the agent stops the
+        group (at most :data:`~torchstep.agent.stacks.COLLECT_TIMEOUT_S` in all), once per
+        attempt: each worker record gets its :class:`RankStack`, the attempt a one-line
+        summary and the file with every dump (``stacks.txt`` in the attempt's log directory).
+        Safe from any thread.
+
+        Args:
+            why: what stops the group (the file's header).
+
+        Returns:
+            Global rank -> stack; empty when they were taken already or no rank is alive.
+        """
+        with self._stacks_lock:
+            attempt = self.attempts[-1] if self.attempts else None
+            if attempt is None or attempt.stacks_summary is not None:
+                return {}
+            live = [
+                w
+                for w in attempt.workers.values()
+                if w.pid and w.exit is None and self._exits.get(w.pid) is None and w.stacks_file
+            ]
+            if not live:
+                return {}
+            started = time.monotonic()
+            if self._nccl:
+                request_nccl_dumps(attempt.log_dir)  # NCCL's own record of the collectives, if on
+            stacks = collect([StackTarget(w.global_rank, w.pid, w.stacks_file) for w in live])  # type: ignore[arg-type]
+            for w in live:
+                w.stack = stacks.get(w.global_rank)
+            attempt.stacks_summary = summary(stacks)
+            path = os.path.join(attempt.log_dir, "stacks.txt")
+            if os.path.isdir(attempt.log_dir) and write_file(path, why, stacks):
+                attempt.stacks_file = path
+            log.warning(
+                "where the ranks were (%s; %.1fs): %s%s",
+                why,
+                time.monotonic() - started,
+                attempt.stacks_summary,
+                f"; every thread in {attempt.stacks_file}" if attempt.stacks_file else "",
+            )
+            return stacks
+
+    def progress_now(self) -> dict[str, Any] | None:
+        """The lowest rank's last ``torchstep.progress()`` report (the result's ``progress``)."""
+        return self._progress.read()
+
+    def _check_hang(self, attempt: Attempt) -> None:
+        """``--hang-timeout``: no rank printed, beat or progressed for that long: take the
+        stacks and kill the ranks that hold the others up (all, when that cannot be told);
+        the group then fails and restarts within the budget, as after an expired timer."""
+        if self._hang is None or attempt.hang_fired or attempt.state != RUNNING:
+            return
+        idle = self._hang.expired()
+        if idle is None:
+            return
+        alive = [w for w in attempt.workers.values() if w.pid and self._exits.get(w.pid) is None]
+        if not alive:
+            return
+        attempt.hang_fired = True
+        what = f"no progress for {idle:.1f}s (--hang-timeout {self._hang.timeout_s:g}s)"
+        stacks = self.collect_stacks(what)
+        culprits = outliers(stacks) or [w.global_rank for w in alive]
+        where = attempt.stacks_summary or "no stack could be taken"
+        for w in alive:
+            if w.global_rank in culprits and w.reason is None:
+                w.reason = "hang_timeout"
+                w.detail = f"{what}: {where}"
+                log.error("rank %d (pid %s): %s; killing its process group", w.global_rank, w.pid, w.detail)
+                self._kill(w, signal.SIGKILL)
+
     def _check_heartbeats(self, attempt: Attempt) -> None:
         if self._heartbeats is None:
             return
@@ -386,6 +487,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             w.detail = (
                 f"no torchstep.heartbeat() for {stale.age_s:.1f}s (--heartbeat-timeout {self._heartbeats.timeout_s:g}s)"
             )
+            self.collect_stacks(f"rank {w.global_rank}: {w.detail}")
+            if w.stack is not None:
+                w.detail += f"; where the ranks were: {attempt.stacks_summary}"
             log.error("rank %d (pid %s): %s; killing its process group", w.global_rank, w.pid, w.detail)
             self._kill(w, signal.SIGKILL)
 
@@ -410,6 +514,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if target.reason is None:
             target.reason = "timer_expired"
             target.detail = f"timer {scope!r} expired (torchstep.expires / timer.expires)"
+            self.collect_stacks(f"rank {target.global_rank}: {target.detail}")
+            if target.stack is not None and attempt is not None:
+                target.detail += f"; where the ranks were: {attempt.stacks_summary}"
         log.error("rank %d (pid %s): %s; killing its process group", target.global_rank, target.pid, target.detail)
         self._kill(target, sig if sig > 0 else signal.SIGKILL)
 
@@ -522,6 +629,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             )
             self._escalate_on_next_signal()
             self._watchdog.phase("cancelling", self.settings.grace_period + 10)
+            self.collect_stacks(f"the agent received {e.sigval.name}")
             self.shutdown_group(e.sigval, self.settings.grace_period)
             shutdown_called = True
             raise

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchstep.agent.hang import nccl_dumps
 from torchstep.contract import (
     AGENT_ERROR_EXIT_CODE,
     ENV_TERMINATION_LOG,
@@ -196,6 +197,8 @@ def rank_result(
         replica_id=replica_id,
         log_file=w.paths.log,
         tail=_tail(w) if failed else [],
+        stack=w.stack.result_lines() if w.stack is not None else [],
+        waiting_in=w.stack.waiting_in if w.stack is not None else None,
     )
 
 
@@ -317,6 +320,13 @@ def build_result(
         state, code, message, non_retryable = FAILED, USAGE_EXIT_CODE, outcome.message, True
     else:
         state, code, message = FAILED, AGENT_ERROR_EXIT_CODE, outcome.message
+    if last is not None and last.stacks_summary and state != SUCCEEDED:
+        # where the ranks were, unless the root cause's own message says it already
+        where = f"where the ranks were: {last.stacks_summary}"
+        if message is None:
+            message = where
+        elif last.stacks_summary not in message:
+            message = f"{message}; {where}"
     restarts = agent.failure_restarts if agent is not None else 0
     if agent is not None and agent.membership_restarts:
         history.append(f"{agent.membership_restarts} membership change(s) restarted the group (not counted)")
@@ -330,6 +340,8 @@ def build_result(
         log_dir=settings.log_dir if settings else None,
         result_file=settings.result_files[0] if settings and settings.result_files else None,
         message="; ".join([*history, *([message] if message else [])]) or None,
+        stacks_file=last.stacks_file if last is not None else None,
+        nccl_dumps=[p for a in attempts for p in nccl_dumps(a.log_dir)],
     )
     return StepResult(
         app_id=settings.app_id if settings else app_id,
@@ -346,7 +358,15 @@ def build_result(
         message=message,
         log_dir=settings.log_dir if settings else None,
         warnings=notes,
+        progress=_progress(agent),
     )
+
+
+def _progress(agent: TorchstepAgent | None) -> dict[str, Any] | None:
+    try:
+        return agent.progress_now() if agent is not None else None
+    except Exception:  # advisory: never cost the result
+        return None
 
 
 def result_paths(settings: AgentSettings) -> list[str]:

@@ -135,6 +135,10 @@ class AgentRun:
         # runs in the watchdog thread while the main thread is stuck somewhere in torch
         if self.agent is not None:
             self.agent.note_exits()  # before the kill: a rank that had finished shows so
+            try:
+                self.agent.collect_stacks(f"watchdog: {reason}")
+            except Exception:  # the stacks must never keep the watchdog from its kill
+                log.exception("watchdog: taking the ranks' stacks failed")
             self.agent.kill_all_workers()
         outcome = Outcome("watchdog", message=f"watchdog: {reason}")
         try:

@@ -133,6 +133,8 @@ class AgentSettings:
     prefixed: Callable[[int], tuple[bool, bool]] = lambda _: (True, True)
     #: A binary worker's stderr merged into its stdout log (one ordered log per rank).
     merge_streams: bool = False
+    #: ``--hang-timeout``: fail the group when no rank made progress this long (0: off).
+    hang_timeout: float = 0.0
     #: ``--logs-specs NAME``: torchrun's ``torchrun.logs_specs`` entry point decides where
     #: the streams go (``config.logs_specs``), as under torchrun.
     custom_logs_specs: bool = False
@@ -223,6 +225,7 @@ class AgentSettings:
             line("exit_barrier_timeout", f"{self.exit_barrier_timeout:g}s"),
             line("watchdog_timeout", f"{self.watchdog_timeout:g}s" if self.watchdog_timeout > 0 else "off"),
             line("heartbeat_timeout", f"{self.heartbeat_timeout:g}s" if self.heartbeat_timeout > 0 else "off"),
+            line("hang_timeout", f"{self.hang_timeout:g}s" if self.hang_timeout > 0 else "off"),
             line("log_dir", self.log_dir),
             line("result_file", ", ".join(self.result_files) or "-"),
             line("replica_id", self.replica_id if self.replica_id is not None else "node rank"),
@@ -447,6 +450,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         log_dir=log_dir,
         result_files=result_files,
         heartbeat_timeout=value["heartbeat_timeout"],
+        hang_timeout=value["hang_timeout"],
         grace_period=grace,
         stop_timeout=value["stop_timeout"],
         exit_barrier_timeout=value["exit_barrier_timeout"],

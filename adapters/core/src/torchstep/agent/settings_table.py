@@ -30,6 +30,7 @@ from typing import Any
 from torchstep.contract import (
     ENV_EXIT_BARRIER_TIMEOUT,
     ENV_GRACE_PERIOD,
+    ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_LOG_DIR,
     ENV_LOG_PREFIX,
@@ -156,6 +157,9 @@ SETTINGS: tuple[Setting, ...] = (
           "write the versioned step result JSON here, atomically, on every exit path"),
     _ours("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT, float, 0.0,
           "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)", minimum=0),
+    _ours("hang_timeout", ENV_HANG_TIMEOUT, float, 0.0,
+          "when no rank printed, called torchstep.heartbeat() or torchstep.progress() for S seconds: take every "
+          "rank's stacks and fail the group (retryable; 0: off)", minimum=0),
     # one default with `torchstep run` and the adapters (their grace_period option): 10 s
     Setting("grace_period", (FLAG, ENV_GRACE_PERIOD, "--shutdown-timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), 10.0,
             float, ("--grace-period", "--grace_period"),

@@ -65,6 +65,7 @@ from torchstep.agent.forksafe import (
     fork_refusal,
     parse_request,
 )
+from torchstep.worker import install_stack_dump
 
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -355,6 +356,7 @@ class Zygote:
                 # OpenMP read the zygote's value when torch loaded: apply the worker's
                 sys.modules["torch"].set_num_threads(int(omp))
             _unbuffered_stdio()
+            install_stack_dump()  # the agent can ask for this worker's stacks when it stops the group
             code = _run(request)
         except BaseException:  # our own setup failed: say so in the worker's log
             traceback.print_exc()
