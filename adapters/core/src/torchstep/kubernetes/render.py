@@ -55,6 +55,9 @@ ANNOTATION_APP_NAME = "torchstep/app-name"
 ANNOTATION_ROLE_NAME = "torchstep/role-name"
 _OWNED_LABELS = frozenset({LABEL_APP_ID, LABEL_ROLE, LABEL_MANAGED_BY, LABEL_NAME, QUEUE_LABEL})
 _OWNED_ANNOTATIONS = frozenset({ANNOTATION_APP_NAME, ANNOTATION_ROLE_NAME})
+#: Kueue's partial admission: the fewest pods of a Job Kueue may admit it with (it lowers
+#: ``parallelism``). Read from the Job, so an overlay's (pod template) copy goes there too.
+MIN_PARALLELISM_ANNOTATION = "kueue.x-k8s.io/job-min-parallelism"
 _SUFFIX_LEN = 8  # names.run_name's run-unique suffix
 
 
@@ -422,7 +425,12 @@ def _render_role(
             # created suspended: no pod starts before Kueue admits the Job (what Kueue's webhook
             # would do; without the webhook, nothing would run around the queue's quota)
             job_spec["suspend"] = True
-        job_meta = {**meta, "labels": {**labels, **queue}, "annotations": dict(annotations)}
+        job_annotations = dict(annotations)
+        from_overlay = tmeta["annotations"].get(MIN_PARALLELISM_ANNOTATION)
+        if from_overlay is not None:
+            job_annotations[MIN_PARALLELISM_ANNOTATION] = from_overlay
+        _check_min_parallelism(role, path, job_annotations.get(MIN_PARALLELISM_ANNOTATION))
+        job_meta = {**meta, "labels": {**labels, **queue}, "annotations": job_annotations}
         workload = {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
     service = _service(meta, selector, spec) if indexed or role.ports else None
     policy = _network_policy(meta, selector, {LABEL_APP_ID: app_id}, spec, rdzv_port) if indexed else None
@@ -469,6 +477,25 @@ def _kind(role: RolePlan, path: str, opts: KubernetesOptions) -> tuple[str, list
             f"{path}: bare Pod (pod=true): the agent restarts failed workers, but a lost pod is not replaced"
         ]
     return "Pod", []
+
+
+def _check_min_parallelism(role: RolePlan, path: str, value: str | None) -> None:
+    """Kueue's partial admission may start a Job with fewer pods, down to the annotation's
+    value: fewer than the role's ``min_replicas`` would never form its rendezvous."""
+    if value is None:
+        return
+    field = f"{path}: annotation {MIN_PARALLELISM_ANNOTATION}"
+    if not str(value).isdigit() or not 1 <= int(value) <= role.num_replicas:
+        raise SpecError(field, TARGET, f"{value!r} is not a whole number of pods in 1..{role.num_replicas}",
+                        fix=f"e.g. '{role.min_replicas}' (the role's min_replicas)")  # fmt: skip
+    if int(value) < role.min_replicas:
+        raise SpecError(
+            field,
+            TARGET,
+            f"Kueue could admit {value} pod(s) of role {role.name!r}, which needs {role.min_replicas} to form its "
+            "rendezvous: the admitted pods would wait for the others until join_timeout",
+            fix=f"set it to at least {role.min_replicas}, or make the role elastic (min_replicas)",
+        )
 
 
 def _rdzv_port(role: RolePlan, path: str, opts: KubernetesOptions) -> int:
