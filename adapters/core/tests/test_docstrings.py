@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 #: The packages whose ``__all__`` is the public API the reference documents.
-PUBLIC_MODULES = ("torchstep", "torchstep.kubernetes", "torchstep.steps", "torchstep.policy")
+PUBLIC_MODULES = ("torchstep", "torchstep.adapter", "torchstep.kubernetes", "torchstep.steps", "torchstep.policy")
 #: The adapters' packages: checked where installed (the core-only wheel test has none).
 ADAPTER_MODULES = ("torchstep_airflow", "torchstep_kfp", "torchstep_prefect")
 

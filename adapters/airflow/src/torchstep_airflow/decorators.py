@@ -28,8 +28,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
-from torchstep.components.materialize import check_parameter_names
-from torchstep.errors import SpecError
+from torchstep import SpecError
+from torchstep.adapter import check_parameter_names
 
 from torchstep_airflow.operators import AppDefOperator
 

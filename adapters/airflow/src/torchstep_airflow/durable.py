@@ -37,8 +37,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from torchstep.result import FAILED, PENDING, RUNNING, SUCCEEDED, StepResult, StepState
-from torchstep.steps import Attempt, failure_summary
+from torchstep import StepResult, StepState
+from torchstep.adapter import FAILED, PENDING, RUNNING, SUCCEEDED, Attempt, failure_summary
 
 from torchstep_airflow.settings import attempt_of
 

@@ -39,14 +39,19 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException
-from torchstep.contract import NON_RETRYABLE_EXIT_CODE
-from torchstep.errors import RunError, SpecError
-from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, render_app
-from torchstep.kubernetes.apiobj import termination, uid_of
-from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
-from torchstep.plan.model import StepPlan
-from torchstep.result import FAILED, SUCCEEDED, StepResult
-from torchstep.steps import open_step, run_tries
+from torchstep import NON_RETRYABLE_EXIT_CODE, RunError, SpecError, StepPlan, StepResult
+from torchstep.adapter import FAILED, SUCCEEDED, open_step, run_tries
+from torchstep.adapter.kubernetes import (
+    CONTAINER_NAME,
+    OfficialClient,
+    RenderedApp,
+    impostor_warning,
+    record_uid,
+    recorded_uids,
+    render_app,
+    termination,
+    uid_of,
+)
 
 from torchstep_airflow.settings import attempt_of
 

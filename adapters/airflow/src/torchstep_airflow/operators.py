@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-from torchstep.errors import RunError, SpecError
-from torchstep.plan.secrets import INLINED_INTO, warn_inlined, warn_note
+from torchstep import RunError, SpecError
+from torchstep.adapter import INLINED_INTO, warn_inlined, warn_note
 
 from torchstep_airflow.settings import UserSettings, attempt_of, check_run_settings, run_id_of, task_settings
 
 if TYPE_CHECKING:
-    from torchstep.plan.model import StepPlan
-    from torchstep.result import StepResult
+    from torchstep import StepPlan, StepResult
 
 TARGETS = ("local", "kubernetes")
 #: What computes a task's parse-time settings: part of their key in the plan store.
@@ -148,7 +147,7 @@ class AppDefOperator(BaseOperator):
         SpecError that makes the DAG an import error. Kept across processes for a string
         reference or a module-level function (``torchstep.components.plan_store``): a
         re-parse of an unchanged DAG file imports neither TorchX nor the planner."""
-        from torchstep.components.plan_store import remember
+        from torchstep.adapter import remember
 
         def compute() -> tuple[dict[str, Any], list[str]]:
             plan = self._parse_time_plan()
@@ -175,7 +174,7 @@ class AppDefOperator(BaseOperator):
         # read the retry budget now: the component's defaults for them, else "0" (which
         # TorchX parses as str, int, float or bool). execute() checks the rendered AppDef.
         # The names are not templates: a name the component lacks is a DAG import error.
-        from torchstep.components.materialize import UnknownParameterError, check_parameter_names
+        from torchstep.adapter import UnknownParameterError, check_parameter_names
 
         if isinstance(args, Mapping):
             check_parameter_names(component, args)
@@ -220,7 +219,7 @@ class AppDefOperator(BaseOperator):
         self._runner, self._killed = None, False
         try:
             if self.target == "local":  # ranks' lines: printed into the task log
-                from torchstep.steps import run_tries
+                from torchstep.adapter import run_tries
 
                 result = run_tries(plan, attempt=attempt_of(context), cfg=self.cfg, retries=self.own_retries,
                                    on_step=self.use_step, on_retry=self.on_retry)  # fmt: skip
@@ -237,7 +236,7 @@ class AppDefOperator(BaseOperator):
         except (TaskDeferred, Exception):  # deferred (trigger_reentry resumes), or the step failed and
             raise  # cleaned up as configured (on_finish_action)
         except BaseException:  # execution timeout, termination, Ctrl-C: stop everything, keep the result
-            from torchstep.steps import failure_summary
+            from torchstep.adapter import failure_summary
 
             stopped = self._stop()
             if stopped is not None and self.do_xcom_push:
@@ -274,7 +273,7 @@ class AppDefOperator(BaseOperator):
                 "torchstep: %s succeeded (%.1f s, %d restart(s))", result.app_id, result.duration_s, result.restarts
             )
             return data
-        from torchstep.steps import failure_summary
+        from torchstep.adapter import failure_summary
 
         if self.do_xcom_push:
             context["ti"].xcom_push(key="return_value", value=data)
@@ -321,8 +320,7 @@ def _stand_ins(args: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
 
 
 def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
-    from torchstep.components.materialize import materialize
-    from torchstep.plan.planner import build_plan
+    from torchstep import build_plan, materialize
 
     app = materialize(component, None if _is_appdef(component) else args)
     return app, build_plan(app, target)
@@ -331,7 +329,7 @@ def _build(component: Any, args: Any, target: str) -> tuple[Any, StepPlan]:
 def _plan(component: Any, args: Any, target: str) -> StepPlan:
     """The plan while the DAG file is parsed: identical tasks (same component, arguments and
     target) are planned once per parse (a fresh copy each); execute() builds afresh."""
-    from torchstep.components.plan_cache import materialize_and_plan
+    from torchstep.adapter import materialize_and_plan
 
     if _is_appdef(component):
         return _build(component, args, target)[1]
@@ -363,7 +361,7 @@ def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:
     if cfg is not None and not isinstance(cfg, Mapping):
         raise SpecError("cfg", target, f"must be a mapping, got {type(cfg).__name__}", fix='cfg={"log_dir": "/data"}')
     if cfg is not None:
-        from torchstep.runopts import check_cfg
+        from torchstep.adapter import check_cfg
 
         # every key now; a templated value once it is rendered (a None stands in for it)
         check_cfg({k: None if _templated(v) else v for k, v in cfg.items()}, target)

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from torchstep.errors import SpecError
+from torchstep import SpecError
 
 if TYPE_CHECKING:  # the planner and the steps seam load on use: a DAG file's re-parse needs neither
-    from torchstep.plan.model import StepPlan
-    from torchstep.steps import Attempt
+    from torchstep import StepPlan
+    from torchstep.adapter import Attempt
 
 #: Seconds added to the plan's step timeout for Airflow's ``execution_timeout`` backstop:
 #: the runner stops the step first and reports it; Airflow fires only if the runner hangs.
@@ -58,7 +58,7 @@ def task_settings(plan: StepPlan, user: UserSettings, target: str) -> dict[str, 
     Raises :class:`~torchstep.SpecError` when the task's own settings would add a second
     retry layer or contradict the AppDef.
     """
-    from torchstep.steps import check_user_retries
+    from torchstep.adapter import check_user_retries
 
     check_user_retries(
         plan,
@@ -140,7 +140,7 @@ def task_run_id(dag_id: str, run_id: str, task_id: str, try_number: int, map_ind
     >>> task_run_id("train", "scheduled__x", "fit", 1, map_index=3)
     'train.fit.3.scheduled-x.try1-838bd3'
     """
-    from torchstep.steps import Attempt
+    from torchstep.adapter import Attempt
 
     return Attempt((dag_id, task_id, *([map_index] if map_index >= 0 else []), run_id), try_number).run_id
 
@@ -152,7 +152,7 @@ def attempt_of(context: Any) -> Attempt:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", None)
     mapped = [map_index] if map_index is not None and map_index >= 0 else []
-    from torchstep.steps import Attempt
+    from torchstep.adapter import Attempt
 
     return Attempt((ti.dag_id, ti.task_id, *mapped, ti.run_id), int(ti.try_number or 1))
 

@@ -35,13 +35,9 @@ from typing import Any
 
 from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
-from torchstep.errors import SpecError
-from torchstep.plan.model import StepPlan
-from torchstep.policy import Policy, untrusted_cfg
-from torchstep.policy import resolve as resolve_policy
-from torchstep.result import StepResult
-from torchstep.schedulers.airflow import DAG_ID, TASK_ID, dag_id_for
-from torchstep.steps import failure_summary
+from torchstep import SpecError, StepPlan, StepResult
+from torchstep.adapter import Policy, failure_summary, resolve_policy, untrusted_cfg
+from torchstep.adapter.torchx import DAG_ID, TASK_ID, dag_id_for
 
 from torchstep_airflow.operators import AppDefOperator
 from torchstep_airflow.settings import UserSettings, run_id_of
@@ -82,7 +78,7 @@ def app_from_conf(
 def received(conf: Mapping[str, Any] | None, policy: Policy | str | None) -> tuple[Any, StepPlan, str, dict[str, Any]]:
     """:func:`app_from_conf`, and the AppDef's plan (made once, by core's
     :func:`torchstep.schedulers.generic.step_received`)."""
-    from torchstep.schedulers.generic import step_received
+    from torchstep.adapter import step_received
 
     return step_received(conf, policy, field="conf", what="the DAG run", scheduler="airflow")
 
@@ -172,7 +168,7 @@ def torchx_dag(
 
 def write_dag_file(dags_folder: str) -> str:
     """Write ``<dags_folder>/torchstep_torchx.py`` (mode 0600, never through a symlink)."""
-    from torchstep.files import write_private
+    from torchstep.adapter import write_private
 
     return write_private(os.path.join(dags_folder, "torchstep_torchx.py"), DAG_FILE)
 

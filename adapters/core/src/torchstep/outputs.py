@@ -59,13 +59,25 @@ def without_nulls(value: Any) -> Any:
 
 
 def is_uri(text: str) -> bool:
-    """Whether a published path is a URI (``scheme://...``: it stays where rank 0 put it)."""
+    """Whether a published path is a URI (``scheme://...``: it stays where rank 0 put it).
+
+    Args:
+        text: the path rank 0 published.
+
+    Returns:
+        True for ``scheme://...``.
+    """
     return bool(_URI.match(text))
 
 
 def write_out(path: str, text: str) -> None:
     """Write ``text`` at a path the orchestrator gave (its output locations), its directory
-    created: atomic, mode 0600, never through a symlink (:func:`torchstep.files.write_private`)."""
+    created: atomic, mode 0600, never through a symlink (:func:`torchstep.files.write_private`).
+
+    Args:
+        path: where the orchestrator reads it.
+        text: the content.
+    """
     from torchstep.files import write_private
 
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
@@ -74,7 +86,12 @@ def write_out(path: str, text: str) -> None:
 
 def copy_out(source: str, dest: str) -> None:
     """Copy a file or directory a rank saved (a model) to where the orchestrator keeps it;
-    symlinks are copied as links, never followed."""
+    symlinks are copied as links, never followed.
+
+    Args:
+        source: the file or directory rank 0 saved.
+        dest: where the orchestrator keeps it.
+    """
     os.makedirs(os.path.dirname(dest) or ".", mode=0o700, exist_ok=True)
     if os.path.isdir(source):
         shutil.copytree(source, dest, dirs_exist_ok=True, symlinks=True)
@@ -83,7 +100,14 @@ def copy_out(source: str, dest: str) -> None:
 
 
 def unpublished(names: Iterable[str]) -> str:
-    """The line that fails a step that succeeded without publishing the outputs ``names``."""
+    """The line that fails a step that succeeded without publishing the outputs ``names``.
+
+    Args:
+        names: the outputs the orchestrator expected and rank 0 did not publish.
+
+    Returns:
+        The line, with the fix.
+    """
     said = ", ".join(repr(n) for n in names)
     return (f"torchstep: the step succeeded but rank 0 did not publish {said}: call torchstep.output(name, value) "
             "on global rank 0 (the model: a path in the container or a URI)")  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torchstep.lazy import lazy_names
+from torchstep.adapter import lazy_names
 
 __all__ = ["StepComponent", "apply_plan", "component_from_app", "component_from_fn", "plan_of"]
 

@@ -27,16 +27,14 @@ import copy
 import inspect
 import json
 import keyword
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kfp.dsl.container_component_class import ContainerComponent
-from torchstep.errors import SpecError
-from torchstep.plan.fixed import several_pods
-from torchstep.plan.model import StepPlan
-from torchstep.plan.secrets import INLINED_INTO, warn_inlined
+from torchstep import SpecError, StepPlan
+from torchstep.adapter import INLINED_INTO, several_pods, warn_inlined
+from torchstep.adapter.names import python_identifier
 
 from torchstep_kfp import entry
 from torchstep_kfp.entry import COMPILED_INPUT, JOB_ID_INPUT, LITERAL_PREFIX, TASK_ID_INPUT
@@ -83,8 +81,8 @@ def component_from_app(app: Any, **options: Any) -> StepComponent:
     >>> component_from_app(app).name
     'echo'
     """
-    from torchstep.components.appjson import app_to_dict
-    from torchstep.components.materialize import materialize
+    from torchstep import materialize
+    from torchstep.adapter import app_to_dict
 
     _check_options(options, set())
     appdef = materialize(app)
@@ -132,7 +130,7 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
             the step uses itself, a required parameter without a default, or an AppDef (with the
             defaults) the ``kfp`` target cannot express.
     """
-    from torchstep.components.materialize import component_of, parameters_of, reference_of, static_values
+    from torchstep.adapter import component_of, parameters_of, reference_of, static_values
 
     fn, label = component_of(component)
     names = {p.name for p in parameters_of(component)}
@@ -193,7 +191,7 @@ class StepComponent(ContainerComponent):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from kfp import dsl
         from kfp.dsl import pipeline_context
-        from torchstep.components.materialize import unknown_parameter
+        from torchstep.adapter import unknown_parameter
 
         inputs = self.component_spec.inputs or {}
         for key in kwargs:  # before KFP's TypeError, which names no parameter
@@ -223,7 +221,7 @@ class StepComponent(ContainerComponent):
         """The plan of one call — the component's defaults, and the call's compile-time
         constants over them (a pipeline parameter or an upstream output keeps the default:
         its value exists only at run time) — and the input values it was made with."""
-        from torchstep.components.materialize import check_value
+        from torchstep.adapter import check_value
 
         params = {p.name: p for p, _ in self.inputs}
         defaults = {p.name: default for p, default in self.inputs}
@@ -271,8 +269,7 @@ class StepComponent(ContainerComponent):
 def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
            *, default_name: str, description: str) -> StepComponent:  # fmt: skip
     from kfp import dsl
-    from torchstep.components.materialize import task_function
-    from torchstep.runopts import check_cfg
+    from torchstep.adapter import check_cfg, task_function
 
     name = _component_name(options.get("name"), default_name)
     metrics = _artifact_name(options.get("metrics", False), METRICS_OUTPUT, "metrics")
@@ -389,12 +386,7 @@ def _component_name(given: Any, default: str) -> str:
         field = "name" if given else "name (the default: the AppDef's or the function's name)"
         raise SpecError(field, TARGET, f"{name!r}: KFP names components by an ASCII slug, which drops {dropped!r}",
                         fix="name='train-model' (ASCII letters, digits, '-' and '_')")  # fmt: skip
-    return _identifier(name)
-
-
-def _identifier(name: str) -> str:
-    out = re.sub(r"\W", "_", str(name)).strip("_").lower() or "step"
-    return f"step_{out}" if out[0].isdigit() else out
+    return python_identifier(name)
 
 
 def _docstring(description: str, inputs: list[tuple[Any, Any]], outputs: Mapping[str, str], metrics: bool,

@@ -33,6 +33,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from torchstep.adapter import Sink
+
 POD_NAME_ENV = "TORCHSTEP_POD_NAME"
 #: Seconds between two looks at the Jobs of a launcher step.
 POLL_INTERVAL_S = 2.0
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
     except (ValueError, KeyError) as e:
         _say(f"torchstep: bad step arguments: {e}", sys.stderr)
         return 2
-    from torchstep.errors import NON_RETRYABLE_EXIT_CODE, RunError, SpecError
+    from torchstep import NON_RETRYABLE_EXIT_CODE, RunError, SpecError
 
     try:
         result = _run(spec, values, args, compiled, local=local_budget, client=client)
@@ -93,7 +95,7 @@ def kfp_local_step() -> None:
     """The function kfp.local's SubprocessRunner calls (through ``kfp.dsl.executor_main``):
     runs :func:`main` on this process's arguments and exits with its status, before KFP's
     executor would overwrite the executor output file this step wrote."""
-    from torchstep.childproc import stop_when_ancestors_die
+    from torchstep.adapter import stop_when_ancestors_die
 
     # kfp.local runs it as pipeline process -> sh -> python and does not stop it when killed;
     # interrupted (an exception in the pipeline process: Ctrl-C, a timeout), kfp.local stops
@@ -150,10 +152,10 @@ def _inputs(spec: Mapping[str, Any], pairs: list[list[str]], local: bool) -> dic
 def appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     """The step's AppDef: the one the component carries, else the component materialised
     from ``values`` (``None`` and an empty ``*args`` left out: the function's own default)."""
-    from torchstep.components.materialize import materialize
+    from torchstep import materialize
 
     if spec.get("app") is not None:
-        from torchstep.components.appjson import app_from_dict
+        from torchstep.adapter import app_from_dict
 
         return app_from_dict(spec["app"])
     mapping = {k: v for k, v in values.items() if v is not None}
@@ -171,13 +173,14 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
     kfp.local, which ignores ``set_retry``)."""
     import dataclasses
 
-    from torchstep.plan.planner import build_plan
-    from torchstep.steps import Attempt, run_tries, stop_on_signals
+    from torchstep import build_plan
+    from torchstep.adapter import Attempt, run_tries, stop_on_signals
 
     app = appdef(spec, values)
     launcher = bool(spec.get("launcher"))
-    check_compiled(spec, values, compiled or {"fixed": spec.get("fixed"), "planned_with": spec.get("planned_with")},
-                   build_plan(app, "kfp"))  # fmt: skip
+    compiled = compiled or {"fixed": spec.get("fixed"), "planned_with": spec.get("planned_with")}
+    if inputs_changed(compiled.get("planned_with") or {}, values):  # else the AppDef is the one compiled
+        check_compiled(spec, values, compiled, build_plan(app, "kfp"))
     cfg = dict(spec.get("cfg") or {})
     options: dict[str, Any] = {}
     if launcher:  # the Jobs are named after the task, not the pod: a retried launcher reattaches
@@ -197,10 +200,23 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
     return None if cancel.is_set() else result
 
 
+def inputs_changed(planned_with: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether the run-time input ``values`` differ from those the task was compiled with
+    (an input on one side only differs): only then can the AppDef's fixed fields differ
+    from the compiled ones, and only then is it planned for ``kfp`` to check them — a step
+    run with its compiled values is planned once, for its run target.
+
+    >>> inputs_changed({"lr": 0.1}, {"lr": 0.1}), inputs_changed({"lr": 0.1}, {"lr": 0.2}), inputs_changed({}, {})
+    (False, True, False)
+    """
+    missing = object()
+    return any(values.get(k, missing) != planned_with.get(k, missing) for k in {*planned_with, *values})
+
+
 def fixed_of(plan: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     """What a task of this step fixes at compile time: core's
     :func:`torchstep.plan.fixed.step_fixed` of the step's role."""
-    from torchstep.plan.fixed import step_fixed
+    from torchstep.adapter import step_fixed
 
     return step_fixed(plan, role=int(spec.get("role", 0)))
 
@@ -211,7 +227,7 @@ def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled:
     time (``compiled["fixed"]``), naming the field and the input that changed it (core's
     :func:`torchstep.plan.fixed.check_fixed`): KFP would run the step with the compiled
     value, silently."""
-    from torchstep.plan.fixed import check_fixed
+    from torchstep.adapter import check_fixed
 
     check_fixed(compiled.get("fixed") or {}, compiled.get("planned_with") or {}, values, fixed_of(now, spec),
                 lambda v: _fixed_with(spec, v), target="kfp", orchestrator="KFP", when="compile time",
@@ -223,7 +239,7 @@ def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled:
 
 
 def _fixed_with(spec: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any] | None:
-    from torchstep.plan.planner import build_plan
+    from torchstep import build_plan
 
     try:
         return fixed_of(build_plan(appdef(spec, values), "kfp"), spec)
@@ -242,61 +258,21 @@ def _say(text: str, stream: Any) -> None:
     try:
         print(text, file=stream, flush=True)
     except BrokenPipeError:
-        from torchstep.childproc import discard_output
+        from torchstep.adapter import discard_output
 
         discard_output(stream.fileno())
 
 
 def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, Any]) -> int:
-    """Write the result, the named outputs and the artifacts; the step's exit status."""
-    from torchstep.outputs import copy_out, is_uri, metrics_of, unpublished, without_nulls, write_out
-    from torchstep.steps import failure_summary
+    """Write the result, the named outputs and the artifacts (core's
+    :func:`~torchstep.adapter.publish` into an :class:`ExecutorOutputSink`); the step's
+    exit status."""
+    from torchstep.adapter import failure_summary, publish, unpublished, write_out
 
-    outputs = executor_input.get("outputs", {})
-    params = outputs.get("parameters", {})
-    executor_output: dict[str, Any] = {"parameterValues": {}}
-    missing = []
-
-    def put(name: str, value: Any, kind: str) -> None:
-        target = params.get(name, {}).get("outputFile")
-        text = value if kind == "str" and isinstance(value, str) else json.dumps(value)
-        executor_output["parameterValues"][name] = value
-        if target:
-            write_out(target, text)
-
-    put("result", without_nulls(result.to_dict()), "dict")
-    for name, kind in spec.get("outputs", {}).items():
-        if name not in result.outputs:
-            missing.append(name)
-            continue
-        value = result.outputs[name]
-        put(name, value if kind != "str" or isinstance(value, str) else json.dumps(value), kind)
-    artifacts = outputs.get("artifacts", {})
-    if spec.get("metrics"):
-        name = spec["metrics"] if isinstance(spec["metrics"], str) else "metrics"
-        metrics = metrics_of(result.outputs)
-        art = _artifact(artifacts, name)
-        if art is not None:
-            art["metadata"] = {**art.get("metadata", {}), **metrics}
-            write_out(_path(art["uri"]), json.dumps(metrics))
-            executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
-    if spec.get("model") and result.succeeded:
-        name = spec["model"] if isinstance(spec["model"], str) else "model"
-        source = result.outputs.get("model")
-        art = _artifact(artifacts, name)
-        if not isinstance(source, str) or not source:
-            missing.append("model")
-        elif art is not None:
-            art["metadata"] = {**art.get("metadata", {}), "source": source}
-            if is_uri(source):
-                art["uri"] = source  # the model stays where rank 0 put it
-            elif os.path.exists(source):
-                copy_out(source, _path(art["uri"]))
-            else:
-                missing.append("model")
-            executor_output.setdefault("artifacts", {})[name] = {"artifacts": [art]}
-    if outputs.get("outputFile"):
-        write_out(outputs["outputFile"], json.dumps(executor_output))
+    sink = ExecutorOutputSink(spec, executor_input)
+    missing = publish(result, sink, expected=list(spec.get("outputs", {})), model=bool(spec.get("model")))
+    if sink.output_file:
+        write_out(sink.output_file, json.dumps(sink.executor_output))
     if result.succeeded and missing:
         _say(unpublished(missing), sys.stderr)
         return 1
@@ -304,6 +280,78 @@ def _publish(spec: Mapping[str, Any], result: Any, executor_input: Mapping[str, 
         _say(failure_summary(result), sys.stderr)
         return int(result.exit_code) if result.exit_code else 1
     return 0
+
+
+class ExecutorOutputSink(Sink):
+    """KFP's sink of :func:`torchstep.adapter.publish`: what KFP reads after the step, as
+    KFP's own executor writes it — each output parameter in its file and in the executor
+    output, the ``Metrics`` artifact's metadata and file, the ``Model`` artifact (a URI
+    referenced, a path copied).
+
+    Args:
+        spec: the step spec (its declared ``outputs``, ``metrics``, ``model``).
+        executor_input: KFP's executor input (where each output goes).
+    """
+
+    def __init__(self, spec: Mapping[str, Any], executor_input: Mapping[str, Any]) -> None:
+        outputs = executor_input.get("outputs", {})
+        self.declared: Mapping[str, str] = spec.get("outputs", {})
+        self.params: Mapping[str, Any] = outputs.get("parameters", {})
+        self.artifacts: Mapping[str, Any] = outputs.get("artifacts", {})
+        self.metrics_name = _artifact_name(spec.get("metrics"), "metrics")
+        self.model_name = _artifact_name(spec.get("model"), "model")
+        self.output_file: str = outputs.get("outputFile", "")
+        self.executor_output: dict[str, Any] = {"parameterValues": {}}
+
+    def _put(self, name: str, value: Any, kind: str) -> None:
+        from torchstep.adapter import write_out
+
+        target = self.params.get(name, {}).get("outputFile")
+        self.executor_output["parameterValues"][name] = value
+        if target:
+            write_out(target, value if kind == "str" and isinstance(value, str) else json.dumps(value))
+
+    def output(self, name: str, value: Any) -> None:
+        kind = self.declared.get(name)
+        if kind is not None:  # a pipeline reads only the outputs the component declares
+            self._put(name, value if kind != "str" or isinstance(value, str) else json.dumps(value), kind)
+
+    def metrics(self, values: Mapping[str, float]) -> None:
+        from torchstep.adapter import write_out
+
+        art = _artifact(self.artifacts, self.metrics_name) if self.metrics_name else None
+        if art is not None:
+            art["metadata"] = {**art.get("metadata", {}), **values}
+            write_out(_path(art["uri"]), json.dumps(dict(values)))
+            self.executor_output.setdefault("artifacts", {})[self.metrics_name] = {"artifacts": [art]}
+
+    def model(self, source: str) -> bool:
+        from torchstep.adapter import copy_out, is_uri
+
+        art = _artifact(self.artifacts, self.model_name) if self.model_name else None
+        if art is None:
+            return True  # no Model output to fill (a lone component run): nothing is missing
+        art["metadata"] = {**art.get("metadata", {}), "source": source}
+        if is_uri(source):
+            art["uri"] = source  # the model stays where rank 0 put it
+        elif os.path.exists(source):
+            copy_out(source, _path(art["uri"]))
+        else:
+            return False
+        self.executor_output.setdefault("artifacts", {})[self.model_name] = {"artifacts": [art]}
+        return True
+
+    def result(self, result: Any) -> None:
+        from torchstep.adapter import without_nulls
+
+        self._put("result", without_nulls(result.to_dict()), "dict")
+
+
+def _artifact_name(option: Any, default: str) -> str | None:
+    """The artifact's name from a component option (``True``: the default name)."""
+    if not option:
+        return None
+    return option if isinstance(option, str) else default
 
 
 def _artifact(artifacts: Mapping[str, Any], name: str) -> dict[str, Any] | None:

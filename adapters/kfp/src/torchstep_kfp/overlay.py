@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchstep.errors import SpecError
+from torchstep import SpecError
 
 TARGET = "kfp"
 _TOLERATION_KEYS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",

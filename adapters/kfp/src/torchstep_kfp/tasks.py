@@ -29,9 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torchstep.errors import SpecError
-from torchstep.plan.model import RolePlan, StepPlan
-from torchstep.plan.secrets import INLINED_INTO, warn_inlined
+from torchstep import RolePlan, SpecError, StepPlan
+from torchstep.adapter import INLINED_INTO, warn_inlined
 
 from torchstep_kfp.entry import NAMESPACE_ENV, POD_NAME_ENV  # what the step reads, defined where it is read
 
@@ -62,8 +61,7 @@ def plan_of(app: Any) -> StepPlan:
         if app.target != TARGET:
             raise SpecError("plan", app.target, f"a plan for target {app.target!r}", fix='build_plan(app, "kfp")')
         return app
-    from torchstep.components.materialize import materialize
-    from torchstep.plan.planner import build_plan
+    from torchstep import build_plan, materialize
 
     return build_plan(materialize(app), TARGET)
 

@@ -35,9 +35,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from torchstep.errors import SpecError
-from torchstep.plan.names import is_dns_subdomain
-from torchstep.schedulers import base, records
+from torchstep import SpecError
+from torchstep.adapter.names import is_dns_subdomain
+from torchstep.adapter.torchx import records
+from torchstep.adapter.torchx import scheduler as base
 from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppDef, AppDryRunInfo, AppState
 

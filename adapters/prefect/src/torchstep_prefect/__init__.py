@@ -10,7 +10,7 @@
 Importing this package imports neither torch nor prefect (they load when a function runs).
 """
 
-from torchstep.lazy import lazy_names
+from torchstep.adapter import lazy_names
 
 # these modules import Prefect inside their functions only: their names load eagerly
 from torchstep_prefect.deploy import base_job_template, job_variables

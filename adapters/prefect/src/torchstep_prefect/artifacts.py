@@ -5,8 +5,9 @@
 - ``<task>-outputs``: a markdown table of the rank-0 outputs (metrics included) and the
   step's state, exit code and root cause.
 
-Keys are the task run's name made into a Prefect artifact key (lowercase letters, digits
-and dashes); each run of the task adds a new version under the same key.
+Keys are the task run's name made into a Prefect artifact key
+(:func:`torchstep.adapter.names.artifact_key`); each run of the task adds a new version under
+the same key. :class:`ArtifactSink` is the Prefect sink of :func:`torchstep.adapter.publish`.
 
 Everything a worker controls (output names and values, the root cause) goes into the
 Markdown through :func:`torchstep.untrusted.escape_markdown`: shown as written, never a
@@ -16,21 +17,14 @@ link, an image, HTML or a broken table.
 from __future__ import annotations
 
 import json
-import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from torchstep.result import StepResult, root_cause_line
-from torchstep.untrusted import escape_markdown, markdown_code
+from torchstep.adapter import Sink, escape_markdown, markdown_code, root_cause_line
+from torchstep.adapter.names import artifact_key
 
-
-def artifact_key(task_name: str, kind: str) -> str:
-    """``"train-0"`` + ``"ranks"`` → ``"train-0-ranks"`` (Prefect keys: ``[a-z0-9-]``).
-
-    >>> artifact_key("Train_Step 1", "ranks")
-    'train-step-1-ranks'
-    """
-    base = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-") or "step"
-    return f"{base[:80]}-{kind}"
+if TYPE_CHECKING:
+    from torchstep import StepResult
 
 
 def rank_rows(result: StepResult) -> list[dict[str, Any]]:
@@ -46,39 +40,55 @@ def rank_rows(result: StepResult) -> list[dict[str, Any]]:
     return rows
 
 
-def outputs_markdown(result: StepResult) -> str:
-    """The ``-outputs`` artifact: the step's outcome and its rank-0 outputs."""
+def outputs_markdown(result: StepResult, outputs: Mapping[str, Any] | None = None) -> str:
+    """The ``-outputs`` artifact: the step's outcome and its rank-0 outputs (``outputs``:
+    as published, default the result's)."""
+    outputs = result.outputs if outputs is None else outputs
     head = f"**{_cell(result.app_id)}**: {_cell(result.state)} (exit {result.exit_code}, restarts {result.restarts})"
     lines = [head, ""]
     if result.root_cause is not None:
         rc = result.root_cause
         lines += [f"Root cause: {markdown_code(rc.role)} rank {rc.rank}: {_cell(root_cause_line(rc))}", ""]
-    if result.outputs:
+    if outputs:
         lines += ["| output | value |", "|---|---|"]
-        for key, value in sorted(result.outputs.items()):
+        for key, value in sorted(outputs.items()):
             lines.append(f"| {markdown_code(str(key), max_chars=200)} | {_cell(json.dumps(value, default=str))} |")
     else:
         lines.append("No rank-0 outputs (`torchstep.output(name, value)` on global rank 0 publishes them).")
     return "\n".join(lines) + "\n"
 
 
-def publish(result: StepResult, task_name: str) -> None:
-    """Create both artifacts for the current task run (a warning in the run log, never a
-    failed step, when the API refuses them)."""
-    from prefect import get_run_logger
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+class ArtifactSink(Sink):
+    """The Prefect sink of :func:`torchstep.adapter.publish`: collects the rank-0 outputs,
+    then creates both artifacts for the current task run (a warning in the run log, never a
+    failed step, when the API refuses them).
 
-    try:
-        create_table_artifact(
-            table=rank_rows(result), key=artifact_key(task_name, "ranks"),
-            description=f"torchstep step {result.app_id}: every rank's outcome",
-        )  # fmt: skip
-        create_markdown_artifact(
-            markdown=outputs_markdown(result), key=artifact_key(task_name, "outputs"),
-            description=f"torchstep step {result.app_id}: rank-0 outputs",
-        )  # fmt: skip
-    except Exception as e:  # the step's outcome matters more than its artifacts
-        get_run_logger().warning("torchstep: could not create the step's artifacts: %s", e)
+    Args:
+        task_name: the task run's name (the artifacts' key).
+    """
+
+    def __init__(self, task_name: str) -> None:
+        self.task_name = task_name
+        self.outputs: dict[str, Any] = {}
+
+    def output(self, name: str, value: Any) -> None:
+        self.outputs[name] = value
+
+    def result(self, result: StepResult) -> None:
+        from prefect import get_run_logger
+        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+        try:
+            create_table_artifact(
+                table=rank_rows(result), key=artifact_key(self.task_name, "ranks"),
+                description=f"torchstep step {result.app_id}: every rank's outcome",
+            )  # fmt: skip
+            create_markdown_artifact(
+                markdown=outputs_markdown(result, self.outputs), key=artifact_key(self.task_name, "outputs"),
+                description=f"torchstep step {result.app_id}: rank-0 outputs",
+            )  # fmt: skip
+        except Exception as e:  # the step's outcome matters more than its artifacts
+            get_run_logger().warning("torchstep: could not create the step's artifacts: %s", e)
 
 
 def _cell(text: str) -> str:

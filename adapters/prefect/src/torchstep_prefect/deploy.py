@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torchstep.errors import SpecError
+from torchstep import SpecError
 
 #: What a flow-run pod that only launches Jobs (``target="kubernetes"``) asks for.
 LAUNCHER_RESOURCES = {"cpu_request": "100m", "memory_request": "512Mi", "memory_limit": "512Mi"}
@@ -76,7 +76,7 @@ def job_variables(app: Any, *, target: str = "local") -> dict[str, Any]:
     ('8', '16384Mi', 2)
     """
     import torchstep
-    from torchstep.kubernetes.hostpod import host_pod
+    from torchstep.adapter.kubernetes import host_pod
 
     app_def = torchstep.materialize(app)
     plan = torchstep.build_plan(app_def, "kubernetes")

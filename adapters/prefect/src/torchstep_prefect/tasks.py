@@ -29,12 +29,12 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torchstep.errors import RunError, SpecError
+from torchstep.adapter import StepFailed as _StepFailed
+from torchstep.adapter import StepTask
 
 ORCHESTRATOR = "Prefect"
 TARGETS = ("local", "kubernetes")
@@ -42,7 +42,7 @@ TARGETS = ("local", "kubernetes")
 POLL_INTERVAL_S = 2.0
 
 
-class StepFailed(Exception):
+class StepFailed(_StepFailed):
     """A torchstep step ended unsuccessfully. ``result`` is the step result dict (state, exit
     code, root cause, per-rank exit codes and log paths), ``retryable`` whether retrying can
     help (False after a ``torchstep.NonRetryableError``: the task is not retried).
@@ -53,9 +53,7 @@ class StepFailed(Exception):
     """
 
     def __init__(self, message: str, result: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.result = result
-        self.retryable = bool(result.get("retryable", True))
+        super().__init__(result, message)
 
 
 def app_task(
@@ -83,29 +81,34 @@ def app_task(
         SpecError: an unknown target or run option, an AppDef the target cannot run, or task
             retries or timeout that contradict the AppDef.
     """
+    options = dict(task_options)
+    step = StepTask(app, target=target, cfg=cfg, defaults=options.pop("defaults", None), targets=TARGETS,
+                    builder="app_task")  # fmt: skip
+    return task_of(step, client=client, **options)
+
+
+def task_of(step: StepTask, *, client: Any = None, **task_options: Any) -> Any:
+    """The ``prefect.Task`` of a planned :class:`~torchstep.adapter.StepTask` (see
+    :func:`app_task`; the generic flow hands the plan it made on arrival).
+
+    Args:
+        step: the step, planned.
+        client: the Kubernetes client of target ``"kubernetes"``.
+        task_options: ``prefect.task`` options.
+
+    Returns:
+        The task.
+
+    Raises:
+        SpecError: task retries or timeout that contradict the AppDef.
+    """
     from prefect import task
     from prefect.cache_policies import NO_CACHE
-    from torchstep.components.materialize import component_of, static_values
-    from torchstep.plan.planner import build_plan
-    from torchstep.runopts import check_cfg
-    from torchx.specs import AppDef
 
-    if target not in TARGETS:
-        raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(TARGETS)}")
-    cfg = check_cfg(cfg, target)  # now, not when the flow runs
     options = dict(task_options)
-    defaults = options.pop("defaults", None)
-    if isinstance(app, AppDef):
-        params: list[tuple[Any, Any]] = []
-        static = app
-        name = app.name
-    else:
-        params, static = static_values(app, defaults, target=target, builder="app_task")
-        name = getattr(component_of(app)[0], "__name__", static.name)
-    plan = build_plan(static, target)
-    _apply_retries(plan, options)
-    body = _step_function(app, params, plan, cfg, name, client)
-    options.setdefault("name", name)
+    _apply_retries(step, options)
+    body = _step_function(step, client)
+    options.setdefault("name", step.name)
     options.setdefault("cache_policy", NO_CACHE)  # a training step has side effects: never skip it
     options.setdefault("persist_result", False)
     user_condition = options.pop("retry_condition_fn", None)
@@ -147,56 +150,40 @@ def torchstep_task(
     return app_task(fn, target=target, cfg=cfg, **task_options)
 
 
-def _apply_retries(plan: Any, options: dict[str, Any]) -> None:
+def _apply_retries(step: StepTask, options: dict[str, Any]) -> None:
     """Prefect's retries from the plan, after checking the user's agree with it."""
-    from torchstep.steps import check_user_retries
-
     delay = options.get("retry_delay_seconds")
-    check_user_retries(
-        plan, retries=options.get("retries"), timeout=options.get("timeout_seconds"),
+    step.check_user_retries(
+        retries=options.get("retries"), timeout=options.get("timeout_seconds"),
         retry_delay=delay if isinstance(delay, int | float) and not isinstance(delay, bool) else None,
         orchestrator=ORCHESTRATOR,
     )  # fmt: skip
-    step = plan.step_retry
-    if step.count:
-        options.setdefault("retries", step.count)
+    if step.retries:
+        options.setdefault("retries", step.retries)
         if "retry_delay_seconds" not in options:
-            delays = step.delays(0.0)
-            options["retry_delay_seconds"] = [max(0.0, d) for d in delays] if delays else 0
+            options["retry_delay_seconds"] = step.delays(0.0) or 0
 
 
 def _retry_condition(user: Callable[..., bool] | None) -> Callable[..., bool]:
     def torchstep_retry_condition(task: Any, task_run: Any, state: Any) -> bool:
         exc = getattr(state, "data", None)
-        if isinstance(exc, StepFailed | RunError) and not exc.retryable:
+        if isinstance(exc, BaseException) and not StepTask.retryable(exc):
             return False  # torchstep.NonRetryableError, or a RunError that says so: retrying cannot help
         return True if user is None else bool(user(task, task_run, state))
 
     return torchstep_retry_condition
 
 
-def _step_function(
-    app: Any, params: list[tuple[Any, Any]], plan: Any, cfg: dict[str, Any], name: str, client: Any
-) -> Any:
+def _step_function(step: StepTask, client: Any) -> Any:
     """The task's function: typed parameters from the component, the step in the body. A
-    fixed AppDef runs the plan made with the task; a component is planned once per call,
-    from the call's values."""
+    call with the values the task was planned with (or of a fixed AppDef) runs the task's
+    plan; other values are planned once per call."""
 
     def run_step(**values: Any) -> dict[str, Any]:
-        from torchstep.components.materialize import materialize
-        from torchstep.plan.planner import build_plan
+        app_def, plan = step.call(values)
+        return run_in_task(app_def, plan, cfg=step.cfg, client=client)
 
-        if not params:
-            return run_in_task(app, plan, cfg=cfg, client=client)
-        app_def = materialize(app, {k: v for k, v in values.items() if v is not None and v != []})
-        return run_in_task(app_def, build_plan(app_def, plan.target), cfg=cfg, client=client)
-
-    from torchstep.components.materialize import component_of, task_function
-
-    fn = component_of(app)[0] if params else None
-    return task_function(run_step, [p.keyword(value) for p, value in params], name=name, returns=dict,
-                         doc=(inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {name}",
-                         module=getattr(fn, "__module__", __name__) or __name__)  # fmt: skip
+    return step.function(run_step)
 
 
 def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None) -> dict[str, Any]:
@@ -206,9 +193,9 @@ def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None)
     the flow run (:func:`_logical_call`: Prefect keeps no state between tries)."""
     from prefect import get_run_logger
     from prefect.context import TaskRunContext
-    from torchstep.steps import Attempt, failure_summary, open_step
+    from torchstep.adapter import Attempt, failure_summary, open_step, publish
 
-    from torchstep_prefect.artifacts import publish
+    from torchstep_prefect.artifacts import ArtifactSink
 
     ctx = TaskRunContext.get()
     run = ctx.task_run if ctx is not None else None
@@ -225,9 +212,9 @@ def run_in_task(app: Any, plan: Any, *, cfg: dict[str, Any], client: Any = None)
         result = _run_stopping_on_timeout_and_cancel(step, ctx)
     except BaseException:
         if step.result is not None:  # stopped (cancelled, timed out) with a result: the UI shows it too
-            publish(step.result, task_name)
+            publish(step.result, ArtifactSink(task_name))
         raise
-    publish(result, task_name)
+    publish(result, ArtifactSink(task_name))
     data = result.to_dict()
     if not result.succeeded:
         raise StepFailed(failure_summary(result), data)
@@ -253,8 +240,7 @@ def _logical_call(flow_run: Any, task_key: str, app: Any, task_run: Any) -> Any:
     import weakref
 
     from prefect.context import FlowRunContext
-    from torchstep.components.appjson import app_to_dict
-    from torchstep.steps import Attempt
+    from torchstep.adapter import Attempt, app_to_dict
 
     digest = hashlib.sha256(json.dumps(app_to_dict(app), sort_keys=True, default=str).encode()).hexdigest()[:10]
     ctx = FlowRunContext.get()
@@ -287,7 +273,7 @@ def _run_stopping_on_timeout_and_cancel(step: Any, ctx: Any) -> Any:
 
     from prefect.exceptions import TerminationSignal
     from prefect.task_engine import TaskRunTimeoutError
-    from torchstep.steps import run_with_deadline
+    from torchstep.adapter import run_with_deadline
 
     seconds = getattr(getattr(ctx, "task", None), "timeout_seconds", None)
     in_worker = threading.current_thread() is not threading.main_thread()

@@ -39,8 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefect import flow
-from torchstep.policy import ENV_POLICY, Policy, PolicyError, untrusted_cfg
-from torchstep.policy import resolve as resolve_policy
+from torchstep.adapter import ENV_POLICY, Policy, PolicyError, resolve_policy, untrusted_cfg
 
 #: The flow's name: deployments are ``torchstep-torchx/<deployment name>``.
 FLOW_NAME = "torchstep-torchx"
@@ -72,10 +71,17 @@ def load_app(
 
         app = load_app(parameters["app"], "kubernetes", cfg={"namespace": "ml"})
     """
-    from torchstep.schedulers.generic import step_received
+    return _received(data, target, policy, cfg=cfg)[0]
+
+
+def _received(data: Any, target: str, policy: Policy | str | None = None, *,
+              cfg: Mapping[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+    """The AppDef of ``data`` and its plan for ``target``, checked (see :func:`load_app`)."""
+    from torchstep.adapter import step_received
 
     conf = {"app": data, "target": target, "cfg": cfg or {}}
-    return step_received(conf, policy, field=None, what="the flow run", scheduler="prefect")[0]
+    app, plan, _, _ = step_received(conf, policy, field=None, what="the flow run", scheduler="prefect")
+    return app, plan
 
 
 @flow(name=FLOW_NAME, retries=0, persist_result=False, validate_parameters=True)
@@ -88,10 +94,12 @@ def torchx_app(app: dict[str, Any], target: str = "local", cfg: dict[str, Any] |
         target: where the step runs: local (this flow run's machine) or kubernetes (Jobs)
         cfg: the target's run options (torchstep runopts local|kubernetes)
     """
-    from torchstep_prefect.tasks import app_task
+    from torchstep.adapter import StepTask
 
-    app_def = load_app(app, target, cfg=cfg)
-    step = app_task(app_def, target=target, cfg=untrusted_cfg(target, cfg))
+    from torchstep_prefect.tasks import TARGETS, task_of
+
+    app_def, plan = _received(app, target, cfg=cfg)  # checked and planned once, on arrival
+    step = task_of(StepTask(app_def, target=target, cfg=untrusted_cfg(target, cfg), targets=TARGETS, plan=plan))
     result: dict[str, Any] = step()
     return result
 

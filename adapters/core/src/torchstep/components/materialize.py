@@ -47,6 +47,12 @@ class UnknownParameterError(SpecError, TypeError):
     and the fix lists the parameters there are. Also a ``TypeError``, as Python's own
     error for an unexpected keyword argument is.
 
+    Args:
+        field: ``component.<name>``.
+        target: the target, when known.
+        problem: what is wrong.
+        fix: the parameters there are.
+
     >>> import torchstep
     >>> torchstep.materialize("utils.echo", ["--mgs", "hi"])
     Traceback (most recent call last):

@@ -59,6 +59,17 @@ def materialize_and_plan(
     arguments by value and type, the target, the working directory, and whether each
     role's image is a directory (the local target resolves both). Failures are not
     remembered: each raises the same :class:`~torchstep.SpecError` as the uncached path.
+
+    Args:
+        component: a component function, its reference, or an AppDef.
+        args: the component's arguments (command-line strings or a mapping).
+        target: the plan's target.
+
+    Returns:
+        ``(app, plan)``: fresh copies.
+
+    Raises:
+        SpecError: the arguments make no AppDef, or one the target cannot run.
     """
     import pickle
 

@@ -38,6 +38,8 @@ JOB_NAME_MAX = 47
 _INVALID = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: Airflow's rule for a DAG or task id (``airflow.utils.helpers.KEY_REGEX``, at most 250 characters).
+_AIRFLOW_ID = re.compile(r"[\w.-]{1,250}", re.ASCII)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 # resource.Quantity: a decimal number with an optional binary/decimal SI suffix or exponent
@@ -142,6 +144,19 @@ def run_name(base: str, run_id: str | None = None, *, max_len: int = JOB_NAME_MA
     suffix = _digest(run_id, 8) if run_id else short_id(8)
     head = dns_label(base, max_len=max_len - len(suffix) - 1) or "run"
     return f"{head}-{suffix}"
+
+
+def is_airflow_id(name: str) -> bool:
+    """True when ``name`` is a valid Airflow DAG or task id (ASCII letters, digits, ``_``,
+    ``.``, ``-``; 1 to 250 characters).
+
+    Args:
+        name: the id.
+
+    >>> is_airflow_id("torchstep_torchx.q-1"), is_airflow_id("a b"), is_airflow_id("x" * 251)
+    (True, False, False)
+    """
+    return bool(_AIRFLOW_ID.fullmatch(name))
 
 
 def is_env_name(name: str) -> bool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +38,7 @@ from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppDef, AppDryRunInfo, AppState
 
 from torchstep.errors import SpecError
+from torchstep.plan.names import is_airflow_id
 from torchstep.schedulers import base, generic, records, rest
 
 BACKEND = "airflow"
@@ -48,8 +48,6 @@ CANCEL_NOTE = "cancelled by torchx"
 #: The generic DAG's default id and its one task (:mod:`torchstep_airflow.torchx_dag`).
 DAG_ID = "torchstep_torchx"
 TASK_ID = "app"
-#: Airflow's rule for a DAG id (``airflow.utils.helpers.KEY_REGEX``, at most 250 characters).
-_DAG_ID = re.compile(r"[\w.-]{1,250}", re.ASCII)
 _STATES = {
     "queued": AppState.PENDING,
     "running": AppState.RUNNING,
@@ -106,7 +104,7 @@ def resolve(cfg: Mapping[str, Any]) -> AirflowOptions:
     )  # fmt: skip
     base.check_step_target(opts["target"], opts["namespace"])
     for key, dag_id in (("dag_id", opts["dag_id"]), ("queue", dag_id_for(opts["queue"], opts["dag_id"]))):
-        if not _DAG_ID.fullmatch(dag_id):
+        if not is_airflow_id(dag_id):
             raise SpecError(f"cfg[{key!r}]", None, f"{opts[key]!r} does not make a valid DAG id",
                             fix="letters, digits, '_', '.' and '-' only (as the DAG deployed with torchx_dag)")  # fmt: skip
     for key in ("token_env", "password_env"):
@@ -196,8 +194,11 @@ class AirflowScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
         opts = resolve(cfg)
         run_id = base.new_app_id(app.name)
         step_cfg = {**opts.step_cfg, **({"namespace": opts.namespace} if opts.namespace else {})}
-        conf = generic.step_conf(app, opts.target, step_cfg)
-        generic.check_step_cfg(app, opts.target, step_cfg, run_id, field="cfg['step_cfg']")
+        from torchstep.plan.planner import build_plan
+
+        plan = build_plan(app, opts.target)  # once: for the conf and for the step's options
+        conf = generic.step_conf(app, opts.target, step_cfg, plan=plan)
+        generic.check_step_cfg(app, opts.target, step_cfg, run_id, field="cfg['step_cfg']", plan=plan)
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": "torchx run"}
         return AppDryRunInfo(AirflowRequest(opts.endpoint, dag_id_for(opts.queue, opts.dag_id), body, opts.api), str)
 

@@ -28,7 +28,9 @@ from torchstep.schedulers.base import STEP_TARGETS, app_payload, app_received
 __all__ = ["check_step_cfg", "result_message", "step_conf", "step_received"]
 
 
-def step_conf(app: AppDef, target: str, cfg: Mapping[str, Any], *, app_id: str | None = None) -> dict[str, Any]:
+def step_conf(
+    app: AppDef, target: str, cfg: Mapping[str, Any], *, app_id: str | None = None, plan: Any = None
+) -> dict[str, Any]:
     """What an orchestrator scheduler sends its generic step (a DAG run's conf, a flow run's
     parameters): ``{"app": <AppDef as JSON>, "target": ..., "cfg": ...}``, the AppDef checked
     for ``target`` (:func:`app_payload`); the other end is :func:`app_received`.
@@ -39,6 +41,7 @@ def step_conf(app: AppDef, target: str, cfg: Mapping[str, Any], *, app_id: str |
         cfg: the step's run options.
         app_id: the handle ``torchx run`` prints: the TorchX job id macro in the roles' env
             (``TORCHX_JOB_ID``) becomes it, not the id of one try.
+        plan: ``app``'s plan for ``target`` when the caller made it (then not made again).
 
     Returns:
         The JSON data.
@@ -46,7 +49,12 @@ def step_conf(app: AppDef, target: str, cfg: Mapping[str, Any], *, app_id: str |
     Raises:
         SpecError: a field of the AppDef the target cannot run.
     """
-    payload = app_payload(app, target)
+    if plan is None:
+        payload = app_payload(app, target)
+    else:
+        from torchstep.components.appjson import app_to_dict
+
+        payload = app_to_dict(app)
     if app_id is not None:
         from torchx.specs import macros
 
@@ -57,7 +65,9 @@ def step_conf(app: AppDef, target: str, cfg: Mapping[str, Any], *, app_id: str |
     return {"app": payload, "target": target, "cfg": dict(cfg)}
 
 
-def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str, *, field: str) -> None:
+def check_step_cfg(
+    app: AppDef, target: str, cfg: Mapping[str, str], run_id: str, *, field: str, plan: Any = None
+) -> None:
     """What a generic step checks of its run options before it starts: the target's options,
     with the step made here and never run (:mod:`torchstep.steps`).
 
@@ -67,6 +77,7 @@ def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str
         cfg: the step's run options.
         run_id: the run id the step would have.
         field: what the options are called in the scheduler's ``cfg`` (``cfg['step_cfg']``).
+        plan: ``app``'s plan for ``target`` when the caller made it (then not made again).
 
     Raises:
         SpecError: a bad option, named ``<field>[<key>]``.
@@ -75,7 +86,8 @@ def check_step_cfg(app: AppDef, target: str, cfg: Mapping[str, str], run_id: str
     from torchstep.steps import KubernetesStep, LocalStep
 
     try:
-        (LocalStep if target == "local" else KubernetesStep)(build_plan(app, target), run_id=run_id, cfg=cfg)
+        plan = plan if plan is not None else build_plan(app, target)
+        (LocalStep if target == "local" else KubernetesStep)(plan, run_id=run_id, cfg=cfg)
     except SpecError as e:
         if not e.field.startswith("cfg["):
             raise

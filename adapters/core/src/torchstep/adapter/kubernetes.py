@@ -1,0 +1,32 @@
+"""Kubernetes for an adapter that hands a step's pod to its orchestrator's own Kubernetes
+support (Airflow's KubernetesPodOperator, a Prefect work pool's base job template) instead
+of running it through :func:`torchstep.steps.open_step`: the rendered objects, the pod's
+container, its termination, and the ownership records that keep a later try from
+attaching to a pod someone else created. Imports the Kubernetes client only on use.
+
+Example::
+
+    >>> from torchstep.adapter.kubernetes import CONTAINER_NAME
+    >>> CONTAINER_NAME
+    'main'
+"""
+
+from __future__ import annotations
+
+from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, render_app
+from torchstep.kubernetes.apiobj import termination, uid_of
+from torchstep.kubernetes.hostpod import host_pod
+from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
+
+__all__ = [
+    "CONTAINER_NAME",
+    "OfficialClient",
+    "RenderedApp",
+    "host_pod",
+    "impostor_warning",
+    "record_uid",
+    "recorded_uids",
+    "render_app",
+    "termination",
+    "uid_of",
+]
