@@ -177,7 +177,7 @@ def test_settings_pipeline_defaults_and_torchrun_compatibility() -> None:
         conf["last_call_timeout"],
         conf["keep_alive_interval"],
         conf["keep_alive_max_attempt"],
-    ) == ("900", "900", "1", "1", "4")  # keep-alive: a 0.5 s tick (runner.fast_keep_alive) x 4
+    ) == ("900", "900", "1", "1", "60")  # keep-alive: a 0.5 s tick (runner.fast_keep_alive) x 60 (liveness.py)
     # a classic static multi-node torchrun line stays static
     static = resolve(
         ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h", "--master-port", "1234", "t.py"], environ={}

@@ -101,6 +101,91 @@ def set_rdzv_backend(handler: Any, backend: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------
+# Liveness (torchstep.agent.liveness): a second, bounded view of the rendezvous state.
+#
+#   handler._this_node, handler._settings: this node's description and the rendezvous
+#   settings; dynamic_rendezvous._BackendRendezvousStateHolder: reads and writes the state
+#   through a backend (the monitor's own, on its own store connection);
+#   dynamic_rendezvous._remove_participant_epilogue: what torch does after removing a
+#   participant (a round left empty moves on). All present on torch 2.4 … 2.15 (checked 2.13);
+#   a torch without one of them runs without the monitor (one log line).
+# ---------------------------------------------------------------------------------------
+
+
+def rdzv_node_and_settings(handler: Any) -> tuple[Any, Any] | None:
+    """This node's description and the rendezvous settings of a dynamic handler.
+
+    Args:
+        handler: a rendezvous handler.
+
+    Returns:
+        ``(node, settings)``; ``None`` for handlers without them (static, etcd v1).
+    """
+    node = getattr(handler, "_this_node", None)
+    settings = getattr(handler, "_settings", None)
+    if node is None or settings is None or not hasattr(settings, "keep_alive_interval"):
+        return None
+    return node, settings
+
+
+def rdzv_round(handler: Any) -> int | None:
+    """The round of the rendezvous state a dynamic handler last read.
+
+    Args:
+        handler: a rendezvous handler.
+
+    Returns:
+        The round, or ``None`` for handlers without one.
+    """
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    value = getattr(state, "round", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def rdzv_state_holder(backend: Any, settings: Any) -> Any:
+    """A state holder of torch's dynamic rendezvous over ``backend``, without a read cache.
+
+    Args:
+        backend: a rendezvous backend (``get_state``/``set_state``).
+        settings: the rendezvous settings (its dead-node expiry is the handler's own).
+
+    Returns:
+        The holder (``sync()``, ``state``, ``mark_dirty()``), or ``None`` on a torch without one.
+    """
+    cls = getattr(_dynamic_rendezvous(), "_BackendRendezvousStateHolder", None)
+    if cls is None:
+        return None
+    return cls(backend, settings, cache_duration=0)
+
+
+def remove_rdzv_node(state: Any, node: Any, settings: Any) -> bool:
+    """Remove ``node`` from a rendezvous state as torch removes a node whose heartbeat
+    expired (participants, heartbeats, wait and redundancy lists; an emptied complete round
+    moves on).
+
+    Args:
+        state: the state (changed in place).
+        node: the node's description.
+        settings: the rendezvous settings.
+
+    Returns:
+        Whether the state changed.
+    """
+    changed = state.last_heartbeats.pop(node, None) is not None
+    removed = state.participants.pop(node, None) is not None
+    for name in ("wait_list", "redundancy_list"):
+        members = getattr(state, name, None)
+        if members is not None and node in members:
+            members.discard(node)
+            changed = True
+    if removed:
+        epilogue = getattr(_dynamic_rendezvous(), "_remove_participant_epilogue", None)
+        if epilogue is not None:
+            epilogue(state, settings)
+    return changed or removed
+
+
+# ---------------------------------------------------------------------------------------
 # The supported torch range (torchstep.agent.cli checks it before anything imports torch)
 #
 # The oldest is 2.4: LogsSpecs (torchrun's --logs-specs, the agent's per-rank logs) came in

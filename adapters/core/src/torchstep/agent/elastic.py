@@ -35,7 +35,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousGracefulExitError
 
 from torchstep.agent import compat, signals
 from torchstep.agent.hang import HangWatch, ProgressWatch, gpu_present, nccl_env, request_nccl_dumps
@@ -166,6 +166,10 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._progress = ProgressWatch()
         self._nccl = gpu_present(os.environ)  # workers may use NCCL: its flight recorder on
         self._stacks_lock = threading.Lock()
+        self._liveness: Any = None  # torchstep.agent.liveness.LivenessMonitor, from the first rendezvous
+        self._liveness_started = False
+        self._silence: tuple[Any, int | None] | None = None  # (Silence, attempt index it stopped)
+        self._rdzv_round: int | None = None
         #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
         self.warnings: list[str] = warnings if warnings is not None else []
         self._warn_lock = threading.Lock()
@@ -205,7 +209,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
     # -- rendezvous / start ----------------------------------------------------------------
     def rendezvous_group(self, worker_group: WorkerGroup) -> None:
         self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
+        self._start_liveness(worker_group)
         self.torch_rendezvous(worker_group)
+        self._rdzv_round = compat.rdzv_round(worker_group.spec.rdzv_handler)
         self._watchdog.phase("starting workers", 120)
         self._agent_hosts_store = self._host_worker_store(worker_group)
         signals.check()  # before any worker starts
@@ -373,6 +379,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if self._zygote is not None:
             self._check_zygote(attempt)
         self._check_heartbeats(attempt)
+        silenced = self._act_on_silence(worker_group, attempt)
+        if silenced is not None:
+            return silenced
         self._check_hang(attempt)
         self._progress.tick()
         result: RunResult = self.torch_monitor_workers(worker_group)
@@ -392,6 +401,82 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             attempt.state = SUCCEEDED
             attempt.ended_at = time.time()
         return result
+
+    # -- silent peers (torchstep.agent.liveness) ------------------------------------------
+    def _start_liveness(self, wg: WorkerGroup) -> None:
+        """Start the liveness monitor once, on the first rendezvous (c10d with several nodes;
+        ``--rdzv-conf liveness=off`` turns it off)."""
+        if self._liveness_started:
+            return
+        self._liveness_started = True
+        config = self.settings.config
+        if str(config.rdzv_configs.get("liveness", "on")).strip().lower() in ("0", "off", "false", "no"):
+            return
+        from torchstep.agent.liveness import LivenessMonitor
+
+        self._liveness = LivenessMonitor.create(
+            wg.spec.rdzv_handler,
+            str(config.rdzv_endpoint),
+            fixed_size=config.min_nodes == config.max_nodes,
+            on_silent=self._on_silent,
+            on_cut_off=self._on_cut_off,
+        )
+        if self._liveness is not None:
+            self._liveness.start()
+
+    def _on_silent(self, silence: Any) -> None:
+        # the monitor's thread: the main loop acts on it at its next tick
+        self._silence = (silence, None)
+
+    def _on_cut_off(self, silence: Any) -> None:
+        # the monitor's thread, while the main loop may be blocked on the store: stop the
+        # workers now (they cannot finish a collective with the others anyway)
+        attempt = self.attempts[-1] if self.attempts else None
+        running = attempt is not None and attempt.state == RUNNING and attempt.stop_started_at is None
+        self._silence = (silence, attempt.index if attempt is not None and running else None)
+        if attempt is None or not running:
+            return
+        if self._fixed_size():
+            self.collect_stacks(silence.message)
+        for w in attempt.workers.values():
+            if w.reason is None:
+                w.reason, w.detail = "replica_lost", silence.message
+            self._kill(w, signal.SIGKILL)
+
+    def _fixed_size(self) -> bool:
+        return bool(self.settings.config.min_nodes == self.settings.config.max_nodes)
+
+    def _act_on_silence(self, wg: WorkerGroup, attempt: Attempt) -> RunResult | None:
+        """A silent peer of this round, or this node cut off while this attempt ran: restart
+        at the new size (elastic: a membership change) or fail the group (fixed size)."""
+        taken, self._silence = self._silence, None
+        if taken is None:
+            return None
+        silence, stopped = taken
+        if silence.kind == "cut_off" and stopped != attempt.index:
+            return None  # it stopped an earlier attempt (or none)
+        if silence.kind != "cut_off" and silence.round != self._rdzv_round:
+            return None  # a node of another round (this one was formed without it)
+        if not self._fixed_size():
+            what = "rejoining the rendezvous" if silence.kind == "cut_off" else "restarting the group at the new size"
+            log.warning("%s: %s", silence.message, what)
+            self.restart_group(wg)
+            return RunResult(state=WorkerState.HEALTHY)
+        log.error("%s: failing the group (--nnodes %d is fixed)", silence.message, self.settings.config.max_nodes)
+        if silence.kind != "cut_off":
+            self.collect_stacks(silence.message)
+        for w in attempt.workers.values():
+            if w.reason is None:
+                w.reason, w.detail = "replica_lost", silence.message
+            self._kill(w, signal.SIGKILL)
+        return self._failed_by_silence(attempt)
+
+    def _failed_by_silence(self, attempt: Attempt | None) -> RunResult:
+        if attempt is not None:
+            attempt.state = FAILED
+            attempt.ended_at = attempt.ended_at or time.time()
+        self.remaining_restarts = 0  # the world cannot form again at this size
+        return RunResult(state=WorkerState.FAILED)
 
     def _check_zygote(self, attempt: Attempt) -> None:
         """Notice the zygote's death at once (one warning), and say at INFO which worker
@@ -619,6 +704,19 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self.graceful_exit = str(e)
             log.info("rendezvous closed while this node was waiting: %s", e)
             return RunResult(state=WorkerState.SUCCEEDED)
+        except RendezvousError as e:
+            cut = self._liveness.cut_off if self._liveness is not None else None
+            if cut is None:
+                raise
+            # the liveness monitor shut the store connection down: the step fails, retryable,
+            # with the cut-off as its root cause (the workers were stopped with it)
+            log.error("%s (%s: %s)", cut.message, type(e).__name__, e)
+            attempt = self.attempts[-1] if self.attempts else None
+            if attempt is not None:
+                for w in attempt.workers.values():
+                    if w.reason is None:
+                        w.reason, w.detail = "replica_lost", cut.message
+            return self._failed_by_silence(attempt)
         except SignalException as e:
             signals.acted_on()
             self.cancel_signal = int(e.sigval)
@@ -634,6 +732,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             shutdown_called = True
             raise
         finally:
+            if self._liveness is not None:
+                self._liveness.stop()
             if not shutdown_called:
                 self.shutdown_group(signal.SIGTERM, self.settings.grace_period)
             if self._timer_server is not None:

@@ -50,6 +50,7 @@ __all__ = [
     "MAC_PREFIX",
     "StateRefused",
     "check_state",
+    "guard_backend",
     "guard_handler",
     "sign_state",
     "take_key",
@@ -248,6 +249,20 @@ def guard_handler(handler: Any, endpoint: str) -> bool:
     if backend is None or isinstance(backend, _GuardedBackend):
         return isinstance(backend, _GuardedBackend)
     return compat.set_rdzv_backend(handler, _GuardedBackend(backend, endpoint, _key))
+
+
+def guard_backend(backend: Any, endpoint: str) -> Any:
+    """``backend`` with the same checks and signing :func:`guard_handler` gives a handler's
+    (for a second reader of the state: :mod:`torchstep.agent.liveness`).
+
+    Args:
+        backend: a rendezvous backend (``get_state``/``set_state``).
+        endpoint: the rendezvous endpoint, named in a refusal.
+
+    Returns:
+        The guarded backend.
+    """
+    return backend if isinstance(backend, _GuardedBackend) else _GuardedBackend(backend, endpoint, _key)
 
 
 class _GuardedBackend:

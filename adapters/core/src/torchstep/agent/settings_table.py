@@ -70,7 +70,12 @@ DYNAMIC_RDZV_DEFAULTS: dict[str, str] = {
 }
 #: The keep-alive tick the agent uses when ``keep_alive_interval`` is not given.
 KEEP_ALIVE_PERIOD_S = 0.5
-C10D_RDZV_DEFAULTS: dict[str, str] = {**DYNAMIC_RDZV_DEFAULTS, "read_timeout": "900"}
+#: c10d has the liveness monitor (torchstep.agent.liveness), which removes a node whose
+#: heartbeat stopped *and* whose host or agent does not answer a probe within ~4 s; torch's own
+#: expiry (0.5 s tick x 60 = 30 s) is then only the bound for an agent that is there but
+#: sends nothing (a stall): with x 4 (2 s) a peer agent stalled 5 s on a loaded machine was
+#: dropped from the rendezvous (its heartbeats then stop for good).
+C10D_RDZV_DEFAULTS: dict[str, str] = {**DYNAMIC_RDZV_DEFAULTS, "read_timeout": "900", "keep_alive_max_attempt": "60"}
 
 #: A flag's value when the command line did not give it (so that a variable may fill it).
 UNSET: Any = object()

@@ -22,7 +22,7 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["LOOPBACK", "host_store", "loopback_ip", "private_handler", "private_params"]
+__all__ = ["LOOPBACK", "host_store", "loopback_ip", "private_handler", "private_params", "shutdown_connections"]
 
 log = logging.getLogger("torchstep.agent")
 
@@ -168,3 +168,53 @@ def private_handler(params: Any) -> Any:
         return None
     backend = C10dRendezvousBackend(store, params.run_id)
     return create_handler(store, backend, params)
+
+
+def shutdown_connections(host: str, port: int) -> int:
+    """Shut down every TCP connection of this process to ``host:port`` (both directions).
+
+    torch's store client has no deadline on most calls (a ``compare_set`` to a store host that
+    stopped answering blocks until TCP gives up, ~15 minutes); a call blocked on a shut-down
+    socket fails at once. The agent does this when it knows the store is out of reach
+    (:mod:`torchstep.agent.liveness`), so its main loop ends instead of hanging. The sockets
+    themselves stay open (their owner closes them); only this process's are found, through
+    ``/proc/self/fd``.
+
+    Args:
+        host: the store's host name or address.
+        port: its port.
+
+    Returns:
+        How many connections were shut down.
+    """
+    import os
+
+    try:
+        addrs = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return 0
+    count = 0
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            dup = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if dup.type != socket.SOCK_STREAM or dup.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            peer = dup.getpeername()
+            host_ip = str(peer[0]).removeprefix("::ffff:")  # torch's client may be IPv6, v4-mapped
+            if host_ip in addrs and int(peer[1]) == port:
+                dup.shutdown(socket.SHUT_RDWR)
+                count += 1
+        except OSError:
+            pass  # not connected, or gone meanwhile
+        finally:
+            dup.close()  # the duplicate only: the connection's owner still holds its own fd
+    return count
