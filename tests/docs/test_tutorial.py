@@ -106,7 +106,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     # section 6, from the clone's root: a component's parameters, a retry, a restart, a non-retryable stop
     assert "--kill_rank int" in by_command["cd .."], by_command["cd .."][-2000:]
     prepare = by_command["torchstep run components/train.py:prepare -- --out hello/data --fail_once True"]
-    assert "SUCCEEDED after 2 attempt(s)" in prepare, prepare[-3000:]
+    assert "SUCCEEDED after 2 tries" in prepare, prepare[-3000:]
     (train,) = [v for k, v in by_command.items() if "--kill_rank 1" in k]
     assert re.search(r"torchstep: train-\S+ SUCCEEDED in .*, 1 restart\(s\)", train), train[-3000:]
     (stop,) = [v for k, v in by_command.items() if "--non_retryable True" in k]

@@ -51,7 +51,7 @@ def test_faults_are_survived_under_kfp_local(tmp_path: Path, monkeypatch: pytest
     finally:
         local.config.LocalExecutionConfig.instance = None
     out = capfd.readouterr().out
-    assert out.count("torchstep: attempt 1 of 2 failed") == 1  # prepare: one retry, exactly
+    assert out.count("torchstep: try 1 of 2 failed") == 1  # prepare: one retry, exactly
     (train_dir,) = root.glob("batch-training-*/train")
     result = json.loads((train_dir / "result").read_text())
     history = result["outputs"]["history"]

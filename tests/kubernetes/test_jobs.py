@@ -196,26 +196,6 @@ def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> Non
             assert result.outputs == {"loss": 0.1}
 
 
-def test_the_old_name_jobset_warns_and_is_jobgang() -> None:
-    """``JobSet`` (the name until 0.2, easily mistaken for the Kubernetes JobSet API) still
-    imports from the package and from its module for one release, with a warning."""
-    import torchstep.kubernetes.jobs
-    from torchstep.steps import KubernetesStep
-
-    with pytest.warns(DeprecationWarning, match="renamed JobGang"):
-        from torchstep.kubernetes import JobSet
-    assert JobSet is JobGang
-    with pytest.warns(DeprecationWarning, match="renamed JobGang"):
-        assert torchstep.kubernetes.jobs.JobSet is JobGang
-    assert "JobSet" not in torchstep.kubernetes.__all__ and "JobGang" in torchstep.kubernetes.__all__
-    with pytest.raises(AttributeError):
-        torchstep.kubernetes.NoSuchName  # noqa: B018
-    step = KubernetesStep.__new__(KubernetesStep)
-    step.jobs = "the try's gang"
-    with pytest.warns(DeprecationWarning, match="job_gang"):
-        assert step.job_set() == "the try's gang"
-
-
 def test_a_creation_the_api_server_refuses_is_a_run_error_that_names_the_object_and_the_fix(monkeypatch) -> None:
     """Not a SpecError (the input is fine) and not the client's raw error: one line with the
     HTTP status, the server's message and the fix; retryable (a quota may let a retry in)."""

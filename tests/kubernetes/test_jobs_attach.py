@@ -11,7 +11,6 @@ from kubefake import FakeKube, Script
 from torchstep.kubernetes import JobGang, render_app
 from torchstep.kubernetes.jobs import CURSOR_ANNOTATION, CURSOR_KEY
 from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
-from torchstep.steps import KubernetesStep
 from torchx import specs
 
 
@@ -133,17 +132,6 @@ def test_a_malformed_saved_cursor_means_reading_from_the_start_not_a_failure() -
     lines: list[str] = []
     result = JobGang(rendered(), fake, on_line=lines.append, poll_interval=0.01, cursor_store=store).run()
     assert result.state == SUCCEEDED and len(lines) == 3
-
-
-def test_for_attempt_starts_afresh_after_a_kept_failed_job_and_attaches_otherwise() -> None:
-    plan = torchstep.build_plan(app(), target="kubernetes")
-    fake = FakeKube({0: Script(codes=[1]), 1: Script()})
-    first = KubernetesStep.for_attempt(plan, attempt_id="kfp.run-1.task-7", client=fake, cfg={"namespace": "ml"},
-                                       poll_interval=0.01, on_finish="keep")  # fmt: skip
-    assert first.run_id == "kfp.run-1.task-7" and first.run().state == FAILED
-    retry = KubernetesStep.for_attempt(plan, attempt_id="kfp.run-1.task-7", client=fake, cfg={"namespace": "ml"})
-    assert retry.run_id == "kfp.run-1.task-7.a2"  # the failed Job is kept: the retry is a new attempt
-    assert retry.state() is None
 
 
 def test_a_step_result_summary_survives_the_reattach() -> None:

@@ -1,4 +1,4 @@
-"""torchstep.steps: the step runtime every adapter uses (real processes, real gloo groups)."""
+"""torchstep.steps.local: LocalStep, one try of a local plan (real processes, real gloo groups)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torchstep
 from local_testlib import pids_with, role
 from proclib import wait_for
-from torchstep.steps import LocalStep, check_user_retries, failure_summary, step_run_id
+from torchstep.steps import LocalStep, step_run_id
 from torchx import specs
 
 
@@ -92,88 +92,6 @@ def test_an_exception_injected_into_the_waiting_thread_stops_the_step_then_propa
         signal.signal(signal.SIGALRM, previous)
         timer.join(10)
     assert pids_with(no_leftovers) == []  # stopped before the exception reached the caller
-
-
-def test_local_step_refuses_a_second_retry_layer_and_a_foreign_run_id() -> None:
-    app = torchstep.build_plan(app_of(role("trainer", ["report", "/tmp"])), "local")
-    with pytest.raises(torchstep.SpecError) as err:
-        LocalStep(app, run_id="a", cfg={"retries": 2})
-    assert err.value.field == "cfg['retries']"
-    with pytest.raises(torchstep.SpecError) as err:
-        LocalStep(app, run_id="a", cfg={"run_id": "b"})
-    assert err.value.field == "cfg['run_id']"
-
-
-@pytest.mark.parametrize(
-    "parts",
-    [
-        ("dag", "task", "manual__2026-11-21T10:00:00+00:00", 1),
-        ("$(touch pwned)", "{{ ti }}", "a;b", "x y"),
-        ("A" * 400,),
-        ("flow-run-1", "task-run-7"),
-    ],
-)
-def test_step_run_id_is_dns_safe_deterministic_and_distinct(parts: tuple[object, ...]) -> None:
-    rid = step_run_id(*parts)
-    assert rid == step_run_id(*parts)
-    assert len(rid) <= 200
-    assert all(word and word.replace("-", "").isalnum() and word.islower() or word.isdigit() for word in rid.split("."))
-    assert step_run_id(*parts, "try2") != rid
-
-
-def test_step_run_id_never_maps_two_identities_to_one_id() -> None:
-    assert step_run_id("Train", "fit") != step_run_id("train", "fit")
-    assert step_run_id("a.b", "c") != step_run_id("a", "b.c")
-    with pytest.raises(ValueError):
-        step_run_id(None, "")
-
-
-def test_check_user_retries_names_the_field_and_the_fix() -> None:
-    app_retry = specs.Role("w", image="", entrypoint="true", max_retries=2)
-    plan = torchstep.build_plan(specs.AppDef("a", roles=[app_retry]), "local")
-    check_user_retries(plan, retries=2)
-    check_user_retries(plan)
-    with pytest.raises(torchstep.SpecError, match="set the count in one place") as err:
-        check_user_retries(plan, retries=3, orchestrator="Prefect")
-    assert err.value.field == "roles[0].max_retries" and "Prefect" in str(err.value)
-
-    replica = specs.Role("w", image="", entrypoint="true", max_retries=2, retry_policy=specs.RetryPolicy.REPLICA)
-    plan = torchstep.build_plan(specs.AppDef("a", roles=[replica]), "local")
-    check_user_retries(plan, retries=0)
-    with pytest.raises(torchstep.SpecError, match="multiply the retry layers") as err:
-        check_user_retries(plan, retries=1)
-    assert err.value.field == "roles[0].retry_policy"
-
-    timed = specs.AppDef(
-        "a", roles=[specs.Role("w", image="", entrypoint="true")], metadata={"torchstep.timeout": "600"}
-    )
-    plan = torchstep.build_plan(timed, "local")
-    check_user_retries(plan, timeout=900)
-    for bad in (60, float("nan"), -1, True):
-        with pytest.raises(torchstep.SpecError):
-            check_user_retries(plan, timeout=bad)
-
-
-def test_failure_summary_names_state_exit_code_and_root_cause() -> None:
-    from torchstep.result import RankResult, StepResult
-
-    text = failure_summary(StepResult("train-1", "FAILED", 3, message="trainer replica 1 exited 3"))
-    assert text == "train-1 FAILED (exit code 3); trainer replica 1 exited 3"
-    # the root cause by its last meaningful line: the traceback's exception, else the tail's last line
-    tail = ["step 1", "Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "    boom()",
-            "KeyError: 'lr'", "[rank0]:[W1125 11:53:21.620 ProcessGroupGloo.cpp:123] destroy_process_group() was not called"]  # fmt: skip
-    root = RankResult("trainer", 1, 1, "FAILED", 3, message="exited with code 3", reason="worker_failed",
-                      replica_id=0, tail=tail)  # fmt: skip
-    text = failure_summary(StepResult("train-1", "FAILED", 3, root_cause=root, message="rank 1 failed"))
-    assert text == "train-1 FAILED (exit code 3); root cause: rank 1 (trainer replica 0): KeyError: 'lr'"
-    root.tail = ["loading", "python: can't open file '/w/missing.py': [Errno 2] No such file or directory", ""]
-    assert failure_summary(StepResult("train-1", "FAILED", 2, root_cause=root)).endswith(
-        "root cause: rank 1 (trainer replica 0): python: can't open file '/w/missing.py': [Errno 2] No such file or directory"
-    )
-    root.reason, root.message = "timer_expired", "timer 'step' expired (torchstep.expires / timer.expires)"
-    assert failure_summary(StepResult("train-1", "FAILED", 137, root_cause=root)).endswith(
-        "rank 1 (trainer replica 0): timer 'step' expired (torchstep.expires / timer.expires)"
-    )  # what the agent saw says more than the last log line
 
 
 @pytest.mark.timeout(300)

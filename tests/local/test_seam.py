@@ -1,7 +1,6 @@
-"""The run-time seam (issue 25, item 1): ``open_step`` picks the step kind from the plan and
-says attaching once; ``run_tries`` is the one APPLICATION retry loop — the plan's delays, the
-non-retryable verdict, cancellation while a try runs and while it waits — with real
-processes on the local target and the in-memory API of tests/kubefake.py on Kubernetes."""
+"""torchstep.steps.tries with real processes (open_step's own tests are in tests/steps):
+``run_tries`` is the one APPLICATION retry loop — the plan's delays, the non-retryable
+verdict, cancellation while a try runs and while it waits."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torchstep
-from kubefake import FakeKube, Script
 from local_testlib import cli, pids_with, role
-from torchstep.steps import Attempt, KubernetesStep, LocalStep, open_step, run_tries
+from torchstep.steps import Attempt, LocalStep, run_tries
 from torchx import specs
 
 
@@ -23,40 +21,6 @@ def flaky(counter: Path, fail_until: int, code: int = 1, retries: int = 2, delay
     r = role("main", ["attempts", str(counter), str(fail_until), str(code)], max_retries=retries,
              metadata={"torchstep": {"retry_delay": delay}})  # fmt: skip
     return specs.AppDef("flaky", roles=[r])
-
-
-def test_open_step_picks_the_kind_from_the_plan_and_refuses_a_plan_it_cannot_run() -> None:
-    app = specs.AppDef("k", roles=[role("w", ["report", "/tmp"])])
-    local = open_step(torchstep.build_plan(app, "local"), attempt=Attempt(("flow", "run-1", "task"), 3))
-    assert isinstance(local, LocalStep) and local.run_id == "flow.run-1.task.try3"
-    with pytest.raises(torchstep.SpecError) as err:
-        open_step(torchstep.build_plan(app, "kfp"), attempt="r")
-    assert err.value.field == "plan" and "build_plan(app, 'kubernetes')" in (err.value.fix or "")
-    with pytest.raises(torchstep.SpecError) as err:
-        LocalStep(app, run_id="r")  # an AppDef, not a plan: planned once, by the caller
-    assert err.value.field == "plan"
-
-
-def test_open_step_attaches_to_the_jobs_of_an_earlier_try_and_says_so_once() -> None:
-    app = specs.AppDef("k", roles=[specs.Role("w", image="img", entrypoint="python", num_replicas=2)])
-    plan = torchstep.build_plan(app, "kubernetes")
-    fake = FakeKube({0: Script(), 1: Script()})
-    lines: list[str] = []
-    first = open_step(plan, attempt="job-1.task", cfg={"namespace": "ml"}, client=fake, on_line=lines.append,
-                      poll_interval=0.01)  # fmt: skip
-    assert isinstance(first, KubernetesStep) and first.found is None
-    first.job_gang().create()  # its watcher died here
-    assert not any("attaching" in line for line in lines)
-    again = open_step(plan, attempt="job-1.task", cfg={"namespace": "ml"}, client=fake, on_line=lines.append,
-                      poll_interval=0.01)  # fmt: skip
-    assert again.found == "RUNNING"
-    result = again.run()
-    assert result.state == "SUCCEEDED" and again.attached
-    attaching = [line for line in lines if "attaching" in line]
-    assert attaching == [
-        "torchstep: the Jobs of job-1.task exist (an earlier try of this step created them): attaching"
-    ]
-    assert sum(o["kind"] == "Job" for o in fake.objects) == 1
 
 
 @pytest.mark.timeout(300)
@@ -76,7 +40,7 @@ def test_run_tries_waits_the_planned_delays_and_stops_at_a_non_retryable_failure
                        on_step=opened.append, on_retry=lambda r, n, delay: seen.append((n, delay)))  # fmt: skip
     assert result.state == "SUCCEEDED" and result.attempts == 3
     assert seen == [(1, 0.2), (2, 0.2)]  # plan.step_retry.delays(): retry_delay 0.2, no backoff
-    assert [s.run_id for s in opened] == ["test.run.try1", "test.run.try1.attempt-2", "test.run.try1.attempt-3"]
+    assert [s.run_id for s in opened] == ["test.run.try1", "test.run.try1.try2", "test.run.try1.try3"]
     assert len({s.result.app_id for s in opened if s.result}) == 3  # every try its own app id and logs
 
 

@@ -24,9 +24,6 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchstep.kubernetes import jobs as _jobs
 from torchstep.kubernetes.client import KubernetesClient, OfficialClient
 from torchstep.kubernetes.failure import (
     REPLACED_EXIT_CODES,
@@ -87,20 +84,3 @@ __all__ = [
     "runopts",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """The deprecated name ``JobSet`` (now :class:`JobGang`), for one release: the rule of
-    :mod:`torchstep.kubernetes.jobs`, where it warns.
-
-    Args:
-        name: the attribute looked up on this package.
-
-    Returns:
-        :class:`JobGang` for ``JobSet``, after a :class:`DeprecationWarning`.
-
-    Raises:
-        AttributeError: for any other name.
-    """
-    if name == "JobSet":
-        return _jobs.JobSet
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = build_plan(app_from_dict(record["app"]), "local")
         opts = resolve(record["cfg"])
         writer.update(state=PENDING, started=time.time())
-        # the run directory is <log_dir>/<app_id> (<app_id>-attempt-<n> for a retry): torchx knows it
+        # the run directory is <log_dir>/<app_id> (<app_id>-try<n> for a retry): torchx knows it
         result = run_tries(plan, attempt=None, cfg=record["cfg"], cancel=cancel, on_status=writer.on_status,
                            display=PlainDisplay(show_output=opts.tee), app_id=app_id)  # fmt: skip
     except Exception as e:  # a SpecError on this machine, or a bug: the app FAILED, said why
