@@ -14,10 +14,10 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torchstep.errors import AGENT_ERROR_EXIT_CODE, NON_RETRYABLE_EXIT_CODE, NonRetryableError, RunError, SpecError
+from torchstep.lazy import lazy_names
 
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
@@ -38,10 +38,20 @@ _LAZY = {
     "checkpoint_dir": "torchstep.worker",
     "last_checkpoint": "torchstep.worker",
 }
-_SUBMODULES = {
-    "agent", "components", "contract", "files", "kubernetes", "launch", "local", "plan", "result", "spec", "steps",
+# submodules that ``torchstep.<name>`` imports on first use
+_SUBMODULES = [
+    "agent",
+    "components",
+    "contract",
+    "files",
+    "kubernetes",
+    "launch",
+    "local",
+    "plan",
+    "result",
+    "steps",
     "worker",
-}  # fmt: skip
+]
 
 __all__ = [
     "AGENT_ERROR_EXIT_CODE",
@@ -80,16 +90,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.worker import checkpoint_dir, expires, heartbeat, last_checkpoint, output, progress, record
 
 
-def __getattr__(name: str) -> Any:
-    if name == "__version__":  # the distribution's own version, written once (pyproject.toml)
-        from importlib.metadata import version
-
-        return version("torchstep")
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"torchstep.{name}")
-    else:
-        raise AttributeError(f"module 'torchstep' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, "torchstep", _LAZY, submodules=_SUBMODULES)

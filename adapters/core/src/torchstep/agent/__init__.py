@@ -18,7 +18,9 @@ Command line::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from torchstep.lazy import lazy_names
 
 __all__ = ["main", "shims_dir"]
 
@@ -40,9 +42,4 @@ def shims_dir() -> str:
     return shim_dir()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "main":
-        from torchstep.agent.cli import main
-
-        return main
-    raise AttributeError(f"module 'torchstep.agent' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, "torchstep", {"main": "torchstep.agent.cli"})

@@ -12,9 +12,33 @@ target.
 - :mod:`~torchstep.components.appjson`: an AppDef as JSON data and back (how an AppDef
   travels to a generic DAG or flow).
 
+The public names are exported here too (``from torchstep.components import materialize``),
+imported on first use (TorchX loads with them).
+
 Example::
 
-    >>> from torchstep.components.materialize import materialize
+    >>> from torchstep.components import materialize
     >>> materialize("utils.echo", ["--msg", "hi"]).roles[0].args
     ['hi']
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torchstep.lazy import lazy_names
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from torchstep.components.appjson import app_from_dict, app_to_dict
+    from torchstep.components.materialize import ComponentParameter, materialize, parameters_of
+
+__all__ = ["ComponentParameter", "app_from_dict", "app_to_dict", "materialize", "parameters_of"]
+
+_NAMES = {
+    "materialize": "torchstep.components.materialize",
+    "parameters_of": "torchstep.components.materialize",
+    "ComponentParameter": "torchstep.components.materialize",
+    "app_to_dict": "torchstep.components.appjson",
+    "app_from_dict": "torchstep.components.appjson",
+}
+__getattr__ = lazy_names(__name__, "torchstep", _NAMES)
