@@ -1,19 +1,39 @@
-"""The ``/proc`` leftover scan: live processes whose environment holds a marker (the scan
-itself is the test suites' ``tests/proclib.py``: one implementation for both)."""
+"""The ``/proc`` leftover scan of the soak: live processes whose environment holds a marker
+(the soak's own; the test suites keep theirs in ``tests/proclib.py``: tools and tests never
+import each other)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
-_TESTS = str(Path(__file__).resolve().parents[2] / "tests")
-if _TESTS not in sys.path:
-    sys.path.append(_TESTS)
 
-from proclib import procs_with_env  # noqa: E402
+def procs_with_env(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``marker`` (``NAME=value``),
+    whatever session or parent they ended up in; this process excluded.
+
+    Args:
+        marker: ``NAME=value``.
+
+    Returns:
+        Their pids.
+    """
+    want = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):  # gone, not ours, or a stat line cut short
+            continue
+        if want in env and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
 
 
 def describe(pids: list[int]) -> list[str]:

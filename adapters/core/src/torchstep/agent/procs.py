@@ -1,15 +1,23 @@
-"""Process plumbing of the agent: process groups, exact exit times, and the reaper that
-kills every worker group when the agent itself dies.
+"""The product's one process-tree module: process groups, exact exit times, the reaper that
+kills every worker group when the agent itself dies (the agent's), and how the local
+supervisor starts an agent and finds every process of a run, including workers orphaned by
+an agent that was SIGKILLed.
 
-No torch here. Linux semantics (``/proc``, ``waitid``, sessions); elsewhere the helpers
-degrade to ``kill(pid, 0)``.
+Every process the local supervisor starts carries ``TORCHSTEP_LAUNCH_TOKEN=<run token>/<replica
+token>`` in its environment, and every descendant inherits it (the agent passes its
+environment to its workers, ``bash -c`` does too). ``/proc/<pid>/environ`` holds the
+environment a process was started with, so a scan (:func:`tagged_pids`) finds every survivor
+whatever process group, session or parent it ended up in.
+
+No torch here (the agent runs it in the user's image). Linux semantics (``/proc``,
+``waitid``, sessions); elsewhere the helpers degrade to ``kill(pid, 0)``.
 
 Example::
 
     >>> import os
-    >>> from torchstep.agent.procs import pid_alive
-    >>> pid_alive(os.getpid())
-    True
+    >>> from torchstep.agent.procs import pid_alive, tagged_pids
+    >>> pid_alive(os.getpid()), tagged_pids("no-such-run/")
+    (True, [])
 """
 
 from __future__ import annotations
@@ -22,11 +30,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchstep.childproc import close_stdin_and_wait
+from torchstep.contract import ENV_LAUNCH_TOKEN
 
 log = logging.getLogger("torchstep.agent")
 
@@ -436,3 +445,118 @@ class Reaper:
             proc, self._proc = self._proc, None
         if proc is not None:
             close_stdin_and_wait(proc, timeout)
+
+
+# -- the local supervisor's processes ------------------------------------------------------
+#: Environment variable marking every process of a local run (see module docstring).
+ENV_TOKEN = ENV_LAUNCH_TOKEN
+_TOKEN_PREFIX = (ENV_TOKEN + "=").encode()
+
+# Runs between fork and the agent: ties the agent's life to the supervisor thread that started
+# it (PR_SET_PDEATHSIG survives execve), then applies the CPU affinity before the agent can
+# start workers (they inherit it), then execs the agent. A constant program: user data only
+# travels as argv.
+_EXEC_SHIM = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(70)  # the supervisor died before prctl took effect
+if sys.argv[2]:
+    os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    cpus: Sequence[int] = (),
+    stdin: int | None = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session (the supervisor alone decides when it stops), with
+    its stdout and stderr merged into one pipe, dying with the calling thread's process.
+
+    Args:
+        argv: the command.
+        env: its complete environment.
+        cwd: its working directory; ``None``: the caller's.
+        cpus: cores to pin it to (empty: not pinned).
+        stdin: its stdin (``subprocess.DEVNULL`` by default; ``subprocess.PIPE`` to hold it).
+        pass_fds: file descriptors it inherits (listening sockets).
+
+    Returns:
+        The process, its output in ``stdout``.
+
+    Raises:
+        OSError: the command cannot be started.
+    """
+    shim = [sys.executable, "-S", "-c", _EXEC_SHIM, str(os.getpid()), ",".join(map(str, cpus))]
+    return subprocess.Popen(
+        [*shim, *argv],
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
+def tagged_pids(*prefixes: str) -> list[int]:
+    """Live processes whose launch token starts with one of ``prefixes`` (this process excluded).
+
+    Args:
+        *prefixes: launch token prefixes (a run's token).
+
+    Returns:
+        Their pids.
+    """
+    want = tuple(_TOKEN_PREFIX + p.encode() for p in prefixes)
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: nothing we can find
+        return []
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                data = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if any(item.startswith(want) for item in data.split(b"\0")):
+            found.append(int(name))
+    return found
+
+
+def kill_tagged(prefix: str, *, rounds: int = 20) -> int:
+    """SIGKILL every process tagged with ``prefix`` until none is left (a process may start
+    a child while we sweep).
+
+    Args:
+        prefix: the launch token prefix.
+        rounds: the most sweeps.
+
+    Returns:
+        How many processes were killed.
+    """
+    killed = 0
+    for _ in range(rounds):
+        pids = tagged_pids(prefix)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    return killed

@@ -29,8 +29,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchstep.agent import procs
 from torchstep.childproc import close_stdin_and_wait
-from torchstep.local import procs
 
 
 class StoreHost:

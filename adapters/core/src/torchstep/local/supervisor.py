@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchstep import contract
+from torchstep.agent import procs
 from torchstep.checkpoints import latest_checkpoint
 from torchstep.contract import NON_RETRYABLE_EXIT_CODE, TIMEOUT_EXIT_CODE, signal_name
 from torchstep.errors import SpecError
 from torchstep.files import UnsafePathError, open_private
-from torchstep.local import procs
 from torchstep.local.options import LocalOptions
 from torchstep.local.prepare import LOCALHOST, ReplicaSpec, app_dir, prepare, with_restarts
 from torchstep.local.rundir import claim_run_dir

@@ -223,7 +223,7 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
             os.kill(int(record["pid"]), signal.SIGTERM)  # the supervisor stops the run: CANCELLED
             return
         # no supervisor: kill whatever of the run survived it (agents die with it anyway)
-        from torchstep.local.procs import tagged_pids
+        from torchstep.agent.procs import tagged_pids
 
         for pid in tagged_pids(f"{app_id}."):
             try:
