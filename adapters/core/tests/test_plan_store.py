@@ -214,6 +214,28 @@ def test_a_symlinked_entry_is_ignored_and_replaced(store: Path, component: Path,
     assert not entry.is_symlink() and "99" in planted.read_text()  # the link replaced, its target untouched
 
 
+def test_the_store_is_pruned_on_a_processs_first_write_then_every_prune_every_th(
+    store: Path, component: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plan_store, "MAX_ENTRIES", 4)
+    monkeypatch.setattr(plan_store, "_writes", 0)  # a new process
+    compute = Counter()
+    ref = f"{component}:hello"
+    fresh(ref, {"args": ["0"]}, compute)  # creates the store; this first write pruned nothing yet
+    for i in range(9):  # older entries, as other processes left them
+        old = store / f"old{i}.json"
+        old.write_text("{}")
+        old.chmod(0o600)
+        os.utime(old, ns=(i, i))
+    monkeypatch.setattr(plan_store, "_writes", 0)  # another new process: its first write prunes
+    fresh(ref, {"args": ["1"]}, compute)
+    left = entries(store)
+    assert len(left) == 6 and not any(p.name in {f"old{i}.json" for i in range(5)} for p in left)  # oldest half
+    for i in range(2, 5):  # the next writes of that process leave the store alone
+        fresh(ref, {"args": [str(i)]}, compute)
+    assert len(entries(store)) == 9
+
+
 def test_an_entry_with_other_modes_or_owner_is_not_trusted(store: Path, component: Path, monkeypatch) -> None:
     compute = Counter()
     ref, key = f"{component}:hello", {"args": []}

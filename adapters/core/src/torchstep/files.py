@@ -431,13 +431,16 @@ def read_private(path: str | os.PathLike[str]) -> str:
         return f.read().decode("utf-8")
 
 
-def write_private(path: str | os.PathLike[str], text: str) -> str:
+def write_private(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> str:
     """Write ``text`` atomically to ``path`` (``0600``; a temp file beside it, fsync,
-    rename), so a reader never sees half a file. The parent directory must exist.
+    rename), so a reader never sees half a file. The parent directory must exist. The one
+    atomic writer of torchstep (the plan store and the agent's reaper use it too).
 
     Args:
         path: the file.
         text: its whole content.
+        fsync: flush it to disk before the rename; ``False`` for a cache, where a torn
+            file after a power loss is invalid JSON, which is a miss.
 
     Returns:
         ``path`` as a ``str``.
@@ -453,7 +456,8 @@ def write_private(path: str | os.PathLike[str], text: str) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         if os.path.islink(p):
             raise UnsafePathError(p, "is a symlink (torchstep never follows one)", "remove it")
         os.replace(tmp, p)  # replaces a planted symlink itself, never its target

@@ -10,7 +10,9 @@ The agent writes one command per line to the reaper's stdin:
 At end of input — the agent exited or was killed, the kernel closes the pipe either way —
 the reaper SIGKILLs what it still watches. Without ``done`` it also marks the result
 files (``--result``) that still say RUNNING as FAILED ("agent killed"), and it removes the
-agent's run directory (``--run-dir``). This file must not import torchstep or torch.
+agent's run directory (``--run-dir``). It runs isolated (``-I -S``): of torchstep it imports
+only :mod:`torchstep.files` (stdlib only: the one atomic writer), from the installation it
+belongs to, and never torch.
 """
 
 import json
@@ -18,8 +20,8 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
+import types
 
 
 def _kill(groups: set, pids: set) -> int:
@@ -54,10 +56,17 @@ def _mark_killed(path: str, killed: int) -> None:
         data["duration_s"] = now - data["started_at"]
     for rep in data.get("replicas", []):
         rep.update(state="FAILED", exit_code=137, message=msg)
-    fd, tmp = tempfile.mkstemp(prefix=".reaper.", dir=os.path.dirname(path) or ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    _files().write_private(path, json.dumps(data, indent=2))
+
+
+def _files() -> types.ModuleType:
+    """:mod:`torchstep.files` of the torchstep this file belongs to (``-I`` left it off the path)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import torchstep.files
+
+    return torchstep.files
 
 
 def main(argv: list) -> None:
@@ -100,7 +109,7 @@ def main(argv: list) -> None:
         for path in results:
             try:
                 _mark_killed(path, killed)
-            except OSError:
+            except (OSError, ImportError):
                 pass
     if run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -64,13 +64,16 @@ from pathlib import Path
 from typing import Any
 
 from torchstep.errors import SpecError
+from torchstep.files import write_private
 
 __all__ = ["ENV", "MAX_ENTRIES", "clear_memory", "component_key", "remember", "store_root"]
 
 #: Environment variable: a directory for the store, or ``0`` / ``off`` to turn it off.
 ENV = "TORCHSTEP_PLAN_CACHE"
-#: Entries kept; past this, the oldest written half is removed (checked now and then on a write).
+#: Entries kept; past this, the oldest written half is removed (see :data:`PRUNE_EVERY`).
 MAX_ENTRIES = 20_000
+#: A process prunes the store on its first write, then on every this-many-th.
+PRUNE_EVERY = 256
 _FORMAT = 1
 _OFF = ("0", "off", "false", "no")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -81,6 +84,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 FileVersion = tuple[str, int, int, int, int]
 
 _lock = threading.Lock()
+_writes = 0  # entries this process wrote (pruning counts them)
 _ready: dict[tuple[str | None, ...], str] = {}  # the variables naming it -> the checked store ("": none)
 _versions: list[str] = []  # digest of the code versions, computed once per process
 _torchx_dir: list[str | None] = []
@@ -370,23 +374,16 @@ def _raise_stored(error: dict[str, Any]) -> None:
 
 
 def _write(root: str, path: str, entry: dict[str, Any]) -> None:
-    """Write ``entry`` atomically (a temp file beside it, ``0600``, renamed over it). No
-    fsync: a torn file after a crash is invalid JSON, which is a miss."""
-    import tempfile
-
+    """Write ``entry`` atomically (:func:`torchstep.files.write_private`, no fsync: a torn
+    file after a crash is invalid JSON, which is a miss); the first write of each process,
+    then every :data:`PRUNE_EVERY`-th, prunes the store."""
+    global _writes
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".plan.", dir=root)  # 0600, O_EXCL
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f, separators=(",", ":"))
-            os.replace(tmp, path)  # replaces a planted symlink itself, never its target
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        if os.urandom(1)[0] == 0:  # one write in 256: keep the store bounded
+        if os.path.islink(path):  # planted: the link goes, its target is never written
+            os.unlink(path)
+        write_private(path, json.dumps(entry, separators=(",", ":")), fsync=False)
+        _writes += 1
+        if _writes % PRUNE_EVERY == 1:  # deterministic: bounded in short and long processes alike
             _prune(root)
     except OSError:
         pass  # the store is a cache: a full or read-only disk costs speed, never a parse
