@@ -16,9 +16,13 @@ from torchx import specs
 
 def app(replicas: int = 2) -> specs.AppDef:
     role = specs.Role(
-        "trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-        num_replicas=replicas, metadata={"torchstep": {"nproc_per_node": 2}},
-    )  # fmt: skip
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        metadata={"torchstep": {"nproc_per_node": 2}},
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -99,8 +103,9 @@ def test_the_reattached_watcher_continues_the_logs_after_the_saved_cursor() -> N
     fake = FakeKube(scripts())
     store = Store()
     first_lines: list[str] = []
-    first = JobGang(rendered(), fake, on_line=first_lines.append, poll_interval=0.01, on_finish="keep",
-                   cursor_store=store)  # fmt: skip
+    first = JobGang(
+        rendered(), fake, on_line=first_lines.append, poll_interval=0.01, on_finish="keep", cursor_store=store
+    )
     first.run()  # read everything, saved its cursor at the end, then "died" before reporting
     assert CURSOR_KEY in store.values and len(first_lines) == 16
     again: list[str] = []

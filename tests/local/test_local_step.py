@@ -105,9 +105,14 @@ def test_the_local_target_waits_the_planned_delays_between_retries(
 
     def r(name: str, code: str, **opts: float) -> specs.Role:
         return specs.Role(
-            name, image="x", entrypoint="python", args=["-c", code],
-            max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": opts},
-        )  # fmt: skip
+            name,
+            image="x",
+            entrypoint="python",
+            args=["-c", code],
+            max_retries=2,
+            retry_policy=specs.RetryPolicy.APPLICATION,
+            metadata={"torchstep": opts},
+        )
 
     # role a stamps each attempt's start and fails; role b just runs (it is stopped when a fails)
     stamp = f"import time; open({str(counter)!r}, 'a').write(f'{{time.time()}}\\n'); raise SystemExit(3)"

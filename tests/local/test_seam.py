@@ -18,8 +18,12 @@ from torchx import specs
 
 
 def flaky(counter: Path, fail_until: int, code: int = 1, retries: int = 2, delay: float = 0.2) -> specs.AppDef:
-    r = role("main", ["attempts", str(counter), str(fail_until), str(code)], max_retries=retries,
-             metadata={"torchstep": {"retry_delay": delay}})  # fmt: skip
+    r = role(
+        "main",
+        ["attempts", str(counter), str(fail_until), str(code)],
+        max_retries=retries,
+        metadata={"torchstep": {"retry_delay": delay}},
+    )
     return specs.AppDef("flaky", roles=[r])
 
 
@@ -28,16 +32,25 @@ def test_run_tries_waits_the_planned_delays_and_stops_at_a_non_retryable_failure
     counter = tmp_path / "attempts"
     plan = torchstep.build_plan(flaky(counter, 99, code=82), "local")
     seen: list[tuple[int, float]] = []
-    result = run_tries(plan, attempt="nr", cfg={"log_dir": str(log_dir), "tee": False},
-                       on_retry=lambda r, n, delay: seen.append((n, delay)))  # fmt: skip
+    result = run_tries(
+        plan,
+        attempt="nr",
+        cfg={"log_dir": str(log_dir), "tee": False},
+        on_retry=lambda r, n, delay: seen.append((n, delay)),
+    )
     assert result.state == "FAILED" and result.retryable is False and result.attempts == 1
     assert seen == [] and len(counter.read_text().splitlines()) == 1  # 82: no second try
 
     counter = tmp_path / "attempts2"
     plan = torchstep.build_plan(flaky(counter, 3), "local")
     opened: list[LocalStep] = []
-    result = run_tries(plan, attempt=Attempt(("test", "run"), 1), cfg={"log_dir": str(log_dir), "tee": False},
-                       on_step=opened.append, on_retry=lambda r, n, delay: seen.append((n, delay)))  # fmt: skip
+    result = run_tries(
+        plan,
+        attempt=Attempt(("test", "run"), 1),
+        cfg={"log_dir": str(log_dir), "tee": False},
+        on_step=opened.append,
+        on_retry=lambda r, n, delay: seen.append((n, delay)),
+    )
     assert result.state == "SUCCEEDED" and result.attempts == 3
     assert seen == [(1, 0.2), (2, 0.2)]  # plan.step_retry.delays(): retry_delay 0.2, no backoff
     assert [s.run_id for s in opened] == ["test.run.try1", "test.run.try1.try2", "test.run.try1.try3"]
@@ -52,8 +65,9 @@ def test_a_cancel_while_run_tries_waits_ends_it_cancelled_and_no_further_try_sta
     plan = torchstep.build_plan(flaky(counter, 99, delay=60), "local")
     cancel = threading.Event()
     box: dict[str, torchstep.StepResult] = {}
-    t = threading.Thread(target=lambda: box.update(r=run_tries(plan, attempt="c", cfg={"log_dir": str(log_dir)},
-                                                                cancel=cancel)))  # fmt: skip
+    t = threading.Thread(
+        target=lambda: box.update(r=run_tries(plan, attempt="c", cfg={"log_dir": str(log_dir)}, cancel=cancel))
+    )
     t.start()
     deadline = time.monotonic() + 120
     while not (counter.exists() and counter.read_text()) and time.monotonic() < deadline:
@@ -86,8 +100,12 @@ def test_torchstep_run_stops_gracefully_on_a_signal_and_at_once_on_a_second(
     from torchstep.local.appfile import app_to_dict
 
     path.write_text(__import__("json").dumps(app_to_dict(app)))
-    proc = subprocess.Popen(cli("--app", str(path), "--log-dir", str(log_dir), "-c", "grace_period=60"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cli("--app", str(path), "--log-dir", str(log_dir), "-c", "grace_period=60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

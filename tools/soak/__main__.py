@@ -25,14 +25,19 @@ def main(argv: list[str] | None = None) -> int:
         The exit status: 0 when every run held every invariant, 1 otherwise.
     """
     p = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__)
-    p.add_argument("--faults", type=int, default=int(os.environ.get("SOAK_FAULTS", "100")),
-                   help="campaign size (env SOAK_FAULTS, default 100)")  # fmt: skip
+    p.add_argument(
+        "--faults",
+        type=int,
+        default=int(os.environ.get("SOAK_FAULTS", "100")),
+        help="campaign size (env SOAK_FAULTS, default 100)",
+    )
     p.add_argument("--seed", type=int, default=None, help="the seed (env SOAK_SEED, default random)")
     p.add_argument("--only", type=int, default=None, metavar="RUN_INDEX", help="replay one run of the campaign")
     p.add_argument("--replay", default=None, metavar="SURFACE:FAULT:MOMENT[:RANK]", help="run just this")
     p.add_argument("--surface", action="append", help="draw only from these surfaces")
-    p.add_argument("--report", default=str(ROOT / "docs" / "reliability.md"),
-                   help="the page a full campaign writes ('' for none)")  # fmt: skip
+    p.add_argument(
+        "--report", default=str(ROOT / "docs" / "reliability.md"), help="the page a full campaign writes ('' for none)"
+    )
     p.add_argument("--keep", action="store_true", help="keep every run's directory")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(10**6))

@@ -92,8 +92,9 @@ def smoke_pairs(seed: int) -> list[tuple[str, str]]:
     return sorted(chosen, key=lambda p: list(SURFACES).index(p[0]))
 
 
-def plan(seed: int, size: int, surfaces: list[str] | None = None,
-         cover: list[tuple[str, str]] | None = None) -> list[Run]:  # fmt: skip
+def plan(
+    seed: int, size: int, surfaces: list[str] | None = None, cover: list[tuple[str, str]] | None = None
+) -> list[Run]:
     """The campaign ``seed`` gives: ``size`` runs.
 
     Args:
@@ -154,8 +155,15 @@ def execute(
         try:
             obs = surface.run(run, seed, workdir / "run")
         except Exception as e:  # the harness itself broke: a violation to look at, not a crash
-            obs = Observation(rc=-1, duration_s=time.monotonic() - started, result=None, result_source="none",
-                              console="", run_dir=None, notes=[f"harness error: {e!r}"])  # fmt: skip
+            obs = Observation(
+                rc=-1,
+                duration_s=time.monotonic() - started,
+                result=None,
+                result_source="none",
+                console="",
+                run_dir=None,
+                notes=[f"harness error: {e!r}"],
+            )
             outcomes.append(Outcome(run, obs, [Violation(run, "harness", f"{type(e).__name__}: {e}")]))
             say(f"soak run {run.index} {run.key}: harness error {e!r}; kept: {workdir}")
             continue
@@ -165,8 +173,10 @@ def execute(
             bad += [Violation(run, invariants.NAMES.get(k, k), d) for k, d in extra(run, obs)]
         outcomes.append(Outcome(run, obs, bad))
         verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"
-        say(f"soak run {run.index} {run.key}: rc {obs.rc}, "
-            f"{(obs.result or {}).get('state', 'no result')}, {time.monotonic() - started:.1f} s: {verdict}")  # fmt: skip
+        say(
+            f"soak run {run.index} {run.key}: rc {obs.rc}, "
+            f"{(obs.result or {}).get('state', 'no result')}, {time.monotonic() - started:.1f} s: {verdict}"
+        )
         for note in obs.notes:
             say(f"    note: {note}")
         for violation in bad:

@@ -394,8 +394,9 @@ def mount_tmpfs(path: Path, size: str = "256k") -> str | None:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return "mounting a tmpfs needs root"
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return None if done.returncode == 0 else done.stderr.strip() or "mount failed"
 
 
@@ -417,8 +418,17 @@ def fill(path: Path) -> None:
                 raise
 
 
-def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], bool], watcher: int,
-                    progress: Path, log_dir: Path, cancel: Callable[[], None]) -> bool:  # fmt: skip
+def inject_external(
+    fault: str,
+    rank: int,
+    moment: int,
+    *,
+    alive: Callable[[], bool],
+    watcher: int,
+    progress: Path,
+    log_dir: Path,
+    cancel: Callable[[], None],
+) -> bool:
     """Wait until rank ``rank`` printed line ``moment``, then inject the external ``fault``.
 
     Args:
@@ -435,14 +445,24 @@ def inject_external(fault: str, rank: int, moment: int, *, alive: Callable[[], b
         Whether it was injected (False: the run ended first).
     """
     try:
-        return _inject(fault, rank, moment, alive=alive, watcher=watcher, progress=progress, log_dir=log_dir,
-                       cancel=cancel)  # fmt: skip
+        return _inject(
+            fault, rank, moment, alive=alive, watcher=watcher, progress=progress, log_dir=log_dir, cancel=cancel
+        )
     finally:
         release(progress)
 
 
-def _inject(fault: str, rank: int, moment: int, *, alive: Callable[[], bool], watcher: int,
-            progress: Path, log_dir: Path, cancel: Callable[[], None]) -> bool:  # fmt: skip
+def _inject(
+    fault: str,
+    rank: int,
+    moment: int,
+    *,
+    alive: Callable[[], bool],
+    watcher: int,
+    progress: Path,
+    log_dir: Path,
+    cancel: Callable[[], None],
+) -> bool:
     while alive():
         seen = progress_of(progress, rank)
         if seen and seen[1] >= moment:

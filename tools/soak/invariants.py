@@ -159,15 +159,22 @@ def check(run: Run, obs: Observation, lines: int, expect: faults.Expect | None =
         if twice:
             v("4", f"a worker group restarted twice for one fault: {twice}")
         if not exp.restarts_ok(res.get("restarts")) or res.get("attempts") != exp.attempts:
-            v("4", f"restarts {res.get('restarts')} attempts {res.get('attempts')}, expected "
-                   f"{exp.restarts_text} / {exp.attempts}")  # fmt: skip
+            v(
+                "4",
+                f"restarts {res.get('restarts')} attempts {res.get('attempts')}, expected "
+                f"{exp.restarts_text} / {exp.attempts}",
+            )
         if fault == "nonretryable" and res.get("retryable") is not False:
             v("4", f"a non-retryable error reported retryable={res.get('retryable')}")
         # 6: the record agrees with the exit status and the orchestrator's state
         if res.get("exit_code") != obs.rc or res.get("state") != state:
             v("6", f"result says {res.get('state')} exit {res.get('exit_code')}; observed {state}, exit {obs.rc}")
-        running = [(r.get("replica_id"), k.get("rank")) for r in res.get("replicas") or []
-                   for k in r.get("ranks") or [] if k.get("state") == "RUNNING"]  # fmt: skip
+        running = [
+            (r.get("replica_id"), k.get("rank"))
+            for r in res.get("replicas") or []
+            for k in r.get("ranks") or []
+            if k.get("state") == "RUNNING"
+        ]
         if running:
             v("6", f"the final result shows (replica, rank) {running} still RUNNING")
         if exp.message_has and exp.message_has not in str(res.get("message")):

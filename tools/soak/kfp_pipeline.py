@@ -134,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     workspace = a.root / "workspace"
     workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
     # initialise kfp.local BEFORE the pipeline is defined (docs/kfp.md)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(a.root / "outputs"),
-               workspace_root=str(workspace), raise_on_error=True)  # fmt: skip
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(a.root / "outputs"),
+        workspace_root=str(workspace),
+        raise_on_error=True,
+    )
 
     import component
     from torchstep_kfp import component_from_app
@@ -147,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     def pipeline() -> dict:
         return op().outputs["result"]
 
-    record: dict[str, Any] = {"state": None, "result": None, "error": None, "interrupted": False,
-                              "kfp_retries": _compiled_retries(pipeline, a.root / "pipeline.yaml")}  # fmt: skip
+    record: dict[str, Any] = {
+        "state": None,
+        "result": None,
+        "error": None,
+        "interrupted": False,
+        "kfp_retries": _compiled_retries(pipeline, a.root / "pipeline.yaml"),
+    }
     started = time.monotonic()
     rc = 0
     try:

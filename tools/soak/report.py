@@ -94,8 +94,10 @@ def machine() -> str:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = "?"
-    return (f"{platform.system()} {platform.release()}, {platform.machine()}, {os.cpu_count()} CPU(s), "
-            f"Python {sys.version.split()[0]}, torch {torch}")  # fmt: skip
+    return (
+        f"{platform.system()} {platform.release()}, {platform.machine()}, {os.cpu_count()} CPU(s), "
+        f"Python {sys.version.split()[0]}, torch {torch}"
+    )
 
 
 def replay_command(seed: int, index: int) -> str:
@@ -183,14 +185,24 @@ def render(outcomes: list[Outcome], seed: int, size: int, wall_s: float) -> str:
                 out += ["", f"On `{surface}`, `{fault}` differs (state {exp.state}): {exp.guarantee}."]
         own = [(f, e) for f, e in expect.items() if f not in faults.FAULTS]
         if own:
-            out += ["", f"Fault classes of the `{surface}` surface only:", "",
-                    "| fault class | state | exit | agent restarts | tries | guarantee |", "|---|---|---|---|---|---|"]  # fmt: skip
+            out += [
+                "",
+                f"Fault classes of the `{surface}` surface only:",
+                "",
+                "| fault class | state | exit | agent restarts | tries | guarantee |",
+                "|---|---|---|---|---|---|",
+            ]
             for fault, exp in own:
                 state = exp.state or "(no final result)"
-                out.append(f"| {fault} | {state} | {exp.exit_code} | {exp.restarts_text} | {exp.attempts} | "
-                           f"{exp.guarantee} |")  # fmt: skip
-    out += ["", "Fault classes each surface injects (the classes a surface leaves out test the agent alone, "
-            "the same code under every orchestrator; `local` and `torchx` inject them all):", ""]  # fmt: skip
+                out.append(
+                    f"| {fault} | {state} | {exp.exit_code} | {exp.restarts_text} | {exp.attempts} | {exp.guarantee} |"
+                )
+    out += [
+        "",
+        "Fault classes each surface injects (the classes a surface leaves out test the agent alone, "
+        "the same code under every orchestrator; `local` and `torchx` inject them all):",
+        "",
+    ]
     for surface, module in SURFACES.items():
         out.append(f"- `{surface}`: {', '.join(module.FAULTS)}")
     every = campaign.pairs(list(SURFACES))

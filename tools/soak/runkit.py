@@ -25,10 +25,17 @@ def job_env(run: Run, token: str, ckpt: Path, progress: Path, lines: int, interv
     Returns:
         The variables, to merge into the environment the surface gives the job.
     """
-    return {"SOAK_MARK": token, "SOAK_CKPT": str(ckpt), "SOAK_PROGRESS": str(progress), "SOAK_LINES": str(lines),
-            "SOAK_INTERVAL": str(interval_s), "PYTHONUNBUFFERED": "1",
-            **faults.in_worker_env(run.fault, run.rank, run.moment), **faults.hold_env(run.fault, run.rank, run.moment),
-            **faults.tail_env(run.fault)}  # fmt: skip
+    return {
+        "SOAK_MARK": token,
+        "SOAK_CKPT": str(ckpt),
+        "SOAK_PROGRESS": str(progress),
+        "SOAK_LINES": str(lines),
+        "SOAK_INTERVAL": str(interval_s),
+        "PYTHONUNBUFFERED": "1",
+        **faults.in_worker_env(run.fault, run.rank, run.moment),
+        **faults.hold_env(run.fault, run.rank, run.moment),
+        **faults.tail_env(run.fault),
+    }
 
 
 def settle_injected(run: Run, ckpt: Path, injected: bool, notes: list[str]) -> bool:

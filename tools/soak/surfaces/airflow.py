@@ -111,13 +111,17 @@ def env_of(home: Path, **extra: str) -> dict[str, str]:
         The environment.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
-    })  # fmt: skip
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
+        }
+    )
     env.update(extra)
     return env
 
@@ -139,8 +143,9 @@ def home() -> Path:
     (made / "dags").mkdir(mode=0o700, parents=True)
     (made / "dags" / DAG_FILE.name).symlink_to(DAG_FILE)
     closing.on_close(_remove, made)
-    done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env_of(made), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [str(BIN / "airflow"), "db", "migrate"], env=env_of(made), capture_output=True, text=True, timeout=300
+    )
     if done.returncode:
         raise RuntimeError(f"airflow db migrate exited {done.returncode}: {done.stderr[-2000:]}")
     _home = made
@@ -185,14 +190,20 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     notes: list[str] = []
     token = uuid.uuid4().hex
     env = env_of(where, **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S))
-    argv = [sys.executable, str(DRIVER), str(where / "dags" / DAG_FILE.name), DAG_ID,
-            json.dumps({"log_dir": str(log_dir)})]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(DRIVER),
+        str(where / "dags" / DAG_FILE.name),
+        DAG_ID,
+        json.dumps({"log_dir": str(log_dir)}),
+    ]
     console = workdir / "console.txt"
     started = time.monotonic()
     hung, injected, cancelled = False, True, False
     with open(console, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+        )
 
         def cancel() -> None:
             nonlocal cancelled
@@ -202,9 +213,15 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         try:
             if not faults.FAULTS[run.fault][0] and run.fault != "none":
                 injected = faults.inject_external(
-                    run.fault, run.rank, run.moment, alive=lambda: proc.poll() is None, watcher=proc.pid,
-                    progress=progress, log_dir=workdir / "no-log-disk", cancel=cancel,
-                )  # fmt: skip
+                    run.fault,
+                    run.rank,
+                    run.moment,
+                    alive=lambda: proc.poll() is None,
+                    watcher=proc.pid,
+                    progress=progress,
+                    log_dir=workdir / "no-log-disk",
+                    cancel=cancel,
+                )
                 sent = time.monotonic()
                 if run.fault == "cancel" and injected:
                     limit = sent + faults.GRACE_S + faults.CANCEL_MARGIN_S
@@ -246,11 +263,22 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         rc = int(result.get("exit_code") if result.get("exit_code") is not None else -1)
     if proc.returncode > 0:
         notes.append(f"the dag.test driver exited {proc.returncode}: {text[-600:]}")
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=text,
-                       run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected, notes=notes,
-                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected,
-                       extra={"summary": summary, "task": task, "driver_rc": proc.returncode})  # fmt: skip
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=text,
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=state,
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra={"summary": summary, "task": task, "driver_rc": proc.returncode},
+    )
 
 
 def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
@@ -275,14 +303,24 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
     if task.get("state") != TASK_STATE[fault]:
         bad.append(("1", f"the Airflow task ended {task.get('state')}, expected {TASK_STATE[fault]}"))
     if task.get("max_tries") != 0 or task.get("try_number") != 1:
-        bad.append(("4", f"Airflow try {task.get('try_number')} of max_tries {task.get('max_tries')}, "
-                         "expected 1 of 0 (the agents own the REPLICA budget)"))  # fmt: skip
+        bad.append(
+            (
+                "4",
+                f"Airflow try {task.get('try_number')} of max_tries {task.get('max_tries')}, "
+                "expected 1 of 0 (the agents own the REPLICA budget)",
+            )
+        )
     xcom, res = task.get("xcom"), obs.result
     if obs.result_source == "result.json" and xcom is not None and res is not None:
         keys = ("app_id", "state", "exit_code", "restarts", "retryable")
         if any(xcom.get(k) != res.get(k) for k in keys):
-            bad.append(("6", "XCom return_value and result.json differ: "
-                             f"{[xcom.get(k) for k in keys]} vs {[res.get(k) for k in keys]}"))  # fmt: skip
+            bad.append(
+                (
+                    "6",
+                    "XCom return_value and result.json differ: "
+                    f"{[xcom.get(k) for k in keys]} vs {[res.get(k) for k in keys]}",
+                )
+            )
     if fault != "sigkill_watcher" and obs.result is not None and xcom is None:
         bad.append(("6", "the task pushed no XCom return_value"))
     return bad

@@ -140,8 +140,12 @@ def deployment() -> Any:
         link.unlink()
     (d.home / "dags" / DAG_FILE.name).symlink_to(DAG_FILE)
     # the generic DAG of `torchx run -s airflow` too (surface torchx_airflow): one deployment for both
-    out = subprocess.run([sys.executable, "-m", "torchstep_airflow.torchx_dag", str(d.home / "dags")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "torchstep_airflow.torchx_dag", str(d.home / "dags")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode:
         raise RuntimeError(f"python -m torchstep_airflow.torchx_dag failed: {out.stderr[-2000:]}")
     # the components outlive the run that started them: not that run's TMPDIR (the smoke
@@ -177,9 +181,15 @@ def _reaper(d: Any) -> subprocess.Popen[str]:
         "pg_stop": [*d.pg.as_user, str(d.pg.bin / "pg_ctl"), "-D", str(d.pg.dir), "-m", "fast", "-w", "stop"],
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SOAK_"))}
-    return subprocess.Popen([sys.executable, str(SOAK / "airflow_reaper.py"), json.dumps(spec)], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(SOAK / "airflow_reaper.py"), json.dumps(spec)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _tell(d: Any, reaper: subprocess.Popen[str], started: threading.Event) -> None:
@@ -293,13 +303,20 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
 
     limit = started + START_S + faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S
     if not faults.FAULTS[run.fault][0] and run.fault != "none":
-        d.wait(lambda: faults.progress_of(progress, run.rank) or not running(), limit - time.monotonic(),
-               "the first line")  # fmt: skip
+        d.wait(
+            lambda: faults.progress_of(progress, run.rank) or not running(), limit - time.monotonic(), "the first line"
+        )
         running()
         injected = faults.inject_external(
-            run.fault, run.rank, run.moment, alive=running, watcher=watcher, progress=progress,
-            log_dir=workdir / "no-log-disk", cancel=cancel,
-        )  # fmt: skip
+            run.fault,
+            run.rank,
+            run.moment,
+            alive=running,
+            watcher=watcher,
+            progress=progress,
+            log_dir=workdir / "no-log-disk",
+            cancel=cancel,
+        )
         if run.fault == "cancel" and injected:
             sent = time.monotonic()
             limit = sent + HEARTBEAT_S + faults.GRACE_S + faults.CANCEL_MARGIN_S
@@ -361,13 +378,28 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     if state == "FAILED" and cancelled:  # Airflow has no cancelled state: the try we stopped failed
         state = "CANCELLED"
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
-    task_summary = {"state": task.get("state"), "try_number": task.get("try_number"),
-                    "max_tries": task.get("max_tries"), "xcom": xcom if isinstance(xcom, dict) else None}  # fmt: skip
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
-                       run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected, notes=notes,
-                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected,
-                       extra={"task": task_summary, "dag_run_id": dag_run["dag_run_id"]})  # fmt: skip
+    task_summary = {
+        "state": task.get("state"),
+        "try_number": task.get("try_number"),
+        "max_tries": task.get("max_tries"),
+        "xcom": xcom if isinstance(xcom, dict) else None,
+    }
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console,
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=state,
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra={"task": task_summary, "dag_run_id": dag_run["dag_run_id"]},
+    )
 
 
 def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
@@ -389,14 +421,24 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
     if task.get("state") != TASK_STATE[fault]:
         bad.append(("1", f"the Airflow task ended {task.get('state')}, expected {TASK_STATE[fault]}"))
     if task.get("max_tries") != 0 or task.get("try_number") != 1:
-        bad.append(("4", f"Airflow try {task.get('try_number')} of max_tries {task.get('max_tries')}, "
-                         "expected 1 of 0 (the agents own the REPLICA budget)"))  # fmt: skip
+        bad.append(
+            (
+                "4",
+                f"Airflow try {task.get('try_number')} of max_tries {task.get('max_tries')}, "
+                "expected 1 of 0 (the agents own the REPLICA budget)",
+            )
+        )
     xcom, res = task.get("xcom"), obs.result
     if obs.result_source == "result.json" and xcom is not None and res is not None:
         keys = ("app_id", "state", "exit_code", "restarts", "retryable")
         if any(xcom.get(k) != res.get(k) for k in keys):
-            bad.append(("6", "XCom return_value and result.json differ: "
-                             f"{[xcom.get(k) for k in keys]} vs {[res.get(k) for k in keys]}"))  # fmt: skip
+            bad.append(
+                (
+                    "6",
+                    "XCom return_value and result.json differ: "
+                    f"{[xcom.get(k) for k in keys]} vs {[res.get(k) for k in keys]}",
+                )
+            )
     if fault not in ("sigkill_watcher", "cancel") and obs.result is not None and xcom is None:
         bad.append(("6", "the task pushed no XCom return_value"))
     return bad

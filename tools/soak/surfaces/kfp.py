@@ -157,17 +157,35 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         XDG_STATE_HOME=str(workdir / "state"),
     )
     record_file, pid_file = workdir / "driver.json", workdir / "task.pid"
-    argv = [sys.executable, str(DRIVER), "--out", str(record_file), "--pid-file", str(pid_file), "--root", str(root),
-            "--log-dir", str(log_dir), "--replicas", str(REPLICAS), "--nproc", str(NPROC),
-            "--timeout", str(faults.timeout_of(run.fault)), "--grace", f"{faults.GRACE_S:g}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(DRIVER),
+        "--out",
+        str(record_file),
+        "--pid-file",
+        str(pid_file),
+        "--root",
+        str(root),
+        "--log-dir",
+        str(log_dir),
+        "--replicas",
+        str(REPLICAS),
+        "--nproc",
+        str(NPROC),
+        "--timeout",
+        str(faults.timeout_of(run.fault)),
+        "--grace",
+        f"{faults.GRACE_S:g}",
+    ]
     console = workdir / "console.txt"
     started = time.monotonic()
     deadline = started + faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S + START_S
     hung, injected, executor = False, True, 0
     extra: dict[str, Any] = {}
     with open(console, "wb") as out:
-        driver = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                  start_new_session=True)  # fmt: skip
+        driver = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+        )
         alive = lambda: driver.poll() is None  # noqa: E731
         task = _wait_for(lambda: pid_file.exists() and int(pid_file.read_text()), START_S, alive) or 0
         executor = _wait_for(lambda: executor_of(task), START_S, alive) if task else 0
@@ -179,9 +197,15 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
                 notes.append("the KFP executor process was never seen: fault not injected")
             else:
                 injected = faults.inject_external(
-                    run.fault, run.rank, run.moment, alive=lambda: _alive(executor), watcher=executor,
-                    progress=progress, log_dir=log_dir, cancel=lambda: _cancel(driver.pid, run.rank, notes),
-                )  # fmt: skip
+                    run.fault,
+                    run.rank,
+                    run.moment,
+                    alive=lambda: _alive(executor),
+                    watcher=executor,
+                    progress=progress,
+                    log_dir=log_dir,
+                    cancel=lambda: _cancel(driver.pid, run.rank, notes),
+                )
             if run.fault == "cancel" and injected:
                 sent = time.monotonic()
                 ended = _wait_for(lambda: not _alive(executor), faults.GRACE_S + faults.CANCEL_MARGIN_S, lambda: True)
@@ -190,8 +214,10 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
                     notes.append(f"cancel: the KFP executor ended {extra['cancel_s']:.1f} s after the signal")
                 else:
                     hung = True
-                    notes.append(f"cancel: the KFP executor still ran "
-                                 f"{faults.GRACE_S + faults.CANCEL_MARGIN_S:g} s after the signal")  # fmt: skip
+                    notes.append(
+                        f"cancel: the KFP executor still ran "
+                        f"{faults.GRACE_S + faults.CANCEL_MARGIN_S:g} s after the signal"
+                    )
         if not hung:
             try:
                 driver.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -230,11 +256,22 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         extra["task_rc"] = task_rc
         rc = int((result or {}).get("exit_code", -1))
     stopped = run.fault in ("sigkill_watcher", "cancel") and injected
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source,
-                       console=console.read_text(errors="replace"), run_dir=run_dir, leftovers=leftovers,
-                       hung=hung, injected=injected, notes=notes, state=record.get("state"),
-                       watcher_killed=stopped, agent_killed=run.fault == "sigkill_agent" and injected,
-                       extra=extra)  # fmt: skip
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console.read_text(errors="replace"),
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=record.get("state"),
+        watcher_killed=stopped,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra=extra,
+    )
 
 
 def _cancel(driver: int, rank: int, notes: list[str]) -> None:
@@ -294,8 +331,13 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
             diff = sorted(k for k in set(output) | set(obs.result) if not _same(output.get(k), obs.result.get(k)))
             bad.append(("6", f"the task's result output differs from result.json in {diff}"))
     if record and record.get("kfp_retries") != 0:
-        bad.append(("4", f"the compiled task retries {record.get('kfp_retries')} time(s) on KFP: a second retry "
-                         "layer over the agent's REPLICA budget"))  # fmt: skip
+        bad.append(
+            (
+                "4",
+                f"the compiled task retries {record.get('kfp_retries')} time(s) on KFP: a second retry "
+                "layer over the agent's REPLICA budget",
+            )
+        )
     if obs.state is not None and (obs.state == "SUCCEEDED") != (obs.rc == 0):
         bad.append(("6", f"kfp.local says {obs.state} but the task process exited {obs.rc}"))
     if run.fault == "cancel" and obs.injected and (obs.result or {}).get("exit_code") != 128 + signal.SIGTERM:
@@ -306,6 +348,7 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
             for pid, items in numbered(log.read_text(errors="replace")).items():
                 shown = console.get(pid, [])
                 if shown != items[: len(shown)]:
-                    bad.append(("3", f"console lines of pid {pid} are not a prefix of its rank log's: "
-                                     f"{shown} vs {items}"))  # fmt: skip
+                    bad.append(
+                        ("3", f"console lines of pid {pid} are not a prefix of its rank log's: {shown} vs {items}")
+                    )
     return bad

@@ -187,8 +187,15 @@ def _scenario(fault: str) -> Scenario:
 
     ok = StepResult(app_id="soak", state="SUCCEEDED", exit_code=0).summary()
     run_s = LINES * INTERVAL_S + 0.5 + (60 if fault == "cancel" else 0)  # cancel: still running when it lands
-    return Scenario(replicas=faults.REPLICAS, run_s=run_s, lines=LINES, line_interval_s=INTERVAL_S,
-                    line_template=TEMPLATE, procs=faults.NPROC, messages=[ok] * faults.REPLICAS)  # fmt: skip
+    return Scenario(
+        replicas=faults.REPLICAS,
+        run_s=run_s,
+        lines=LINES,
+        line_interval_s=INTERVAL_S,
+        line_template=TEMPLATE,
+        procs=faults.NPROC,
+        messages=[ok] * faults.REPLICAS,
+    )
 
 
 def _reached(console: Path, rank: int, moment: int) -> bool:
@@ -204,8 +211,15 @@ def _watch(workdir: Path, name: str, server: KubeServer, env: dict[str, str]) ->
     console = workdir / f"{name}.console"
     fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
-        argv = [sys.executable, str(workdir / "watcher.py"), str(server.kubeconfig), str(workdir / f"{name}.json"),
-                str(workdir / "store.json"), str(POLL_S), str(CURSOR_S)]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(workdir / "watcher.py"),
+            str(server.kubeconfig),
+            str(workdir / f"{name}.json"),
+            str(workdir / "store.json"),
+            str(POLL_S),
+            str(CURSOR_S),
+        ]
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, console
 
@@ -340,9 +354,19 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         notes.append(f"the run ended before rank {run.rank} reached line {run.moment}: fault not injected")
     if result is not None:
         extra["attached"] = result.pop("attached", None)
-    return Observation(rc=final.returncode, duration_s=duration, result=result,
-                       result_source="result file" if result is not None else "none", console=text, run_dir=None,
-                       leftovers=leftovers, hung=hung, injected=injected, notes=notes, extra=extra)  # fmt: skip
+    return Observation(
+        rc=final.returncode,
+        duration_s=duration,
+        result=result,
+        result_source="result file" if result is not None else "none",
+        console=text,
+        run_dir=None,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        extra=extra,
+    )
 
 
 def check(run: Run, obs: Observation) -> list[tuple[str, str]]:

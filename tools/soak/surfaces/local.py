@@ -53,8 +53,22 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     token = uuid.uuid4().hex
     env = dict(os.environ, **runkit.job_env(run, token, ckpt, progress, LINES, INTERVAL_S))
     cfg = f"timeout={faults.timeout_of(run.fault)},grace_period={faults.GRACE_S:g},retry_delay=0"
-    argv = [sys.executable, "-m", "torchstep.cli", "run", "--app", str(app), "--log-dir", str(log_dir),
-            "--retries", "0", "-c", cfg, "--json", "--no-live"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torchstep.cli",
+        "run",
+        "--app",
+        str(app),
+        "--log-dir",
+        str(log_dir),
+        "--retries",
+        "0",
+        "-c",
+        cfg,
+        "--json",
+        "--no-live",
+    ]
     console = workdir / "console.txt"
     started = time.monotonic()
     hung = False
@@ -112,8 +126,18 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         faults.umount(log_dir)
     injected = runkit.settle_injected(run, ckpt, injected, notes)
     del expect, seed
-    return Observation(rc=proc.returncode, duration_s=duration, result=result, result_source=source,
-                       console=text, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
-                       notes=notes, expect_lines_in_files=run.fault != "logfull",
-                       watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected)  # fmt: skip
+    return Observation(
+        rc=proc.returncode,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=text,
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        expect_lines_in_files=run.fault != "logfull",
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+    )

@@ -147,16 +147,22 @@ class Prefect:
         self.port = _free_port()
         self.api = f"http://127.0.0.1:{self.port}/api"
         base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SOAK_"))}
-        self.env = {**base, "PREFECT_HOME": str(home / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": self.api,
-                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-                    "PREFECT_RUNNER_POLL_FREQUENCY": "1", "XDG_STATE_HOME": str(home / "state"),
-                    "TMPDIR": str(home / "tmp"),
-                    # Prefect 3.7 keeps these in ~/.prefect whatever PREFECT_HOME says; a failed
-                    # task's exception (the step result inside StepFailed) is pickled to the first
-                    "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
-                    "PREFECT_MEMO_STORE_PATH": str(home / "memo_store.toml"),
-                    "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.env = {
+            **base,
+            "PREFECT_HOME": str(home / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_API_URL": self.api,
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+            "XDG_STATE_HOME": str(home / "state"),
+            "TMPDIR": str(home / "tmp"),
+            # Prefect 3.7 keeps these in ~/.prefect whatever PREFECT_HOME says; a failed
+            # task's exception (the step result inside StepFailed) is pickled to the first
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "storage"),
+            "PREFECT_MEMO_STORE_PATH": str(home / "memo_store.toml"),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.http = httpx.Client(base_url=self.api, timeout=30)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.runner_log = home / "runner.log"
@@ -195,8 +201,9 @@ class Prefect:
     def _start(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
-            proc = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv, stdout=fd, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            )
         finally:
             os.close(fd)
         self.procs.append(proc)
@@ -218,8 +225,11 @@ class Prefect:
 
     def start(self) -> None:
         """Start the server, then the Runner serving the soak flow; wait for the deployment."""
-        server = self._start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                             self.home / "server.log", self.env)  # fmt: skip
+        server = self._start(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            self.home / "server.log",
+            self.env,
+        )
         self._wait(lambda: self.http.get("/health").status_code == 200, SERVER_START_S, "prefect server", server)
         runner = self._start([sys.executable, "-m", "tools.soak.prefect_flow"], self.runner_log, self.env)
 
@@ -257,9 +267,18 @@ class Prefect:
         """Every log of the flow run (its tasks' and the Runner's), oldest first."""
         out: list[dict[str, Any]] = []
         while True:
-            page = list(self.request("POST", "/logs/filter", json={
-                "logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "offset": len(out), "limit": 200,
-            }))  # fmt: skip
+            page = list(
+                self.request(
+                    "POST",
+                    "/logs/filter",
+                    json={
+                        "logs": {"flow_run_id": {"any_": [run_id]}},
+                        "sort": "TIMESTAMP_ASC",
+                        "offset": len(out),
+                        "limit": 200,
+                    },
+                )
+            )
             out += page
             if len(page) < 200:
                 return out
@@ -270,8 +289,9 @@ class Prefect:
 
     def cancel(self, run_id: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         """``prefect flow-run cancel <id>``."""
-        return subprocess.run([PREFECT, "flow-run", "cancel", run_id], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [PREFECT, "flow-run", "cancel", run_id], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
 
 
 _SERVICE: Prefect | None = None
@@ -335,9 +355,16 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         "TMPDIR": str(tmp),
     }
     pid_file, record_file = workdir / "flow-run.pid", workdir / "record.json"
-    params = {"env": env, "log_dir": str(log_dir), "pid_file": str(pid_file), "record": str(record_file),
-              "timeout": faults.timeout_of(run.fault), "grace_period": faults.GRACE_S,
-              "replicas": faults.REPLICAS, "nproc": faults.NPROC}  # fmt: skip
+    params = {
+        "env": env,
+        "log_dir": str(log_dir),
+        "pid_file": str(pid_file),
+        "record": str(record_file),
+        "timeout": faults.timeout_of(run.fault),
+        "grace_period": faults.GRACE_S,
+        "replicas": faults.REPLICAS,
+        "nproc": faults.NPROC,
+    }
     started = time.monotonic()
     flow_run = svc.create_run(params)
     extra["flow_run"] = flow_run
@@ -357,9 +384,15 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             notes.append(f"prefect flow-run cancel: rc {done.returncode} in {extra['cancel_cli_s']:.1f} s")
 
         injected = faults.inject_external(
-            run.fault, run.rank, run.moment, alive=lambda: _alive(watcher), watcher=watcher,
-            progress=progress, log_dir=log_dir, cancel=cancel,
-        )  # fmt: skip
+            run.fault,
+            run.rank,
+            run.moment,
+            alive=lambda: _alive(watcher),
+            watcher=watcher,
+            progress=progress,
+            log_dir=log_dir,
+            cancel=cancel,
+        )
         if run.fault == "cancel" and injected:
             sent = time.monotonic()
             ended = _wait_for(lambda: not _alive(watcher), faults.GRACE_S + faults.CANCEL_MARGIN_S)
@@ -368,8 +401,10 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
                 notes.append(f"cancel: the flow-run process ended {extra['cancel_s']:.1f} s after the CLI returned")
             else:
                 hung = True
-                notes.append(f"cancel: the flow-run process still ran {faults.GRACE_S + faults.CANCEL_MARGIN_S:g} s "
-                             "after the CLI returned")  # fmt: skip
+                notes.append(
+                    f"cancel: the flow-run process still ran {faults.GRACE_S + faults.CANCEL_MARGIN_S:g} s "
+                    "after the CLI returned"
+                )
     if watcher and not hung:
         deadline = started + START_S + faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S
         if not _wait_for(lambda: not _alive(watcher), max(1.0, deadline - time.monotonic())):
@@ -389,17 +424,28 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     )
     logs = svc.logs(flow_run)  # the process ended: its log worker sent everything it had before it exited
     tasks = svc.task_runs(flow_run)
-    extra["artifacts"] = [{"key": a.get("key"), "type": a.get("type"), "data": a.get("data")}
-                          for a in svc.artifacts(flow_run)]  # fmt: skip
+    extra["artifacts"] = [
+        {"key": a.get("key"), "type": a.get("type"), "data": a.get("data")} for a in svc.artifacts(flow_run)
+    ]
     timings["settled"] = time.monotonic() - started
     if svc.retried > retried:
         notes.append(f"the Prefect API answered 429/5xx or dropped {svc.retried - retried} request(s): retried")
     extra["timings"] = timings
     notes.append("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-    extra.update(flow_state=fr["state"]["type"], flow_message=fr["state"].get("message"),
-                 flow_run_count=fr.get("run_count"),
-                 tasks=[{"name": t["name"], "state": t["state"]["type"], "message": t["state"].get("message"),
-                         "run_count": t.get("run_count")} for t in tasks])  # fmt: skip
+    extra.update(
+        flow_state=fr["state"]["type"],
+        flow_message=fr["state"].get("message"),
+        flow_run_count=fr.get("run_count"),
+        tasks=[
+            {
+                "name": t["name"],
+                "state": t["state"]["type"],
+                "message": t["state"].get("message"),
+                "run_count": t.get("run_count"),
+            }
+            for t in tasks
+        ],
+    )
     crashed = EXITED.search(str(fr["state"].get("message") or ""))
     process_rc = int(crashed[1]) if crashed else None
     extra["process_rc"] = process_rc
@@ -429,10 +475,22 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     _write_private(
         workdir / "prefect.json", json.dumps({k: v for k, v in extra.items() if k != "record"}, indent=1, default=str)
     )
-    return Observation(rc=rc if rc is not None else -1, duration_s=duration, result=result, result_source=source,
-                       console=console, run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected,
-                       notes=notes, state=state, watcher_killed=killed,
-                       agent_killed=run.fault == "sigkill_agent" and injected, extra=extra)  # fmt: skip
+    return Observation(
+        rc=rc if rc is not None else -1,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console,
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=state,
+        watcher_killed=killed,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra=extra,
+    )
 
 
 #: The flow run's final state for each final state of its one task run.
@@ -501,8 +559,11 @@ def _check_artifacts(obs: Observation) -> list[tuple[str, str]]:
         bad.append(("6", f"no soak-outputs artifact of the {res.get('state')} step (artifacts: {sorted(found)})"))
     elif not str(outputs.get("data") or "").startswith(head):
         bad.append(("6", f"the soak-outputs artifact does not start with {head!r}: {str(outputs.get('data'))[:200]!r}"))
-    want = sorted((k.get("rank"), k.get("state"), k.get("exit_code")) for r in res.get("replicas") or []
-                  for k in r.get("ranks") or [])  # fmt: skip
+    want = sorted(
+        (k.get("rank"), k.get("state"), k.get("exit_code"))
+        for r in res.get("replicas") or []
+        for k in r.get("ranks") or []
+    )
     if ranks is None:
         bad.append(("6", f"no soak-ranks artifact of the {res.get('state')} step (artifacts: {sorted(found)})"))
     else:

@@ -71,19 +71,31 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     handle = next((ln for ln in sub.stdout.splitlines() if ln.startswith("torchstep_local://")), "")
     if not handle:
         notes.append(f"torchx run failed ({sub.returncode}): {sub.stderr[-500:]}")
-        return Observation(rc=sub.returncode, duration_s=time.monotonic() - started, result=None,
-                           result_source="none", console=sub.stdout + sub.stderr, run_dir=None,
-                           leftovers=procs.leftovers(f"SOAK_MARK={token}"), notes=notes)  # fmt: skip
+        return Observation(
+            rc=sub.returncode,
+            duration_s=time.monotonic() - started,
+            result=None,
+            result_source="none",
+            console=sub.stdout + sub.stderr,
+            run_dir=None,
+            leftovers=procs.leftovers(f"SOAK_MARK={token}"),
+            notes=notes,
+        )
     app_id = handle.rsplit("/", 1)[1]
     records = state_dir / "torchstep" / "torchx" / "torchstep_local"
     supervisor = int(json.loads((records / f"{app_id}.json").read_text())["pid"])
     injected, hung = True, False
     if not faults.FAULTS[run.fault][0] and run.fault != "none":
         injected = faults.inject_external(
-            run.fault, run.rank, run.moment, alive=lambda: _alive(supervisor), watcher=supervisor,
-            progress=progress, log_dir=log_dir, cancel=lambda: notes.append(
-                f"torchx cancel: rc {torchx('cancel', handle).returncode}"),
-        )  # fmt: skip
+            run.fault,
+            run.rank,
+            run.moment,
+            alive=lambda: _alive(supervisor),
+            watcher=supervisor,
+            progress=progress,
+            log_dir=log_dir,
+            cancel=lambda: notes.append(f"torchx cancel: rc {torchx('cancel', handle).returncode}"),
+        )
     limit = started + faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S
     if run.fault == "cancel" and injected:
         limit = time.monotonic() + faults.GRACE_S + faults.CANCEL_MARGIN_S
@@ -114,8 +126,19 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         faults.umount(log_dir)
     injected = runkit.settle_injected(run, ckpt, injected, notes)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
-                       run_dir=run_dir if run_dir.exists() else None, leftovers=leftovers, hung=hung,
-                       injected=injected, notes=notes, expect_lines_in_files=run.fault != "logfull",
-                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected)  # fmt: skip
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console,
+        run_dir=run_dir if run_dir.exists() else None,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        expect_lines_in_files=run.fault != "logfull",
+        state=state,
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+    )

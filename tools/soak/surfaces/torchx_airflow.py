@@ -101,18 +101,34 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     env["XDG_STATE_HOME"] = str(state_dir)
 
     def torchx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TORCHX, *args], cwd=workdir, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run([TORCHX, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
 
     started = time.monotonic()
-    sub = torchx("run", "-s", "airflow", "-cfg", f"endpoint={d.url}", f"{component.__file__}:soak",
-                 "--job", component.JOB, "--env", ",".join(f"{k}={v}" for k, v in job_env.items()))  # fmt: skip
+    sub = torchx(
+        "run",
+        "-s",
+        "airflow",
+        "-cfg",
+        f"endpoint={d.url}",
+        f"{component.__file__}:soak",
+        "--job",
+        component.JOB,
+        "--env",
+        ",".join(f"{k}={v}" for k, v in job_env.items()),
+    )
     handle = next((ln for ln in sub.stdout.splitlines() if ln.startswith("airflow://")), "")
     if not handle:
         notes.append(f"torchx run failed ({sub.returncode}): {sub.stderr[-800:]}")
-        return Observation(rc=sub.returncode, duration_s=time.monotonic() - started, result=None,
-                           result_source="none", console=sub.stdout + sub.stderr, run_dir=None,
-                           leftovers=procs.leftovers(f"SOAK_MARK={token}"), notes=notes)  # fmt: skip
+        return Observation(
+            rc=sub.returncode,
+            duration_s=time.monotonic() - started,
+            result=None,
+            result_source="none",
+            console=sub.stdout + sub.stderr,
+            run_dir=None,
+            leftovers=procs.leftovers(f"SOAK_MARK={token}"),
+            notes=notes,
+        )
     watcher = 0
 
     def state() -> str | None:
@@ -142,10 +158,15 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             time.sleep(0.02)
         running()
         injected = faults.inject_external(
-            run.fault, run.rank, run.moment, alive=watching, watcher=watcher, progress=progress,
+            run.fault,
+            run.rank,
+            run.moment,
+            alive=watching,
+            watcher=watcher,
+            progress=progress,
             log_dir=workdir / "no-log-disk",
             cancel=lambda: notes.append(f"torchx cancel: rc {torchx('cancel', handle).returncode}"),
-        )  # fmt: skip
+        )
     if run.fault == "cancel" and injected:
         limit = time.monotonic() + faults.GRACE_S + faults.CANCEL_MARGIN_S
     while running():
@@ -180,8 +201,19 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
             leftovers.append(f"{watcher}: the Airflow task process")
     injected = runkit.settle_injected(run, ckpt, injected, notes)
     rc = int(result["exit_code"]) if result and result.get("exit_code") is not None else -1
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
-                       run_dir=run_dir if run_dir is not None and run_dir.exists() else None, leftovers=leftovers,
-                       hung=hung, injected=injected, notes=notes, state=final,
-                       watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected, extra={"handle": handle})  # fmt: skip
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console,
+        run_dir=run_dir if run_dir is not None and run_dir.exists() else None,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=final,
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra={"handle": handle},
+    )

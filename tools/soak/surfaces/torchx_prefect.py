@@ -125,22 +125,40 @@ def server() -> _Server:
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(root / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false", "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{root / 'db'}",
-        "XDG_STATE_HOME": str(root / "runner-state"), "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-    })  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(root / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{root / 'db'}",
+            "XDG_STATE_HOME": str(root / "runner-state"),
+            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        }
+    )
     started: list[subprocess.Popen[bytes]] = []
     try:
         with open(root / "server.log", "wb") as log:
-            started.append(subprocess.Popen(
-                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            started.append(
+                subprocess.Popen(
+                    [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         _wait(lambda: _http("GET", f"{url}/health"), 180, "the Prefect server")
         with open(root / "serve.log", "wb") as log:
-            started.append(subprocess.Popen(
-                [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve"], env={**env, "PREFECT_API_URL": url},
-                stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True))  # fmt: skip
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve"],
+                    env={**env, "PREFECT_API_URL": url},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=root,
+                    start_new_session=True,
+                )
+            )
         _wait(lambda: _http("GET", f"{url}/deployments/name/torchstep-torchx/torchx"), 120, "the served flow")
     except BaseException:
         _stop(_Server(root, url, started[-1], started))
@@ -174,19 +192,37 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     env["XDG_STATE_HOME"] = str(state_dir)
 
     def torchx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "torchx"), *args], cwd=workdir, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [str(BIN / "torchx"), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
+        )
 
     before = set(srv.state_root.glob("soak-*")) if srv.state_root.exists() else set()
     started = time.monotonic()
-    sub = torchx("run", "-s", "prefect", "-cfg", f"endpoint={srv.url}", f"{component.__file__}:soak",
-                 "--job", component.JOB, "--env", ",".join(f"{k}={v}" for k, v in job_env.items()))  # fmt: skip
+    sub = torchx(
+        "run",
+        "-s",
+        "prefect",
+        "-cfg",
+        f"endpoint={srv.url}",
+        f"{component.__file__}:soak",
+        "--job",
+        component.JOB,
+        "--env",
+        ",".join(f"{k}={v}" for k, v in job_env.items()),
+    )
     handle = next((ln for ln in sub.stdout.splitlines() if ln.startswith("prefect://")), "")
     if not handle:
         notes.append(f"torchx run failed ({sub.returncode}): {sub.stderr[-800:]}")
-        return Observation(rc=sub.returncode, duration_s=time.monotonic() - started, result=None,
-                           result_source="none", console=sub.stdout + sub.stderr, run_dir=None,
-                           leftovers=procs.leftovers(f"SOAK_MARK={token}"), notes=notes)  # fmt: skip
+        return Observation(
+            rc=sub.returncode,
+            duration_s=time.monotonic() - started,
+            result=None,
+            result_source="none",
+            console=sub.stdout + sub.stderr,
+            run_dir=None,
+            leftovers=procs.leftovers(f"SOAK_MARK={token}"),
+            notes=notes,
+        )
     record = json.loads(next((state_dir / "torchstep" / "torchx" / "prefect").glob("*.json")).read_text())
     flow_run_id = record["flow_run_id"]
     watcher = 0
@@ -205,10 +241,15 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         _wait(lambda: faults.progress_of(progress, run.rank) or not running(), 180, "the first line")
         running()
         injected = faults.inject_external(
-            run.fault, run.rank, run.moment, alive=running, watcher=watcher, progress=progress,
+            run.fault,
+            run.rank,
+            run.moment,
+            alive=running,
+            watcher=watcher,
+            progress=progress,
             log_dir=workdir / "no-log-disk",
             cancel=lambda: notes.append(f"torchx cancel: rc {torchx('cancel', handle).returncode}"),
-        )  # fmt: skip
+        )
     limit = started + faults.timeout_of(run.fault) + faults.DEADLINE_MARGIN_S
     if run.fault == "cancel" and injected:
         limit = time.monotonic() + faults.GRACE_S + faults.CANCEL_MARGIN_S
@@ -253,8 +294,19 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
     expect = EXPECT.get(run.fault) if injected else None
     if expect is not None and expect.exit_code is None and result is not None:
         rc = int(result.get("exit_code") or 0)
-    return Observation(rc=rc, duration_s=duration, result=result, result_source=source, console=console,
-                       run_dir=run_dir, leftovers=leftovers, hung=hung, injected=injected, notes=notes,
-                       state=state, watcher_killed=run.fault == "sigkill_watcher" and injected,
-                       agent_killed=run.fault == "sigkill_agent" and injected,
-                       extra={"flow_run_id": flow_run_id, "prefect_state": kind})  # fmt: skip
+    return Observation(
+        rc=rc,
+        duration_s=duration,
+        result=result,
+        result_source=source,
+        console=console,
+        run_dir=run_dir,
+        leftovers=leftovers,
+        hung=hung,
+        injected=injected,
+        notes=notes,
+        state=state,
+        watcher_killed=run.fault == "sigkill_watcher" and injected,
+        agent_killed=run.fault == "sigkill_agent" and injected,
+        extra={"flow_run_id": flow_run_id, "prefect_state": kind},
+    )

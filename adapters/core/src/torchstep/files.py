@@ -152,16 +152,18 @@ def check_ancestors(path: str | os.PathLike[str]) -> None:
             raise UnsafePathError(d, "is not a directory", "choose another directory")
         if st.st_uid not in (0, os.geteuid()):
             raise UnsafePathError(
-                d, f"is owned by uid {st.st_uid}, neither root nor you (uid {os.geteuid()}): its owner could replace "
-                "what torchstep keeps below it", f"choose a directory under one only you or root own (ask the owner "
-                f"of {d} otherwise)",
-            )  # fmt: skip
+                d,
+                f"is owned by uid {st.st_uid}, neither root nor you (uid {os.geteuid()}): its owner could replace "
+                "what torchstep keeps below it",
+                f"choose a directory under one only you or root own (ask the owner of {d} otherwise)",
+            )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise UnsafePathError(
-                d, f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}) and not sticky: anyone who can "
+                d,
+                f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}) and not sticky: anyone who can "
                 "write it could replace what torchstep keeps below it",
                 f"chmod go-w {d} (or chmod +t for a shared directory), or choose another directory",
-            )  # fmt: skip
+            )
 
 
 def check_private_dir(path: str | os.PathLike[str]) -> None:
@@ -195,9 +197,10 @@ def _check_own_dir(p: str | os.PathLike[str], st: os.stat_result, *, others_may_
         )
     if not others_may_write and st.st_mode & 0o022:
         raise UnsafePathError(
-            p, f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}): they could plant files in it",
+            p,
+            f"is writable by {_writers(st.st_mode)} (mode {_mode(st.st_mode)}): they could plant files in it",
             f"chmod go-w {os.fspath(p)}",
-        )  # fmt: skip
+        )
 
 
 def check_private_tree(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
@@ -420,14 +423,17 @@ def read_private(path: str | os.PathLike[str]) -> str:
             raise UnsafePathError(p, "is not a regular file", "remove it")
         if st.st_uid != os.geteuid():
             raise UnsafePathError(
-                p, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}): torchstep did not write it, "
-                "another user may have planted it", "remove it (and check who can write its directory)",
-            )  # fmt: skip
+                p,
+                f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}): torchstep did not write it, "
+                "another user may have planted it",
+                "remove it (and check who can write its directory)",
+            )
         if stat.S_IMODE(st.st_mode) != FILE_MODE:
             raise UnsafePathError(
-                p, f"has mode {_mode(st.st_mode)}, not 0600: torchstep writes its files private",
+                p,
+                f"has mode {_mode(st.st_mode)}, not 0600: torchstep writes its files private",
                 f"remove it (or chmod 600 {p} if you wrote it yourself)",
-            )  # fmt: skip
+            )
         return f.read().decode("utf-8")
 
 

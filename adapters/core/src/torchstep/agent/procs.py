@@ -345,8 +345,9 @@ class OrphanSweeper:
                     self._reaper.watch_pid(pid)
                 new.append(pid)
         if new:
-            log.warning("adopted %d orphaned process(es) of the workers %s; they are killed when the run ends",
-                        len(new), new)  # fmt: skip
+            log.warning(
+                "adopted %d orphaned process(es) of the workers %s; they are killed when the run ends", len(new), new
+            )
         return new
 
     def kill_all(self) -> int:
