@@ -3,7 +3,8 @@
 # its own CUDA build of torch, no network): torchstep-agent against torchrun on the same GPU —
 # a DDP step over NCCL under the agent with the zygote on, a rank killed mid-step and recovered,
 # CUDA_VISIBLE_DEVICES / LOCAL_RANK as torchrun sets them, startup and recovery times
-# (bench/gpu_bench.py says what each check is).
+# (bench/gpu_bench.py says what each check is); then a stuck rank cancelled: its stacks and
+# NCCL's flight recorder dump in the result (bench/gpu_flight.py).
 #
 #   bench/gpu.sh --build-wheels   here (network, the repo's .venv): fill bench/gpu-wheels/ with the
 #                                 torchstep wheel, torchx's and their pure-Python dependencies (~5 MiB,
@@ -106,8 +107,17 @@ fi
 if [[ -n ${OUT:-} ]]; then
     args+=(--out "$OUT")
 fi
-# 8 minutes at most in all: no run starts after 400 s, and a stuck one is cut at 470 s
+# 9 minutes at most in all: no run starts after 400 s, and a stuck one is cut at 470 s; then
+# the stacks and NCCL flight recorder check (bench/gpu_flight.py), cut at 60 s
 cd "$ROOT"
 code=0
 timeout --kill-after 5 470 "$PYTHON" "$HERE/gpu_bench.py" --budget 400 "${args[@]}" || code=$?
+flight=()
+if [[ $dry == 1 ]]; then
+    flight+=(--dry)
+fi
+if [[ -n ${OUT:-} ]]; then
+    flight+=(--out "$OUT")
+fi
+timeout --kill-after 5 60 "$PYTHON" "$HERE/gpu_flight.py" "${flight[@]}" || code=$((code ? code : 1))
 exit $code

@@ -84,5 +84,34 @@ def test_no_false_positive_for_ranks_that_print_or_report_progress(agents: Agent
     assert 0.5 < progress["rate"] < 4, progress  # ~3.3 steps/s
     log = wait_for(lambda: (reporting.log_dir / "agent.log").read_text(), 10, "agent.log")
     assert re.search(r"progress \d+/20 \(\d+%\)", log), log
+    assert re.search(r"INFO\] progress \d+/20 \(\d+%\)", reporting.stderr)  # the console (a task log) too
     for a in (printing, reporting):
         assert "hang_timeout" not in a.stderr and "where the ranks were" not in a.stderr
+
+
+def test_the_role_option_reaches_the_agent_and_bad_values_name_the_field() -> None:
+    """``role.metadata["torchstep"]["hang_timeout"]`` becomes the agent's ``--hang-timeout``
+    (or ``TORCHSTEP_HANG_TIMEOUT`` for a role's own torchrun), and explain says so."""
+    import torchstep
+    from torchstep.plan.agent_command import agent_argv, replica_env
+    from torchx.specs import AppDef, Role
+
+    def plan(metadata: dict, entrypoint: str = "python") -> torchstep.StepPlan:
+        role = Role("t", image="/tmp", entrypoint=entrypoint, args=["train.py"], metadata={"torchstep": metadata})
+        return torchstep.build_plan(AppDef("a", roles=[role]), target="local")
+
+    role = plan({"hang_timeout": 300}).roles[0]
+    assert role.hang_timeout_s == 300.0
+    argv = agent_argv(role, rdzv_backend="static", rdzv_endpoint="", rdzv_id=None)
+    assert argv[argv.index("--hang-timeout") + 1] == "300"
+    assert "agent --hang-timeout 300" in torchstep.explain(
+        AppDef(
+            "a", roles=[Role("t", image="/tmp", entrypoint="python", metadata={"torchstep": {"hang_timeout": 300}})]
+        ),
+        target="local",
+    )
+    own = plan({"hang_timeout": 60}, entrypoint="torchrun").roles[0]
+    assert replica_env(own, app_id="a", replica_id=0, rank0_host="localhost")["TORCHSTEP_HANG_TIMEOUT"] == "60"
+    assert "--hang-timeout" not in agent_argv(plan({}).roles[0], rdzv_backend="static", rdzv_endpoint="", rdzv_id=None)
+    with pytest.raises(torchstep.SpecError, match=r"roles\[0\]\.metadata\['torchstep'\]\['hang_timeout'\]"):
+        plan({"hang_timeout": -1})

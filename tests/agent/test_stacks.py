@@ -272,3 +272,28 @@ def test_worker_progress_writes_throttled_and_checks_its_arguments(
             torchstep.progress(bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"progress\(total=\.\.\.\) must be a number > 0 or None"):
         torchstep.progress(1, 0)
+
+
+def test_a_timer_and_a_heartbeat_kill_take_the_stacks_first(agents: Agents, tmp_path: Path) -> None:
+    """The other stops the agent decides itself: an expired ``torchstep.expires()`` timer
+    and ``--heartbeat-timeout`` name where every rank was, in the killed rank's message."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "h").mkdir()
+    timer, t_ready = start_loader(agents, tmp_path / "t", nproc=2, mode="timer", name="t/agent")
+    beat, h_ready = start_loader(agents, tmp_path / "h", "--heartbeat-timeout", "3", nproc=2, mode="silent",
+                                 name="h/agent")  # fmt: skip
+    assert timer.wait(120) == 137, timer.diagnostics()
+    assert beat.wait(120) == 137, beat.diagnostics()
+    root = timer.result["root_cause"]
+    assert (root["rank"], root["reason"]) == (1, "timer_expired")
+    assert re.search(
+        r"timer 'slow-step' expired .*; where the ranks were: rank 0 at hang\.py:\d+ in wait_forever; "
+        r"rank 1 at hang\.py:\d+ in slow_step",
+        root["message"],
+    ), root
+    ranks = {r["rank"]: r for r in timer.result["replicas"][0]["ranks"]}
+    assert ranks[1]["stack"][0].endswith("in slow_step") and ranks[0]["stack"][0].endswith("in wait_forever")
+    root = beat.result["root_cause"]
+    assert root["reason"] == "heartbeat_timeout"
+    assert "no torchstep.heartbeat() for" in root["message"]
+    assert re.search(r"where the ranks were: ranks 0, 1 at hang\.py:\d+ in wait_forever", root["message"]), root

@@ -42,4 +42,8 @@ def test_the_gpu_check_runs_dry_and_every_check_passes(tmp_path: Path) -> None:
     assert ranks and all(k["preloaded"] and k["backend"] == "gloo" for k in ranks)
     section = (tmp_path / "out" / "gpu.md").read_text()
     assert section.startswith("## On a GPU\n") and "dry mode" in section and "| startup:" in section
+    # the stacks and flight recorder step: a stuck rank cancelled, where it was in the result
+    flight = json.loads((tmp_path / "out" / "gpu_flight.json").read_text())
+    assert flight["dry"] is True and set(flight["checks"].values()) == {"pass"}, flight
+    assert flight["stack"][0].endswith("in stuck") and flight["nccl_dumps"] == []
     assert (ROOT / "docs" / "performance.md").read_text() == doc  # the dry mode never writes the docs

@@ -5,6 +5,7 @@ silent   no torch; every rank sleeps in wait_forever() without a word
 blocked  like silent, with the agent's stacks signal blocked (no dump can come)
 print    no torch; prints a line every 0.3 s for --seconds, then exits 0
 progress no torch; torchstep.progress(i, --steps) every 0.3 s, no output, then exits 0
+timer    rank --rank is stuck in slow_step() under torchstep.expires(after=2); the others wait
 
 Every rank touches <--dir>/ready.<rank> once it is where the test wants it.
 """
@@ -30,6 +31,11 @@ def load_batch(directory: str) -> None:
 
 
 def wait_forever(directory: str) -> None:
+    ready(directory)
+    time.sleep(600)
+
+
+def slow_step(directory: str) -> None:
     ready(directory)
     time.sleep(600)
 
@@ -61,6 +67,14 @@ def main() -> None:
 
         signal.pthread_sigmask(signal.SIG_BLOCK, [STACKS_SIGNAL])
         wait_forever(a.dir)
+    elif a.mode == "timer":
+        import torchstep
+
+        if RANK == a.rank:
+            with torchstep.expires(after=2, scope="slow-step"):
+                slow_step(a.dir)
+        else:
+            wait_forever(a.dir)
     elif a.mode == "print":
         end = time.monotonic() + a.seconds
         i = 0

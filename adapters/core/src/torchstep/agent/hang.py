@@ -5,7 +5,7 @@ watches of a running group besides exits.
   log grew and no rank called ``torchstep.heartbeat()`` / ``torchstep.progress()`` (their
   files' times) — counted from the group's start;
 * :class:`ProgressWatch`: the lowest rank's ``torchstep.progress()`` report, logged every
-  :data:`PROGRESS_LOG_INTERVAL_S` and kept for the result;
+  :data:`PROGRESS_LOG_INTERVAL_S` (on the console and in ``agent.log``) and kept for the result;
 * :func:`nccl_env`: the flight recorder's variables for a worker on a GPU machine.
 
 Example::
@@ -117,7 +117,17 @@ class ProgressWatch:
         line = progress_line(info)
         if line is not None:
             self._logged_at = now
-            log.info("%s (rank %s)", line, info["rank"] if info else "?")
+            _say(f"{line} (rank {info['rank'] if info else '?'})")
+
+
+def _say(text: str) -> None:
+    """An INFO line on the console too, whatever ``LOGLEVEL``: a step that reports progress
+    shows it where its orchestrator shows the agent's output (a task log)."""
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (text,), None)
+    if not log.handlers:
+        log.handle(record)
+    for handler in log.handlers:
+        handler.handle(record)
 
 
 def gpu_present(environ: dict[str, str] | os._Environ[str]) -> bool:

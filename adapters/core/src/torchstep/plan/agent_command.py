@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from torchstep.contract import (
     ENV_APP_ID,
     ENV_GRACE_PERIOD,
+    ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_RDZV_CONF,
     ENV_RDZV_ENDPOINT,
@@ -113,6 +114,8 @@ def agent_argv(
         flags += ["--rdzv-id", rdzv_id]
     if role.heartbeat_timeout_s is not None:
         flags += ["--heartbeat-timeout", f"{role.heartbeat_timeout_s:g}"]
+    if role.hang_timeout_s is not None:
+        flags += ["--hang-timeout", f"{role.hang_timeout_s:g}"]
     if role.grace_period_s is not None:
         flags += ["--grace-period", f"{role.grace_period_s:g}"]
     return [*flags, *extra, "--no-python", *argv]
@@ -167,6 +170,8 @@ def replica_env(
             env["PET_NPROC_PER_NODE"] = str(role.nproc_per_node)
         if role.heartbeat_timeout_s is not None:
             env[ENV_HEARTBEAT_TIMEOUT] = f"{role.heartbeat_timeout_s:g}"
+        if role.hang_timeout_s is not None:
+            env[ENV_HANG_TIMEOUT] = f"{role.hang_timeout_s:g}"
         if role.grace_period_s is not None:
             env[ENV_GRACE_PERIOD] = f"{role.grace_period_s:g}"
     if rdzv_endpoint is not None:

@@ -58,6 +58,7 @@ ROLE_OPTIONS: dict[str, str] = {
     "nproc_per_node": "worker processes per replica (default 1, or torchrun's --nproc-per-node)",
     "timeout": "seconds before the whole role is stopped (a step timeout)",
     "heartbeat_timeout": "agent --heartbeat-timeout in seconds",
+    "hang_timeout": "agent --hang-timeout in seconds (no output, heartbeat or progress of any rank: stacks, then fail)",
     "grace_period": "agent --grace-period in seconds (SIGTERM to SIGKILL)",
     "secret_env": "{ENV_NAME: 'secret-name/key'}: environment from a Kubernetes Secret",
     "retry_delay": "seconds between orchestrator retries (APPLICATION policy)",
@@ -371,6 +372,7 @@ class RolePlan:
         timeout_s: seconds before the role is stopped; ``None``: no timeout.
         heartbeat_timeout_s: the agent's ``--heartbeat-timeout`` in seconds; ``None``: its default.
         grace_period_s: seconds from SIGTERM to SIGKILL; ``None``: the agent's default.
+        hang_timeout_s: the agent's ``--hang-timeout`` in seconds; ``None``: off.
         retry_delay_s: seconds before an orchestrator retry; ``None``: the orchestrator's default.
         retry_backoff: multiplier of the retry delay per retry; ``None``: 1.
         max_retry_delay_s: cap of a retry delay in seconds; ``None``: no cap.
@@ -405,6 +407,7 @@ class RolePlan:
     metadata: Mapping[str, Any]
     workdir: str | None = None  # local target: the image when it is a directory
     index: int = 0  # position in AppDef.roles (for field paths in errors raised at run time)
+    hang_timeout_s: float | None = None
 
     @property
     def argv(self) -> list[str]:

@@ -338,6 +338,7 @@ def plan_role(rec: Recorder, i: int, role: Any) -> RolePlan:
         retry=budget,
         timeout_s=opts.get("timeout"),
         heartbeat_timeout_s=opts.get("heartbeat_timeout"),
+        hang_timeout_s=opts.get("hang_timeout"),
         grace_period_s=opts.get("grace_period"),
         retry_delay_s=opts.get("retry_delay"),
         retry_backoff=opts.get("retry_backoff"),

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from torchstep.contract import ENV_GRACE_PERIOD, ENV_HEARTBEAT_TIMEOUT
+from torchstep.contract import ENV_GRACE_PERIOD, ENV_HANG_TIMEOUT, ENV_HEARTBEAT_TIMEOUT
 from torchstep.plan.limits import MAX_NPROC
 from torchstep.plan.model import ROLE_OPTIONS, SecretRef
 from torchstep.plan.names import is_dns_subdomain, is_env_name
@@ -78,7 +78,7 @@ def role_options(rec: Recorder, p: str, role: Any) -> dict[str, Any]:
 
 
 def agent_options(rec: Recorder, p: str, opts: Mapping[str, Any], own_torchrun: bool) -> None:
-    """Rows of the timeout / heartbeat_timeout / grace_period options."""
+    """Rows of the timeout / heartbeat_timeout / hang_timeout / grace_period options."""
     base = f"{p}.metadata['torchstep']"
     if "timeout" in opts:
         rec.ok(
@@ -88,6 +88,7 @@ def agent_options(rec: Recorder, p: str, opts: Mapping[str, Any], own_torchrun: 
         )
     for key, flag, env in (
         ("heartbeat_timeout", "--heartbeat-timeout", ENV_HEARTBEAT_TIMEOUT),
+        ("hang_timeout", "--hang-timeout", ENV_HANG_TIMEOUT),
         ("grace_period", "--grace-period", ENV_GRACE_PERIOD),
     ):
         if key in opts:
