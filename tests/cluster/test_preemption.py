@@ -1,7 +1,8 @@
 """Preemption is not failure (issue 36, goal 3), on the one-machine cluster: a step whose pod
 is evicted with ``DisruptionTarget`` (a node drain) is replaced by the Job controller without
 spending any retry budget, resumes from its checkpoint (``torchstep.last_checkpoint()``) and
-succeeds; beyond ``preemption_retries`` the step ends PREEMPTED, not retryable."""
+succeeds; a bare Pod (which Kubernetes never replaces) is created again by the watcher, and
+resumes likewise; beyond ``preemption_retries`` the step ends PREEMPTED, not retryable."""
 
 from __future__ import annotations
 
@@ -81,6 +82,32 @@ def test_a_drained_step_resumes_from_its_checkpoint_and_succeeds_with_no_retry_s
     assert "preemption 1 of at most 10 (preemption_retries); the step's retries are untouched" in said[0]
     assert any(w.startswith("preempted 1 time (1 pod(s) with DisruptionTarget") for w in result.warnings)
     assert result.retryable is False and result.attempts == 1
+
+
+@pytest.mark.slow
+def test_a_drained_bare_pod_is_created_again_and_resumes_from_its_checkpoint(
+    real_cluster: Cluster, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    rendered, lines, done, runner = start(real_cluster, checkpointed(ckpt))
+    name = rendered.roles[0].name
+    assert rendered.roles[0].kind == "Pod"  # 1 replica, no retries: what KubernetesPodOperator would run
+    real_cluster.wait(lambda: (ckpt / "step-0003").exists(), 120, "the step to save its 4th checkpoint")
+    first = running_pod(real_cluster, rendered)
+    assert first is not None
+    real_cluster.server.node(first["spec"]["nodeName"], "drain")
+    runner.join(240)
+    assert done, "JobGang did not return"
+    result = done[0]
+    assert result.state == "SUCCEEDED", (result.summary(), lines)
+    resumed = [line for line in lines if "resumed from step-" in line]
+    assert len(resumed) == 1 and int(resumed[0].rsplit("step-", 1)[1]) >= 3, lines
+    assert any(f"done at step {STEPS - 1}" in line for line in lines)
+    (pod,) = real_cluster.items("pods", rendered.label_selector)
+    assert pod["metadata"]["name"] == name and pod["metadata"]["uid"] != first["metadata"]["uid"]
+    assert pod["spec"]["nodeName"] != first["spec"]["nodeName"]  # the drained node is cordoned
+    assert f"torchstep: pod {name} created again after its preemption" in lines
+    assert any(w.startswith("preempted 1 time (1 pod(s) with DisruptionTarget") for w in result.warnings)
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """Preemption is not failure (issue 36, goal 3), offline: the rendered Jobs ignore pods with
 ``DisruptionTarget`` in every retry policy, the watcher (JobGang, against tests/kubefake.py)
 counts preemptions against ``preemption_retries`` and never against the step's retries, and
-the result says PREEMPTED (TorchX: FAILED with the reason) only when that budget is spent or a
-bare Pod, which nothing replaces, was preempted."""
+the result says PREEMPTED (TorchX: FAILED with the reason) only when that budget is spent; a
+preempted bare Pod, which Kubernetes never replaces, is created again by the watcher."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_preemption_retries_is_a_run_option_with_its_own_default_and_checked() -
     assert render_app(app(), cfg={"run_id": "r", "preemption_retries": "3"}).options.preemption_retries == 3
     with pytest.raises(SpecError, match=r"cfg\['preemption_retries'\].*must not be negative"):
         render_app(app(), cfg={"run_id": "r", "preemption_retries": -1})
-    assert "preemption_retries" in str(torchstep.kubernetes.runopts())
+    assert "preemption_retries" in str(torchstep.kubernetes.cfg_table())
 
 
 def test_a_preempted_replica_is_replaced_and_the_step_succeeds_with_its_retries_untouched() -> None:
@@ -95,21 +95,56 @@ def test_more_preemptions_than_the_budget_end_the_step_preempted_and_not_retryab
     assert result.app_status().state.name == "FAILED" and app_state("PREEMPTED").name == "FAILED"
 
 
-def test_a_preempted_bare_pod_ends_the_run_preempted_and_retryable() -> None:
-    fake = Disrupting({0: Script(codes=[143])}, disrupted=("echo-82f3e9c6",), polls=3)
-    application = torchstep.materialize("utils.echo", ["--msg", "hi"])
-    rendered = render_app(application, namespace="ml", cfg={"run_id": "r1"})
+class PreemptedBarePod(FakeKube):
+    """A bare Pod whose first incarnation is evicted (``DisruptionTarget``, still terminating):
+    deleting it by name removes it, creating it again starts an incarnation that succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__({0: Script(codes=[0])}, polls=2)
+        self.incarnation = 0
+        self.gone = False
+
+    def _pod_list(self) -> list[Any]:
+        if self.gone:
+            return list(self.extra_pods)
+        pods = super()._pod_list()
+        if self.incarnation == 0:
+            for pod in pods:
+                pod.status.conditions = [types.SimpleNamespace(type="DisruptionTarget", status="True",
+                                                               reason="EvictionByEvictionAPI", message="")]  # fmt: skip
+        return pods
+
+    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy: Any = None,
+                                         field_selector: str | None = None) -> None:  # fmt: skip
+        super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy, field_selector)
+        if field_selector is not None:  # the preempted pod, by name: gone once deleted
+            name = field_selector.partition("=")[2]
+            self.objects = [o for o in self.objects if not (o["kind"] == "Pod" and o["metadata"]["name"] == name)]
+            self.gone = True
+
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.gone:
+            self.gone, self.incarnation, self.reads = False, self.incarnation + 1, 0
+        return super().create_namespaced_pod(namespace, body)
+
+
+def test_a_preempted_bare_pod_is_created_again_by_the_watcher_from_the_same_budget() -> None:
+    fake = PreemptedBarePod()
+    rendered = render_app(torchstep.materialize("utils.echo", ["--msg", "hi"]), namespace="ml", cfg={"run_id": "r1"})
+    name = rendered.roles[0].name
     assert rendered.roles[0].kind == "Pod"
-    fake.disrupted = (rendered.roles[0].name,)
     lines: list[str] = []
-    result = JobGang(rendered, fake, on_line=lines.append, poll_interval=0.01).run()
-    assert result.state == "PREEMPTED" and result.retryable is True, result.summary()
-    assert (
-        result.message
-        == f"pod {rendered.roles[0].name} was preempted (PreemptionByScheduler): nothing replaces a bare Pod"
-    )
-    assert any("a bare Pod cannot be replaced: the step runs again" in x for x in lines)
-    assert [r.state for r in result.replicas] == ["PREEMPTED"]
+    gang = JobGang(rendered, fake, on_line=lines.append, poll_interval=0.01)
+    result = gang.run()
+    assert result.state == "SUCCEEDED", result.summary()
+    assert fake.deleted_names == [("pods", f"metadata.name={name}")]  # the preempted pod, by name
+    assert [o["metadata"]["name"] for o in fake.objects if o["kind"] == "Pod"] == [name]  # one pod, created again
+    assert gang.owners.uid(name) == fake.objects[-1]["metadata"]["uid"]  # the new pod is the run's
+    said = [x for x in lines if x.startswith("torchstep:")]
+    assert said[0].startswith(f"torchstep: pod {name} was preempted (DisruptionTarget: EvictionByEvictionAPI); "
+                              "torchstep creates it again, resuming from the step's checkpoint; preemption 1 of")  # fmt: skip
+    assert said[1] == f"torchstep: pod {name} created again after its preemption"
+    assert any(w.startswith("preempted 1 time (1 pod(s)") for w in result.warnings)
 
 
 def test_the_state_is_a_step_state_and_its_result_file_round_trips() -> None:

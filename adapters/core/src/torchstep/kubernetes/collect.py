@@ -36,8 +36,8 @@ def collect(
     ``state`` (the workloads' state, CANCELLED or PREEMPTED) since ``started`` (epoch seconds).
 
     A run that was preempted says so in ``warnings`` whatever its end; one that ends
-    PREEMPTED says why in ``message``: its budget spent (not retryable), or its bare Pod
-    preempted (retryable: :func:`torchstep.steps.run_tries` runs it again from the same budget).
+    PREEMPTED (its budget spent) says so in ``message`` and is not retryable: a preemption
+    never falls back on the step's own retries.
 
     Args:
         rendered: the rendering of the run.
@@ -70,9 +70,8 @@ def collect(
     if note is not None:
         merged.warnings.append(note)
     if state == PREEMPTED and preemptions is not None:
-        bare = preemptions.bare_pod if not preemptions.exhausted else None
-        merged.message = f"{bare}: nothing replaces a bare Pod" if bare else preemptions.exhausted_message()
-        merged.retryable = bare is not None  # a spent budget never falls back on the step's retries
+        merged.message = preemptions.exhausted_message()
+        merged.retryable = False  # a spent budget never falls back on the step's retries
         merged.root_cause = None
         if merged.exit_code is None:
             merged.exit_code = SIGTERMED_EXIT_CODE

@@ -401,14 +401,56 @@ class JobGang:
                 self.preemptions.observe_pods(self._follow_new_pods(self._cancel), kinds)
             except Interrupted:
                 return CANCELLED
-            if self.preemptions.exhausted or self.preemptions.bare_pod is not None:
+            if self.preemptions.exhausted:
                 return PREEMPTED
+            if self.preemptions.bare_pod is not None:
+                try:
+                    self._replace_bare_pod(self.preemptions.bare_pod)
+                except Interrupted:
+                    return CANCELLED
+                continue
             if FAILED in states:
                 return FAILED
             if all(s == SUCCEEDED for s in states):
                 return SUCCEEDED
             self.save_cursor()
             self._cancel.wait(self.poll)
+
+    def _replace_bare_pod(self, name: str) -> None:
+        """Run a preempted bare Pod again (nothing else replaces one): once the old pod is
+        gone, the same Pod is created under the same name; its uid becomes the run's, its
+        log is followed from where the old one's ended. Counted by :attr:`preemptions`."""
+        role = next(r for r in self.rendered.roles if r.name == name)
+        sel = self.rendered.label_selector
+        self._api(f"delete Pod {self.ns}/{name}", lambda: self.client.delete_collection_namespaced_pod(
+            self.ns, label_selector=sel, field_selector=f"metadata.name={name}"), stop=self._cancel)  # fmt: skip
+        grace = float(role.workload["spec"].get("terminationGracePeriodSeconds", 30))
+        deadline = time.monotonic() + grace + 120  # its processes first get the grace period
+        while True:
+            try:
+                self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                          stop=self._cancel)  # fmt: skip
+            except Interrupted:
+                raise
+            except Exception as e:
+                if http_status(e) == 404 or http_status(getattr(e, "error", None)) == 404:
+                    break
+                raise
+            if time.monotonic() > deadline:
+                raise RunError(f"Pod {self.ns}/{name}", "the preempted pod is still there after its grace period; "
+                               "fix: check the node it ran on (kubectl describe pod)")  # fmt: skip
+            if self._cancel.wait(min(self.poll, 1.0)):
+                raise Interrupted(f"waiting for pod {name} to go")
+        for t in self._threads:  # the old pod's log follower reads its last lines first
+            if t.name == f"log-{name}":
+                t.join(timeout=10.0)
+        self._followed.discard(name)
+        body = dict(role.workload)
+        created = self._api(f"create Pod {self.ns}/{name}", partial(self.client.create_namespaced_pod, self.ns,
+                            body=body), statuses={429}, connection=False, stop=self._cancel)  # fmt: skip
+        self._own("Pod", name, created)
+        self.preemptions.replaced()
+        self._say(f"torchstep: pod {name} created again after its preemption")
 
     def _workload_state(self, kind: str, name: str, stop: threading.Event | None = None) -> str | None:
         if kind == "Job":

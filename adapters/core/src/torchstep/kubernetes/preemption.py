@@ -15,9 +15,9 @@ Kinds of ending and who handles them (docs/kubernetes.md, "Preemption"; docs/tra
   one more ends the step ``PREEMPTED``, not retryable: the step's own retry budget (agent,
   Job or orchestrator) is never spent on a preemption.
 
-A bare Pod (a 1-replica role rendered as a Pod) cannot be replaced by Kubernetes: its
-preemption ends the run ``PREEMPTED`` and *retryable*, and the entry point's retry loop
-(:func:`torchstep.steps.run_tries`) runs it again from this same budget.
+A bare Pod (a 1-replica role rendered as a Pod) is replaced by nobody in Kubernetes: the
+watcher itself creates it again under the same name once the preempted one is gone, from
+this same budget (so no orchestrator retry is spent on it either).
 
 Example::
 
@@ -114,8 +114,12 @@ class Preemptions:
 
     @property
     def bare_pod(self) -> str | None:
-        """What happened to a preempted bare Pod (which nothing replaces), or ``None``."""
+        """The name of a preempted bare Pod the watcher must create again, or ``None``."""
         return self._bare
+
+    def replaced(self) -> None:
+        """The watcher created the preempted bare Pod again."""
+        self._bare = None
 
     def observe_job(self, name: str, job: Any) -> None:
         """One read of Job ``name``: says queued, admitted (with any node selector Kueue
@@ -167,12 +171,12 @@ class Preemptions:
             reason, message = found
             self.pods[uid] = name
             bare = (kinds or {}).get(name) == "Pod"
-            then = ("a bare Pod cannot be replaced: the step runs again" if bare
-                    else "the Job replaces it, resuming from the step's checkpoint")  # fmt: skip
+            then = "torchstep creates it again" if bare else "the Job replaces it"
+            then += ", resuming from the step's checkpoint"
             self.say(f"torchstep: pod {name} was preempted ({DISRUPTION_CONDITION}: {reason}"
                      f"{': ' + message if message else ''}); {then}; {self._tally()}")  # fmt: skip
             if bare:
-                self._bare = f"pod {name} was preempted ({reason})"
+                self._bare = name
 
     def _tally(self) -> str:
         return (f"preemption {self.count} of at most {self.budget} (preemption_retries); "
