@@ -433,7 +433,7 @@ class JobGang:
             except Interrupted:
                 raise
             except Exception as e:
-                if http_status(e) == 404 or http_status(getattr(e, "error", None)) == 404:
+                if http_status(e.error if isinstance(e, ApiRetriesExhausted) else e) == 404:
                     break
                 raise
             if time.monotonic() > deadline:
