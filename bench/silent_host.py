@@ -256,6 +256,7 @@ def main() -> None:
                     rows.append(row)
     if args.json:
         return
+    _record(rows, args)
     print("\n| scenario | torchrun | torchstep-agent | ratio |\n|---|---|---|---|")
     for elastic in (True, False):
         for cut in (1, 0):
@@ -272,6 +273,69 @@ def main() -> None:
                 meds.append(statistics.median(got) if got and len(got) == len(vals) else args.window)
             ratio = f"{meds[0] / meds[1]:.0f}x+" if meds[1] else "-"
             print(f"| {what} | {cells[0]} | {cells[1]} | {ratio} |")
+
+
+#: Figures in bench/results.json (docs/performance.md via bench/report.py).
+FIGURES = {
+    (True, 1): (
+        "12a",
+        "silent host (link down, processes alive), --nnodes 1:2: cut -> the other host's next all-reduce",
+    ),
+    (True, 0): ("12b", "silent store host, --nnodes 1:2: cut -> first all-reduce at the new size on either host"),
+    (False, 1): ("12c", "silent host, --nnodes 2: cut -> the other host's agent exits (FAILED, retryable)"),
+    (False, 0): ("12d", "silent store host, --nnodes 2: cut -> the other host's agent exits (FAILED, retryable)"),
+}
+
+
+def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """One figure per scenario; a run that did not recover (or fail) within the window counts
+    as the window, a lower bound, and the note says so."""
+    sys.path.insert(0, str(BENCH / "scripts"))
+    from figures import record
+
+    for (elastic, cut), (fig, what) in FIGURES.items():
+        key = "again_s" if elastic else "fail_s"
+        vals = {
+            tool: [r.get(key) for r in rows if r["tool"] == tool and r["elastic"] == elastic and r["cut"] == cut]
+            for tool in ("torchstep-agent", "torchrun")
+        }
+        if not vals["torchstep-agent"] or not vals["torchrun"]:
+            continue
+        notes = []
+        for tool, got in vals.items():
+            missing = sum(1 for v in got if v is None)
+            if missing:
+                notes.append(
+                    f"{tool}: {missing} of {len(got)} runs had not {'recovered' if elastic else 'ended'} after {args.window:g} s (counted as {args.window:g} s, a lower bound)"
+                )
+        if elastic:
+            stopped = [
+                r.get("stopped_s") for r in rows if r["tool"] == "torchstep-agent" and r["elastic"] and r["cut"] == cut
+            ]
+            notes.append(
+                "torchstep-agent: the host that cannot reach the store stopped its worker after "
+                + ", ".join("never" if v is None else f"{v:.1f} s" for v in stopped)
+            )
+            if cut == 0:
+                notes.append("the store host trains on alone: the other host cannot reach the store")
+        else:
+            causes = {
+                (r.get("result") or {}).get("root_cause")
+                for r in rows
+                if r["tool"] == "torchstep-agent" and not r["elastic"] and r["cut"] == cut
+            }
+            notes.append("root cause: " + "; ".join(sorted(str(c)[:120] for c in causes)))
+        record(
+            fig,
+            what,
+            [args.window if v is None else v for v in vals["torchstep-agent"]],
+            [args.window if v is None else v for v in vals["torchrun"]],
+            peer_name="torchrun",
+            goal=10.0 if elastic else 30.0,
+            goal_on="ours",
+            command=f"python bench/silent_host.py --runs {args.runs} --window {args.window:g}",
+            note="; ".join(notes),
+        )
 
 
 if __name__ == "__main__":
