@@ -1,6 +1,7 @@
-"""The agent's reaper (torchstep.agent._reaper, run isolated): when the agent dies without
-saying ``done``, it kills the watched worker groups and marks a RUNNING result FAILED with
-torchstep's one atomic writer (a private file, replaced whole)."""
+"""torchstep.agent.procs, the product's process-tree module, and the agent's reaper it starts
+(run isolated): when the agent dies without saying ``done``, the reaper kills the watched
+worker groups and marks a RUNNING result FAILED with torchstep's one atomic writer (a private
+file, replaced whole)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,12 @@ def test_a_finished_agent_leaves_its_result_alone(tmp_path: Path) -> None:
     assert pid is not None
     wait_for(lambda: not pid_alive(pid), 60, "the reaper to exit")
     assert json.loads(result.read_text()) == {"state": "RUNNING"}  # "done": the agent wrote its own result
+
+
+def test_the_process_tree_modules_examples_run() -> None:
+    import doctest
+
+    import torchstep.agent.procs
+
+    result = doctest.testmod(torchstep.agent.procs, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

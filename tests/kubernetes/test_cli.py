@@ -12,7 +12,7 @@ import pytest
 import torchstep.kubernetes
 import yaml
 from torchstep.cli import main as torchstep_main
-from torchstep.kubernetes import runopts
+from torchstep.kubernetes import cfg_table
 from torchstep.kubernetes.options import _OPTS, KubernetesOptions, resolve
 
 
@@ -105,7 +105,7 @@ def test_render_refuses_a_local_directory_as_the_image(capsys, tmp_path):
 
 
 def test_runopts(capsys):
-    opts = runopts()
+    opts = cfg_table()
     assert {name: opt.default for name, opt in opts} == {name: default for name, (_, default, _) in _OPTS.items()}
     assert resolve({}) == KubernetesOptions()
     assert opts.resolve({"queue": "q"})["queue"] == resolve({"queue": "q"}).queue == "q"

@@ -20,7 +20,7 @@ import torchstep
 from local_testlib import HERE, TOKEN_ENV, describe, pids_with
 from proclib import wait_for
 from torchstep.checkpoints import latest_checkpoint
-from torchstep.local.options import resolve, runopts
+from torchstep.local.options import cfg_table, resolve
 
 RESUMABLE = str(HERE / "scripts" / "resumable.py")
 
@@ -102,7 +102,7 @@ def test_the_newest_complete_entry_is_the_last_checkpoint(tmp_path: Path) -> Non
 
 
 def test_the_option_is_listed_and_a_bad_value_names_the_field() -> None:
-    assert "checkpoint_dir" in str(runopts())
+    assert "checkpoint_dir" in str(cfg_table())
     with pytest.raises(torchstep.SpecError) as err:
         resolve({"checkpoint_dir": "  "})
     assert "cfg['checkpoint_dir']" in str(err.value) and "non-blank" in str(err.value)

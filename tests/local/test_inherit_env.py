@@ -86,10 +86,10 @@ def test_secret_env_reads_nothing_from_the_caller_without_inheritance(caller_env
 
 
 def test_inherit_env_is_a_bool_option():
-    from torchstep.local import resolve, runopts
+    from torchstep.local import cfg_table, resolve
 
     assert resolve({}).inherit_env is True and resolve({"inherit_env": "false"}).inherit_env is False
-    assert "inherit_env" in str(runopts())
+    assert "inherit_env" in str(cfg_table())
     with pytest.raises(torchstep.SpecError, match=r"cfg\['inherit_env'\].*must be a bool"):
         resolve({"inherit_env": "sometimes"})
 

@@ -63,7 +63,7 @@ def test_run_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["options", "resources", "mounts", "prepare", "store", "status", "procs", "appfile", "supervisor"]
+    "name", ["options", "resources", "mounts", "prepare", "store", "status", "appfile", "supervisor"]
 )
 def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(f"torchstep.local.{name}")

@@ -217,7 +217,7 @@ SPEC_MODULES = [
     "torchstep.policy.checks",
     "torchstep.policy.overlay",
     "torchstep.policy.rules",
-    "torchstep.runopts",
+    "torchstep.cfg_table",
     "torchstep.plan.secrets",
     "torchstep.local.prepare",
     "torchstep.local.options",

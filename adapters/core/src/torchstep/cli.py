@@ -230,7 +230,7 @@ def runopts_main(argv: Sequence[str]) -> int:
     p.add_argument("target", choices=["local", "kubernetes"])
     ns = p.parse_args(list(argv))
     module = importlib.import_module(f"torchstep.{ns.target}")
-    print(module.runopts())
+    print(module.cfg_table())
     return 0
 
 

@@ -54,7 +54,7 @@ _NAMES = {
     "unknown_parameter": "torchstep.components.materialize",
     "app_from_dict": "torchstep.components.appjson",
     "app_to_dict": "torchstep.components.appjson",
-    "check_cfg": "torchstep.runopts",
+    "check_cfg": "torchstep.cfg_table",
     "remember": "torchstep.components.plan_store",
     "materialize_and_plan": "torchstep.components.plan_cache",
     # running a try
@@ -168,6 +168,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.adapter.outputs import Sink, publish
     from torchstep.adapter.received import resolve_policy
     from torchstep.adapter.task import StepFailed, StepTask
+    from torchstep.cfg_table import check_cfg
     from torchstep.childproc import discard_output, stop_when_ancestors_die
     from torchstep.components.appjson import app_from_dict, app_to_dict
     from torchstep.components.materialize import (
@@ -190,7 +191,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.plan.secrets import INLINED_INTO, warn_inlined, warn_note
     from torchstep.policy import ENV_POLICY, Policy, PolicyError, untrusted_cfg
     from torchstep.result import FAILED, PENDING, RUNNING, SUCCEEDED, root_cause_line
-    from torchstep.runopts import check_cfg
     from torchstep.schedulers.generic import step_received
     from torchstep.steps import (
         Attempt,

@@ -95,9 +95,9 @@ class StepTask:
     ) -> None:
         from torchx.specs import AppDef
 
+        from torchstep.cfg_table import check_cfg
         from torchstep.components.materialize import component_of, static_values
         from torchstep.plan.planner import build_plan
-        from torchstep.runopts import check_cfg
 
         if target not in targets:
             raise SpecError("target", None, f"unknown target {target!r}", fix=f"use one of {list(targets)}")

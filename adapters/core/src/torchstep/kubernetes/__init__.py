@@ -34,7 +34,7 @@ from torchstep.kubernetes.failure import (
     job_failure_fields,
 )
 from torchstep.kubernetes.jobs import ON_FINISH, JobGang
-from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve, runopts
+from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, cfg_table, resolve
 from torchstep.kubernetes.pod import CONTAINER_NAME, LAUNCH_COMMAND
 from torchstep.kubernetes.render import (
     ANNOTATION_APP_NAME,
@@ -72,6 +72,7 @@ __all__ = [
     "OfficialClient",
     "RenderedApp",
     "RenderedRole",
+    "cfg_table",
     "classify_exit",
     "job_failure_fields",
     "object_name",
@@ -81,6 +82,4 @@ __all__ = [
     "render_plan",
     "render_pod",
     "resolve",
-    "runopts",
 ]
-

@@ -33,7 +33,7 @@ DEFAULT_PREEMPTION_RETRIES = 10
 #: ``imagePullPolicy`` values.
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
-# name -> (type, default, help). The single source for runopts() and KubernetesOptions.
+# name -> (type, default, help). The single source for cfg_table() and KubernetesOptions.
 _OPTS: dict[str, tuple[Any, Any, str]] = {
     "namespace": (str, "default", "namespace of every object"),
     "run_id": (
@@ -92,10 +92,10 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
 }
 
 
-def runopts() -> Any:
+def cfg_table() -> Any:
     """The kubernetes target's options as a ``torchx.specs.runopts``.
 
-    >>> print(runopts())  # doctest: +ELLIPSIS
+    >>> print(cfg_table())  # doctest: +ELLIPSIS
         usage:
             [namespace=NAMESPACE],...
     """
@@ -104,7 +104,7 @@ def runopts() -> Any:
 
 @dataclass(frozen=True)
 class KubernetesOptions:
-    """Resolved options of one rendering (:func:`runopts` prints the same help).
+    """Resolved options of one rendering (:func:`cfg_table` prints the same help).
 
     >>> KubernetesOptions().rdzv_port
     29500
@@ -158,7 +158,7 @@ class KubernetesOptions:
 
 
 def resolve(cfg: Mapping[str, Any] | None, *, namespace: str | None = None) -> KubernetesOptions:
-    """Check ``cfg`` against :func:`runopts` and fill in defaults. Values may be typed or
+    """Check ``cfg`` against :func:`cfg_table` and fill in defaults. Values may be typed or
     strings (as ``--cfg key=value`` gives them). ``namespace`` (the ``render`` argument) is
     used unless ``cfg`` names another one.
 

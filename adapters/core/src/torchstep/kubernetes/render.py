@@ -188,12 +188,12 @@ class RenderedApp:
 def render(app: Any, *, namespace: str = "default", cfg: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Kubernetes objects (plain dicts) for ``app`` — a ``torchx.specs.AppDef`` or a
     kubernetes :class:`~torchstep.StepPlan` — ready for ``kubectl apply``. ``cfg`` are the
-    :func:`~torchstep.kubernetes.runopts` (a ``namespace`` there wins over the default).
+    :func:`~torchstep.kubernetes.cfg_table` (a ``namespace`` there wins over the default).
 
     Args:
         app: a ``torchx.specs.AppDef`` (planned for ``kubernetes`` here) or a kubernetes plan.
         namespace: the namespace of every object, unless ``cfg`` names one.
-        cfg: run options (:func:`~torchstep.kubernetes.runopts`); ``None``: the defaults.
+        cfg: run options (:func:`~torchstep.kubernetes.cfg_table`); ``None``: the defaults.
 
     Returns:
         Every object as a dict: the Services and NetworkPolicies first, then the Pods and Jobs.

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import threading
 
-from torchstep.local.options import LocalOptions, resolve, runopts
+from torchstep.local.options import LocalOptions, cfg_table, resolve
 from torchstep.local.status import PlainDisplay, ReplicaEvent, StatusCallback
 from torchstep.plan.model import StepPlan
 from torchstep.result import StepResult
 
-__all__ = ["LocalOptions", "ReplicaEvent", "resolve", "run_plan", "runopts"]
+__all__ = ["LocalOptions", "ReplicaEvent", "cfg_table", "resolve", "run_plan"]
 
 
 def run_plan(

@@ -36,7 +36,7 @@ def default_log_dir() -> str:
     return str(state_root())
 
 
-# name -> (type, default, help). The single source for runopts() and LocalOptions.
+# name -> (type, default, help). The single source for cfg_table() and LocalOptions.
 _OPTS: dict[str, tuple[Any, Any, str]] = {
     "log_dir": (
         str,
@@ -84,10 +84,10 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
 }
 
 
-def runopts() -> Any:
+def cfg_table() -> Any:
     """The local target's options as a ``torchx.specs.runopts``.
 
-    >>> print(runopts())  # doctest: +ELLIPSIS
+    >>> print(cfg_table())  # doctest: +ELLIPSIS
         usage:
             [log_dir=LOG_DIR],...
     """
@@ -96,7 +96,7 @@ def runopts() -> Any:
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """Resolved options of one local run (:func:`runopts` prints the same help).
+    """Resolved options of one local run (:func:`cfg_table` prints the same help).
 
     Args:
         log_dir: where logs and results go (``<log_dir>/<app_id>/<role>/<replica>/``).
@@ -128,7 +128,7 @@ class LocalOptions:
 
 
 def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> LocalOptions:
-    """Check ``cfg`` against :func:`runopts` and fill in defaults; ``log_dir`` (the
+    """Check ``cfg`` against :func:`cfg_table` and fill in defaults; ``log_dir`` (the
     ``run_local`` argument) wins over ``cfg["log_dir"]``.
 
     Args:

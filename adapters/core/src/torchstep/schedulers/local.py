@@ -53,7 +53,7 @@ BACKEND = "torchstep_local"
 _FINAL = TERMINAL_STATES
 
 # -- options: the local target's own (torchstep.local.options: one table, resolve() -> the
-# frozen LocalOptions, runopts()), the same as `torchstep run` takes.
+# frozen LocalOptions, cfg_table()), the same as `torchstep run` takes.
 
 
 @dataclass
@@ -130,9 +130,9 @@ class TorchstepLocalScheduler(base.TorchstepScheduler):
     BACKEND = BACKEND
 
     def _run_opts(self) -> runopts:
-        from torchstep.local.options import runopts as local_runopts
+        from torchstep.local.options import cfg_table
 
-        return local_runopts()  # type: ignore[no-any-return]
+        return cfg_table()  # type: ignore[no-any-return]
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo:
         from torchstep.local.options import resolve

@@ -1,5 +1,6 @@
-"""The run options (``cfg``) of a step, checked where they are written: when the
-component, task or operator is made, not when the remote run fails.
+"""The cfg table check: the run options (``cfg``) of a step, checked against their target's
+cfg table where they are written: when the component, task or operator is made, not when
+the remote run fails. (TorchX's ``runopts`` class is what the tables are declared as.)
 
 Every adapter calls :func:`check_cfg` with the target the options are for (KFP: ``local``
 for a one-container step, ``kubernetes`` for a launcher step); the target's own option
