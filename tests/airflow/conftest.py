@@ -223,7 +223,15 @@ class Deployment:
             log.close()
         self.wait(self.healthy, 120, "the api-server and scheduler to be healthy")
         self.token = self.call("GET", "/auth/token")["access_token"]
-        self.call("GET", "/execution/health")  # the first call is slow: warm it up
+        # the first call is slow (~3 s; over 30 s under a load average of 18): warm it up, patiently
+        self.wait(self.execution_api_answers, 180, "the execution API to answer")
+
+    def execution_api_answers(self) -> bool:
+        try:
+            self.call("GET", "/execution/health")
+        except OSError:  # a timeout: still warming up
+            return False
+        return True
 
     # -- REST -------------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict | None = None, *, ok=(200, 201)) -> dict:
