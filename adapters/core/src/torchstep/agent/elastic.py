@@ -301,11 +301,6 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 env.update(nccl_env(env, attempt_dir))
         if self._heartbeats is not None:
             self._heartbeats.reset({lr: w.heartbeat_file for lr, w in attempt.workers.items()})
-        if self._hang is not None:
-            watched = [w.heartbeat_file for w in attempt.workers.values()]
-            watched += [w.progress_file for w in attempt.workers.values()]
-            watched += [p for w in attempt.workers.values() for p in (w.paths.log, w.paths.stderr) if p]
-            self._hang.reset(watched)
         self._progress.reset({w.global_rank: w.progress_file for w in attempt.workers.values()})
         self.attempts.append(attempt)
         log.info(
@@ -365,6 +360,11 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         filters = list(worker_group.spec.duplicate_stdout_filters or []) + list(
             worker_group.spec.duplicate_stderr_filters or []
         )
+        if self._hang is not None:  # here: a --logs-specs of the user's has just decided the log paths
+            watched = [w.heartbeat_file for w in attempt.workers.values()]
+            watched += [w.progress_file for w in attempt.workers.values()]
+            watched += [p for w in attempt.workers.values() for p in (w.paths.log, w.paths.stderr) if p]
+            self._hang.reset(watched)
         self._tee = LogTee(
             sources, filters=filters, filter_file=os.path.join(attempt.log_dir, "filtered.log"), on_warning=self.warn
         ).start()
