@@ -17,7 +17,7 @@ from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 from torchstep_airflow import kubernetes as airflow_kubernetes  # noqa: E402
-from torchstep_airflow.kubernetes import StepPodOperator, pod_operator, render, run_kubernetes  # noqa: E402
+from torchstep_airflow.kubernetes import PodStep, StepPodOperator, pod_operator, render, run_kubernetes  # noqa: E402
 from torchstep_airflow.operators import AppDefOperator  # noqa: E402
 
 RUN_ID = "train.fit.manual__2026-11-21T10_00_00+00_00.try1"
@@ -53,6 +53,16 @@ def step(a, kwargs=None):
     t = task(a, kwargs)
     rendered = render(t, t.build_app()[1], RUN_ID)
     return types.SimpleNamespace(_inner=pod_operator("fit", rendered, t.kubernetes_kwargs), rendered=rendered)
+
+
+def test_the_one_pod_path_is_a_step_backend_of_the_seam():
+    from torchstep.adapter import StepBackend
+
+    t = task(app())
+    plan = t.build_app()[1]
+    pod = PodStep(t, plan, render(t, plan, RUN_ID), {"ti": TI})
+    assert isinstance(pod, StepBackend)  # run, cancel, say, record, plan, result, try_number
+    assert pod.plan is plan and pod.result is None and isinstance(pod.operator, StepPodOperator)
 
 
 def test_pod_operator_pod_is_the_rendered_pod():

@@ -1,8 +1,10 @@
 """The kubernetes target of ``AppDefOperator`` (imports the cncf-kubernetes provider and the
 Kubernetes client; loaded only when such a task executes).
 
-- One role with one replica, rendered as a bare Pod → a ``KubernetesPodOperator``
-  (:class:`StepPodOperator`) runs exactly the pod ``torchstep.kubernetes.render`` made: its
+- One role with one replica, rendered as a bare Pod → :class:`PodStep`, a
+  :class:`~torchstep.adapter.StepBackend` (the seam's protocol: ``run``, ``cancel``, ``say``,
+  ``record``) whose ``run`` is a ``KubernetesPodOperator``
+  (:class:`StepPodOperator`) running exactly the pod ``torchstep.kubernetes.render`` made: its
   logs stream into the task log, the agent writes the step result to
   ``/airflow/xcom/return.json`` and the operator's XCom sidecar reads it back;
   ``on_finish_action``, ``deferrable`` and every other KPO argument work as usual
@@ -223,10 +225,7 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
     kwargs = task.kubernetes_kwargs
     rendered = render(task, plan, attempt_of(context).run_id)
     if is_single_pod(rendered) and task.own_retries == 0:  # the generic DAG retries inside: core's step
-        pod = task.use_step(pod_operator(task.task_id, rendered, kwargs, durable=task.durable))
-        if event is not None:
-            return _from_pod(pod, rendered, lambda: _nested(pod, pod.trigger_reentry, context, event), task.log)
-        return _from_pod(pod, rendered, lambda: _nested(pod, pod.execute, context), task.log)
+        return task.use_step(PodStep(task, plan, rendered, context, event)).run()
     bad = sorted(set(kwargs) - JOB_ARGS)
     if bad:
         raise SpecError(f"kubernetes_kwargs[{bad[0]!r}]", TARGET,
@@ -248,6 +247,62 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
         return task.use_step(open_step(plan, attempt=attempt, cursor_store=cursor_store, **options))
 
     return run_durable(open_try, context, task.log)
+
+
+class PodStep:
+    """One try of a 1-role, 1-replica app as a :class:`~torchstep.adapter.StepBackend`: the
+    KubernetesPodOperator (:class:`StepPodOperator`) runs the rendered pod, so its own
+    features hold (``deferrable``, ``reattach_on_restart``, ``on_finish_action``, the XCom
+    sidecar), and ``AppDefOperator`` holds it as it holds a core step (``use_step``, ``cancel``).
+
+    Args:
+        task: the ``AppDefOperator``.
+        plan: the step's plan (target ``kubernetes``).
+        rendered: its rendered objects (one bare Pod).
+        context: the task's Airflow context.
+        event: the trigger's event when the operator comes back from its deferral.
+    """
+
+    def __init__(
+        self, task: Any, plan: StepPlan, rendered: RenderedApp, context: Any, event: dict[str, Any] | None = None
+    ) -> None:
+        self.plan = plan
+        self.result: StepResult | None = None
+        self.try_number = 1  # Airflow retries the task: each try is one PodStep
+        self.rendered = rendered
+        self.operator = pod_operator(task.task_id, rendered, task.kubernetes_kwargs, durable=task.durable)
+        self._context, self._event, self._log = context, event, task.log
+
+    def run(self) -> StepResult:
+        """Run (or resume, after a deferral) the pod operator; the agent's step result."""
+        op, context, event = self.operator, self._context, self._event
+        if event is not None:
+            self.result = _from_pod(
+                op, self.rendered, lambda: _nested(op, op.trigger_reentry, context, event), self._log
+            )
+        else:
+            self.result = _from_pod(op, self.rendered, lambda: _nested(op, op.execute, context), self._log)
+        return self.result
+
+    def cancel(self) -> None:
+        """Stop the pod (KubernetesPodOperator's ``on_kill``)."""
+        self.operator.cancel()
+
+    def say(self, text: str) -> None:
+        """A note of torchstep's in the task log.
+
+        Args:
+            text: the note.
+        """
+        self._log.info("%s", text)
+
+    def record(self, result: StepResult) -> None:
+        """Keep ``result`` (the pod's result lives in its XCom; nothing else to write).
+
+        Args:
+            result: the try's final result.
+        """
+        self.result = result
 
 
 def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -> StepResult:
