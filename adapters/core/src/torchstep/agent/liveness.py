@@ -124,16 +124,33 @@ def probe(host: str, port: int, timeout_s: float) -> str:
 
 
 class _ProbeListener:
-    """The port peers probe: it accepts and closes (nothing is read or written)."""
+    """The port peers probe: it accepts and closes (nothing is read or written). It listens
+    on the address peers reach this node by (the node's ``addr``: ``--local-addr`` or the host
+    name), on loopback when the whole run is on this machine (a loopback store endpoint), and
+    on every interface only when that address is not one of this host's."""
 
-    def __init__(self) -> None:
-        try:  # every address of the host (IPv4 too), as the node's name may resolve to any
-            self.sock = socket.create_server(("", 0), family=socket.AF_INET6, backlog=256, dualstack_ipv6=True)
-        except (OSError, ValueError):  # no IPv6 here
-            self.sock = socket.create_server(("", 0), backlog=256)
+    def __init__(self, node_addr: str, store_host: str) -> None:
+        from torchstep.agent.stores import LOOPBACK, loopback_ip
+
+        if loopback_ip(store_host) is not None:
+            self.sock = socket.create_server((LOOPBACK, 0), backlog=256)
+        else:
+            self.sock = self._bind_own(node_addr)
         self.port: int = self.sock.getsockname()[1]
         self._thread = threading.Thread(target=self._serve, name="torchstep-liveness-probe", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _bind_own(node_addr: str) -> socket.socket:
+        try:
+            family, _, _, _, addr = socket.getaddrinfo(node_addr, 0, type=socket.SOCK_STREAM)[0]
+            return socket.create_server((addr[0], 0), family=family, backlog=256)
+        except (OSError, IndexError):  # not an address of this host (NAT, an alias): every interface
+            pass
+        try:
+            return socket.create_server(("", 0), family=socket.AF_INET6, backlog=256, dualstack_ipv6=True)
+        except (OSError, ValueError):  # no IPv6 here
+            return socket.create_server(("", 0), backlog=256)
 
     def _serve(self) -> None:
         while True:
@@ -227,7 +244,10 @@ class LivenessMonitor:
     # -- life ------------------------------------------------------------------------------
     def start(self) -> None:
         """Open the probe port and start both threads."""
-        self._listener = _ProbeListener()
+        try:
+            self._listener = _ProbeListener(str(self._node.addr), self.store_host)
+        except OSError as e:  # peers then find this node silent only by torch's expiry
+            log.warning("liveness: no probe port (%s): peers cannot probe this node", e)
         for target, name in ((self._read_loop, "reader"), (self._watch_loop, "watcher")):
             thread = threading.Thread(target=target, name=f"torchstep-liveness-{name}", daemon=True)
             thread.start()
