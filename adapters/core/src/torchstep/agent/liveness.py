@@ -17,10 +17,11 @@ threads:
   that completes means the host and the agent process are there (a stalled or stopped agent
   still completes it: the kernel answers), so nothing happens; a refusal (the agent is
   gone) or no answer within ``probe_timeout_s`` (the host is silent) makes the node dead:
-  it is removed from the rendezvous state as torch removes an expired node, and the agent
-  is told (``on_silent``): with ``--nnodes min:max`` it restarts its group at the smaller
-  size (a membership change: no ``--max-restarts`` spent), with a fixed size it fails the
-  step, naming the node.
+  it is removed from the rendezvous state as torch removes an expired node. A node whose
+  agent is gone had its connections reset, so its peers' workers fail by themselves and
+  torch restarts as for any node loss. For a silent host the agent is told (``on_silent``):
+  with ``--nnodes min:max`` it restarts its group at the smaller size (a membership change:
+  no ``--max-restarts`` spent), with a fixed size it fails the step, naming the node.
 * the **watcher** sees a store call of the reader's that has not returned for
   ``cut_after_s`` and probes the store's endpoint: no answer means this agent is cut off
   (or the store host is silent): the agent stops its workers at once (``on_cut_off``). With
@@ -366,9 +367,16 @@ class LivenessMonitor:
                 ),
                 at=now,
             )
-            if self._remove(node, beat):
+            if not self._remove(node, beat):
+                continue
+            self._seen.pop(node, None)
+            if verdict == GONE:
+                # its processes are gone, so its connections were reset: the workers' collective
+                # fails by itself and torch restarts as for any node loss; the removal only saves
+                # the re-rendezvous torch's 30 s expiry
+                log.warning("liveness: %s; removed it from the rendezvous", silence.message)
+            else:
                 log.error("liveness: %s; removed it from the rendezvous", silence.message)
-                self._seen.pop(node, None)
                 if rank is not None:
                     self._on_silent(silence)
 
