@@ -463,8 +463,18 @@ class JobGang:
                 if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
                     return FAILED
             return None
-        pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
-                        stop=stop)  # fmt: skip
+        try:
+            pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name,
+                            self.ns), stop=stop)  # fmt: skip
+        except Exception as e:
+            error = e.error if isinstance(e, ApiRetriesExhausted) else e
+            if http_status(error) == 404 and self.preemptions.bare_pod == name:
+                return None  # a preempted bare Pod already gone: the watcher creates it again
+            raise
+        # its disruption is seen here first: the pod may be gone by the time the pods are listed
+        self.preemptions.observe_pods([pod], {name: "Pod"})
+        if self.preemptions.bare_pod == name:
+            return None
         return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
 
     # -- logs ---------------------------------------------------------------------------------
