@@ -297,3 +297,40 @@ def test_a_timer_and_a_heartbeat_kill_take_the_stacks_first(agents: Agents, tmp_
     assert root["reason"] == "heartbeat_timeout"
     assert "no torchstep.heartbeat() for" in root["message"]
     assert re.search(r"where the ranks were: ranks 0, 1 at hang\.py:\d+ in wait_forever", root["message"]), root
+
+
+def test_a_cancelled_local_run_says_where_every_replicas_ranks_were(tmp_path: Path) -> None:
+    """The local target's cancel (what an orchestrator's timeout or kill does) signals each
+    agent's whole process group: the worker zygote must not kill the workers before their
+    agent took the stacks. The step's message names the outlier across the replicas."""
+    import torchstep
+    from torchx.specs import AppDef, Role
+
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    role = Role("trainer", image=str(tmp_path), entrypoint=sys.executable, num_replicas=2,
+                args=[HANG, "--mode", "loader", "--rank", "1", "--dir", str(ready)])  # fmt: skip
+    cancel = threading.Event()
+    out: list[StepResult] = []
+    run = threading.Thread(
+        target=lambda: out.append(
+            torchstep.run_local(
+                AppDef("stacks", roles=[role]), log_dir=str(tmp_path / "logs"), cancel=cancel, cfg={"grace_period": 5}
+            )  # fmt: skip
+        )
+    )
+    run.start()
+    try:
+        wait_for(lambda: len(ready_times(ready)) == 2 or not run.is_alive(), 120, "both ranks in place")
+        time.sleep(0.3)  # rank 0 is inside all_reduce by now
+    finally:
+        cancel.set()
+        run.join(90)
+    assert not run.is_alive() and out, "run_local did not end"
+    res = out[0]
+    assert res.state == "CANCELLED"
+    assert re.fullmatch(
+        r"cancelled; where the ranks were: rank 1 at hang\.py:\d+ in load_batch; rank 0 waiting in all_reduce",
+        res.message or "",
+    ), res.message
+    assert all(rep.stacks_file and Path(rep.stacks_file).is_file() for rep in res.replicas)

@@ -144,6 +144,8 @@ class RankResult:
             innermost first (``"/src/train.py:42 in load_batch"``), or one line saying why
             there is none; empty when the agent did not ask (the workers ended on their own).
         waiting_in: the ``torch.distributed`` call it was in then (``"all_reduce"``), if any.
+        where: the innermost frame of the user's code then (``"train.py:42 in load_batch"``),
+            or why it gave no stack; ``None`` when the agent did not ask.
     """
 
     role: str
@@ -161,6 +163,7 @@ class RankResult:
     tail: list[str] = field(default_factory=list)  # last TAIL_LINES lines when it failed
     stack: list[str] = field(default_factory=list)  # innermost frames when the agent stopped it
     waiting_in: str | None = None  # the torch.distributed call it was in then
+    where: str | None = None  # its innermost frame of the user's code then, or why no stack
 
 
 @dataclass
@@ -1061,3 +1064,66 @@ def progress_line(progress: StepResult | dict[str, Any] | None) -> str | None:
     if isinstance(eta, int | float) and step < total:
         text += f", ETA {_duration(eta)}"
     return text
+
+
+def _rank_spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``."""
+    ranks = sorted(ranks)
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(f"{ranks[i]}-{ranks[j]}" if j > i + 1 else (f"{ranks[i]}, {ranks[j]}" if j > i else f"{ranks[i]}"))
+        i = j + 1
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(parts)
+
+
+def summarize_where(lines: list[tuple[int, str]]) -> str:
+    """One line from each rank's place (``"at f.py:1 in g"``, ``"waiting in all_reduce"``,
+    ``"gave no stack: ..."``): ranks grouped by place, those outside a collective first.
+
+    Args:
+        lines: ``(global rank, place)`` pairs.
+
+    Returns:
+        The line (empty when ``lines`` is).
+
+    >>> summarize_where([(0, "waiting in all_reduce"), (1, "waiting in all_reduce"), (2, "at t.py:4 in load")])
+    'rank 2 at t.py:4 in load; ranks 0, 1 waiting in all_reduce'
+    """
+    groups: dict[str, list[int]] = {}
+    for rank, place in lines:
+        groups.setdefault(place, []).append(rank)
+
+    def order(item: tuple[str, list[int]]) -> tuple[int, int]:
+        place, ranks = item
+        return (0 if place.startswith("at ") else 1 if place.startswith("waiting") else 2), min(ranks)
+
+    return "; ".join(f"{_rank_spans(ranks)} {place}" for place, ranks in sorted(groups.items(), key=order))
+
+
+def where_ranks_were(result: StepResult) -> str | None:
+    """Where every rank of every replica was when its agent stopped it (the ranks' ``where``
+    and ``waiting_in``), as one line: ``rank 3 at train.py:42 in load_batch; ranks 0-2
+    waiting in all_reduce``. What a launcher or an adapter adds to a timeout's or a cancel's
+    message.
+
+    Args:
+        result: a step result (merged or one agent's).
+
+    Returns:
+        The line; ``None`` when no agent took stacks.
+    """
+    lines = []
+    for r in result.ranks:
+        if r.where is None:
+            continue
+        if r.waiting_in:
+            lines.append((r.rank, f"waiting in {r.waiting_in}"))
+        elif r.stack and r.stack[0].startswith("no stack: "):
+            lines.append((r.rank, f"gave no stack: {r.where}"))
+        else:
+            lines.append((r.rank, f"at {r.where}"))
+    return summarize_where(lines) or None

@@ -199,6 +199,7 @@ def rank_result(
         tail=_tail(w) if failed else [],
         stack=w.stack.result_lines() if w.stack is not None else [],
         waiting_in=w.stack.waiting_in if w.stack is not None else None,
+        where=w.stack.where if w.stack is not None else None,
     )
 
 

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from torchstep.contract import STACKS_SIGNAL
+from torchstep.result import summarize_where
 
 #: The whole group's bound for :func:`collect` (issue 37: <= 2 s).
 COLLECT_TIMEOUT_S = 2.0
@@ -288,20 +289,6 @@ def _parsed(st: RankStack, text: str) -> None:
     st.ok = bool(st.frames)
 
 
-def _spans(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``."""
-    ranks = sorted(ranks)
-    parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(f"{ranks[i]}-{ranks[j]}" if j > i + 1 else (f"{ranks[i]}, {ranks[j]}" if j > i else f"{ranks[i]}"))
-        i = j + 1
-    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(parts)
-
-
 def outliers(stacks: dict[int, RankStack]) -> list[int]:
     """The ranks that hold the others up: those with a stack outside any ``torch.distributed``
     call while others wait in one; ``[]`` when that cannot be told (all in a collective, or
@@ -318,23 +305,15 @@ def outliers(stacks: dict[int, RankStack]) -> list[int]:
 
 
 def summary(stacks: dict[int, RankStack]) -> str:
-    """One line: the outliers first, then the ranks grouped by where they were.
+    """One line: the outliers first, then the ranks grouped by where they were
+    (:func:`torchstep.result.summarize_where`).
 
     >>> s = {r: RankStack(r, where="t.py:1 in f", waiting_in="all_reduce", ok=True) for r in range(3)}
     >>> s[3] = RankStack(3, where="train.py:42 in load_batch", ok=True)
     >>> summary(s)
     'rank 3 at train.py:42 in load_batch; ranks 0-2 waiting in all_reduce'
     """
-    groups: dict[str, list[int]] = {}
-    for rank, st in stacks.items():
-        groups.setdefault(st.line(), []).append(rank)
-
-    def order(item: tuple[str, list[int]]) -> tuple[int, int]:
-        text, ranks = item
-        kind = 0 if text.startswith("at ") else (1 if text.startswith("waiting") else 2)
-        return kind, min(ranks)
-
-    return "; ".join(f"{_spans(ranks)} {text}" for text, ranks in sorted(groups.items(), key=order))
+    return summarize_where([(rank, st.line()) for rank, st in stacks.items()])
 
 
 def write_file(path: str, why: str, stacks: dict[int, RankStack]) -> bool:

@@ -81,6 +81,15 @@ def _pdeathsig(sig: int) -> None:
         pass
 
 
+def _own_group() -> None:
+    """Leave the agent's process group. A launcher that signals the agent's whole group (the
+    local target's timeout or cancel) means the agent, which first takes the workers' stacks
+    and then forwards the signal with its grace period; the zygote would kill every worker at
+    once. It still dies with the agent (``PR_SET_PDEATHSIG``), and so do its workers."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -477,6 +486,7 @@ def forked(control: socket.socket, startup_env: dict[str, str | None], parent: i
         _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
         if os.getppid() != parent:  # it died before prctl
             os._exit(0)
+        _own_group()
         null = os.open(os.devnull, os.O_RDONLY)  # the agent's stdin is not ours to hold
         os.dup2(null, 0)
         os.close(null)
@@ -515,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reaper-fd", type=int, default=None)
     ns = ap.parse_args(argv)
     _pdeathsig(signal.SIGTERM)  # the agent died: kill every worker group (SIGTERM handler), then exit
+    _own_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the agent
     startup_env = startup_environment()
     if ns.control is not None:  # torch first: the agent is busy with its own imports meanwhile

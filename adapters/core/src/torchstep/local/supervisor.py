@@ -66,6 +66,7 @@ from torchstep.result import (
     merge,
     replica_state,
     root_cause_line,
+    where_ranks_were,
 )
 from torchstep.untrusted import MAX_SUMMARY_READ_BYTES, escape_control_bytes, read_capped
 
@@ -667,6 +668,8 @@ class Supervisor:
             result.message = "; ".join(dropped) or None
         else:  # the run did not end in any of these ways: merge's verdict stands
             non_retryable = not result.retryable
+        if self.reason in ("cancelled", "timeout") and (where := where_ranks_were(result)):
+            result.message = f"{result.message}; where the ranks were: {where}"  # the agents' stacks
         if result.state == SUCCEEDED:
             result.root_cause = None
         result.retryable = is_retryable(result.state, non_retryable=non_retryable)  # the one rule
