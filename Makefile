@@ -45,7 +45,7 @@ typecheck: $(STAMP)
 # than cores (each with its own servers, ports and TMPDIR) finish it well inside 35 minutes.
 TEST_WORKERS ?= 4
 unit: $(STAMP) system-deps torch-matrix-env
-	$(BIN)/pytest -n $(TEST_WORKERS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=40
 
 # The torch matrix (issue 32; docs/contributing.md): the agent's compatibility suite
 # (tests/torchmatrix) against each supported (Python, torch), each in a virtualenv of PyPI's

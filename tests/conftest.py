@@ -9,6 +9,7 @@ each child to the default (an exec resets a handled signal; an ignored one stays
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -19,3 +20,12 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TORCHSTEP_TESTS_SHARED_TMP: a directory every xdist worker of this run shares (the
+    parent of the workers' own temp roots), for what is built once per run — the Airflow
+    harness's migrated databases. Pytest keeps and cleans it like any temp root."""
+    base = tmp_path_factory.getbasetemp()
+    os.environ["TORCHSTEP_TESTS_SHARED_TMP"] = str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)

@@ -7,6 +7,8 @@ scheduler + dag-processor, LocalExecutor) for the slow end-to-end test.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -84,6 +86,41 @@ def run(argv: list[str], env: dict[str, str], timeout: float, **kw) -> subproces
     return out
 
 
+# -- migrated databases, built once per test session ------------------------------------------
+def shared_dir(name: str) -> Path | None:
+    """A directory all of this session's xdist workers share (tests/conftest.py names its
+    root in TORCHSTEP_TESTS_SHARED_TMP), or None outside such a session."""
+    root = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
+    return Path(root) / name if root else None
+
+
+def built_once(name: str, build) -> Path | None:
+    """``build(dir)`` run by the first worker that asks, under a lock, and its directory
+    returned to every worker after it: ``airflow db migrate`` costs a minute of CPU on a
+    loaded machine, copying its result a fraction of a second."""
+    where = shared_dir(name)
+    if where is None:
+        return None
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with open(where.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (where / ".complete").exists():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+            build(where)
+            (where / ".complete").touch()
+    return where
+
+
+def _migrated_sqlite(where: Path) -> None:
+    home = make_home("torchstep-airflow-template-")
+    try:
+        run([AIRFLOW, "db", "migrate"], airflow_env(home), timeout=240)
+        shutil.copy2(home / "airflow.db", where / "airflow.db")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 # -- dag.test() ---------------------------------------------------------------------------------
 class DagTester:
     """Runs DAGs with ``dag.test()`` in subprocesses sharing one migrated AIRFLOW_HOME."""
@@ -133,7 +170,11 @@ class DagTester:
 def dag_tester():
     home = make_home("torchstep-airflow-dagtest-")
     tester = DagTester(home)
-    run([AIRFLOW, "db", "migrate"], tester.env, timeout=180)
+    template = built_once("airflow-sqlite", _migrated_sqlite)
+    if template is not None:
+        shutil.copy2(template / "airflow.db", home / "airflow.db")
+    else:
+        run([AIRFLOW, "db", "migrate"], tester.env, timeout=180)
     yield tester
     kill_all(procs_with_env(f"AIRFLOW_HOME={home}"))
     shutil.rmtree(home, ignore_errors=True)
@@ -165,17 +206,39 @@ class Postgres:
     def pg(self, tool: str, *args: str, timeout: float = 60) -> None:
         run([*self.as_user, str(self.bin / tool), *args], dict(os.environ), timeout=timeout)
 
-    def start(self) -> str:
-        self.pg("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+    def start(self, template: Path | None = None) -> str:
+        """Start the server: a fresh cluster with an empty ``airflow`` database, or a copy of
+        ``template`` (a cluster stopped cleanly after ``airflow db migrate``)."""
+        if template is None:
+            self.pg("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        else:  # as root: cp -a keeps the postgres owner and the 0700 modes
+            run(["cp", "-a", f"{template}/.", str(self.dir)], dict(os.environ), timeout=120)
         opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
         self.pg("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "server.log"), "-o", opts, "start")
-        psql = ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
-        self.pg(*psql, "-c", "CREATE USER airflow PASSWORD 'airflow'", "-c", "CREATE DATABASE airflow OWNER airflow")
+        if template is None:
+            psql = ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
+            self.pg(
+                *psql, "-c", "CREATE USER airflow PASSWORD 'airflow'", "-c", "CREATE DATABASE airflow OWNER airflow"
+            )
         return f"postgresql+psycopg2://airflow:airflow@127.0.0.1:{self.port}/airflow"
 
     def stop(self) -> None:
         if (self.dir / "postmaster.pid").exists():
             self.pg("pg_ctl", "-D", str(self.dir), "-m", "fast", "-w", "stop")
+
+
+def _migrated_pgdata(where: Path) -> None:
+    home = make_home("torchstep-airflow-pgtemplate-")
+    pg = Postgres(home)
+    try:
+        conn = pg.start()
+        run([AIRFLOW, "db", "migrate"], airflow_env(home, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=conn), timeout=300)
+        pg.stop()
+        run(["cp", "-a", str(pg.dir), str(where / "pgdata")], dict(os.environ), timeout=120)
+    finally:
+        with contextlib.suppress(AssertionError):
+            pg.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 class Deployment:
@@ -197,7 +260,9 @@ class Deployment:
         self.stopped: list[int] | None = None
 
     def start(self) -> None:
-        conn = self.pg.start()
+        built = built_once("airflow-postgres", _migrated_pgdata) if os.geteuid() == 0 else None
+        template = built / "pgdata" if built is not None else None
+        conn = self.pg.start(template)
         self.env = airflow_env(
             self.home,
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=conn,
@@ -213,7 +278,8 @@ class Deployment:
             AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
             AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
         )
-        run([AIRFLOW, "db", "migrate"], self.env, timeout=240)
+        if template is None:
+            run([AIRFLOW, "db", "migrate"], self.env, timeout=240)
         for name, argv in self.COMPONENTS.items():
             log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
             argv = [a.replace("{port}", str(self.port)) for a in argv]
