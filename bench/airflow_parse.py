@@ -159,7 +159,7 @@ WARM_IMPORTS = (
     "torchx.specs.builders",
     "torchx.specs.finder",
     "torchx.specs.file_linter",
-    "torchstep.components.materialize",
+    "torchstep.components.builders",
     "torchstep.plan.planner",
 )
 #: Airflow 3.3's own pre-import (``[dag_processor] parsing_pre_import_modules``): the

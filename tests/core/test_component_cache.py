@@ -16,7 +16,7 @@ import importlib_metadata
 import pytest
 import torchstep
 from torchstep.components import cache as component_cache
-from torchstep.components.materialize import materialize
+from torchstep.components.builders import materialize
 from torchstep.components.plan_cache import materialize_and_plan
 from torchx.specs import finder
 
@@ -161,7 +161,7 @@ def test_two_functions_of_one_file_share_one_execution(comp: tuple[Path, Path]) 
 
 
 def test_the_file_runs_as_torchx_runs_it(comp: tuple[Path, Path]) -> None:
-    from torchstep.components.materialize import component_of
+    from torchstep.components.builders import component_of
 
     fn, label = component_of("comps.py:first")
     assert label == "comps.py:first"
@@ -312,7 +312,7 @@ def test_string_annotations_keep_one_wrapper_per_function(tmp_path: Path, monkey
             '''
         )
     )
-    from torchstep.components.materialize import _with_evaluated_annotations, component_of
+    from torchstep.components.builders import _with_evaluated_annotations, component_of
 
     fn, _ = component_of("late.py:app")
     assert _with_evaluated_annotations(fn) is _with_evaluated_annotations(fn) is not fn

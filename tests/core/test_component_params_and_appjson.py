@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Union  # noqa: UP035 - the annotations 
 import pytest
 import torchstep
 from torchstep.components.appjson import app_from_dict, app_to_dict
-from torchstep.components.materialize import parameters_of
+from torchstep.components.builders import parameters_of
 from torchx import specs
 
 

@@ -197,7 +197,7 @@ SPEC_MODULES = [
     "torchstep.plan",
     "torchstep.plan.agent_command",
     "torchstep.plan.cmdline",
-    "torchstep.components.materialize",
+    "torchstep.components.builders",
     "torchstep.plan.explain",
     "torchstep.plan.limits",
     "torchstep.plan.macros",

@@ -181,7 +181,7 @@ def test_a_misspelt_or_shortened_name_is_an_error_that_lists_the_parameters(
 ) -> None:
     component = _from_module(comp_dir) if ref == "callable" else ref
     e = spec_error(component, argv)
-    assert isinstance(e, torchstep.components.materialize.UnknownParameterError)
+    assert isinstance(e, torchstep.components.builders.UnknownParameterError)
     assert e.field == f"component.{name}"
     assert f"has no parameter '{name}'; fix: use one of: script_args, lr, epochs, image, tags, env, debug, name" in str(
         e
@@ -206,7 +206,7 @@ def test_the_same_words_on_every_path(comp_dir: Path) -> None:
     assert words in str(spec_error("comps.py:trainer", {"stpes": 5}))
     assert words in str(spec_error("comps.py:trainer", stpes=5))
     with pytest.raises(torchstep.SpecError, match=re.escape(words)):
-        torchstep.components.materialize.static_values(
+        torchstep.components.builders.static_values(
             "comps.py:trainer", {"stpes": 5}, target="kfp", builder="component_from_fn"
         )
 

@@ -14,7 +14,8 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_packages_export_their_public_names_without_torch_or_a_warning() -> None:
     out = _run(
         "import sys\n"
-        "from torchstep.plan import build_plan, explain, StepPlan\n"
+        "import torchstep.components.builders, torchstep.plan.explain\n"  # a submodule first: no name clash
+        "from torchstep.plan import build_plan, StepPlan\n"
         "from torchstep.components import materialize, app_to_dict\n"
         "plan = build_plan(materialize('utils.echo', ['--msg', 'hi']), 'local')\n"
         "print(isinstance(plan, StepPlan), plan.roles[0].args, 'torch' in sys.modules)\n"

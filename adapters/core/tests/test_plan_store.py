@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from torchstep.components import plan_store
-from torchstep.components.materialize import UnknownParameterError
+from torchstep.components.builders import UnknownParameterError
 from torchstep.errors import SpecError
 
 COMPONENT = '''
@@ -327,7 +327,7 @@ def test_a_hit_imports_neither_torchx_nor_the_planner(store: Path, component: Pa
         import sys
         from torchstep.components.plan_store import remember
         def compute():
-            from torchstep.components.materialize import materialize
+            from torchstep.components.builders import materialize
             materialize("dist.ddp", ["--script", "t.py"])
             return {"ok": 1}, []
         print(remember("t", "dist.ddp", {"args": ["--script", "t.py"]}, compute),

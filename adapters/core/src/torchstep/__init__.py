@@ -21,7 +21,7 @@ from torchstep.lazy import lazy_names
 
 # public name -> module that defines it (loaded lazily)
 _LAZY = {
-    "materialize": "torchstep.components.materialize",
+    "materialize": "torchstep.components.builders",
     "build_plan": "torchstep.plan.planner",
     "StepPlan": "torchstep.plan.model",
     "RolePlan": "torchstep.plan.model",
@@ -80,7 +80,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep import kubernetes
-    from torchstep.components.materialize import materialize
+    from torchstep.components.builders import materialize
     from torchstep.local import ReplicaEvent
     from torchstep.plan.explain import explain
     from torchstep.plan.model import RolePlan, StepPlan

@@ -58,7 +58,7 @@ RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def explain_main(argv: Sequence[str]) -> int:
-    from torchstep.components.materialize import materialize
+    from torchstep.components.builders import materialize
     from torchstep.plan.explain import notes_of, render_table
     from torchstep.plan.model import TARGETS
     from torchstep.plan.planner import plan_decisions
@@ -114,7 +114,7 @@ def component_help_asked(comp_args: Sequence[str]) -> bool:
 def print_component_help(ref: str, command: str, options: str = "") -> int:
     """Print the parameters of component ``ref`` (TorchX's own argument help) and how to
     pass them to ``torchstep COMMAND``; 0."""
-    from torchstep.components.materialize import component_help
+    from torchstep.components.builders import component_help
 
     prefix = "torchx run <run args...> "
     lines = component_help(ref).splitlines()
@@ -235,7 +235,7 @@ def runopts_main(argv: Sequence[str]) -> int:
 
 
 def builtins_main(argv: Sequence[str]) -> int:
-    from torchstep.components.materialize import builtin_names
+    from torchstep.components.builders import builtin_names
 
     argparse.ArgumentParser(prog="torchstep builtins", description=builtins_main.__doc__).parse_args(list(argv))
     for name in builtin_names():
@@ -297,7 +297,7 @@ def run_main(argv: Sequence[str]) -> int:
             )
         app = load_app(ns.app)
     else:
-        from torchstep.components.materialize import materialize
+        from torchstep.components.builders import materialize
 
         app = materialize(ns.ref, comp_args)
     cfg = parse_cfg(ns.cfg)

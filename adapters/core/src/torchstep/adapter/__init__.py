@@ -42,16 +42,16 @@ _NAMES = {
     # a task
     "StepTask": "torchstep.adapter.task",
     "StepFailed": "torchstep.adapter.task",
-    "ComponentParameter": "torchstep.components.materialize",
-    "UnknownParameterError": "torchstep.components.materialize",
-    "check_parameter_names": "torchstep.components.materialize",
-    "check_value": "torchstep.components.materialize",
-    "component_of": "torchstep.components.materialize",
-    "parameters_of": "torchstep.components.materialize",
-    "reference_of": "torchstep.components.materialize",
-    "static_values": "torchstep.components.materialize",
-    "task_function": "torchstep.components.materialize",
-    "unknown_parameter": "torchstep.components.materialize",
+    "ComponentParameter": "torchstep.components.builders",
+    "UnknownParameterError": "torchstep.components.builders",
+    "check_parameter_names": "torchstep.components.builders",
+    "check_value": "torchstep.components.builders",
+    "component_of": "torchstep.components.builders",
+    "parameters_of": "torchstep.components.builders",
+    "reference_of": "torchstep.components.builders",
+    "static_values": "torchstep.components.builders",
+    "task_function": "torchstep.components.builders",
+    "unknown_parameter": "torchstep.components.builders",
     "app_from_dict": "torchstep.components.appjson",
     "app_to_dict": "torchstep.components.appjson",
     "check_cfg": "torchstep.cfg_table",
@@ -171,7 +171,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.cfg_table import check_cfg
     from torchstep.childproc import discard_output, stop_when_ancestors_die
     from torchstep.components.appjson import app_from_dict, app_to_dict
-    from torchstep.components.materialize import (
+    from torchstep.components.builders import (
         ComponentParameter,
         UnknownParameterError,
         check_parameter_names,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from torchstep.errors import RunError, SpecError
 
 if TYPE_CHECKING:
-    from torchstep.components.materialize import ComponentParameter
+    from torchstep.components.builders import ComponentParameter
     from torchstep.plan.model import StepPlan
     from torchstep.result import StepResult
 
@@ -96,7 +96,7 @@ class StepTask:
         from torchx.specs import AppDef
 
         from torchstep.cfg_table import check_cfg
-        from torchstep.components.materialize import component_of, static_values
+        from torchstep.components.builders import component_of, static_values
         from torchstep.plan.planner import build_plan
 
         if target not in targets:
@@ -147,7 +147,7 @@ class StepTask:
         Returns:
             ``body``.
         """
-        from torchstep.components.materialize import task_function
+        from torchstep.components.builders import task_function
 
         fn = self.function_
         doc = (inspect.getdoc(fn) if fn is not None else None) or f"torchstep step {self.name}"
@@ -171,7 +171,7 @@ class StepTask:
         Raises:
             SpecError: the values make no AppDef, or one the target cannot run.
         """
-        from torchstep.components.materialize import materialize
+        from torchstep.components.builders import materialize
         from torchstep.plan.planner import build_plan
 
         target = target or self.target

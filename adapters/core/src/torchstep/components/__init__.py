@@ -3,7 +3,7 @@
 TorchX's own argument parsing — the first step of the data flow component → AppDef → plan →
 target.
 
-- :mod:`~torchstep.components.materialize`: :func:`~torchstep.components.materialize.materialize`,
+- :mod:`~torchstep.components.builders`: :func:`~torchstep.components.builders.materialize`,
   the component's parameters (``parameters_of``) and its static values;
 - :mod:`~torchstep.components.cache`: resolving a component once per process (file
   modification times decide when it is read again);
@@ -13,7 +13,7 @@ target.
   travels to a generic DAG or flow).
 
 The public names are exported here too (``from torchstep.components import materialize``),
-imported on first use (TorchX loads with them).
+imported on first use (TorchX loads with them); no submodule shares a name with one.
 
 Example::
 
@@ -30,14 +30,14 @@ from torchstep.lazy import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.components.appjson import app_from_dict, app_to_dict
-    from torchstep.components.materialize import ComponentParameter, materialize, parameters_of
+    from torchstep.components.builders import ComponentParameter, materialize, parameters_of
 
 __all__ = ["ComponentParameter", "app_from_dict", "app_to_dict", "materialize", "parameters_of"]
 
 _NAMES = {
-    "materialize": "torchstep.components.materialize",
-    "parameters_of": "torchstep.components.materialize",
-    "ComponentParameter": "torchstep.components.materialize",
+    "materialize": "torchstep.components.builders",
+    "parameters_of": "torchstep.components.builders",
+    "ComponentParameter": "torchstep.components.builders",
     "app_to_dict": "torchstep.components.appjson",
     "app_from_dict": "torchstep.components.appjson",
 }

@@ -384,7 +384,7 @@ def resolve_builtin(name: str) -> Callable[..., Any]:
 # -- per component function -------------------------------------------------------------------
 @dataclass(frozen=True)
 class FunctionInfo:
-    """What :mod:`torchstep.components.materialize` reads from a component function every call.
+    """What :mod:`torchstep.components.builders` reads from a component function every call.
 
     Args:
         parameters: the function's parameters; ``None`` when its signature cannot be read.

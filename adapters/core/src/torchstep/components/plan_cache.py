@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchstep.components import cache as component_cache
-from torchstep.components.materialize import component_of, materialize, materialize_resolved
+from torchstep.components.builders import component_of, materialize, materialize_resolved
 
 #: Most (component, arguments, target) plans :func:`materialize_and_plan` keeps per process.
 MAX_PLANS = 512

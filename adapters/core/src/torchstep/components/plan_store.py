@@ -367,7 +367,7 @@ def _read(path: str) -> Any:
 def _raise_stored(error: dict[str, Any]) -> None:
     args = (error["field"], error["target"], error["problem"])
     if error.get("kind") == "unknown_parameter":
-        from torchstep.components.materialize import UnknownParameterError
+        from torchstep.components.builders import UnknownParameterError
 
         raise UnknownParameterError(*args, fix=error["fix"])
     raise SpecError(*args, fix=error["fix"])

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     import yaml
 
-    from torchstep.components.materialize import materialize
+    from torchstep.components.builders import materialize
     from torchstep.kubernetes.render import render_app
     from torchstep.plan.cmdline import split_component_args
 

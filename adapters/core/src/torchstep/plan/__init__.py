@@ -17,7 +17,8 @@ Modules, from the bottom up (nothing here imports a target, an adapter or torch)
 Turning a component reference into the AppDef is one layer up, in :mod:`torchstep.components`.
 
 The public names are exported here too (``from torchstep.plan import build_plan``), imported
-on first use so that ``import torchstep.plan.names`` stays cheap.
+on first use so that ``import torchstep.plan.names`` stays cheap (``explain`` is
+``torchstep.explain``: here the name is its module's).
 
 Example::
 
@@ -34,16 +35,14 @@ from typing import TYPE_CHECKING
 from torchstep.lazy import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from torchstep.plan.explain import explain
     from torchstep.plan.model import RetryOwner, RolePlan, StepPlan, StepRetry
     from torchstep.plan.planner import build_plan, plan_decisions
 
-__all__ = ["RetryOwner", "RolePlan", "StepPlan", "StepRetry", "build_plan", "explain", "plan_decisions"]
+__all__ = ["RetryOwner", "RolePlan", "StepPlan", "StepRetry", "build_plan", "plan_decisions"]
 
 _NAMES = {
     "build_plan": "torchstep.plan.planner",
     "plan_decisions": "torchstep.plan.planner",
-    "explain": "torchstep.plan.explain",
     "RetryOwner": "torchstep.plan.model",
     "RolePlan": "torchstep.plan.model",
     "StepPlan": "torchstep.plan.model",

@@ -47,7 +47,7 @@ def run_local(
     >>> r.state, len(r.ranks)  # doctest: +SKIP
     ('SUCCEEDED', 1)
     """
-    from torchstep.components.materialize import materialize
+    from torchstep.components.builders import materialize
     from torchstep.plan.planner import build_plan
 
     options = {**(cfg or {}), **({"log_dir": log_dir} if log_dir is not None else {})}

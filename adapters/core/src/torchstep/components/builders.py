@@ -57,7 +57,7 @@ class UnknownParameterError(SpecError, TypeError):
     >>> torchstep.materialize("utils.echo", ["--mgs", "hi"])
     Traceback (most recent call last):
     ...
-    torchstep.components.materialize.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
+    torchstep.components.builders.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
     """
 
 
@@ -104,7 +104,7 @@ def check_parameter_names(component: Any, names: Iterable[Any]) -> None:
     >>> check_parameter_names("utils.echo", ["mgs"])
     Traceback (most recent call last):
     ...
-    torchstep.components.materialize.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
+    torchstep.components.builders.UnknownParameterError: component.mgs: utils.echo has no parameter 'mgs'; fix: use one of: msg, image, num_replicas (did you mean 'msg'?)
     """
     fn, label = component_of(component)
     params = _parameters(fn, label)
@@ -151,7 +151,7 @@ def materialize(
     >>> materialize("dist.ddp", ["--script", "train.py", "--nope"])
     Traceback (most recent call last):
     ...
-    torchstep.components.materialize.UnknownParameterError: component.nope: dist.ddp has no parameter 'nope'; fix: use one of: ...
+    torchstep.components.builders.UnknownParameterError: component.nope: dist.ddp has no parameter 'nope'; fix: use one of: ...
 
     Option names are never abbreviated (TorchX's parser would take ``--nnode`` for
     ``--nnodes``): a name must be given whole.
