@@ -105,3 +105,12 @@ def test_the_wait_after_a_cancel_is_the_pods_grace_period_not_a_literal() -> Non
     assert default.grace_s == pytest.approx(
         default.rendered.roles[0].template["spec"].get("terminationGracePeriodSeconds", 30)
     )
+
+
+def test_a_step_made_directly_attaches_without_a_note_unless_asked() -> None:
+    fake = FakeKube({0: Script(), 1: Script()})
+    KubernetesStep(plan(), run_id="direct-1", client=fake).job_gang().create()  # its watcher died here
+    lines: list[str] = []
+    again = KubernetesStep(plan(), run_id="direct-1", client=fake, on_line=lines.append, poll_interval=0.01)
+    assert again.run().state == SUCCEEDED and again.attached
+    assert not any(line.startswith("torchstep: ") for line in lines)  # the caller says what it wants said

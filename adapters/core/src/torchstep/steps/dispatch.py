@@ -107,6 +107,7 @@ def open_step(
         on_finish=on_finish or "delete",
         result_file=result_file,
         try_number=try_number,
+        say_attaching=True,
     )
 
 

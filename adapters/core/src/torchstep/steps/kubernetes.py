@@ -82,6 +82,8 @@ class KubernetesStep(CancellableRunner):
         result_file: where the agent writes the step result in the container.
         try_number: which try of :func:`~torchstep.steps.run_tries` this is (the result's
             ``attempts``); 1 outside that loop.
+        say_attaching: when ``run()`` finds the try's workloads already there, say so in the
+            step's log (one state read first; :func:`~torchstep.steps.open_step` asks for it).
 
     Raises:
         SpecError: a plan for another target, both ``run_id`` and ``logical_attempt``, or a
@@ -110,6 +112,7 @@ class KubernetesStep(CancellableRunner):
         on_finish: str = "delete",
         result_file: str | None = None,
         try_number: int = 1,
+        say_attaching: bool = False,
     ) -> None:
         from torchstep.kubernetes import render_app
 
@@ -133,6 +136,7 @@ class KubernetesStep(CancellableRunner):
         self.poll_interval = poll_interval
         self.on_finish = on_finish
         self.cursor_store = cursor_store
+        self.say_attaching = say_attaching
         self.jobs: JobGang | None = None
         self._found: object = _UNREAD if run_id is not None or logical_attempt is not None else None
         name = f"torchstep-kubernetes-{run_id or logical_attempt or self.rendered.app_id}"
@@ -205,7 +209,7 @@ class KubernetesStep(CancellableRunner):
             The step result.
         """
         jobs = self.job_gang()
-        if self.found is not None:
+        if self.say_attaching and self.found is not None:
             self.say(f"the Jobs of {self.run_id} exist (an earlier try of this step created them): attaching")
         return self._run(jobs.run)
 
