@@ -35,9 +35,21 @@ def rank_rows(result: StepResult) -> list[dict[str, Any]]:
         rows.append({
             "role": rk.role, "replica": rk.replica_id, "rank": rk.rank, "state": rk.state,
             "exit_code": rk.exit_code, "signal": rk.signal or "", "restarts": restarts.get((rk.role, rk.replica_id), 0),
+            "where": f"waiting in {rk.waiting_in}" if rk.waiting_in else (rk.where or ""),  # when the agent stopped it
             "log": rk.log_file or "",
         })  # fmt: skip
     return rows
+
+
+def progress_percent(result: StepResult) -> float | None:
+    """The step's last reported progress (``torchstep.progress``) in percent, or ``None``."""
+    p = result.progress
+    if not isinstance(p, dict):
+        return None
+    step, total = p.get("step"), p.get("total")
+    if not isinstance(step, int | float) or not isinstance(total, int | float) or total <= 0:
+        return None
+    return max(0.0, min(100.0, 100.0 * step / total))
 
 
 def outputs_markdown(result: StepResult, outputs: Mapping[str, Any] | None = None) -> str:
@@ -76,7 +88,7 @@ class ArtifactSink(Sink):
 
     def result(self, result: StepResult) -> None:
         from prefect import get_run_logger
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+        from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 
         try:
             create_table_artifact(
@@ -87,6 +99,14 @@ class ArtifactSink(Sink):
                 markdown=outputs_markdown(result, self.outputs), key=artifact_key(self.task_name, "outputs"),
                 description=f"torchstep step {result.app_id}: rank-0 outputs",
             )  # fmt: skip
+            percent = progress_percent(result)
+            if percent is not None:  # the ranks called torchstep.progress(step, total)
+                p = result.progress or {}
+                create_progress_artifact(
+                    progress=percent, key=artifact_key(self.task_name, "progress"),
+                    description=f"torchstep step {result.app_id}: step {p.get('step')} of {p.get('total')} "
+                    "(the lowest rank's last torchstep.progress())",
+                )  # fmt: skip
         except Exception as e:  # the step's outcome matters more than its artifacts
             get_run_logger().warning("torchstep: could not create the step's artifacts: %s", e)
 
