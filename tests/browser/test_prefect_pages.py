@@ -156,8 +156,10 @@ def test_the_timed_out_task_runs_outputs_artifact_says_where_every_rank_was(brow
     assert where_ranks_were(text), text[:2000]
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a task run with .submit() whose step failed non-retryably "
-                   "is retried by Prefect (Run Count 2); a called task is not (tests/prefect/test_tasks.py)")  # fmt: skip
+# not strict: it ran once in 1 of 3 runs (a race), twice in the others
+@pytest.mark.xfail(strict=False, reason="known bug, intermittent: a task run with .submit() whose step failed "
+                   "non-retryably was retried by Prefect (Run Count 2) in 2 of 3 runs; a called task is not "
+                   "(tests/prefect/test_tasks.py)")  # fmt: skip
 def test_a_non_retryable_failure_runs_once(browser: Browser, prefect) -> None:
     page = open_task_run(browser, prefect, "fails-on-rank-3")
     assert re.search(r"Run Count\s+1\b", page), re.search(r"Run Count\s+\d+", page)
