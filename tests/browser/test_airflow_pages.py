@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,12 +71,6 @@ while (el && !(el.scrollHeight > el.clientHeight + 1 && /(auto|scroll)/.test(get
 }
 return el;
 """
-_DOWN = """
-const b = arguments[0];
-if (b.scrollTop + b.clientHeight >= b.scrollHeight - 2) return true;
-b.scrollTop += Math.floor(b.clientHeight * 0.9);
-return false;
-"""
 
 
 def open_log(browser: Browser, airflow: dict[str, Any], task: str, last: str) -> str:
@@ -84,34 +79,32 @@ def open_log(browser: Browser, airflow: dict[str, Any], task: str, last: str) ->
     return browser.wait_text(last)
 
 
-def every_log_line(browser: Browser) -> list[str]:
-    """Every line of the open Logs page, scrolled through from the top: the viewer renders
-    only the lines in view, so this reads each as it scrolls past."""
-    browser.driver.set_window_size(1400, 2000)  # fewer scroll steps (taller: the renderer times out under load)
-    try:
-        box = browser.wait(lambda: browser.js(_SCROLLER), "the log viewer")
-        seen: dict[int, str] = {}
+def log_lines(browser: Browser, *, from_end: bool = False, until: tuple[str, ...] = ()) -> list[str]:
+    """Lines of the open Logs page in order, read as they scroll past: the viewer renders only
+    the lines in view. From the top to the end (every line), or from the end upwards until
+    every string of ``until`` is among them."""
+    box = browser.wait(lambda: browser.js(_SCROLLER), "the log viewer")
+    seen: dict[int, str] = {}
+    height, view = browser.js("return [arguments[0].scrollHeight, arguments[0].clientHeight]", box)
+    step = max(1, int(view * 0.8))
+    positions = list(range(0, height, step)) + [height]
+    for top in reversed(positions) if from_end else positions:
 
-        def at_top() -> bool:
-            browser.js("arguments[0].scrollTop = 0", box)
-            items = browser.js(_ITEMS)
-            return bool(items) and min(i for i, _ in items) <= 2  # 0-1: Airflow's folded header
+        def rendered(top: int = top) -> list | None:
+            browser.js("arguments[0].scrollTop = arguments[1]", box, top)  # again if the viewer moved it
+            first = browser.js(_ITEMS)
+            time.sleep(0.2)
+            again = browser.js(_ITEMS)
+            return again if again and again == first else None  # rendered and settled
 
-        browser.wait(at_top, "the log's first line")
-        done = False
-        while True:
-            # the rows of a new position render a moment after the scroll: read until they join up
-            items = browser.wait(
-                lambda: (got := browser.js(_ITEMS)) and (not seen or min(i for i, _ in got) <= max(seen) + 1) and got,
-                "the log viewer to render the next lines",
-                timeout=60,
-            )
-            seen.update(dict(items))
-            if done:
-                return [seen[i] for i in sorted(seen)]
-            done = browser.js(_DOWN, box)
-    finally:
-        browser.driver.set_window_size(1400, 900)
+        seen.update(dict(browser.wait(rendered, f"the log viewer to render the lines at {top} px", timeout=60)))
+        if until and all(any(u in x for x in seen.values()) for u in until):
+            break
+    indices = sorted(seen)
+    if not until:  # every line: no index may be missing
+        missing = sorted(set(range(indices[0], indices[-1] + 1)) - set(indices))
+        assert not missing, f"the log viewer never rendered lines {missing[:20]}"
+    return [seen[i] for i in indices]
 
 
 def xcom_text(browser: Browser, airflow: dict[str, Any], task: str) -> str:
@@ -149,7 +142,11 @@ def test_the_failed_task_log_shows_every_rank_whole_and_the_root_cause_last(brow
     browser.screenshot("airflow-task-log-failed")
     assert wide_px > viewport, "the root-cause line fitted the page without Wrap: the docs say it does not"
 
-    lines = every_log_line(browser)
+    browser.driver.set_window_size(1400, 2000)  # fewer positions to read (taller: the renderer stalls under load)
+    try:
+        lines = log_lines(browser)
+    finally:
+        browser.driver.set_window_size(1400, 900)
     text = "\n".join(lines)
     for rank in RANKS:  # every line of every rank, in order, prefixed: nothing lost or cut
         numbered = [x for x in lines if x.startswith(f"[trainer/{rank}] rank {rank} of 4 line ")]
@@ -176,9 +173,11 @@ def test_the_failed_task_xcom_opens_on_the_state_and_the_root_cause(browser: Bro
 
 
 def test_the_timed_out_task_says_where_every_rank_was(browser: Browser, airflow) -> None:
-    text = open_log(browser, airflow, "hangs", "torchstep: stopped:")
+    open_log(browser, airflow, "hangs", "torchstep: stopped:")
     browser.screenshot("airflow-task-log-timed-out")
-    flat = re.sub(r"\s+", " ", text)
+    # the page opens on Airflow's AirflowTaskTimeout traceback: torchstep's lines are a little above
+    lines = log_lines(browser, from_end=True, until=("Process timed out", "where the ranks were"))
+    flat = re.sub(r"\s+", " ", "\n".join(lines))
     assert "Process timed out" in flat  # Airflow's own line for execution_timeout
     assert re.search(r"torchstep: stopped: ranks-hang-\w+ CANCELLED \(exit code 143\)", flat), flat[-3000:]
     # the stacks taken before the stop: the outlier by name, the others in the collective
