@@ -149,6 +149,15 @@ def test_the_timed_out_task_run_says_where_every_rank_was(browser: Browser, pref
     assert re.search(r"ranks-hang-\w+: CANCELLED \(exit 143", text), text[:2000]
 
 
+def test_the_timed_out_task_runs_ranks_table_says_where_every_rank_was(browser: Browser, prefect) -> None:
+    text = artifact(browser, prefect, "hangs", "ranks")
+    browser.screenshot("prefect-ranks-timed-out")
+    flat = re.sub(r"\s+", " ", text)
+    assert re.search(r"trainer 1 3 CANCELLED \S+ \S* ?\d+ ranks\.py:\d+ in load_batch", flat), flat[:3000]
+    # the peers: waiting in all_reduce (a rank too slow to answer on a loaded machine: an empty cell)
+    assert flat.count("waiting in all_reduce") >= 1, flat[:3000]
+
+
 @pytest.mark.xfail(strict=True, reason="known bug: the -outputs artifact of a step stopped by timeout_seconds "
                    "shows 'CANCELLED (exit 143)' only, not where the ranks were (its result has no root cause)")  # fmt: skip
 def test_the_timed_out_task_runs_outputs_artifact_says_where_every_rank_was(browser: Browser, prefect) -> None:
@@ -156,9 +165,10 @@ def test_the_timed_out_task_runs_outputs_artifact_says_where_every_rank_was(brow
     assert where_ranks_were(text), text[:2000]
 
 
-# not strict: it ran once in 1 of 3 runs (a race), twice in the others
+# not strict: retried in 2 of the first 5 runs here (Nov 27), once in the 3 latest; a race, or
+# fixed by a change in between: drop the mark once it never shows again
 @pytest.mark.xfail(strict=False, reason="known bug, intermittent: a task run with .submit() whose step failed "
-                   "non-retryably was retried by Prefect (Run Count 2) in 2 of 3 runs; a called task is not "
+                   "non-retryably was retried by Prefect (Run Count 2); a called task is not "
                    "(tests/prefect/test_tasks.py)")  # fmt: skip
 def test_a_non_retryable_failure_runs_once(browser: Browser, prefect) -> None:
     page = open_task_run(browser, prefect, "fails-on-rank-3")
