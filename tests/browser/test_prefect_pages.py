@@ -28,7 +28,8 @@ from proclib import kill_all, procs_with_env, wait_for
 from browser.pages import Browser, where_ranks_were
 
 # a deployment (or server) and a run of three 2 x 2 steps come first: minutes on a loaded machine
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+# one module, one deployment: with --dist loadgroup every test of it runs in one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("browser-prefect")]
 
 FLOW = Path(__file__).resolve().parent / "apps" / "prefect_flow.py"
 PREFECT = str(Path(sys.executable).with_name("prefect"))
