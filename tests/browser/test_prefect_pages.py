@@ -159,8 +159,6 @@ def test_the_timed_out_task_runs_ranks_table_says_where_every_rank_was(browser: 
     assert flat.count("waiting in all_reduce") >= 1, flat[:3000]
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the -outputs artifact of a step stopped by timeout_seconds "
-                   "shows 'CANCELLED (exit 143)' only, not where the ranks were (its result has no root cause)")  # fmt: skip
 def test_the_timed_out_task_runs_outputs_artifact_says_where_every_rank_was(browser: Browser, prefect) -> None:
     text = artifact(browser, prefect, "hangs", "outputs")
     assert where_ranks_were(text), text[:2000]

@@ -16,7 +16,7 @@ pytest.importorskip("linkify_it")  # gfm-like autolinks bare URLs: what the test
 LINK = "[click me](https://evil.example/phish)"
 IMAGE = "![pixel](https://evil.example/track.png)"
 HTML = "<img src=x onerror=alert(1)>"
-AUTOLINK = "see https://evil.example and www.evil.example and a@evil.example"
+AUTOLINK = "see https://evil.example and www.evil.example and a@evil.example and evil.com"
 
 
 def render(text: str) -> str:
@@ -57,3 +57,13 @@ def test_every_output_stays_one_row_of_two_cells_and_a_backtick_stays_in_its_cod
 
 def test_a_nan_output_reads_nan_in_the_artifact() -> None:
     assert '"NaN"' in render(outputs_markdown(hostile_result())).replace("&quot;", '"')
+
+
+def test_a_stopped_step_says_what_stopped_it_and_where_the_ranks_were_as_text() -> None:
+    where = "rank 3 at ranks.py:36 in load_batch; ranks 0-2 waiting in all_reduce"
+    stopped = StepResult("app-1", "CANCELLED", 143, message=f"timed out after 90 s; where the ranks were: {where}")
+    html = render(outputs_markdown(stopped))
+    assert "timed out after 90 s; where the ranks were: rank 3 at ranks.py:36 in load_batch" in html
+    assert "ranks 0-2 waiting in all_reduce" in html and "<em>" not in html  # load_batch's _ is not emphasis
+    hostile = render(outputs_markdown(StepResult("app-1", "CANCELLED", 143, message=f"stopped {LINK} {HTML}")))
+    assert "<a " not in hostile and "<img" not in hostile

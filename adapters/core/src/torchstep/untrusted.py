@@ -23,7 +23,7 @@ Example::
     >>> escape_controls("red \\x1b[31m bell \\x07")
     'red \\\\x1b[31m bell \\\\x07'
     >>> print(escape_markdown("[click](http://www.x.example)"))
-    \\[click\\]\\(http\\://www\\.x.example\\)
+    \\[click\\]\\(http\\://www\\.x\\.example\\)
 """
 
 from __future__ import annotations
@@ -344,7 +344,8 @@ def escape_control_bytes(data: bytes) -> bytes:
     return data
 
 
-_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#!|<>~&:@])|(?<=[wW]{3})(\.)")
+# a dot inside a word (``evil.com``, ``train.py``) too: a fuzzy linkifier makes a link of a bare domain
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#!|<>~&:@])|(?<=\w)(\.)(?=\w)")
 
 
 def escape_markdown(text: str, *, max_chars: int | None = None) -> str:

@@ -61,6 +61,8 @@ def outputs_markdown(result: StepResult, outputs: Mapping[str, Any] | None = Non
     if result.root_cause is not None:
         rc = result.root_cause
         lines += [f"Root cause: {markdown_code(rc.role)} rank {rc.rank}: {_cell(root_cause_line(rc))}", ""]
+    elif result.message:  # stopped (a timeout, a cancel): what stopped it and where the ranks were
+        lines += [_cell(result.message), ""]
     if outputs:
         lines += ["| output | value |", "|---|---|"]
         for key, value in sorted(outputs.items()):
