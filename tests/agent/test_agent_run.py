@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from agent_testlib import WORKER, Agents
@@ -108,6 +109,23 @@ def test_non_retryable_stops_restarts_at_once(agents: Agents, variant: str) -> N
     if variant != "code":
         assert "NonRetryableError: dataset missing" in root["message"]
         assert "NonRetryableError" in root["traceback"]
+
+
+def test_a_non_retryable_rank_still_exiting_when_its_peers_fail_first_stops_restarts(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """Rank 1 raises NonRetryableError but takes long to exit; rank 0, its collective broken,
+    exits 1 first. The group is non-retryable all the same (no restart, exit 82) and the root
+    cause is rank 1's error, not its peer's consequence."""
+    a = agents.run(
+        ["--nproc-per-node", "2", "--max-restarts", "3", "--stop-timeout", "2", WORKER,
+         "--mode", "nonretryable-slow-exit", "--dir", str(tmp_path)]
+    )  # fmt: skip
+    assert a.returncode == NON_RETRYABLE_EXIT_CODE, a.diagnostics()
+    r = a.result
+    assert r["state"] == "FAILED" and r["retryable"] is False and r["restarts"] == 0, r
+    root = r["root_cause"]
+    assert root["rank"] == 1 and "NonRetryableError: dataset missing" in root["message"], root
 
 
 def test_failed_rank_has_its_last_50_lines_and_whole_log(agents: Agents) -> None:

@@ -164,11 +164,6 @@ def test_the_timed_out_task_runs_outputs_artifact_says_where_every_rank_was(brow
     assert where_ranks_were(text), text[:2000]
 
 
-# not strict: retried in 2 of the first 5 runs here (Nov 27), once in the 3 latest; a race, or
-# fixed by a change in between: drop the mark once it never shows again
-@pytest.mark.xfail(strict=False, reason="known bug, intermittent: a task run with .submit() whose step failed "
-                   "non-retryably was retried by Prefect (Run Count 2); a called task is not "
-                   "(tests/prefect/test_tasks.py)")  # fmt: skip
 def test_a_non_retryable_failure_runs_once(browser: Browser, prefect) -> None:
     page = open_task_run(browser, prefect, "fails-on-rank-3")
     assert re.search(r"Run Count\s+1\b", page), re.search(r"Run Count\s+\d+", page)

@@ -113,6 +113,32 @@ def main() -> None:
             time.sleep(30)
 
         run()
+    elif a.mode == "nonretryable-slow-exit":
+        # rank --rank raises NonRetryableError and is slow to exit (a long teardown); the
+        # others fail as a broken collective makes them once it has raised: first, by exit code
+        import atexit
+
+        import torchstep
+
+        marker = os.path.join(a.dir, "raised")
+        if me:
+
+            def slow_exit() -> None:
+                open(marker, "w").close()
+                time.sleep(60)
+
+            atexit.register(slow_exit)
+
+            @torchstep.record
+            def run() -> None:
+                raise torchstep.NonRetryableError("dataset missing")
+
+            run()
+        else:
+            while not os.path.exists(marker):
+                time.sleep(0.05)
+            print(f"rank {RANK}: Connection closed by peer", flush=True)
+            sys.exit(1)
     elif a.mode.startswith("nonretryable"):
         variant = a.mode.split("-", 1)[1]
         if variant == "torchstep":

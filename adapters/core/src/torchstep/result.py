@@ -861,8 +861,16 @@ def _root_cause_text(rank: RankResult) -> str:
     return f"killed by {rank.signal}" if rank.signal else f"exit code {rank.exit_code}"
 
 
+def _cause_first(r: RankResult) -> tuple[bool, bool, float, int]:
+    """Root-cause order: a non-retryable failure first (the peers' failures beside it are
+    most often its consequence: a collective broken by its exit, within the same second),
+    then the earliest timestamp (unknown times last), then the lowest rank."""
+    return (r.reason != "non_retryable", r.timestamp is None, r.timestamp or 0.0, r.rank)
+
+
 def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
-    """The root cause: the failed rank with the earliest timestamp (unknown times last).
+    """The root cause: the failed rank with the earliest timestamp (unknown times last), a
+    rank that failed non-retryably before any other.
 
     Args:
         ranks: every rank of a run.
@@ -875,7 +883,7 @@ def earliest_failure(ranks: list[RankResult]) -> RankResult | None:
     ]
     if not failed:
         return None
-    return min(failed, key=lambda r: (r.timestamp is None, r.timestamp or 0.0, r.rank))
+    return min(failed, key=_cause_first)
 
 
 #: How an agent's result message starts when torch ended it as a spare node of a closed
@@ -943,7 +951,7 @@ def merge(
     else:
         state = UNKNOWN
     roots = [r.root_cause for r in replicas if r.root_cause is not None]
-    root = min(roots, key=lambda r: (r.timestamp is None, r.timestamp or 0.0)) if roots else None
+    root = min(roots, key=_cause_first) if roots else None
     exit_code = 0 if state == SUCCEEDED else next((r.exit_code for r in replicas if r.exit_code not in (None, 0)), None)
     if state == SUCCEEDED and replicas and all(_left_as_spare(r) for r in replicas):
         # a spare's graceful exit is a success only beside peers that trained: alone it is

@@ -35,6 +35,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousGracefulExitError
 
 from torchstep.agent import compat, signals
@@ -49,9 +50,10 @@ from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
-from torchstep.contract import ENV_PROGRESS_FILE, ENV_STACKS_FILE, is_non_retryable
+from torchstep.contract import ENV_PROGRESS_FILE, ENV_STACKS_FILE, NON_RETRYABLE_EXIT_CODE, is_non_retryable
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
 from torchstep.result import StepState
+from torchstep.untrusted import MAX_ERROR_FILE_BYTES, read_json_file
 
 log = logging.getLogger("torchstep.agent")
 
@@ -389,7 +391,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             attempt.state = FAILED
             attempt.failures = dict(result.failures)
             attempt.ended_at = attempt.ended_at or time.time()
-            bad = [rank for rank, f in result.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)]
+            attempt.failures.update(self._raised_non_retryable(worker_group, attempt.failures))
+            bad = [rank for rank, f in attempt.failures.items() if is_non_retryable(f.exitcode, f.error_file_data)]
             if bad:
                 attempt.non_retryable = True
                 if self.remaining_restarts > 0:
@@ -401,6 +404,25 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             attempt.state = SUCCEEDED
             attempt.ended_at = time.time()
         return result
+
+    def _raised_non_retryable(self, wg: WorkerGroup, failures: dict[int, Any]) -> dict[int, ProcessFailure]:
+        """The ranks still exiting whose error file already says ``NonRetryableError``: the
+        rank raised it, and its peers (their collective broken by its exit) were seen to fail
+        first; the stop that follows would kill it before its exit code says 82, and the
+        group would look retryable. Each joins the attempt's failures as the exit it was
+        making (82, its error file's time: the root cause when it was the first)."""
+        files: dict[int, str] = getattr(self.process_context, "error_files", None) or {}
+        found: dict[int, ProcessFailure] = {}
+        for w in wg.workers:
+            path = files.get(w.local_rank)
+            if w.global_rank in failures or not path or not os.path.isfile(path):
+                continue
+            data, _ = read_json_file(path, MAX_ERROR_FILE_BYTES, what=f"rank {w.global_rank}'s error file")
+            if isinstance(data, dict) and is_non_retryable(None, data):
+                found[w.global_rank] = ProcessFailure(w.local_rank, w.id or -1, NON_RETRYABLE_EXIT_CODE, path)
+        if found:
+            log.info("rank(s) %s raised NonRetryableError and are still exiting", sorted(found))
+        return found
 
     # -- silent peers (torchstep.agent.liveness) ------------------------------------------
     def _start_liveness(self, wg: WorkerGroup) -> None:

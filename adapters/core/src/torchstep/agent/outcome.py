@@ -158,10 +158,10 @@ def rank_result(
     elif state == FAILED:
         if w.reason:
             reason = w.reason
+        elif non_retryable:  # before "stopped": a rank killed while exiting after it raised
+            reason = "non_retryable"
         elif collateral:
             reason = "stopped"
-        elif non_retryable:
-            reason = "non_retryable"
         elif code is not None and code < 0:
             reason = "signal"
         else:
