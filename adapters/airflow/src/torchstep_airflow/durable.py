@@ -75,8 +75,9 @@ def run_durable(open_try: OpenTry, context: Any, log: Any) -> StepResult:
         log.warning(
             "torchstep: %s: the Job is named after the task's attempt %s (not the try), so a retry "
             "after a crash attaches to it instead of starting another",
-            why, attempt.logical_id,
-        )  # fmt: skip
+            why,
+            attempt.logical_id,
+        )
         return open_try(Attempt(attempt.parts)).run()  # type: ignore[no-any-return]
     job = cls(open_try, attempt.run_id, store, log)
     try:

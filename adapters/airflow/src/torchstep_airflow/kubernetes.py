@@ -63,13 +63,34 @@ XCOM_RESULT_FILE = "/airflow/xcom/return.json"
 #: KubernetesPodOperator arguments torchstep sets from the rendered pod.
 OWNED_POD_ARGS = frozenset(
     {
-        "task_id", "full_pod_spec", "pod_template_file", "pod_template_dict", "namespace", "name",
-        "random_name_suffix", "base_container_name", "do_xcom_push", "image", "cmds", "arguments", "env_vars",
-        "env_from", "secrets", "volumes", "volume_mounts", "container_resources", "ports", "node_selector",
-        "image_pull_secrets", "service_account_name", "priority_class_name", "termination_message_policy",
-        "active_deadline_seconds", "subdomain",
+        "task_id",
+        "full_pod_spec",
+        "pod_template_file",
+        "pod_template_dict",
+        "namespace",
+        "name",
+        "random_name_suffix",
+        "base_container_name",
+        "do_xcom_push",
+        "image",
+        "cmds",
+        "arguments",
+        "env_vars",
+        "env_from",
+        "secrets",
+        "volumes",
+        "volume_mounts",
+        "container_resources",
+        "ports",
+        "node_selector",
+        "image_pull_secrets",
+        "service_account_name",
+        "priority_class_name",
+        "termination_message_policy",
+        "active_deadline_seconds",
+        "subdomain",
     }
-)  # fmt: skip
+)
 #: What the Job path takes from ``kubernetes_kwargs``.
 JOB_ARGS = frozenset(
     {"kubernetes_conn_id", "in_cluster", "config_file", "cluster_context", "on_finish_action", "poll_interval"}
@@ -228,19 +249,33 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
         return task.use_step(PodStep(task, plan, rendered, context, event)).run()
     bad = sorted(set(kwargs) - JOB_ARGS)
     if bad:
-        raise SpecError(f"kubernetes_kwargs[{bad[0]!r}]", TARGET,
-                        "only a 1-replica, 1-role app runs as a KubernetesPodOperator; this app runs as Jobs",
-                        fix=f"use only {', '.join(sorted(JOB_ARGS))}")  # fmt: skip
+        raise SpecError(
+            f"kubernetes_kwargs[{bad[0]!r}]",
+            TARGET,
+            "only a 1-replica, 1-role app runs as a KubernetesPodOperator; this app runs as Jobs",
+            fix=f"use only {', '.join(sorted(JOB_ARGS))}",
+        )
     on_finish = _on_finish(kwargs)
     conn = {k: v for k, v in kwargs.items() if k in ("in_cluster", "config_file", "cluster_context")}
     hook = KubernetesHook(conn_id=kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn)
     client = OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
-    options = {"cfg": task.cfg, "client": client, "result_file": XCOM_RESULT_FILE, "on_finish": on_finish,
-               "poll_interval": float(kwargs.get("poll_interval", 2.0))}  # fmt: skip
+    options = {
+        "cfg": task.cfg,
+        "client": client,
+        "result_file": XCOM_RESULT_FILE,
+        "on_finish": on_finish,
+        "poll_interval": float(kwargs.get("poll_interval", 2.0)),
+    }
 
     if not task.durable:
-        return run_tries(plan, attempt=attempt_of(context), retries=task.own_retries, on_step=task.use_step,
-                         on_retry=task.on_retry, **options)  # fmt: skip
+        return run_tries(
+            plan,
+            attempt=attempt_of(context),
+            retries=task.own_retries,
+            on_step=task.use_step,
+            on_retry=task.on_retry,
+            **options,
+        )
     from torchstep_airflow.durable import run_durable
 
     def open_try(attempt: Any, cursor_store: Any = None) -> Any:
@@ -315,8 +350,13 @@ def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -
         else:
             code = termination(op.final_pod)[0]  # the agent container's
             if code == NON_RETRYABLE_EXIT_CODE:
-                return StepResult(app_id=rendered.app_id, state=FAILED, exit_code=code, retryable=False,
-                                  message="the agent exited non-retryable (82); no result file")  # fmt: skip
+                return StepResult(
+                    app_id=rendered.app_id,
+                    state=FAILED,
+                    exit_code=code,
+                    retryable=False,
+                    message="the agent exited non-retryable (82); no result file",
+                )
             raise
     if op.step_result is None:
         pod = f"Pod {rendered.namespace}/{rendered.roles[0].name}"
@@ -325,8 +365,12 @@ def _from_pod(op: StepPodOperator, rendered: RenderedApp, call: Any, log: Any) -
         return StepResult.from_dict(op.step_result)
     except ValueError as e:  # the pod wrote it: refused and said, never a crash; its exit code stands in
         code = termination(op.final_pod)[0]
-        return StepResult(app_id=rendered.app_id, state=SUCCEEDED if code == 0 else FAILED, exit_code=code,
-                          warnings=[f"the pod's step result was refused: {e}"])  # fmt: skip
+        return StepResult(
+            app_id=rendered.app_id,
+            state=SUCCEEDED if code == 0 else FAILED,
+            exit_code=code,
+            warnings=[f"the pod's step result was refused: {e}"],
+        )
 
 
 def _on_finish(kwargs: Mapping[str, Any]) -> str:

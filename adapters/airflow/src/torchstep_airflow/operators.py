@@ -221,8 +221,14 @@ class AppDefOperator(BaseOperator):
             if self.target == "local":  # ranks' lines: printed into the task log
                 from torchstep.adapter import run_tries
 
-                result = run_tries(plan, attempt=attempt_of(context), cfg=self.cfg, retries=self.own_retries,
-                                   on_step=self.use_step, on_retry=self.on_retry)  # fmt: skip
+                result = run_tries(
+                    plan,
+                    attempt=attempt_of(context),
+                    cfg=self.cfg,
+                    retries=self.own_retries,
+                    on_step=self.use_step,
+                    on_retry=self.on_retry,
+                )
             else:
                 from torchstep_airflow.kubernetes import run_kubernetes
 

@@ -117,8 +117,11 @@ class TorchxAppOperator(AppDefOperator):
             raise AirflowFailException(f"torchstep: {e}") from e
         self.log.info(
             "torchstep: running app %r (run id %s) on target %s, at most %d tries",
-            plan.app_name, run_id_of(context), self.target, plan.step_retry.count + 1,
-        )  # fmt: skip
+            plan.app_name,
+            run_id_of(context),
+            self.target,
+            plan.step_retry.count + 1,
+        )
         return self._run(plan, context)
 
     def on_retry(self, result: StepResult, attempt: int, delay: float) -> None:

@@ -52,8 +52,12 @@ def check_cfg(cfg: Any, target: str, *, orchestrated: bool = True, field: str = 
     if cfg is None:
         return {}
     if not isinstance(cfg, Mapping):
-        raise SpecError(field, target, f"must be a mapping of run options, got {type(cfg).__name__}",
-                        fix=f'e.g. {{"timeout": 3600}} (`torchstep runopts {target}` lists them)')  # fmt: skip
+        raise SpecError(
+            field,
+            target,
+            f"must be a mapping of run options, got {type(cfg).__name__}",
+            fix=f'e.g. {{"timeout": 3600}} (`torchstep runopts {target}` lists them)',
+        )
     if target == "local":
         from torchstep.local.options import resolve as resolve_local
 
@@ -67,6 +71,10 @@ def check_cfg(cfg: Any, target: str, *, orchestrated: bool = True, field: str = 
     if orchestrated and opts.run_id is not None:
         raise SpecError(f"{field}['run_id']", target, "the orchestrator sets the run id of every try", fix="remove it")
     if orchestrated and getattr(opts, "retries", None):
-        raise SpecError(f"{field}['retries']", target, "the orchestrator owns the step's retries",
-                        fix="remove it; set max_retries (RetryPolicy.APPLICATION) in the AppDef")  # fmt: skip
+        raise SpecError(
+            f"{field}['retries']",
+            target,
+            "the orchestrator owns the step's retries",
+            fix="remove it; set max_retries (RetryPolicy.APPLICATION) in the AppDef",
+        )
     return dict(cfg)

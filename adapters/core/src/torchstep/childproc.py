@@ -36,8 +36,9 @@ def close_stdin_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
-def stop_when_ancestors_die(*, name: str = "torchstep-ancestors-watch", poll_s: float = 0.5,
-                            output: int | None = None) -> None:  # fmt: skip
+def stop_when_ancestors_die(
+    *, name: str = "torchstep-ancestors-watch", poll_s: float = 0.5, output: int | None = None
+) -> None:
     """Stop this process (SIGTERM to itself: a step stops every process of it within its
     grace period) when its parent or grandparent dies — or, with ``output``, when nobody
     reads the pipe on that file descriptor any more. For a step started as ``parent → sh

@@ -74,8 +74,11 @@ def explain_main(argv: Sequence[str]) -> int:
     ns = parse_options(p, opts, "torchstep explain REF --target T")
     if ns.target not in TARGETS:
         why = NOT_TARGETS.get(ns.target.lower(), "")
-        p.error(f"argument --target: {ns.target!r} is not a target" + (f": {why}" if why else "")
-                + f"; choose from {', '.join(TARGETS)}")  # fmt: skip
+        p.error(
+            f"argument --target: {ns.target!r} is not a target"
+            + (f": {why}" if why else "")
+            + f"; choose from {', '.join(TARGETS)}"
+        )
     if component_help_asked(comp_args):
         return print_component_help(ns.ref, "explain", f"--target {ns.target} ")
     app = materialize(ns.ref, comp_args)
@@ -132,8 +135,17 @@ def print_component_help(ref: str, command: str, options: str = "") -> int:
 
 
 #: torchrun flags that take no value (every other flag before the script takes one).
-_TORCHRUN_BOOL_FLAGS = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path",
-                                  "--virtual-local-rank", "--virtual_local_rank"})  # fmt: skip
+_TORCHRUN_BOOL_FLAGS = frozenset(
+    {
+        "--standalone",
+        "--no-python",
+        "--no_python",
+        "--run-path",
+        "--run_path",
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+    }
+)
 
 
 def script_of(entrypoint: str, args: Sequence[str]) -> str | None:
@@ -208,11 +220,16 @@ def check_scripts(plan: Any, ref: str | None = None) -> None:
             here = os.path.dirname(os.path.abspath(path))
             found = next((d for d in [here, *_parents(here)] if os.path.isfile(os.path.join(d, script))), None)
             if found:
-                fix = f"run torchstep from {found}, where {script} is (a script's path is relative to the " \
-                      "working directory); nothing was started"  # fmt: skip
-        raise SpecError(f"roles[{role.index}].args", "local",
-                        f"role {role.name!r} runs the script {script!r}, which does not exist in {where}",
-                        fix=fix)  # fmt: skip
+                fix = (
+                    f"run torchstep from {found}, where {script} is (a script's path is relative to the "
+                    "working directory); nothing was started"
+                )
+        raise SpecError(
+            f"roles[{role.index}].args",
+            "local",
+            f"role {role.name!r} runs the script {script!r}, which does not exist in {where}",
+            fix=fix,
+        )
 
 
 def _parents(path: str) -> list[str]:
@@ -313,8 +330,9 @@ def run_main(argv: Sequence[str]) -> int:
     display = make_display(show_output=opts.tee, live=ns.live)
     with stop_on_signals(cancel, RUN_SIGNALS) as received:
         try:
-            result = run_tries(plan, attempt=cfg.pop("run_id", None), cfg=cfg, retries=retries, cancel=cancel,
-                               display=display)  # fmt: skip
+            result = run_tries(
+                plan, attempt=cfg.pop("run_id", None), cfg=cfg, retries=retries, cancel=cancel, display=display
+            )
         except KeyboardInterrupt:
             return 128 + (received[0] if received else signal.SIGINT)
         finally:

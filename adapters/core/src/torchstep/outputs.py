@@ -109,5 +109,7 @@ def unpublished(names: Iterable[str]) -> str:
         The line, with the fix.
     """
     said = ", ".join(repr(n) for n in names)
-    return (f"torchstep: the step succeeded but rank 0 did not publish {said}: call torchstep.output(name, value) "
-            "on global rank 0 (the model: a path in the container or a URI)")  # fmt: skip
+    return (
+        f"torchstep: the step succeeded but rank 0 did not publish {said}: call torchstep.output(name, value) "
+        "on global rank 0 (the model: a path in the container or a URI)"
+    )

@@ -461,8 +461,12 @@ class StepResult:
         data, notes = parse_json(text, what="result summary")
         if not isinstance(data, dict) or data.get(SUMMARY_KEY) != SCHEMA_VERSION:
             return None, notes if SUMMARY_KEY in text[:200] else []
-        fields = _declared(cls, {**data, "app_id": data.get("app_id", ""), "state": data.get("state", UNKNOWN)},
-                           "result summary", notes)  # fmt: skip
+        fields = _declared(
+            cls,
+            {**data, "app_id": data.get("app_id", ""), "state": data.get("state", UNKNOWN)},
+            "result summary",
+            notes,
+        )
         fields.setdefault("app_id", "")
         fields.setdefault("state", UNKNOWN)
         for name in ("replicas", "started_at", "ended_at", "log_dir", "attempts", "schema"):

@@ -23,7 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers, IDEs and the API refe
     from torchstep_kfp.components import StepComponent, component_from_app, component_from_fn
     from torchstep_kfp.tasks import apply_plan, plan_of
 
-__getattr__ = lazy_names(__name__, "torchstep-kfp", {
-    "apply_plan": "torchstep_kfp.tasks", "plan_of": "torchstep_kfp.tasks", "StepComponent": "torchstep_kfp.components",
-    "component_from_app": "torchstep_kfp.components", "component_from_fn": "torchstep_kfp.components",
-})  # fmt: skip
+__getattr__ = lazy_names(
+    __name__,
+    "torchstep-kfp",
+    {
+        "apply_plan": "torchstep_kfp.tasks",
+        "plan_of": "torchstep_kfp.tasks",
+        "StepComponent": "torchstep_kfp.components",
+        "component_from_app": "torchstep_kfp.components",
+        "component_from_fn": "torchstep_kfp.components",
+    },
+)

@@ -140,13 +140,23 @@ def component_from_fn(component: Any, **options: Any) -> StepComponent:
         if key in names and key not in _OPTIONS:
             defaults[key] = options.pop(key)
     for name in names & set(_RESERVED):
-        raise SpecError(f"component.{name}", TARGET, f"{name!r} is a name the step component uses itself",
-                        fix="rename the parameter")  # fmt: skip
+        raise SpecError(
+            f"component.{name}",
+            TARGET,
+            f"{name!r} is a name the step component uses itself",
+            fix="rename the parameter",
+        )
     inputs, appdef = static_values(component, defaults, target=TARGET, builder="component_from_fn")
     plan = plan_of(appdef)
     spec = {"component": reference_of(component)}
-    return _build(plan, spec, inputs, options, default_name=getattr(fn, "__name__", "step"),
-                  description=inspect.getdoc(fn) or label)  # fmt: skip
+    return _build(
+        plan,
+        spec,
+        inputs,
+        options,
+        default_name=getattr(fn, "__name__", "step"),
+        description=inspect.getdoc(fn) or label,
+    )
 
 
 class StepComponent(ContainerComponent):
@@ -171,9 +181,14 @@ class StepComponent(ContainerComponent):
     """
 
     def __init__(
-        self, component: Any, plan: StepPlan, role: int, caching: bool, spec: dict[str, Any],
+        self,
+        component: Any,
+        plan: StepPlan,
+        role: int,
+        caching: bool,
+        spec: dict[str, Any],
         inputs: list[tuple[Any, Any]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(component.component_spec, component.pipeline_func)
         self.plan = plan  # with the defaults
         self.role = role
@@ -237,8 +252,12 @@ class StepComponent(ContainerComponent):
         plan = plan_of(entry.appdef(self.spec, planned))
         if several_pods(plan) != several_pods(self.plan):
             shape = "several pods" if several_pods(plan) else "one container"
-            raise SpecError("inputs", TARGET, f"with these constants the AppDef needs {shape}, but the component was made "
-                            "for the other shape", fix="make a component for it: component_from_fn(..., defaults=...)")  # fmt: skip
+            raise SpecError(
+                "inputs",
+                TARGET,
+                f"with these constants the AppDef needs {shape}, but the component was made for the other shape",
+                fix="make a component for it: component_from_fn(..., defaults=...)",
+            )
         return plan, planned
 
     def local_component(self) -> ContainerComponent:
@@ -246,8 +265,7 @@ class StepComponent(ContainerComponent):
         if self._local is None:
             spec = copy.deepcopy(self.component_spec)
             container = spec.implementation.container
-            container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step",
-                              *(container.args or [])]  # fmt: skip
+            container.args = [_LIGHTWEIGHT_SOURCE, "--function_to_execute", "torchstep_step", *(container.args or [])]
             container.command = ["sh", "-ec", _LIGHTWEIGHT_SCRIPT]
             # This form runs in this machine's Python, never in an image: name that, or the
             # runner warns about the step's image ("custom or non-Python base image") per task.
@@ -266,8 +284,15 @@ class StepComponent(ContainerComponent):
         return self._docker
 
 
-def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], options: dict[str, Any],
-           *, default_name: str, description: str) -> StepComponent:  # fmt: skip
+def _build(
+    plan: StepPlan,
+    spec: dict[str, Any],
+    inputs: list[tuple[Any, Any]],
+    options: dict[str, Any],
+    *,
+    default_name: str,
+    description: str,
+) -> StepComponent:
     from kfp import dsl
     from torchstep.adapter import check_cfg, task_function
 
@@ -280,31 +305,50 @@ def _build(plan: StepPlan, spec: dict[str, Any], inputs: list[tuple[Any, Any]], 
     r = role_of(plan, role)
     caching = options.get("caching", False)
     if not isinstance(caching, bool):  # "false" would turn caching on
-        raise SpecError("caching", TARGET, f"must be True or False, got {caching!r}",
-                        fix="caching=False (the default: a training step has side effects) or caching=True")  # fmt: skip
+        raise SpecError(
+            "caching",
+            TARGET,
+            f"must be True or False, got {caching!r}",
+            fix="caching=False (the default: a training step has side effects) or caching=True",
+        )
     launcher_image = options.get("launcher_image")
     if launcher_image is not None and (not isinstance(launcher_image, str) or not launcher_image.strip()):
-        raise SpecError("launcher_image", TARGET, f"must be an image reference (a string), got {launcher_image!r}",
-                        fix='e.g. launcher_image="ghcr.io/acme/torchstep:1"')  # fmt: skip
+        raise SpecError(
+            "launcher_image",
+            TARGET,
+            f"must be an image reference (a string), got {launcher_image!r}",
+            fix='e.g. launcher_image="ghcr.io/acme/torchstep:1"',
+        )
     warn_inlined(plan, INLINED_INTO[TARGET])  # env values travel in the component (and the AppDef in its spec)
     # the step's run options: the local target in its one container, kubernetes for a launcher's Jobs
     cfg = check_cfg(options.get("cfg"), "kubernetes" if launcher else "local")
     image = launcher_image or r.image if launcher else r.image
-    spec.update({
-        "version": 1, "name": name, "role": r.index, "launcher": launcher,
-        "inputs": {p.name: p.type.__name__ for p, _ in inputs},
-        "variadic": [p.name for p, _ in inputs if p.variadic],
-        "outputs": outputs, "metrics": metrics, "model": model, "cfg": cfg,
-        # what a call that passes no constants compiles with (a call passes its own: COMPILED_INPUT)
-        "planned_with": {p.name: default for p, default in inputs},
-    })  # fmt: skip
+    spec.update(
+        {
+            "version": 1,
+            "name": name,
+            "role": r.index,
+            "launcher": launcher,
+            "inputs": {p.name: p.type.__name__ for p, _ in inputs},
+            "variadic": [p.name for p, _ in inputs if p.variadic],
+            "outputs": outputs,
+            "metrics": metrics,
+            "model": model,
+            "cfg": cfg,
+            # what a call that passes no constants compiles with (a call passes its own: COMPILED_INPUT)
+            "planned_with": {p.name: default for p, default in inputs},
+        }
+    )
     spec["fixed"] = entry.fixed_of(plan, spec)
 
     for out in outputs:
         if any(p.name == out for p, _ in inputs):
-            raise SpecError(f"outputs.{out}", TARGET, f"{out!r} is also an input of the component (KFP names "
-                            "inputs and outputs in one namespace)",
-                            fix="publish the value under another name with torchstep.output")  # fmt: skip
+            raise SpecError(
+                f"outputs.{out}",
+                TARGET,
+                f"{out!r} is also an input of the component (KFP names inputs and outputs in one namespace)",
+                fix="publish the value under another name with torchstep.output",
+            )
     params = [p.keyword(default) for p, default in inputs]
     params.append(inspect.Parameter(JOB_ID_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
     params.append(inspect.Parameter(COMPILED_INPUT, inspect.Parameter.KEYWORD_ONLY, default="", annotation=str))
@@ -354,18 +398,30 @@ def _outputs(value: Any, taken: set[Any]) -> dict[str, str]:
     if value is None:
         return {}
     if isinstance(value, str) or not isinstance(value, Mapping | Sequence):
-        raise SpecError("outputs", TARGET, f"must be a mapping name→type or a list of names, got {value!r}",
-                        fix='outputs={"loss": float} or outputs=["checkpoint"]')  # fmt: skip
+        raise SpecError(
+            "outputs",
+            TARGET,
+            f"must be a mapping name→type or a list of names, got {value!r}",
+            fix='outputs={"loss": float} or outputs=["checkpoint"]',
+        )
     items = value.items() if isinstance(value, Mapping) else [(n, str) for n in value]
     out = {}
     for name, kind in items:
         clash = name in _RESERVED or name in taken
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or clash:
-            raise SpecError(f"outputs.{name}", TARGET, "must be a Python identifier and not "
-                            f"one of {list(_RESERVED)} or an artifact's name", fix="rename the output")  # fmt: skip
+            raise SpecError(
+                f"outputs.{name}",
+                TARGET,
+                f"must be a Python identifier and not one of {list(_RESERVED)} or an artifact's name",
+                fix="rename the output",
+            )
         if kind not in _TYPES.values():
-            raise SpecError(f"outputs.{name}", TARGET, f"type {kind!r} is not a KFP parameter type",
-                            fix="use str, int, float, bool, list or dict")  # fmt: skip
+            raise SpecError(
+                f"outputs.{name}",
+                TARGET,
+                f"type {kind!r} is not a KFP parameter type",
+                fix="use str, int, float, bool, list or dict",
+            )
         out[name] = kind.__name__
     return out
 
@@ -373,8 +429,12 @@ def _outputs(value: Any, taken: set[Any]) -> dict[str, str]:
 def _check_options(options: Mapping[str, Any], params: set[str]) -> None:
     for key in options:
         if key not in _OPTIONS and key not in params:
-            raise SpecError(key, TARGET, "is not an option of the step component",
-                            fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""))  # fmt: skip
+            raise SpecError(
+                key,
+                TARGET,
+                "is not an option of the step component",
+                fix=f"use one of {list(_OPTIONS)}" + (" or a component parameter" if params else ""),
+            )
 
 
 def _component_name(given: Any, default: str) -> str:
@@ -384,13 +444,18 @@ def _component_name(given: Any, default: str) -> str:
     dropped = "".join(c for c in str(name) if c.isalnum() and not c.isascii())
     if dropped:
         field = "name" if given else "name (the default: the AppDef's or the function's name)"
-        raise SpecError(field, TARGET, f"{name!r}: KFP names components by an ASCII slug, which drops {dropped!r}",
-                        fix="name='train-model' (ASCII letters, digits, '-' and '_')")  # fmt: skip
+        raise SpecError(
+            field,
+            TARGET,
+            f"{name!r}: KFP names components by an ASCII slug, which drops {dropped!r}",
+            fix="name='train-model' (ASCII letters, digits, '-' and '_')",
+        )
     return python_identifier(name)
 
 
-def _docstring(description: str, inputs: list[tuple[Any, Any]], outputs: Mapping[str, str], metrics: bool,
-               model: bool) -> str:  # fmt: skip
+def _docstring(
+    description: str, inputs: list[tuple[Any, Any]], outputs: Mapping[str, str], metrics: bool, model: bool
+) -> str:
     head = description.split("\n\nArgs:")[0].strip() or "torchstep step"
     if not inputs and not outputs and not metrics and not model:
         return head + "\n"  # nothing to describe (KFP parses every component's docstring)

@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None, *, local: bool = False, client: Any = No
         args.job_id = args.job_id or str(given.get(JOB_ID_INPUT) or "")
         # the task: KFP's task id (the same for each retry of the task); without it the pod (one per
         # task and per retry), or under kfp.local the task's output directory
-        args.task_id = (args.task_id or str(given.get(TASK_ID_INPUT) or "") or os.environ.get(POD_NAME_ENV)
-                        or _local_task(executor_input))  # fmt: skip
+        args.task_id = (
+            args.task_id
+            or str(given.get(TASK_ID_INPUT) or "")
+            or os.environ.get(POD_NAME_ENV)
+            or _local_task(executor_input)
+        )
         compiled = json.loads(given[COMPILED_INPUT]) if given.get(COMPILED_INPUT) else None
     except (ValueError, KeyError) as e:
         _say(f"torchstep: bad step arguments: {e}", sys.stderr)
@@ -165,8 +169,15 @@ def appdef(spec: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     return materialize(spec["component"], mapping)
 
 
-def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Namespace, compiled: Any, *,
-         local: bool, client: Any) -> Any:  # fmt: skip
+def _run(
+    spec: Mapping[str, Any],
+    values: Mapping[str, Any],
+    args: argparse.Namespace,
+    compiled: Any,
+    *,
+    local: bool,
+    client: Any,
+) -> Any:
     """Check the run-time AppDef against what the task was compiled with, then run it —
     in this container, or as the Jobs of a launcher step — through core's
     :func:`~torchstep.steps.run_tries` (the APPLICATION budget is spent here only under
@@ -188,15 +199,27 @@ def _run(spec: Mapping[str, Any], values: Mapping[str, Any], args: argparse.Name
         cfg.update({"namespace": namespace} if namespace else {})
         options = {"client": client, "poll_interval": POLL_INTERVAL_S}
     else:  # the pod mounted the volumes (as compiled: checked above), and its cgroup limits the cpus
-        app = dataclasses.replace(app, roles=[dataclasses.replace(r, mounts=[m for m in r.mounts if type(m).__name__
-                                                                             != "VolumeMount"]) for r in app.roles])  # fmt: skip
+        app = dataclasses.replace(
+            app,
+            roles=[
+                dataclasses.replace(r, mounts=[m for m in r.mounts if type(m).__name__ != "VolumeMount"])
+                for r in app.roles
+            ],
+        )
         cfg.setdefault("cpu_affinity", False)
     plan = build_plan(app, "kubernetes" if launcher else "local")
     attempt = Attempt(("kfp", args.job_id or "run", args.task_id or spec.get("name", "step")))
     cancel = threading.Event()  # set by SIGTERM (the run cancelled, the pod evicted) or SIGINT
     with stop_on_signals(cancel, (signal.SIGTERM, signal.SIGINT)):
-        result = run_tries(plan, attempt=attempt, cfg=cfg, on_line=_print, cancel=cancel,
-                           retries=plan.step_retry.count if local and not launcher else 0, **options)  # fmt: skip
+        result = run_tries(
+            plan,
+            attempt=attempt,
+            cfg=cfg,
+            on_line=_print,
+            cancel=cancel,
+            retries=plan.step_retry.count if local and not launcher else 0,
+            **options,
+        )
     return None if cancel.is_set() else result
 
 
@@ -229,13 +252,20 @@ def check_compiled(spec: Mapping[str, Any], values: Mapping[str, Any], compiled:
     value, silently."""
     from torchstep.adapter import check_fixed
 
-    check_fixed(compiled.get("fixed") or {}, compiled.get("planned_with") or {}, values, fixed_of(now, spec),
-                lambda v: _fixed_with(spec, v), target="kfp", orchestrator="KFP", when="compile time",
-                fixed_as="compiled",
-                fix_constant="pass {names} as a constant in the pipeline (e.g. op({first}=...)), or make this field "
-                "independent of run-time inputs",
-                fix_shape="pass these inputs as constants in the pipeline, or set them in "
-                "component_from_fn(..., defaults=...)")  # fmt: skip
+    check_fixed(
+        compiled.get("fixed") or {},
+        compiled.get("planned_with") or {},
+        values,
+        fixed_of(now, spec),
+        lambda v: _fixed_with(spec, v),
+        target="kfp",
+        orchestrator="KFP",
+        when="compile time",
+        fixed_as="compiled",
+        fix_constant="pass {names} as a constant in the pipeline (e.g. op({first}=...)), or make this field "
+        "independent of run-time inputs",
+        fix_shape="pass these inputs as constants in the pipeline, or set them in component_from_fn(..., defaults=...)",
+    )
 
 
 def _fixed_with(spec: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any] | None:

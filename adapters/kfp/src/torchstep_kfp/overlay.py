@@ -25,8 +25,13 @@ from typing import Any
 from torchstep import SpecError
 
 TARGET = "kfp"
-_TOLERATION_KEYS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
-                    "tolerationSeconds": "toleration_seconds"}  # fmt: skip
+_TOLERATION_KEYS = {
+    "key": "key",
+    "operator": "operator",
+    "value": "value",
+    "effect": "effect",
+    "tolerationSeconds": "toleration_seconds",
+}
 _FIX = "use the kubernetes target (Airflow/Prefect), or a multi-replica AppDef (KFP launcher step) whose pods take the full overlay"
 
 
@@ -89,8 +94,9 @@ def _mounts(containers: list[Any], volumes: Mapping[str, Any], path: str) -> lis
             raise _refuse(mpath, "only name and mountPath can be set on a KFP mount")
         vol = volumes.get(str(m.get("name")))
         if vol is None:
-            raise SpecError(mpath, TARGET, f"no volume named {m.get('name')!r} in the overlay's volumes",
-                            fix="add it to volumes")  # fmt: skip
+            raise SpecError(
+                mpath, TARGET, f"no volume named {m.get('name')!r} in the overlay's volumes", fix="add it to volumes"
+            )
         kinds = [k for k in vol if k != "name"]
         kind = kinds[0] if len(kinds) == 1 else None
         source = vol.get(kind) if kind else None
@@ -106,8 +112,10 @@ def _mounts(containers: list[Any], volumes: Mapping[str, Any], path: str) -> lis
         elif kind == "persistentVolumeClaim" and isinstance(source, Mapping) and source.get("claimName"):
             calls.append(("mount_pvc", {"pvc_name": source["claimName"], "mount_path": m["mountPath"]}))
         else:
-            raise _refuse(f"{path}[0]['volumeMounts'][{i}] (volume {m.get('name')!r})",
-                          "KFP mounts emptyDir, secret and persistentVolumeClaim volumes")  # fmt: skip
+            raise _refuse(
+                f"{path}[0]['volumeMounts'][{i}] (volume {m.get('name')!r})",
+                "KFP mounts emptyDir, secret and persistentVolumeClaim volumes",
+            )
     return calls
 
 

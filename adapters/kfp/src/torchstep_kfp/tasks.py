@@ -105,8 +105,12 @@ def _container_checked(task: Any) -> Iterator[None]:
     deeper the call (ours is a few frames deeper than a hand-written ``set_*``). Same
     calls, same IR; only the repeated stack walk goes."""
     if getattr(task, "container_spec", None) is None:
-        raise SpecError("task", TARGET, f"{type(task).__name__} has no container to set a step's settings on",
-                        fix="apply_plan a task of a container component (@dsl.container_component or a torchstep component)")  # fmt: skip
+        raise SpecError(
+            "task",
+            TARGET,
+            f"{type(task).__name__} has no container to set a step's settings on",
+            fix="apply_plan a task of a container component (@dsl.container_component or a torchstep component)",
+        )
     own = vars(task)
     own[_CHECK] = _checked
     try:
@@ -152,8 +156,12 @@ def _launcher(task: Any, plan: StepPlan, caching: bool) -> Any:
     try:
         from kfp import kubernetes
     except ImportError:
-        raise SpecError("roles", TARGET, "a multi-pod step needs kfp-kubernetes (the launcher reads its namespace)",
-                        fix='pip install "torchstep-kfp[kubernetes]"') from None  # fmt: skip
+        raise SpecError(
+            "roles",
+            TARGET,
+            "a multi-pod step needs kfp-kubernetes (the launcher reads its namespace)",
+            fix='pip install "torchstep-kfp[kubernetes]"',
+        ) from None
     if plan.timeout_s is not None:
         kubernetes.set_timeout(task, int(plan.timeout_s))
     kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
@@ -179,8 +187,12 @@ def role_of(plan: StepPlan, role: int | str) -> RolePlan:
     for i, r in enumerate(plan.roles):
         if role in (i, r.name):
             return r
-    raise SpecError("role", TARGET, f"no role {role!r} in app {plan.app_name!r}",
-                    fix=f"one of {[r.name for r in plan.roles]} or an index")  # fmt: skip
+    raise SpecError(
+        "role",
+        TARGET,
+        f"no role {role!r} in app {plan.app_name!r}",
+        fix=f"one of {[r.name for r in plan.roles]} or an index",
+    )
 
 
 def _kubernetes(task: Any, plan: StepPlan, r: RolePlan) -> None:
@@ -204,8 +216,12 @@ def _kubernetes(task: Any, plan: StepPlan, r: RolePlan) -> None:
         from kfp import kubernetes
     except ImportError:
         if needed:
-            raise SpecError(needed[0], TARGET, "needs kfp-kubernetes, which is not installed",
-                            fix='pip install "torchstep-kfp[kubernetes]"') from None  # fmt: skip
+            raise SpecError(
+                needed[0],
+                TARGET,
+                "needs kfp-kubernetes, which is not installed",
+                fix='pip install "torchstep-kfp[kubernetes]"',
+            ) from None
         return  # nothing to set but the pod name env, which needs kfp-kubernetes (docs/kfp.md)
     by_secret: dict[str, dict[str, str]] = {}
     for ref in r.secret_env:

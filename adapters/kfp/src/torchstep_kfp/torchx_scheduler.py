@@ -55,18 +55,26 @@ RUN_LABEL = "pipeline/runid"
 HEALTH_TIMEOUT_S = 10.0
 #: KFP run state → TorchX state, and a message for the states TorchX has no name for.
 STATES: dict[str, tuple[AppState, str]] = {
-    "PENDING": (AppState.PENDING, ""), "RUNNING": (AppState.RUNNING, ""), "SUCCEEDED": (AppState.SUCCEEDED, ""),
-    "SKIPPED": (AppState.SUCCEEDED, "KFP skipped the run (SKIPPED): nothing ran"), "FAILED": (AppState.FAILED, ""),
-    "CANCELING": (AppState.CANCELLED, "KFP is stopping the run (CANCELING)"), "CANCELED": (AppState.CANCELLED, ""),
+    "PENDING": (AppState.PENDING, ""),
+    "RUNNING": (AppState.RUNNING, ""),
+    "SUCCEEDED": (AppState.SUCCEEDED, ""),
+    "SKIPPED": (AppState.SUCCEEDED, "KFP skipped the run (SKIPPED): nothing ran"),
+    "FAILED": (AppState.FAILED, ""),
+    "CANCELING": (AppState.CANCELLED, "KFP is stopping the run (CANCELING)"),
+    "CANCELED": (AppState.CANCELLED, ""),
     "PAUSED": (AppState.PENDING, "the run is paused (PAUSED)"),
-}  # fmt: skip
+}
 
 
 # -- options ----------------------------------------------------------------------------
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "endpoint": (str, None, f"KFP API host, https://... (default: ${ENDPOINT_ENV})"),
-    "token_env": (str, None, f"NAME of the environment variable holding a bearer token (default: {TOKEN_ENV}, "
-                  "used when set); never the token itself"),
+    "token_env": (
+        str,
+        None,
+        f"NAME of the environment variable holding a bearer token (default: {TOKEN_ENV}, "
+        "used when set); never the token itself",
+    ),
     "namespace": (str, None, "KFP multi-user namespace (profile); none: single-user"),
     "experiment": (str, None, f"experiment name (default: ${EXPERIMENT_ENV} or Default)"),
     "image": (str, None, "image of every role (must hold torchstep-kfp); default: the AppDef's"),
@@ -75,7 +83,7 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "service_account": (str, None, "Kubernetes service account of the run"),
     "pipeline_root": (str, None, "root URI of the run's outputs (default: KFP's)"),
     "ui_endpoint": (str, None, f"KFP UI host for links (default: ${UI_ENDPOINT_ENV} or endpoint)"),
-}  # fmt: skip
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +171,12 @@ def resolve(cfg: Mapping[str, Any], *, need_endpoint: bool = True) -> KfpOptions
                 f"cfg[{key!r}]", TARGET, f"{opts[key]!r} must be a value without spaces", fix=f"-cfg {key}=<value>"
             )
     if opts["service_account"] is not None and not is_dns_subdomain(opts["service_account"]):
-        raise SpecError("cfg['service_account']", TARGET, f"{opts['service_account']!r} is not a service account name",
-                        fix="lower-case letters, digits, '-' and '.': e.g. -cfg service_account=pipeline-runner")  # fmt: skip
+        raise SpecError(
+            "cfg['service_account']",
+            TARGET,
+            f"{opts['service_account']!r} is not a service account name",
+            fix="lower-case letters, digits, '-' and '.': e.g. -cfg service_account=pipeline-runner",
+        )
     return KfpOptions(**opts)
 
 
@@ -183,11 +195,15 @@ class KfpRequest:
 
     def __str__(self) -> str:
         c = self.conn
-        head = {"run": self.run_name, "experiment": self.experiment,
-                "namespace": c.namespace or "(none: single-user KFP)",
-                "endpoint": c.endpoint or f"(none yet: a submission needs -cfg endpoint=... or ${ENDPOINT_ENV})",
-                "token": f"${c.token_env}" if c.token_env else "(none)",
-                "service_account": self.service_account, "pipeline_root": self.pipeline_root}  # fmt: skip
+        head = {
+            "run": self.run_name,
+            "experiment": self.experiment,
+            "namespace": c.namespace or "(none: single-user KFP)",
+            "endpoint": c.endpoint or f"(none yet: a submission needs -cfg endpoint=... or ${ENDPOINT_ENV})",
+            "token": f"${c.token_env}" if c.token_env else "(none)",
+            "service_account": self.service_account,
+            "pipeline_root": self.pipeline_root,
+        }
         return "".join(f"# kfp {k}: {v}\n" for k, v in head.items() if v) + self.pipeline_yaml
 
 
@@ -244,10 +260,12 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
                 role.image = opts.image
         payload = base.app_payload(app, TARGET)  # SpecError naming the field KFP cannot express
         run_name = base.new_app_id(app.name)
-        pipeline_yaml = compile_pipeline(app, name=run_name.rsplit("-", 1)[0], caching=opts.caching,
-                                         launcher_image=opts.launcher_image)  # fmt: skip
-        request = KfpRequest(pipeline_yaml, run_name, opts.experiment, opts.connection, payload,
-                             opts.service_account, opts.pipeline_root)  # fmt: skip
+        pipeline_yaml = compile_pipeline(
+            app, name=run_name.rsplit("-", 1)[0], caching=opts.caching, launcher_image=opts.launcher_image
+        )
+        request = KfpRequest(
+            pipeline_yaml, run_name, opts.experiment, opts.connection, payload, opts.service_account, opts.pipeline_root
+        )
         return AppDryRunInfo(request, str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
@@ -259,13 +277,26 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
             path = os.path.join(tmp, "pipeline.yaml")
             Path(path).write_text(req.pipeline_yaml)
             with contextlib.redirect_stdout(sys.stderr):  # kfp prints links: stdout is torchx's app handle
-                result = self._call(req.conn, "creating the run", client.create_run_from_pipeline_package,
-                                    path, run_name=req.run_name, experiment_name=req.experiment,
-                                    namespace=req.conn.namespace, pipeline_root=req.pipeline_root,
-                                    service_account=req.service_account)  # fmt: skip
+                result = self._call(
+                    req.conn,
+                    "creating the run",
+                    client.create_run_from_pipeline_package,
+                    path,
+                    run_name=req.run_name,
+                    experiment_name=req.experiment,
+                    namespace=req.conn.namespace,
+                    pipeline_root=req.pipeline_root,
+                    service_account=req.service_account,
+                )
         app_id = records.check_app_id(str(result.run_id))
-        record = {**dataclasses.asdict(req.conn), "run_id": app_id, "run_name": req.run_name,
-                  "experiment": req.experiment, "app": req.app, "submitted": time.time()}  # fmt: skip
+        record = {
+            **dataclasses.asdict(req.conn),
+            "run_id": app_id,
+            "run_name": req.run_name,
+            "experiment": req.experiment,
+            "app": req.app,
+            "submitted": time.time(),
+        }
         records.save(BACKEND, app_id, record)
         return app_id
 
@@ -302,8 +333,9 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
         return self._clients[conn]
 
     @staticmethod
-    def _call(conn: Connection, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False,
-              **kwargs: Any) -> Any:  # fmt: skip
+    def _call(
+        conn: Connection, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False, **kwargs: Any
+    ) -> Any:
         """``fn(*args, **kwargs)`` with the API's errors as one-line SchedulerErrors
         (``missing_ok``: ``None`` for HTTP 404)."""
         import kfp_server_api
@@ -316,8 +348,10 @@ class KfpScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS):
                 return None
             raise api_error(conn, what, e.status, e.body or e.reason) from None
         except urllib3.exceptions.HTTPError as e:
-            raise base.SchedulerError(f"kfp: {conn.endpoint} is unreachable ({what}: {type(e).__name__}); "
-                                      f"fix: check -cfg endpoint / ${ENDPOINT_ENV} and the network") from None  # fmt: skip
+            raise base.SchedulerError(
+                f"kfp: {conn.endpoint} is unreachable ({what}: {type(e).__name__}); "
+                f"fix: check -cfg endpoint / ${ENDPOINT_ENV} and the network"
+            ) from None
 
     # -- state ---------------------------------------------------------------------------
     def describe(self, app_id: str) -> DescribeAppResponse | None:
@@ -372,8 +406,9 @@ def probe(conn: Connection, token: str | None) -> None:
         config.api_key["authorization"] = token
         config.api_key_prefix["authorization"] = "Bearer"
     api = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(config))
-    resp = KfpScheduler._call(conn, "health check", api.healthz_service_get_healthz,
-                              _preload_content=False, _request_timeout=HEALTH_TIMEOUT_S)  # fmt: skip
+    resp = KfpScheduler._call(
+        conn, "health check", api.healthz_service_get_healthz, _preload_content=False, _request_timeout=HEALTH_TIMEOUT_S
+    )
     data = None
     with contextlib.suppress(ValueError):
         data = json.loads(resp.data)
@@ -398,8 +433,10 @@ def api_error(conn: Connection, what: str, status: Any, body: Any) -> base.Sched
         fix = (
             "check the endpoint's TLS certificate" if status == 0 else "see the message; check namespace and experiment"
         )
-    return base.SchedulerError(f"kfp: {conn.endpoint} refused {what} (HTTP {status}): {text}; fix: {fix}",
-                               status=status if isinstance(status, int) else None)  # fmt: skip
+    return base.SchedulerError(
+        f"kfp: {conn.endpoint} refused {what} (HTTP {status}): {text}; fix: {fix}",
+        status=status if isinstance(status, int) else None,
+    )
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> KfpScheduler:

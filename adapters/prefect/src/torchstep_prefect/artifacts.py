@@ -32,12 +32,21 @@ def rank_rows(result: StepResult) -> list[dict[str, Any]]:
     restarts: dict[tuple[str, int | None], int] = {(r.role, r.replica_id): r.restarts for r in result.replicas}
     rows = []
     for rk in sorted(result.ranks, key=lambda r: (r.role, r.rank)):
-        rows.append({
-            "role": rk.role, "replica": rk.replica_id, "rank": rk.rank, "state": rk.state,
-            "exit_code": rk.exit_code, "signal": rk.signal or "", "restarts": restarts.get((rk.role, rk.replica_id), 0),
-            "where": f"waiting in {rk.waiting_in}" if rk.waiting_in else (rk.where or ""),  # when the agent stopped it
-            "log": rk.log_file or "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "role": rk.role,
+                "replica": rk.replica_id,
+                "rank": rk.rank,
+                "state": rk.state,
+                "exit_code": rk.exit_code,
+                "signal": rk.signal or "",
+                "restarts": restarts.get((rk.role, rk.replica_id), 0),
+                "where": f"waiting in {rk.waiting_in}"
+                if rk.waiting_in
+                else (rk.where or ""),  # when the agent stopped it
+                "log": rk.log_file or "",
+            }
+        )
     return rows
 
 
@@ -94,21 +103,24 @@ class ArtifactSink(Sink):
 
         try:
             create_table_artifact(
-                table=rank_rows(result), key=artifact_key(self.task_name, "ranks"),
+                table=rank_rows(result),
+                key=artifact_key(self.task_name, "ranks"),
                 description=f"torchstep step {result.app_id}: every rank's outcome",
-            )  # fmt: skip
+            )
             create_markdown_artifact(
-                markdown=outputs_markdown(result, self.outputs), key=artifact_key(self.task_name, "outputs"),
+                markdown=outputs_markdown(result, self.outputs),
+                key=artifact_key(self.task_name, "outputs"),
                 description=f"torchstep step {result.app_id}: rank-0 outputs",
-            )  # fmt: skip
+            )
             percent = progress_percent(result)
             if percent is not None:  # the ranks called torchstep.progress(step, total)
                 p = result.progress or {}
                 create_progress_artifact(
-                    progress=percent, key=artifact_key(self.task_name, "progress"),
+                    progress=percent,
+                    key=artifact_key(self.task_name, "progress"),
                     description=f"torchstep step {result.app_id}: step {p.get('step')} of {p.get('total')} "
                     "(the lowest rank's last torchstep.progress())",
-                )  # fmt: skip
+                )
         except Exception as e:  # the step's outcome matters more than its artifacts
             get_run_logger().warning("torchstep: could not create the step's artifacts: %s", e)
 

@@ -87,8 +87,12 @@ def job_variables(app: Any, *, target: str = "local") -> dict[str, Any]:
         raise SpecError("target", None, f"unknown target {target!r}", fix="use 'local' or 'kubernetes'")
     pod = host_pod(plan)  # every replica in the one flow-run pod
     if len(pod.images) > 1:
-        raise SpecError("roles", "prefect", f"the roles use {len(pod.images)} images, but a flow-run pod has one",
-                        fix="use one image, or app_task(..., target='kubernetes') (a pod per replica)")  # fmt: skip
+        raise SpecError(
+            "roles",
+            "prefect",
+            f"the roles use {len(pod.images)} images, but a flow-run pod has one",
+            fix="use one image, or app_task(..., target='kubernetes') (a pod per replica)",
+        )
     if pod.cpu:
         out["cpu_request"] = out["cpu_limit"] = f"{pod.cpu:g}"
     if pod.mem_mb:

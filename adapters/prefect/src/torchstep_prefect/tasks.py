@@ -82,8 +82,9 @@ def app_task(
             retries or timeout that contradict the AppDef.
     """
     options = dict(task_options)
-    step = StepTask(app, target=target, cfg=cfg, defaults=options.pop("defaults", None), targets=TARGETS,
-                    builder="app_task")  # fmt: skip
+    step = StepTask(
+        app, target=target, cfg=cfg, defaults=options.pop("defaults", None), targets=TARGETS, builder="app_task"
+    )
     return task_of(step, client=client, **options)
 
 
@@ -154,10 +155,11 @@ def _apply_retries(step: StepTask, options: dict[str, Any]) -> None:
     """Prefect's retries from the plan, after checking the user's agree with it."""
     delay = options.get("retry_delay_seconds")
     step.check_user_retries(
-        retries=options.get("retries"), timeout=options.get("timeout_seconds"),
+        retries=options.get("retries"),
+        timeout=options.get("timeout_seconds"),
         retry_delay=delay if isinstance(delay, int | float) and not isinstance(delay, bool) else None,
         orchestrator=ORCHESTRATOR,
-    )  # fmt: skip
+    )
     if step.retries:
         options.setdefault("retries", step.retries)
         if "retry_delay_seconds" not in options:
@@ -312,8 +314,9 @@ def _mark_cancelled(ctx: Any) -> None:
     try:
         with get_client(sync_client=True) as client:
             client.set_task_run_state(
-                ctx.task_run.id, Cancelled(message="the flow run was cancelled; every process of the step stopped"),
+                ctx.task_run.id,
+                Cancelled(message="the flow run was cancelled; every process of the step stopped"),
                 force=True,
-            )  # fmt: skip
+            )
     except Exception:  # best effort: the step has stopped either way
         pass

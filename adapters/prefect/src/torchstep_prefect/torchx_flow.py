@@ -74,8 +74,9 @@ def load_app(
     return _received(data, target, policy, cfg=cfg)[0]
 
 
-def _received(data: Any, target: str, policy: Policy | str | None = None, *,
-              cfg: Mapping[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+def _received(
+    data: Any, target: str, policy: Policy | str | None = None, *, cfg: Mapping[str, Any] | None = None
+) -> tuple[Any, Any]:
     """The AppDef of ``data`` and its plan for ``target``, checked (see :func:`load_app`)."""
     from torchstep.adapter import step_received
 
@@ -118,9 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the flow until interrupted")
     serve.add_argument("--name", default=DEPLOYMENT_NAME, help=f"deployment name (default {DEPLOYMENT_NAME})")
     serve.add_argument("--limit", type=int, default=None, help="flow runs at once (default: Prefect's)")
-    serve.add_argument("--policy", default=None, metavar="FILE",
-                       help=f"what a flow run's AppDef may do (TOML, docs/security.md; default: ${ENV_POLICY}, "
-                       "else torchstep.policy.DEFAULT)")  # fmt: skip
+    serve.add_argument(
+        "--policy",
+        default=None,
+        metavar="FILE",
+        help=f"what a flow run's AppDef may do (TOML, docs/security.md; default: ${ENV_POLICY}, "
+        "else torchstep.policy.DEFAULT)",
+    )
     args = parser.parse_args(argv)
     if args.policy is not None:  # the flow runs (child processes) read it from their environment
         os.environ[ENV_POLICY] = os.path.abspath(args.policy)
@@ -130,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchx_flow serve: error: {e}", file=sys.stderr)
         return 2
     named = os.environ.get(ENV_POLICY, "").strip()
-    print(f"torchx_flow: every flow run is checked against the policy {named or 'torchstep.policy.DEFAULT'}",
-          flush=True)  # fmt: skip
+    print(
+        f"torchx_flow: every flow run is checked against the policy {named or 'torchstep.policy.DEFAULT'}", flush=True
+    )
     from prefect.deployments.runner import EntrypointType
 
     from torchstep_prefect.torchx_flow import torchx_app as served  # its real module, also under -m

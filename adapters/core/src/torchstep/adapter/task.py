@@ -107,8 +107,12 @@ class StepTask:
         self.function_: Callable[..., Any] | None = None
         if isinstance(app, AppDef):
             if defaults:
-                raise SpecError("defaults", target, "values were given with a ready AppDef",
-                                fix="pass the component function instead, or no defaults")  # fmt: skip
+                raise SpecError(
+                    "defaults",
+                    target,
+                    "values were given with a ready AppDef",
+                    fix="pass the component function instead, or no defaults",
+                )
             self.parameters: list[tuple[ComponentParameter, Any]] = []
             self.app = app
             self.name: str = app.name
@@ -117,8 +121,12 @@ class StepTask:
             self.function_ = component_of(app)[0]
             self.name = getattr(self.function_, "__name__", None) or self.app.name
         if plan is not None and (plan.target != target or self.parameters):
-            raise SpecError("plan", target, f"a plan for target {plan.target!r} was given with a component for {target!r}",
-                            fix="pass the plan of the AppDef itself, for the same target")  # fmt: skip
+            raise SpecError(
+                "plan",
+                target,
+                f"a plan for target {plan.target!r} was given with a component for {target!r}",
+                fix="pass the plan of the AppDef itself, for the same target",
+            )
         self.plan: StepPlan = plan if plan is not None else build_plan(self.app, target)
 
     # -- the task's signature -------------------------------------------------------------------

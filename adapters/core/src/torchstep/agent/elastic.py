@@ -59,8 +59,12 @@ log = logging.getLogger("torchstep.agent")
 
 # an attempt's states: the result's one Enum (STOPPED: the agent stopped the group itself)
 RUNNING, SUCCEEDED, FAILED, CANCELLED, STOPPED = (
-    StepState.RUNNING, StepState.SUCCEEDED, StepState.FAILED, StepState.CANCELLED, StepState.STOPPED,
-)  # fmt: skip
+    StepState.RUNNING,
+    StepState.SUCCEEDED,
+    StepState.FAILED,
+    StepState.CANCELLED,
+    StepState.STOPPED,
+)
 
 
 @dataclass

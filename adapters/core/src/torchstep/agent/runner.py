@@ -233,12 +233,15 @@ class AgentRun:
             merge = settings.merge_streams and isinstance(settings.entrypoint, str)
             # pipelines keep torchstep's layout (rank<N>.log); run by hand, torchrun's
             specs = TorchstepLogsSpecs(
-                settings.log_dir, merge_streams=merge, run_id=config.run_id,
+                settings.log_dir,
+                merge_streams=merge,
+                run_id=config.run_id,
                 layout="torchstep" if settings.merge_streams else "torchrun",
                 inner=settings.logs_specs_factory() if settings.logs_specs_factory else None,
                 # torch's redirect of a function worker (--run-path) seeks in its file: no pipe there
-                pipe_dir=self.run_dir if isinstance(settings.entrypoint, str) else None, on_warning=self._warn,
-            )  # fmt: skip
+                pipe_dir=self.run_dir if isinstance(settings.entrypoint, str) else None,
+                on_warning=self._warn,
+            )
             self.agent = TorchstepAgent(
                 spec,
                 specs,

@@ -158,26 +158,65 @@ def _torchrun(dest: str, default: Any, *, kind: Callable[[str], Any] = str, **kw
 #: Every setting with a precedence of its own. torchrun flags not listed here keep torch's
 #: own ``env`` action (``--nnodes`` > ``PET_NNODES`` > torch's default, read by its parser).
 SETTINGS: tuple[Setting, ...] = (
-    _ours("result_file", ENV_RESULT_FILE, str, None,
-          "write the versioned step result JSON here, atomically, on every exit path"),
-    _ours("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT, float, 0.0,
-          "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)", minimum=0),
-    _ours("hang_timeout", ENV_HANG_TIMEOUT, float, 0.0,
-          "when no rank printed, called torchstep.heartbeat() or torchstep.progress() for S seconds: take every "
-          "rank's stacks and fail the group (retryable; 0: off)", minimum=0),
+    _ours(
+        "result_file",
+        ENV_RESULT_FILE,
+        str,
+        None,
+        "write the versioned step result JSON here, atomically, on every exit path",
+    ),
+    _ours(
+        "heartbeat_timeout",
+        ENV_HEARTBEAT_TIMEOUT,
+        float,
+        0.0,
+        "kill and restart a worker that has not called torchstep.heartbeat() for S seconds (0: off)",
+        minimum=0,
+    ),
+    _ours(
+        "hang_timeout",
+        ENV_HANG_TIMEOUT,
+        float,
+        0.0,
+        "when no rank printed, called torchstep.heartbeat() or torchstep.progress() for S seconds: take every "
+        "rank's stacks and fail the group (retryable; 0: off)",
+        minimum=0,
+    ),
     # one default with `torchstep run` and the adapters (their grace_period option): 10 s
-    Setting("grace_period", (FLAG, ENV_GRACE_PERIOD, "--shutdown-timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), 10.0,
-            float, ("--grace-period", "--grace_period"),
-            "seconds between forwarding a signal to the workers and SIGKILL of their process groups (torch: 30)",
-            minimum=0),
-    _ours("stop_timeout", ENV_STOP_TIMEOUT, float, 10.0,
-          "seconds between SIGTERM and SIGKILL when the agent stops a group after a failure (torch: 30)", minimum=0),
-    _ours("exit_barrier_timeout", ENV_EXIT_BARRIER_TIMEOUT, float, 60.0,
-          "seconds a finished agent waits for the other agents to finish (torch: 300)", minimum=0),
-    _ours("watchdog_timeout", ENV_WATCHDOG_TIMEOUT, float, 60.0,
-          "fail with exit 83 when the elastic loop makes no progress this long (0: off)", minimum=0),
-    _ours("replica_id", ENV_REPLICA_ID, int, None,
-          "replica id reported in the result"),
+    Setting(
+        "grace_period",
+        (FLAG, ENV_GRACE_PERIOD, "--shutdown-timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+        10.0,
+        float,
+        ("--grace-period", "--grace_period"),
+        "seconds between forwarding a signal to the workers and SIGKILL of their process groups (torch: 30)",
+        minimum=0,
+    ),
+    _ours(
+        "stop_timeout",
+        ENV_STOP_TIMEOUT,
+        float,
+        10.0,
+        "seconds between SIGTERM and SIGKILL when the agent stops a group after a failure (torch: 30)",
+        minimum=0,
+    ),
+    _ours(
+        "exit_barrier_timeout",
+        ENV_EXIT_BARRIER_TIMEOUT,
+        float,
+        60.0,
+        "seconds a finished agent waits for the other agents to finish (torch: 300)",
+        minimum=0,
+    ),
+    _ours(
+        "watchdog_timeout",
+        ENV_WATCHDOG_TIMEOUT,
+        float,
+        60.0,
+        "fail with exit 83 when the elastic loop makes no progress this long (0: off)",
+        minimum=0,
+    ),
+    _ours("replica_id", ENV_REPLICA_ID, int, None, "replica id reported in the result"),
     Setting("zygote", (FLAG, ENV_ZYGOTE), True, _on_off, label=_zygote_label),
     _torchrun("rdzv_backend", "static"),
     _torchrun("rdzv_endpoint", ""),
@@ -186,9 +225,10 @@ SETTINGS: tuple[Setting, ...] = (
     _torchrun("signals_to_handle", DEFAULT_SIGNALS, default_source="default: + SIGUSR1,SIGUSR2"),
     # the launcher's role wins over the command line; TorchX writes `--role ''` (-> default)
     Setting("role", (ENV_ROLE, FLAG, "PET_ROLE"), "default", default_source=None),
-    Setting("log_dir", (FLAG, ENV_LOG_DIR, "PET_LOG_DIR"), None, default_source="default: new directory",
-            skip_blank=True),
-)  # fmt: skip
+    Setting(
+        "log_dir", (FLAG, ENV_LOG_DIR, "PET_LOG_DIR"), None, default_source="default: new directory", skip_blank=True
+    ),
+)
 
 #: What ``--help`` says is the default of a setting whose default is not a value.
 _DEFAULT_SHOWN = {"replica_id": "this agent's node rank"}

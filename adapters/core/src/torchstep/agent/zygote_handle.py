@@ -164,8 +164,9 @@ class ZygoteProcess:
         how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
         if getattr(self.proc, "unknown", False):
             how = "exit status unknown"
-        log.warning("the worker zygote died (%s): workers start by exec from now on; any it had forked died with it",
-                    how)  # fmt: skip
+        log.warning(
+            "the worker zygote died (%s): workers start by exec from now on; any it had forked died with it", how
+        )
         return False
 
     def fallbacks(self) -> list[tuple[int, str]]:

@@ -77,8 +77,12 @@ def app_from_dict(data: Any) -> Any:
     from torchx import specs
 
     if not isinstance(data, dict) or data.get("version") != APP_JSON_VERSION:
-        raise SpecError("app", None, f"not an AppDef of layout {APP_JSON_VERSION}",
-                        fix="build the step with the same torchstep version as the image runs")  # fmt: skip
+        raise SpecError(
+            "app",
+            None,
+            f"not an AppDef of layout {APP_JSON_VERSION}",
+            fix="build the step with the same torchstep version as the image runs",
+        )
     _check_types(data, _APP_TYPES, "app", required=("name", "roles"))
     roles = []
     for i, r in enumerate(data["roles"]):
@@ -105,8 +109,12 @@ def app_from_dict(data: Any) -> Any:
                 raise SpecError(f"{path}.mounts[{j}]", None, str(e), fix="see torchx.specs." + m["kind"]) from None
         policy_name = r.pop("retry_policy", "APPLICATION")
         if policy_name not in specs.RetryPolicy.__members__:
-            raise SpecError(f"{path}.retry_policy", None, f"unknown policy {policy_name!r}",
-                            fix=f"one of {', '.join(specs.RetryPolicy.__members__)}")  # fmt: skip
+            raise SpecError(
+                f"{path}.retry_policy",
+                None,
+                f"unknown policy {policy_name!r}",
+                fix=f"one of {', '.join(specs.RetryPolicy.__members__)}",
+            )
         policy = specs.RetryPolicy[policy_name]
         roles.append(specs.Role(**_known(specs.Role, r, path), resource=resource, mounts=mounts, retry_policy=policy))
     return specs.AppDef(**_known(specs.AppDef, data), roles=roles)
@@ -117,21 +125,39 @@ _STR, _INT, _NUM = "a string", "an integer", "a number"
 _STRS, _STRMAP, _MAP = "a list of strings", "a mapping of strings to strings", "a mapping"
 _APP_TYPES = {"name": (_STR, '"train"'), "roles": ("a non-empty list", "[{...role...}]"), "metadata": (_MAP, "{}")}
 _ROLE_TYPES = {
-    "name": (_STR, '"trainer"'), "image": (_STR, '"python:3.11"'), "entrypoint": (_STR, '"python"'),
-    "base_image": (_STR, "null"), "args": (_STRS, '["--lr", "0.1"]'), "env": (_STRMAP, '{"LOGLEVEL": "INFO"}'),
-    "num_replicas": (_INT, "1"), "min_replicas": (_INT, "null"), "max_retries": (_INT, "0"),
-    "port_map": ("a mapping of strings to integers", '{"tb": 6006}'), "metadata": (_MAP, "{}"),
-    "retry_policy": (_STR, '"APPLICATION"'), "resource": (_MAP, '{"cpu": 1, "gpu": 0, "memMB": 1024}'),
-    "mounts": ("a list", "[]"), "workspace": ("JSON data", "null"), "overrides": (_MAP, "{}"),
-}  # fmt: skip
+    "name": (_STR, '"trainer"'),
+    "image": (_STR, '"python:3.11"'),
+    "entrypoint": (_STR, '"python"'),
+    "base_image": (_STR, "null"),
+    "args": (_STRS, '["--lr", "0.1"]'),
+    "env": (_STRMAP, '{"LOGLEVEL": "INFO"}'),
+    "num_replicas": (_INT, "1"),
+    "min_replicas": (_INT, "null"),
+    "max_retries": (_INT, "0"),
+    "port_map": ("a mapping of strings to integers", '{"tb": 6006}'),
+    "metadata": (_MAP, "{}"),
+    "retry_policy": (_STR, '"APPLICATION"'),
+    "resource": (_MAP, '{"cpu": 1, "gpu": 0, "memMB": 1024}'),
+    "mounts": ("a list", "[]"),
+    "workspace": ("JSON data", "null"),
+    "overrides": (_MAP, "{}"),
+}
 _RESOURCE_TYPES = {
-    "cpu": (_NUM, "1"), "gpu": (_INT, "0"), "memMB": (_INT, "1024"), "capabilities": (_MAP, "{}"),
-    "devices": ("a mapping of strings to integers", "{}"), "tags": (_MAP, "{}"),
-}  # fmt: skip
+    "cpu": (_NUM, "1"),
+    "gpu": (_INT, "0"),
+    "memMB": (_INT, "1024"),
+    "capabilities": (_MAP, "{}"),
+    "devices": ("a mapping of strings to integers", "{}"),
+    "tags": (_MAP, "{}"),
+}
 _MOUNT_TYPES = {
-    "kind": (_STR, '"BindMount"'), "src_path": (_STR, '"/data"'), "dst_path": (_STR, '"/data"'),
-    "src": (_STR, '"pvc-name"'), "read_only": ("a boolean", "false"), "permissions": (_STR, '"rwm"'),
-}  # fmt: skip
+    "kind": (_STR, '"BindMount"'),
+    "src_path": (_STR, '"/data"'),
+    "dst_path": (_STR, '"/data"'),
+    "src": (_STR, '"pvc-name"'),
+    "read_only": ("a boolean", "false"),
+    "permissions": (_STR, '"rwm"'),
+}
 
 
 def _is(kind: str, value: Any) -> bool:
@@ -164,8 +190,9 @@ def _check_types(data: dict[str, Any], table: dict[str, tuple[str, str]], path: 
         if key in table and not (value is None and key in ("min_replicas", "base_image", "workspace")):
             kind, example = table[key]
             if not _is(kind, value):
-                raise SpecError(f"{path}.{key}", None, f"must be {kind}, got {type(value).__name__}",
-                                fix=f"e.g. {example}")  # fmt: skip
+                raise SpecError(
+                    f"{path}.{key}", None, f"must be {kind}, got {type(value).__name__}", fix=f"e.g. {example}"
+                )
 
 
 def _fields(obj: Any, path: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -189,8 +216,12 @@ def _check_json(value: Any, path: str) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as e:
-        raise SpecError(path, None, f"is not JSON data ({e})",
-                            fix="use str/int/float/bool/list/dict values, or pass a component reference instead") from e  # fmt: skip
+        raise SpecError(
+            path,
+            None,
+            f"is not JSON data ({e})",
+            fix="use str/int/float/bool/list/dict values, or pass a component reference instead",
+        ) from e
 
 
 def _known(cls: type, data: dict[str, Any], path: str = "app") -> dict[str, Any]:
@@ -198,6 +229,10 @@ def _known(cls: type, data: dict[str, Any], path: str = "app") -> dict[str, Any]
     structural = {"version", "kind", "roles", "resource", "mounts", "retry_policy"}
     unknown = sorted(k for k in data if k not in names and k not in structural)
     if unknown:
-        raise SpecError(f"{path}.{unknown[0]}", None, f"this TorchX has no {cls.__name__} field {unknown[0]!r}",
-                        fix="install the TorchX (release or nightly) the pipeline was built with")  # fmt: skip
+        raise SpecError(
+            f"{path}.{unknown[0]}",
+            None,
+            f"this TorchX has no {cls.__name__} field {unknown[0]!r}",
+            fix="install the TorchX (release or nightly) the pipeline was built with",
+        )
     return {k: v for k, v in data.items() if k in names}

@@ -845,8 +845,12 @@ def reference_of(component: Any) -> str:
         return f"{module}:{qualname}"
     source = inspect.getsourcefile(fn)
     if source is None or "<" in qualname or "." in qualname:
-        raise SpecError("component", None, f"{qualname or fn!r} cannot be found again in another process",
-                        fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"')  # fmt: skip
+        raise SpecError(
+            "component",
+            None,
+            f"{qualname or fn!r} cannot be found again in another process",
+            fix='define it at the top level of a module and pass "pkg.module:fn" or "file.py:fn"',
+        )
     rel = os.path.relpath(source)
     return f"{rel if not rel.startswith('..') else source}:{fn.__name__}"
 
@@ -874,8 +878,12 @@ def parameters_of(component: Any) -> list[ComponentParameter]:
     out = []
     for p in _parameters(fn_eval, label).values():
         if p.kind == p.VAR_KEYWORD:
-            raise SpecError(f"component.{p.name}", None, f"{label}: **{p.name} cannot be typed",
-                            fix="give each parameter its own name")  # fmt: skip
+            raise SpecError(
+                f"component.{p.name}",
+                None,
+                f"{label}: **{p.name} cannot be typed",
+                fix="give each parameter its own name",
+            )
         variadic = p.kind == p.VAR_POSITIONAL
         kind, optional = _plain_type(p.annotation, f"component.{p.name}", label)
         if variadic:
@@ -895,8 +903,12 @@ def _plain_type(annotation: Any, field_path: str, label: str) -> tuple[type, boo
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
-            raise SpecError(field_path, None, f"{label}: a union {annotation!r} cannot be typed",
-                            fix="use one type, or Optional[one type]")  # fmt: skip
+            raise SpecError(
+                field_path,
+                None,
+                f"{label}: a union {annotation!r} cannot be typed",
+                fix="use one type, or Optional[one type]",
+            )
         optional, annotation = True, args[0]
         origin = typing.get_origin(annotation)
     base = origin or annotation
@@ -905,8 +917,12 @@ def _plain_type(annotation: Any, field_path: str, label: str) -> tuple[type, boo
             return kind, optional
     if base in (collections.abc.Sequence, collections.abc.Mapping):
         return (list if base is collections.abc.Sequence else dict), optional
-    raise SpecError(field_path, None, f"{label}: parameter type {annotation!r} cannot be passed by an orchestrator",
-                    fix="use str, int, float, bool, List[...] or Dict[...] (or Optional of one)")  # fmt: skip
+    raise SpecError(
+        field_path,
+        None,
+        f"{label}: parameter type {annotation!r} cannot be passed by an orchestrator",
+        fix="use str, int, float, bool, List[...] or Dict[...] (or Optional of one)",
+    )
 
 
 def static_values(
@@ -949,10 +965,13 @@ def static_values(
             elif p.optional:
                 value = None
             else:
-                raise SpecError(f"component.{p.name}", target,
-                                f"has no default, and {target} fixes image, resources and retries before run time "
-                                "from the AppDef materialised with the defaults",
-                                fix=f"{builder}(..., defaults={{{p.name!r}: ...}})")  # fmt: skip
+                raise SpecError(
+                    f"component.{p.name}",
+                    target,
+                    f"has no default, and {target} fixes image, resources and retries before run time "
+                    "from the AppDef materialised with the defaults",
+                    fix=f"{builder}(..., defaults={{{p.name!r}: ...}})",
+                )
         check_value(p, value, f"defaults.{p.name}", target)
         out.append((p, value))
         if value is not None:

@@ -105,9 +105,15 @@ def replica_result(app_id: str, role: str, idx: int, pod: Any, state: str) -> St
         exit_code = summary.exit_code if summary.exit_code is not None else code
         rep = ReplicaResult(role, idx, summary.state, exit_code, restarts=summary.restarts, message=summary.message)
         out = StepResult(
-            app_id, summary.state, exit_code, summary.retryable,
-            restarts=summary.restarts, root_cause=summary.root_cause, outputs=summary.outputs, warnings=notes,
-        )  # fmt: skip
+            app_id,
+            summary.state,
+            exit_code,
+            summary.retryable,
+            restarts=summary.restarts,
+            root_cause=summary.root_cause,
+            outputs=summary.outputs,
+            warnings=notes,
+        )
     else:
         rep_state = SUCCEEDED if kind is FailureKind.SUCCEEDED else (FAILED if code is not None else state)
         if kind is FailureKind.PREEMPTED:

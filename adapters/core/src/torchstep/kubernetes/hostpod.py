@@ -86,13 +86,18 @@ def host_pod(plan: StepPlan) -> HostPod:
         selector.update(spec.get("nodeSelector") or {})
         tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
         env.update(r.env)
-        secret_env += [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
-                       for s in r.secret_env]  # fmt: skip
+        secret_env += [
+            {"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}} for s in r.secret_env
+        ]
     return HostPod(
         images=tuple(dict.fromkeys(r.image for r in plan.roles)),
         cpu=sum((r.resources.cpu or 0) * r.num_replicas for r in plan.roles),
         mem_mb=sum((r.resources.mem_mb or 0) * r.num_replicas for r in plan.roles),
         gpu=int(sum((r.resources.gpu or 0) * r.num_replicas for r in plan.roles)),
-        volumes=vols, volume_mounts=mounts, node_selector=selector, tolerations=tolerations, env=env,
+        volumes=vols,
+        volume_mounts=mounts,
+        node_selector=selector,
+        tolerations=tolerations,
+        env=env,
         secret_env=secret_env,
-    )  # fmt: skip
+    )

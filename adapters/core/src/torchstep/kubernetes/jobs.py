@@ -247,8 +247,12 @@ class JobGang:
             kind, name = body["kind"], body["metadata"]["name"]
             make = self.client.create_namespaced_job if kind == "Job" else self.client.create_namespaced_pod
             try:  # retried on 429 only (answered before anything is done): a create is not idempotent
-                created = self._api(f"create {kind} {self.ns}/{name}", partial(make, self.ns, body=body),
-                                    statuses={429}, connection=False)  # fmt: skip
+                created = self._api(
+                    f"create {kind} {self.ns}/{name}",
+                    partial(make, self.ns, body=body),
+                    statuses={429},
+                    connection=False,
+                )
             except Exception as e:
                 error = e.error if isinstance(e, ApiRetriesExhausted) else e
                 if http_status(error) != 409:
@@ -260,8 +264,9 @@ class JobGang:
                 start = began(created)
                 if start is not None:
                     self._began = start if self._began is None else min(self._began, start)
-                self.log.info("torchstep: attached to the running %s %s/%s (created earlier for this run)",
-                              kind, self.ns, name)  # fmt: skip
+                self.log.info(
+                    "torchstep: attached to the running %s %s/%s (created earlier for this run)", kind, self.ns, name
+                )
             else:
                 self._created.append((kind, name))
                 self._own(kind, name, created)
@@ -270,8 +275,12 @@ class JobGang:
                 service = owned_by(role.service, self.client.sanitize(created))
                 svc_name = service["metadata"]["name"]
                 try:
-                    self._api(f"create Service {self.ns}/{svc_name}", partial(
-                        self.client.create_namespaced_service, self.ns, body=service), statuses={429}, connection=False)  # fmt: skip
+                    self._api(
+                        f"create Service {self.ns}/{svc_name}",
+                        partial(self.client.create_namespaced_service, self.ns, body=service),
+                        statuses={429},
+                        connection=False,
+                    )
                 except Exception as e:
                     error = e.error if isinstance(e, ApiRetriesExhausted) else e
                     if http_status(error) != 409:
@@ -289,12 +298,20 @@ class JobGang:
         name = policy["metadata"]["name"]
         create = getattr(self.client, "create_namespaced_network_policy", None)
         if create is None:  # a client written before NetworkPolicies: say so, every run
-            self.log.warning("torchstep: NetworkPolicy %s/%s not created: this Kubernetes client has no "
-                             "create_namespaced_network_policy; the rendezvous store is open to every pod", self.ns, name)  # fmt: skip
+            self.log.warning(
+                "torchstep: NetworkPolicy %s/%s not created: this Kubernetes client has no "
+                "create_namespaced_network_policy; the rendezvous store is open to every pod",
+                self.ns,
+                name,
+            )
             return
         try:
-            self._api(f"create NetworkPolicy {self.ns}/{name}", partial(create, self.ns, body=policy),
-                      statuses={429}, connection=False)  # fmt: skip
+            self._api(
+                f"create NetworkPolicy {self.ns}/{name}",
+                partial(create, self.ns, body=policy),
+                statuses={429},
+                connection=False,
+            )
         except Exception as e:
             error = e.error if isinstance(e, ApiRetriesExhausted) else e
             if http_status(error) != 409:
@@ -306,8 +323,11 @@ class JobGang:
         created is deleted, as on any error)."""
         uid = uid_of(created)
         if uid is None:
-            raise RunError(f"{kind} {self.ns}/{name}", "the API server answered its creation without a uid; fix: "
-                           "check the Kubernetes API server (every object it creates has one)")  # fmt: skip
+            raise RunError(
+                f"{kind} {self.ns}/{name}",
+                "the API server answered its creation without a uid; fix: "
+                "check the Kubernetes API server (every object it creates has one)",
+            )
         self.owners.add(kind, name, uid)
         if self.cursor_store is not None:
             record_uid(self.cursor_store, name, uid)
@@ -318,16 +338,22 @@ class JobGang:
         uid = uid_of(existing)
         if self.cursor_store is None:
             if uid is None:
-                raise RunError(f"{kind} {self.ns}/{name}", "the API server answered it without a uid; fix: check the "
-                               "Kubernetes API server (every object it keeps has one)")  # fmt: skip
+                raise RunError(
+                    f"{kind} {self.ns}/{name}",
+                    "the API server answered it without a uid; fix: check the "
+                    "Kubernetes API server (every object it keeps has one)",
+                )
             return uid
         recorded = recorded_uids(self.cursor_store).get(name)
         if uid is None or uid != recorded:
             self._refused = True
             raise refusal(
-                kind, self.ns, name, f"it carries this run's labels but has uid {uid}, and this task recorded "
+                kind,
+                self.ns,
+                name,
+                f"it carries this run's labels but has uid {uid}, and this task recorded "
                 + (f"uid {recorded} when it created it" if recorded else "no creation of it"),
-            )  # fmt: skip
+            )
         return uid
 
     def state(self) -> str | None:
@@ -366,25 +392,33 @@ class JobGang:
             return
         self._refused = True
         raise refusal(
-            kind, self.ns, name, f"labels {LABEL_APP_ID}={labels.get(LABEL_APP_ID)!r}, {LABEL_MANAGED_BY}="
+            kind,
+            self.ns,
+            name,
+            f"labels {LABEL_APP_ID}={labels.get(LABEL_APP_ID)!r}, {LABEL_MANAGED_BY}="
             f"{labels.get(LABEL_MANAGED_BY)!r}; expected {self.rendered.app_id!r}, 'torchstep'",
-        )  # fmt: skip
+        )
 
     def _check_service(self, name: str, owner_kind: str, owner: str) -> None:
         """An existing Service of a role's name is used only when it carries our labels
         and is owned by the role's workload (by uid): another one could point the
         rendezvous somewhere else."""
         sel = self.rendered.label_selector
-        listed = self._api(f"list Services {self.ns} ({sel})",
-                           lambda: self.client.list_namespaced_service(self.ns, label_selector=sel))  # fmt: skip
+        listed = self._api(
+            f"list Services {self.ns} ({sel})", lambda: self.client.list_namespaced_service(self.ns, label_selector=sel)
+        )
         found = [svc for svc in get(listed, "items") or [] if get(svc, "metadata", "name") == name]
         self._check_ours("Service", name, get(found[0], "metadata", "labels") if found else {})
         uid = self.owners.uid(owner)
         refs = get(found[0], "metadata", "owner_references") or []
         if not any(get(r, "uid") == uid for r in refs):
             self._refused = True
-            raise refusal("Service", self.ns, name, f"it carries this run's labels but is not owned by {owner_kind} "
-                          f"{owner} (uid {uid})")  # fmt: skip
+            raise refusal(
+                "Service",
+                self.ns,
+                name,
+                f"it carries this run's labels but is not owned by {owner_kind} {owner} (uid {uid})",
+            )
 
     def wait(self) -> str:
         """Poll until every workload finished, one failed, or a cancel; the step's state.
@@ -422,14 +456,22 @@ class JobGang:
         log is followed from where the old one's ended. Counted by :attr:`preemptions`."""
         role = next(r for r in self.rendered.roles if r.name == name)
         sel = self.rendered.label_selector
-        self._api(f"delete Pod {self.ns}/{name}", lambda: self.client.delete_collection_namespaced_pod(
-            self.ns, label_selector=sel, field_selector=f"metadata.name={name}"), stop=self._cancel)  # fmt: skip
+        self._api(
+            f"delete Pod {self.ns}/{name}",
+            lambda: self.client.delete_collection_namespaced_pod(
+                self.ns, label_selector=sel, field_selector=f"metadata.name={name}"
+            ),
+            stop=self._cancel,
+        )
         grace = float(role.workload["spec"].get("terminationGracePeriodSeconds", 30))
         deadline = time.monotonic() + grace + 120  # its processes first get the grace period
         while True:
             try:
-                self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
-                          stop=self._cancel)  # fmt: skip
+                self._api(
+                    f"read Pod {self.ns}/{name}",
+                    lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                    stop=self._cancel,
+                )
             except Interrupted:
                 raise
             except Exception as e:
@@ -437,8 +479,11 @@ class JobGang:
                     break
                 raise
             if time.monotonic() > deadline:
-                raise RunError(f"Pod {self.ns}/{name}", "the preempted pod is still there after its grace period; "
-                               "fix: check the node it ran on (kubectl describe pod)")  # fmt: skip
+                raise RunError(
+                    f"Pod {self.ns}/{name}",
+                    "the preempted pod is still there after its grace period; "
+                    "fix: check the node it ran on (kubectl describe pod)",
+                )
             if self._cancel.wait(min(self.poll, 1.0)):
                 raise Interrupted(f"waiting for pod {name} to go")
         for t in self._threads:  # the old pod's log follower reads its last lines first
@@ -446,16 +491,22 @@ class JobGang:
                 t.join(timeout=10.0)
         self._followed.discard(name)
         body = dict(role.workload)
-        created = self._api(f"create Pod {self.ns}/{name}", partial(self.client.create_namespaced_pod, self.ns,
-                            body=body), statuses={429}, connection=False, stop=self._cancel)  # fmt: skip
+        created = self._api(
+            f"create Pod {self.ns}/{name}",
+            partial(self.client.create_namespaced_pod, self.ns, body=body),
+            statuses={429},
+            connection=False,
+            stop=self._cancel,
+        )
         self._own("Pod", name, created)
         self.preemptions.replaced()
         self._say(f"torchstep: pod {name} created again after its preemption")
 
     def _workload_state(self, kind: str, name: str, stop: threading.Event | None = None) -> str | None:
         if kind == "Job":
-            job = self._api(f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns),
-                            stop=stop)  # fmt: skip
+            job = self._api(
+                f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns), stop=stop
+            )
             self.preemptions.observe_job(name, job)
             for c in get(job, "status", "conditions") or []:
                 if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
@@ -464,8 +515,9 @@ class JobGang:
                     return FAILED
             return None
         try:
-            pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name,
-                            self.ns), stop=stop)  # fmt: skip
+            pod = self._api(
+                f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns), stop=stop
+            )
         except Exception as e:
             error = e.error if isinstance(e, ApiRetriesExhausted) else e
             if http_status(error) == 404 and self.preemptions.bare_pod == name:
@@ -482,8 +534,11 @@ class JobGang:
         """The run's own pods (see the module docstring); an impostor is reported once."""
         sel = self.rendered.label_selector
         ours = []
-        listed = self._api(f"list Pods {self.ns} ({sel})",
-                           lambda: self.client.list_namespaced_pod(self.ns, label_selector=sel), stop=stop)  # fmt: skip
+        listed = self._api(
+            f"list Pods {self.ns} ({sel})",
+            lambda: self.client.list_namespaced_pod(self.ns, label_selector=sel),
+            stop=stop,
+        )
         for pod in get(listed, "items") or []:
             if self.owners.owns(pod):
                 ours.append(pod)
@@ -569,8 +624,11 @@ class JobGang:
     def _pod_finished(self, name: str) -> bool:
         """Whether the pod ended (or is gone): its log is then complete and read once more."""
         try:  # a transient error is retried: taken for the pod's end, it would stop following a running pod
-            pod = self._api(f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns),
-                            stop=self._stop_logs)  # fmt: skip
+            pod = self._api(
+                f"read Pod {self.ns}/{name}",
+                lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                stop=self._stop_logs,
+            )
             phase = get(pod, "status", "phase")
         except Exception:
             return True
@@ -682,15 +740,28 @@ class JobGang:
             self._delete_created(sel)
             return
         calls: list[tuple[str, Callable[[], Any]]] = [
-            ("jobs", lambda: self.client.delete_collection_namespaced_job(self.ns, label_selector=sel, propagation_policy="Foreground")),
-            ("pods", lambda: self.client.delete_collection_namespaced_pod(self.ns, label_selector=sel, propagation_policy="Foreground")),
+            (
+                "jobs",
+                lambda: self.client.delete_collection_namespaced_job(
+                    self.ns, label_selector=sel, propagation_policy="Foreground"
+                ),
+            ),
+            (
+                "pods",
+                lambda: self.client.delete_collection_namespaced_pod(
+                    self.ns, label_selector=sel, propagation_policy="Foreground"
+                ),
+            ),
             ("services", self._delete_services),
             ("networkpolicies", self._delete_network_policies),
-        ]  # fmt: skip
+        ]
         for what, call in calls:
             try:  # deleting by label is idempotent: retried after transient errors, a little
-                self._api(f"delete {what} {self.ns} ({sel})", call, budget_s=min(self.api_retry_budget_s,
-                                                                                 DELETE_RETRY_BUDGET_S))  # fmt: skip
+                self._api(
+                    f"delete {what} {self.ns} ({sel})",
+                    call,
+                    budget_s=min(self.api_retry_budget_s, DELETE_RETRY_BUDGET_S),
+                )
             except Exception as e:  # keep deleting the rest
                 self.log.warning("torchstep: cleanup of %s (%s): %s", what, sel, e)
 

@@ -135,8 +135,15 @@ def cursor_value(value: Any) -> dict[str, tuple[str, int]]:
     pods = value.get("pods") if isinstance(value, dict) else None
     out: dict[str, tuple[str, int]] = {}
     for name, pos in (pods or {}).items() if isinstance(pods, dict) else ():
-        if (isinstance(name, str) and isinstance(pos, list | tuple) and len(pos) == 2 and isinstance(pos[0], str)
-                and _ts_key(pos[0] + "Z") is not None and isinstance(pos[1], int) and pos[1] >= 0):  # fmt: skip
+        if (
+            isinstance(name, str)
+            and isinstance(pos, list | tuple)
+            and len(pos) == 2
+            and isinstance(pos[0], str)
+            and _ts_key(pos[0] + "Z") is not None
+            and isinstance(pos[1], int)
+            and pos[1] >= 0
+        ):
             out[name] = (pos[0], pos[1])
     return out
 

@@ -92,10 +92,12 @@ def refusal(kind: str, namespace: str, name: str, problem: str) -> SpecError:
         The :class:`~torchstep.SpecError` to raise.
     """
     return SpecError(
-        f"{kind} {namespace}/{name}", "kubernetes", f"already exists and was not created by this run ({problem})",
+        f"{kind} {namespace}/{name}",
+        "kubernetes",
+        f"already exists and was not created by this run ({problem})",
         fix="delete that object, or give this step another name or namespace; torchstep never adopts or deletes "
         "objects that are not its own (who may create them in this namespace: docs/security.md)",
-    )  # fmt: skip
+    )
 
 
 def refused_creation(kind: str, namespace: str, name: str, error: BaseException) -> RunError:

@@ -137,8 +137,10 @@ class Preemptions:
             self._jobs[name] = "queued"
             if before == "admitted":
                 self.evictions += 1
-                self.say(f"torchstep: Job {name} was evicted (suspended again, its pods deleted): "
-                         f"{self._tally()}; queued again{where}")  # fmt: skip
+                self.say(
+                    f"torchstep: Job {name} was evicted (suspended again, its pods deleted): "
+                    f"{self._tally()}; queued again{where}"
+                )
             else:
                 self.say(f"torchstep: Job {name} queued{where}")
             return
@@ -173,14 +175,17 @@ class Preemptions:
             bare = (kinds or {}).get(name) == "Pod"
             then = "torchstep creates it again" if bare else "the Job replaces it"
             then += ", resuming from the step's checkpoint"
-            self.say(f"torchstep: pod {name} was preempted ({DISRUPTION_CONDITION}: {reason}"
-                     f"{': ' + message if message else ''}); {then}; {self._tally()}")  # fmt: skip
+            self.say(
+                f"torchstep: pod {name} was preempted ({DISRUPTION_CONDITION}: {reason}"
+                f"{': ' + message if message else ''}); {then}; {self._tally()}"
+            )
             if bare:
                 self._bare = name
 
     def _tally(self) -> str:
-        return (f"preemption {self.count} of at most {self.budget} (preemption_retries); "
-                "the step's retries are untouched")  # fmt: skip
+        return (
+            f"preemption {self.count} of at most {self.budget} (preemption_retries); the step's retries are untouched"
+        )
 
     def note(self) -> str | None:
         """The line the step's result keeps (in ``warnings``) when the run was preempted.
@@ -191,9 +196,11 @@ class Preemptions:
         if not self.count:
             return None
         times = "time" if self.count == 1 else "times"
-        return (f"preempted {self.count} {times} ({len(self.pods)} pod(s) with {DISRUPTION_CONDITION}, "
-                f"{self.evictions} Kueue eviction(s)); preemption_retries={self.budget}; "
-                "the step's retries are untouched")  # fmt: skip
+        return (
+            f"preempted {self.count} {times} ({len(self.pods)} pod(s) with {DISRUPTION_CONDITION}, "
+            f"{self.evictions} Kueue eviction(s)); preemption_retries={self.budget}; "
+            "the step's retries are untouched"
+        )
 
     def exhausted_message(self) -> str:
         """The message of a step that ends ``PREEMPTED`` because the budget is spent.
@@ -202,9 +209,11 @@ class Preemptions:
             The message, with the fix.
         """
         times = "time" if self.count == 1 else "times"
-        return (f"preempted {self.count} {times}, more than preemption_retries={self.budget} allows "
-                "(the step's own retries were not used); fix: raise preemption_retries, or run where "
-                "the step is not preempted (a priority class, a queue with guaranteed quota)")  # fmt: skip
+        return (
+            f"preempted {self.count} {times}, more than preemption_retries={self.budget} allows "
+            "(the step's own retries were not used); fix: raise preemption_retries, or run where "
+            "the step is not preempted (a priority class, a queue with guaranteed quota)"
+        )
 
 
 def _job_of(pod: Any) -> str | None:

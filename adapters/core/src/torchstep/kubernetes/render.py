@@ -486,8 +486,12 @@ def _check_min_parallelism(role: RolePlan, path: str, value: str | None) -> None
         return
     field = f"{path}: annotation {MIN_PARALLELISM_ANNOTATION}"
     if not str(value).isdigit() or not 1 <= int(value) <= role.num_replicas:
-        raise SpecError(field, TARGET, f"{value!r} is not a whole number of pods in 1..{role.num_replicas}",
-                        fix=f"e.g. '{role.min_replicas}' (the role's min_replicas)")  # fmt: skip
+        raise SpecError(
+            field,
+            TARGET,
+            f"{value!r} is not a whole number of pods in 1..{role.num_replicas}",
+            fix=f"e.g. '{role.min_replicas}' (the role's min_replicas)",
+        )
     if int(value) < role.min_replicas:
         raise SpecError(
             field,

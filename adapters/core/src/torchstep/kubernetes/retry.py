@@ -54,9 +54,16 @@ RETRY_AFTER_MAX_S = 30.0
 #: Exceptions of the official client's HTTP stack that mean the connection failed (by name:
 #: core does not depend on urllib3). ``ConnectionError`` and ``TimeoutError`` count too.
 _CONNECTION_ERRORS = frozenset(
-    {"ProtocolError", "MaxRetryError", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-     "IncompleteRead", "RemoteDisconnected"}
-)  # fmt: skip
+    {
+        "ProtocolError",
+        "MaxRetryError",
+        "NewConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "IncompleteRead",
+        "RemoteDisconnected",
+    }
+)
 log = logging.getLogger("torchstep.kubernetes")
 
 
@@ -184,9 +191,11 @@ def call_api(
             if elapsed + wait > budget_s:
                 raise ApiRetriesExhausted(what, e, tries, elapsed) from e
             (logger or log).warning(
-                "torchstep: %s: %s; trying again in %.1f s", what,
-                f"HTTP {http_status(e)}" if http_status(e) is not None else type(e).__name__, wait,
-            )  # fmt: skip
+                "torchstep: %s: %s; trying again in %.1f s",
+                what,
+                f"HTTP {http_status(e)}" if http_status(e) is not None else type(e).__name__,
+                wait,
+            )
             if stop is not None:
                 if stop.wait(wait):
                     raise Interrupted(what) from e

@@ -116,8 +116,12 @@ def _role(i: int, data: Any) -> Any:
     if "retry_policy" in kw:
         name = kw["retry_policy"]
         if not isinstance(name, str) or name not in specs.RetryPolicy.__members__:
-            raise SpecError(f"{path}.retry_policy", None, f"unknown retry policy {name!r}",
-                            fix=f"one of {', '.join(specs.RetryPolicy.__members__)}")  # fmt: skip
+            raise SpecError(
+                f"{path}.retry_policy",
+                None,
+                f"unknown retry policy {name!r}",
+                fix=f"one of {', '.join(specs.RetryPolicy.__members__)}",
+            )
         kw["retry_policy"] = specs.RetryPolicy[name]
     if "mounts" in kw:
         if not isinstance(kw["mounts"], list | type(None)):
@@ -127,8 +131,12 @@ def _role(i: int, data: Any) -> Any:
         kw["mounts"] = [_mount(f"{path}.mounts[{j}]", m) for j, m in enumerate(kw["mounts"] or [])]
     for key, kind in (("name", str), ("image", str), ("entrypoint", str), ("args", list), ("env", dict)):
         if key in kw and not isinstance(kw[key], kind):
-            raise SpecError(f"{path}.{key}", None, f"must be a JSON {'string' if kind is str else kind.__name__}",
-                            fix="see docs/local.md")  # fmt: skip
+            raise SpecError(
+                f"{path}.{key}",
+                None,
+                f"must be a JSON {'string' if kind is str else kind.__name__}",
+                fix="see docs/local.md",
+            )
     try:
         return specs.Role(**kw)
     except (TypeError, ValueError) as e:
@@ -144,8 +152,12 @@ def _mount(path: str, m: Any) -> Any:
         try:
             return specs.parse_mounts(m.split(","))[0]
         except (KeyError, ValueError, IndexError, TypeError) as e:
-            raise SpecError(path, None, f"not a TorchX mount string: {m!r} ({e})",
-                            fix="type=bind,src=/host,dst=/container[,readonly]") from None  # fmt: skip
+            raise SpecError(
+                path,
+                None,
+                f"not a TorchX mount string: {m!r} ({e})",
+                fix="type=bind,src=/host,dst=/container[,readonly]",
+            ) from None
     if not isinstance(m, dict):
         raise SpecError(path, None, "a mount is an object or a TorchX mount string", fix="type=bind,src=...,dst=...")
     m = dict(m)

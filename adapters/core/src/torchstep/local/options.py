@@ -154,9 +154,11 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
         if not (low_ok and out[key] <= MAX_SECONDS):  # also refuses nan and inf
             kind = "non-negative" if key == "retry_delay" else "positive"
             raise SpecError(
-                f"cfg[{key!r}]", TARGET,
-                f"must be a {kind} finite number of seconds (at most {MAX_SECONDS}), got {out[key]}", fix="e.g. 10",
-            )  # fmt: skip
+                f"cfg[{key!r}]",
+                TARGET,
+                f"must be a {kind} finite number of seconds (at most {MAX_SECONDS}), got {out[key]}",
+                fix="e.g. 10",
+            )
     if "run_id" in out and (not out["run_id"].strip() or not out["run_id"].isprintable()):
         raise SpecError(
             "cfg['run_id']", TARGET, "must be a printable, non-blank string", fix="e.g. the orchestrator's run id"
@@ -164,8 +166,12 @@ def resolve(cfg: Mapping[str, Any] | None, *, log_dir: str | None = None) -> Loc
     if "checkpoint_dir" in out:
         path = out["checkpoint_dir"]
         if not path.strip() or not path.isprintable():
-            raise SpecError("cfg['checkpoint_dir']", TARGET, "must be a printable, non-blank path",
-                            fix="e.g. /data/ckpt/my-job (the same for every try of the step)")  # fmt: skip
+            raise SpecError(
+                "cfg['checkpoint_dir']",
+                TARGET,
+                "must be a printable, non-blank path",
+                fix="e.g. /data/ckpt/my-job (the same for every try of the step)",
+            )
         out["checkpoint_dir"] = os.path.abspath(os.path.expanduser(path))
     if "retries" in out and not 0 <= out["retries"] <= MAX_RETRIES:
         raise SpecError("cfg['retries']", TARGET, f"must be 0..{MAX_RETRIES}, got {out['retries']}", fix="e.g. 2")

@@ -175,10 +175,11 @@ def prepare(
             env = dict(start)
             if role.secret_env and not opts.inherit_env:
                 raise SpecError(
-                    f"roles[{role.index}].metadata['torchstep']['secret_env']", "local",
+                    f"roles[{role.index}].metadata['torchstep']['secret_env']",
+                    "local",
                     "inherit_env=False: the step reads nothing from this process's environment, secrets included",
                     fix="run on the kubernetes target (Secrets by reference), or with inherit_env=True",
-                )  # fmt: skip
+                )
             env.update(role.secret_values(parent))  # SpecError naming a missing secret variable
             env.update(
                 agent_command.replica_env(role, app_id=app_id, replica_id=r, rank0_host=LOCALHOST, img_root=img_root)

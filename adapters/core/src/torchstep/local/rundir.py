@@ -58,9 +58,11 @@ def claim_run_dir(log_dir: str, run_dir: str, replica_dirs: list[str], app_id: s
     except OSError:
         os.close(lock)
         raise SpecError(
-            "cfg['run_id']", TARGET, f"another run with the app id {app_id} is running ({run_dir})",
+            "cfg['run_id']",
+            TARGET,
+            f"another run with the app id {app_id} is running ({run_dir})",
             fix="wait for it to end, or give this run another run_id",
-        ) from None  # fmt: skip
+        ) from None
     try:
         for d in replica_dirs:
             private_dir(d)

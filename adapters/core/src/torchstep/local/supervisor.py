@@ -580,11 +580,16 @@ class Supervisor:
         root = summary.root_cause
         summary.replicas = [
             ReplicaResult(
-                role=spec.role.name, replica_id=spec.replica_id, state=summary.state, exit_code=summary.exit_code,
-                restarts=summary.restarts, ranks=[root] if root is not None else [], log_dir=spec.log_dir,
+                role=spec.role.name,
+                replica_id=spec.replica_id,
+                state=summary.state,
+                exit_code=summary.exit_code,
+                restarts=summary.restarts,
+                ranks=[root] if root is not None else [],
+                log_dir=spec.log_dir,
                 message=summary.message,
             )
-        ]  # fmt: skip
+        ]
         summary.log_dir = spec.log_dir
         return summary
 

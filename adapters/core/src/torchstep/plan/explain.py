@@ -48,8 +48,13 @@ def explain(app: Any, target: str, *, width: int = 120) -> str:
     """
     decisions = plan_decisions(app, target)
     name = getattr(app, "name", "?")
-    return render_table(decisions, app_name=name if isinstance(name, str) else repr(name), target=target,
-                        width=width, notes=notes_of(app, target))  # fmt: skip
+    return render_table(
+        decisions,
+        app_name=name if isinstance(name, str) else repr(name),
+        target=target,
+        width=width,
+        notes=notes_of(app, target),
+    )
 
 
 def notes_of(app: Any, target: str) -> list[str]:

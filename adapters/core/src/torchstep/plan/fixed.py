@@ -180,11 +180,20 @@ def check_fixed(
         ", ".join(f"{k}={values[k]!r} ({fixed_as} with {planned_with[k]!r})" for k in inputs) or "the run-time inputs"
     )
     if field == "shape":
-        raise SpecError("inputs", target, f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, "
-                        f"but the pipeline was {fixed_as} for the other shape, {before.replace('_', ' ')} ({orchestrator} "
-                        f"fixes a step's shape at {when})", fix=fix_shape)  # fmt: skip
+        raise SpecError(
+            "inputs",
+            target,
+            f"with these input values ({said}) the AppDef needs {after.replace('_', ' ')}, "
+            f"but the pipeline was {fixed_as} for the other shape, {before.replace('_', ' ')} ({orchestrator} "
+            f"fixes a step's shape at {when})",
+            fix=fix_shape,
+        )
     names = " or ".join(repr(k) for k in inputs) or "the inputs"
     shown = [repr(v) if v is not None else "none" for v in (before, after)]
-    raise SpecError(field, target, f"{orchestrator} fixed it at {when} to {shown[0]}, but the run-time input(s) {said} "
-                    f"make it {shown[1]}; the step would run with the {fixed_as} value",
-                    fix=fix_constant.format(names=names, first=inputs[0] if inputs else "name"))  # fmt: skip
+    raise SpecError(
+        field,
+        target,
+        f"{orchestrator} fixed it at {when} to {shown[0]}, but the run-time input(s) {said} "
+        f"make it {shown[1]}; the step would run with the {fixed_as} value",
+        fix=fix_constant.format(names=names, first=inputs[0] if inputs else "name"),
+    )

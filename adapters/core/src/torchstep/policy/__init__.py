@@ -65,8 +65,21 @@ else:  # Python 3.10: the same parser as a backport (a dependency of torchstep t
     import tomli as tomllib
 
 #: The policy's limits (numbers; ``None``: no limit); every other field but ``overlay`` is a list.
-_NUMBERS = frozenset({"replicas", "gpu", "cpu", "memMB", "roles", "nproc", "processes", "args_bytes", "env_bytes",
-                      "conf_bytes", "grace_period"})  # fmt: skip
+_NUMBERS = frozenset(
+    {
+        "replicas",
+        "gpu",
+        "cpu",
+        "memMB",
+        "roles",
+        "nproc",
+        "processes",
+        "args_bytes",
+        "env_bytes",
+        "conf_bytes",
+        "grace_period",
+    }
+)
 
 PolicyError.__module__ = __name__  # its public home (tracebacks say torchstep.policy.PolicyError)
 
@@ -183,8 +196,9 @@ class Policy:
                     or not isinstance(value, list | tuple)
                     or not all(isinstance(v, str) and v and "\x00" not in v for v in value)
                 ):
-                    raise PolicyError(f.name, None, f"must be a list of non-empty strings, got {value!r}",
-                                      fix='e.g. ["ml"]')  # fmt: skip
+                    raise PolicyError(
+                        f.name, None, f"must be a list of non-empty strings, got {value!r}", fix='e.g. ["ml"]'
+                    )
                 object.__setattr__(self, f.name, tuple(value))
         for name in ("bind_mounts", "device_mounts"):
             for p in getattr(self, name):
@@ -196,8 +210,12 @@ class Policy:
         bad = [o for o in self.options if not any(CFG_RULES[t].get(o) == "option" for t in CFG_RULES)]
         if bad:
             opts = sorted({o for t in CFG_RULES.values() for o, r in t.items() if r == "option"})
-            raise PolicyError("options", None, f"{bad[0]!r} is not a run option a policy can allow",
-                              fix=f"one of {', '.join(opts)} (the others are free, value-checked or never allowed)")  # fmt: skip
+            raise PolicyError(
+                "options",
+                None,
+                f"{bad[0]!r} is not a run option a policy can allow",
+                fix=f"one of {', '.join(opts)} (the others are free, value-checked or never allowed)",
+            )
 
     def check(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> None:
         """Raise :class:`PolicyError` for the first field of ``app`` (a ``torchx.specs.AppDef``),
@@ -241,14 +259,23 @@ class Policy:
         for name, value in (("cfg", cfg), (field, data)):
             size, deep = sent_size(value, limit - used)
             if deep:
-                raise PolicyError(name, target, f"nests deeper than {MAX_NESTING} levels, which the deployment's "
-                                  "policy refuses (no AppDef needs it)", fix="send a flatter request")  # fmt: skip
+                raise PolicyError(
+                    name,
+                    target,
+                    f"nests deeper than {MAX_NESTING} levels, which the deployment's "
+                    "policy refuses (no AppDef needs it)",
+                    fix="send a flatter request",
+                )
             used += size
             if used > limit:
-                raise PolicyError(name, target, f"the request is more than {self.conf_bytes} bytes as JSON, which "
-                                  "the deployment's policy refuses before reading it",
-                                  fix=f"send at most {self.conf_bytes} bytes (policy conf_bytes): put large "
-                                  "inputs in a file or volume the step reads")  # fmt: skip
+                raise PolicyError(
+                    name,
+                    target,
+                    f"the request is more than {self.conf_bytes} bytes as JSON, which "
+                    "the deployment's policy refuses before reading it",
+                    fix=f"send at most {self.conf_bytes} bytes (policy conf_bytes): put large "
+                    "inputs in a file or volume the step reads",
+                )
 
     def problems(self, app: Any, target: str, cfg: Mapping[str, Any] | None = None) -> list[PolicyError]:
         """Every field :meth:`check` would refuse, in order (empty: allowed).
@@ -306,13 +333,21 @@ def load(path: str | os.PathLike[str]) -> Policy:
         with open(where, "rb") as f:
             st = os.fstat(f.fileno())
             if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                raise PolicyError(ENV_POLICY, None, f"the policy file {where} can be changed by another user "
-                                  f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
-                                  fix="chown it to root or yourself and chmod go-w it")  # fmt: skip
+                raise PolicyError(
+                    ENV_POLICY,
+                    None,
+                    f"the policy file {where} can be changed by another user "
+                    f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                    fix="chown it to root or yourself and chmod go-w it",
+                )
             data = tomllib.load(f)
     except OSError as e:
-        raise PolicyError(ENV_POLICY, None, f"cannot read the policy file {where}: {e.strerror or e}",
-                          fix="name a readable TOML file (docs/security.md)") from None  # fmt: skip
+        raise PolicyError(
+            ENV_POLICY,
+            None,
+            f"cannot read the policy file {where}: {e.strerror or e}",
+            fix="name a readable TOML file (docs/security.md)",
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(ENV_POLICY, None, f"{where} is not valid TOML: {e}", fix="see docs/security.md") from None
     known = [f.name for f in dataclasses.fields(Policy)]

@@ -69,16 +69,22 @@ class Checker:
             One :class:`PolicyError` per refused field.
         """
         if self.target not in self.p.targets:
-            yield self.error("target", f"target {self.target!r} is not allowed by the deployment's policy",
-                             f"use one of: {listed(self.p.targets)} (policy targets)")  # fmt: skip
+            yield self.error(
+                "target",
+                f"target {self.target!r} is not allowed by the deployment's policy",
+                f"use one of: {listed(self.p.targets)} (policy targets)",
+            )
             return
         yield from self.cfg(cfg)
         roles = getattr(app, "roles", None)
         roles = roles if isinstance(roles, list | tuple) else []
         if self.p.roles is not None and len(roles) > self.p.roles:
             # before any role is looked at: a policy check costs what the limits allow, not what was sent
-            yield self.error("app.roles", f"{len(roles)} roles is more than the deployment's policy allows",
-                             f"send at most {self.p.roles} roles (policy roles)")  # fmt: skip
+            yield self.error(
+                "app.roles",
+                f"{len(roles)} roles is more than the deployment's policy allows",
+                f"send at most {self.p.roles} roles (policy roles)",
+            )
             return
         processes: int | None = 0
         for i, role in enumerate(roles):
@@ -86,10 +92,16 @@ class Checker:
             n = self.processes_of(role)
             processes = None if n is None or processes is None else processes + n
         if self.p.processes is not None and (processes is None or processes > self.p.processes):
-            what = "a number of worker processes the policy cannot count" if processes is None else (
-                f"{processes} worker processes in all (replicas x processes per replica)")  # fmt: skip
-            yield self.error("app.roles", f"{what} is more than the deployment's policy allows",
-                             f"at most {self.p.processes} (policy processes), each role's counts as numbers")  # fmt: skip
+            what = (
+                "a number of worker processes the policy cannot count"
+                if processes is None
+                else (f"{processes} worker processes in all (replicas x processes per replica)")
+            )
+            yield self.error(
+                "app.roles",
+                f"{what} is more than the deployment's policy allows",
+                f"at most {self.p.processes} (policy processes), each role's counts as numbers",
+            )
 
     # -- run options --------------------------------------------------------------------------
     def cfg(self, cfg: Mapping[str, Any] | None) -> Iterator[PolicyError]:
@@ -113,25 +125,38 @@ class Checker:
             if value is None:
                 continue
             if rule is None:
-                yield self.error(path, "is not a run option the deployment's policy knows for this target",
-                                 f"use one of: {', '.join(rules)}")  # fmt: skip
+                yield self.error(
+                    path,
+                    "is not a run option the deployment's policy knows for this target",
+                    f"use one of: {', '.join(rules)}",
+                )
             elif rule == "entry":
-                yield self.error(path, "is set by the entry point, never by a run request (the deployment's policy)",
-                                 "remove it")  # fmt: skip
+                yield self.error(
+                    path, "is set by the entry point, never by a run request (the deployment's policy)", "remove it"
+                )
             elif rule == "option" and key not in self.p.options:
-                yield self.error(path, f"run option {key!r} is not allowed by the deployment's policy",
-                                 "remove it, or the deployment lists it in the policy's options")  # fmt: skip
+                yield self.error(
+                    path,
+                    f"run option {key!r} is not allowed by the deployment's policy",
+                    "remove it, or the deployment lists it in the policy's options",
+                )
             elif rule == "option" and key == "annotations":
                 yield from self.annotations(path, value)
             elif rule == "inherit_env" and convert(path, bool, value, target=self.target) is not False:
-                yield self.error(path, "the deployment's policy: a step from the network never inherits the worker's environment",
-                                 "remove it (the step gets PATH, HOME, LANG, LC_*, TZ, TMPDIR, USER and its own env)")  # fmt: skip
+                yield self.error(
+                    path,
+                    "the deployment's policy: a step from the network never inherits the worker's environment",
+                    "remove it (the step gets PATH, HOME, LANG, LC_*, TZ, TMPDIR, USER and its own env)",
+                )
             elif rule in ("namespace", "service_account"):
                 allowed = self.p.namespaces if rule == "namespace" else self.p.service_accounts
                 if not isinstance(value, str) or not (value == DEPLOYMENT_OWN[rule] or named(value, allowed)):
-                    yield self.error(path, f"{rule.replace('_', ' ')} {value!r} is not allowed by the deployment's policy",
-                                     f"leave it out (the deployment's own is used) or use one of: "
-                                     f"{listed(allowed)} (policy {rule}s)")  # fmt: skip
+                    yield self.error(
+                        path,
+                        f"{rule.replace('_', ' ')} {value!r} is not allowed by the deployment's policy",
+                        f"leave it out (the deployment's own is used) or use one of: "
+                        f"{listed(allowed)} (policy {rule}s)",
+                    )
             elif rule == "secrets":
                 for name in convert(path, list, value, target=self.target):
                     if not named(name, self.p.secrets):
@@ -156,9 +181,12 @@ class Checker:
             return
         s = seconds(value)
         if s is None or s > limit:
-            yield self.error(path, f"a grace period of {value!r} s lets the step outlive cancel and timeout, "
-                             "which the deployment's policy does not allow",
-                             f"at most {limit:g} seconds (policy grace_period)")  # fmt: skip
+            yield self.error(
+                path,
+                f"a grace period of {value!r} s lets the step outlive cancel and timeout, "
+                "which the deployment's policy does not allow",
+                f"at most {limit:g} seconds (policy grace_period)",
+            )
 
     def annotations(self, path: str, value: Any) -> Iterator[PolicyError]:
         """Annotations that change a pod's privileges (unless the overlay mode is ``any``).
@@ -172,8 +200,11 @@ class Checker:
         """
         for key in convert(path, dict, value, target=self.target):
             if self.p.overlay != "any" and key.startswith(PRIVILEGE_ANNOTATIONS):
-                yield self.error(f"{path}[{key!r}]", "this annotation lifts the container's confinement",
-                                 "remove it (the deployment's policy refuses it unless overlay = 'any')")  # fmt: skip
+                yield self.error(
+                    f"{path}[{key!r}]",
+                    "this annotation lifts the container's confinement",
+                    "remove it (the deployment's policy refuses it unless overlay = 'any')",
+                )
 
     # -- the AppDef ---------------------------------------------------------------------------
     def role(self, p: str, role: Any) -> Iterator[PolicyError]:
@@ -224,8 +255,11 @@ class Checker:
         if not self.p.images or (image == "" and self.target == "local"):
             return
         if not isinstance(image, str) or not image_allowed(image, self.p.images):
-            yield self.error(path, f"image {image!r} is not allowed by the deployment's policy",
-                             f"use an image under: {listed(self.p.images)} (policy images)")  # fmt: skip
+            yield self.error(
+                path,
+                f"image {image!r} is not allowed by the deployment's policy",
+                f"use an image under: {listed(self.p.images)} (policy images)",
+            )
 
     def env_name(self, path: str, name: Any) -> Iterator[PolicyError]:
         """An env variable name against ``env_denied`` (regardless of case).
@@ -239,9 +273,12 @@ class Checker:
         """
         text = name if isinstance(name, str) else ""
         if not text or "$" in text or any(fnmatch.fnmatchcase(text.upper(), d.upper()) for d in self.p.env_denied):
-            yield self.error(path, f"environment variable {name!r} is denied by the deployment's policy "
-                             "(it changes how programs load, or names nothing checkable)",
-                             f"remove it (denied: {', '.join(self.p.env_denied)})")  # fmt: skip
+            yield self.error(
+                path,
+                f"environment variable {name!r} is denied by the deployment's policy "
+                "(it changes how programs load, or names nothing checkable)",
+                f"remove it (denied: {', '.join(self.p.env_denied)})",
+            )
 
     def secret_error(self, path: str, secret: Any) -> PolicyError:
         """The refusal of a Secret the policy does not list.
@@ -250,8 +287,11 @@ class Checker:
             path: the field that names it.
             secret: the Secret's name.
         """
-        return self.error(path, f"Secret {secret!r} is not allowed by the deployment's policy",
-                          f"use one of: {listed(self.p.secrets)} (policy secrets)")  # fmt: skip
+        return self.error(
+            path,
+            f"Secret {secret!r} is not allowed by the deployment's policy",
+            f"use one of: {listed(self.p.secrets)} (policy secrets)",
+        )
 
     def limits(self, p: str, role: Any) -> Iterator[PolicyError]:
         """Replicas and per-replica resources against the policy's limits.
@@ -265,14 +305,20 @@ class Checker:
         """
         n = getattr(role, "num_replicas", None)
         if self.p.replicas is not None and (not isinstance(n, int) or n > self.p.replicas):
-            yield self.error(f"{p}.num_replicas", f"{n!r} replicas is more than the deployment's policy allows",
-                             f"at most {self.p.replicas} (policy replicas)")  # fmt: skip
+            yield self.error(
+                f"{p}.num_replicas",
+                f"{n!r} replicas is more than the deployment's policy allows",
+                f"at most {self.p.replicas} (policy replicas)",
+            )
         nproc, where = self.nproc_of(role)
         if self.p.nproc is not None and (nproc is None or nproc > self.p.nproc):
             what = "a count the policy cannot check" if nproc is None else f"{nproc} processes"
-            yield self.error(f"{p}{where}", f"{what} per replica is more than the deployment's policy allows",
-                             f"at most {self.p.nproc}, as a number (metadata['torchstep']['nproc_per_node'] "
-                             "or torchrun's --nproc-per-node; policy nproc)")  # fmt: skip
+            yield self.error(
+                f"{p}{where}",
+                f"{what} per replica is more than the deployment's policy allows",
+                f"at most {self.p.nproc}, as a number (metadata['torchstep']['nproc_per_node'] "
+                "or torchrun's --nproc-per-node; policy nproc)",
+            )
         res = getattr(role, "resource", None)
         devices = getattr(res, "devices", None)
         devices = devices if isinstance(devices, Mapping) else {}
@@ -289,8 +335,11 @@ class Checker:
             else:  # unset means the whole node: within no limit
                 bad, what = value is None or value > limit, "unset (no limit)" if value is None else f"{value:g}"
             if bad:
-                yield self.error(f"{p}.resource.{field}", f"{what} is more than the deployment's policy allows per replica",
-                                 f"set resource.{field} to at most {limit:g} (policy {field})")  # fmt: skip
+                yield self.error(
+                    f"{p}.resource.{field}",
+                    f"{what} is more than the deployment's policy allows per replica",
+                    f"set resource.{field} to at most {limit:g} (policy {field})",
+                )
 
     def mount(self, path: str, m: Any) -> Iterator[PolicyError]:
         """One mount: a bind or device path under the allowed prefixes, a volume's claim listed.
@@ -306,23 +355,42 @@ class Checker:
         if kind == "VolumeMount":
             claim = getattr(m, "src", None)
             if not isinstance(claim, str) or not named(claim, self.p.volume_mounts):
-                yield self.error(f"{path}.src", f"volume claim {claim!r} is not allowed by the deployment's policy",
-                                 f"use one of: {listed(self.p.volume_mounts)} (policy volume_mounts)")  # fmt: skip
+                yield self.error(
+                    f"{path}.src",
+                    f"volume claim {claim!r} is not allowed by the deployment's policy",
+                    f"use one of: {listed(self.p.volume_mounts)} (policy volume_mounts)",
+                )
         elif kind == "DeviceMount":
-            refused = list(self.host_path(f"{path}.src_path", getattr(m, "src_path", None), self.p.device_mounts,
-                                          "device_mounts", "a device mount of"))  # fmt: skip
+            refused = list(
+                self.host_path(
+                    f"{path}.src_path",
+                    getattr(m, "src_path", None),
+                    self.p.device_mounts,
+                    "device_mounts",
+                    "a device mount of",
+                )
+            )
             yield from refused
             if not refused and self.target == "kubernetes" and self.p.overlay != "any":
                 # a pod reaches a host device only from a privileged container, which sees every device
                 # of the node: the same privilege an overlay's securityContext may not ask for
-                yield self.error(path, "a device mount on Kubernetes runs the container privileged (every device "
-                                 "of the node, not only this one), which the deployment's policy refuses unless "
-                                 "overlay = 'any'", "request the device through its device plugin's extended "
-                                 "resource (Resource.devices; policy extended_resources), or run it on the local "
-                                 "target")  # fmt: skip
+                yield self.error(
+                    path,
+                    "a device mount on Kubernetes runs the container privileged (every device "
+                    "of the node, not only this one), which the deployment's policy refuses unless "
+                    "overlay = 'any'",
+                    "request the device through its device plugin's extended "
+                    "resource (Resource.devices; policy extended_resources), or run it on the local "
+                    "target",
+                )
         else:
-            yield from self.host_path(f"{path}.src_path", getattr(m, "src_path", None), self.p.bind_mounts,
-                                      "bind_mounts", "a bind mount of host path")  # fmt: skip
+            yield from self.host_path(
+                f"{path}.src_path",
+                getattr(m, "src_path", None),
+                self.p.bind_mounts,
+                "bind_mounts",
+                "a bind mount of host path",
+            )
 
     def extended_resource(self, path: str, name: Any) -> Iterator[PolicyError]:
         """An extended resource name against the policy's ``extended_resources`` (an allow-list).
@@ -335,8 +403,11 @@ class Checker:
             One :class:`PolicyError` when refused.
         """
         if not isinstance(name, str) or not named(name, self.p.extended_resources):
-            yield self.error(path, f"extended resource {name!r} is not one the deployment's policy allows",
-                             f"use one of: {listed(self.p.extended_resources)} (policy extended_resources)")  # fmt: skip
+            yield self.error(
+                path,
+                f"extended resource {name!r} is not one the deployment's policy allows",
+                f"use one of: {listed(self.p.extended_resources)} (policy extended_resources)",
+            )
 
     def sizes(self, p: str, role: Any, env: Mapping[Any, Any]) -> Iterator[PolicyError]:
         """One role's argv and env against ``args_bytes`` and ``env_bytes``.
@@ -359,9 +430,12 @@ class Checker:
                 continue
             size = sum(_utf8_len(t) for t in texts)
             if size > limit:
-                yield self.error(f"{p}.{field}", f"{size} bytes of {'entrypoint and args' if field == 'args' else 'env'}"
-                                 " is more than the deployment's policy allows",
-                                 f"at most {limit} bytes (policy {name}): put large inputs in a file the step reads")  # fmt: skip
+                yield self.error(
+                    f"{p}.{field}",
+                    f"{size} bytes of {'entrypoint and args' if field == 'args' else 'env'}"
+                    " is more than the deployment's policy allows",
+                    f"at most {limit} bytes (policy {name}): put large inputs in a file the step reads",
+                )
 
     def nproc_of(self, role: Any) -> tuple[int | None, str]:
         """Worker processes per replica as the planner will count them (``None`` when the
@@ -413,11 +487,17 @@ class Checker:
         # on this machine a symlink under an allowed prefix may lead out of it: the real path counts too
         real = os.path.realpath(norm) if norm is not None and self.target == "local" else norm
         if norm is None or not under(norm, allowed):
-            yield self.error(path, f"{what} {norm if norm is not None else value!r} is not allowed by the "
-                             "deployment's policy", f"use a path under: {listed(allowed)} (policy {name})")  # fmt: skip
+            yield self.error(
+                path,
+                f"{what} {norm if norm is not None else value!r} is not allowed by the deployment's policy",
+                f"use a path under: {listed(allowed)} (policy {name})",
+            )
         elif real is not None and not under(real, allowed, real=True):
-            yield self.error(path, f"{what} {norm!r} leads to {real!r} (a symlink), which the deployment's policy "
-                             "does not allow", f"use a path under: {listed(allowed)} (policy {name})")  # fmt: skip
+            yield self.error(
+                path,
+                f"{what} {norm!r} leads to {real!r} (a symlink), which the deployment's policy does not allow",
+                f"use a path under: {listed(allowed)} (policy {name})",
+            )
 
 
 def _amount(value: Any) -> float | None:

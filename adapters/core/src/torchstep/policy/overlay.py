@@ -30,11 +30,25 @@ from torchstep.policy.rules import DEPLOYMENT_OWN, PolicyError, listed, named, n
 # Kubernetes adds later is refused until a person decides about it); the pod's own are the
 # policy's ``pod_fields``
 _POD_HOST = frozenset({"hostPID", "hostNetwork", "hostIPC"})
-_CONTAINER_FREE = frozenset({
-    "args", "command", "imagePullPolicy", "name", "resizePolicy", "restartPolicy", "stdin", "stdinOnce",
-    "terminationMessagePath", "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts", "workingDir",
-    "targetContainerName",
-})  # fmt: skip
+_CONTAINER_FREE = frozenset(
+    {
+        "args",
+        "command",
+        "imagePullPolicy",
+        "name",
+        "resizePolicy",
+        "restartPolicy",
+        "stdin",
+        "stdinOnce",
+        "terminationMessagePath",
+        "terminationMessagePolicy",
+        "tty",
+        "volumeDevices",
+        "volumeMounts",
+        "workingDir",
+        "targetContainerName",
+    }
+)
 # probes and lifecycle hooks: the kubelet runs their httpGet/tcpSocket from the node's network
 _PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
@@ -96,8 +110,11 @@ def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
         for key in meta if isinstance(meta, Mapping) else ():
             value, sub = meta[key], f"{path}['metadata'][{key!r}]"
             if key in ("labels", "annotations") and key not in c.p.options:
-                yield c.error(sub, f"pod {key} are not allowed by the deployment's policy",
-                              f"remove them, or the deployment lists {key!r} in the policy's options")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"pod {key} are not allowed by the deployment's policy",
+                    f"remove them, or the deployment lists {key!r} in the policy's options",
+                )
             elif key == "annotations" and isinstance(value, Mapping):
                 yield from c.annotations(sub, dict(value))
     else:
@@ -109,27 +126,40 @@ def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
         sub = f"{path_spec}[{key!r}]"
         if key in _POD_HOST:
             if value is not False:
-                yield c.error(sub, f"{key} gives the pod the node's {key[4:].lower()} namespace",
-                              "remove it (policy overlay = 'unprivileged')")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"{key} gives the pod the node's {key[4:].lower()} namespace",
+                    "remove it (policy overlay = 'unprivileged')",
+                )
         elif key == "terminationGracePeriodSeconds":
             yield from c.grace(sub, value)
         elif key == "automountServiceAccountToken":
             if value is not False and key not in c.p.pod_fields:
-                yield c.error(sub, "a service account token for the Kubernetes API in the pod is not allowed by "
-                              "the deployment's policy", "remove it (or set it false), or the deployment lists "
-                              "'automountServiceAccountToken' in the policy's pod_fields")  # fmt: skip
+                yield c.error(
+                    sub,
+                    "a service account token for the Kubernetes API in the pod is not allowed by "
+                    "the deployment's policy",
+                    "remove it (or set it false), or the deployment lists "
+                    "'automountServiceAccountToken' in the policy's pod_fields",
+                )
         elif key in c.p.pod_fields and key not in _CHECKED_POD_FIELDS:
             continue
         elif key in ("serviceAccountName", "serviceAccount"):
             if not isinstance(value, str) or not (
                 value == DEPLOYMENT_OWN["service_account"] or named(value, c.p.service_accounts)
             ):
-                yield c.error(sub, f"service account {value!r} is not allowed by the deployment's policy",
-                              f"remove it, or use one of: {listed(c.p.service_accounts)} (policy service_accounts)")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"service account {value!r} is not allowed by the deployment's policy",
+                    f"remove it, or use one of: {listed(c.p.service_accounts)} (policy service_accounts)",
+                )
         elif key == "priorityClassName":
             if "priority_class" not in c.p.options:
-                yield c.error(sub, "a priority class is not allowed by the deployment's policy",
-                              "remove it, or the deployment lists 'priority_class' in the policy's options")  # fmt: skip
+                yield c.error(
+                    sub,
+                    "a priority class is not allowed by the deployment's policy",
+                    "remove it, or the deployment lists 'priority_class' in the policy's options",
+                )
         elif key == "imagePullSecrets":
             for i, item in enumerate(value if isinstance(value, list) else [value]):
                 name = item.get("name") if isinstance(item, Mapping) else item
@@ -151,16 +181,29 @@ def check_overlay(c: Any, path: str, overlay: Any) -> Iterator[PolicyError]:
                 "resources": "the deployment's policy limits resources: set them in Role.resource",
                 "resourceClaims": "a resource claim allocates devices (dynamic resource allocation)",
             }.get(key, "this pod spec field is not one the deployment's policy allows")
-            fix = "remove it (policy overlay = 'unprivileged')" if key == "resources" else (
-                f"remove it, or the deployment lists {key!r} in the policy's pod_fields")  # fmt: skip
+            fix = (
+                "remove it (policy overlay = 'unprivileged')"
+                if key == "resources"
+                else (f"remove it, or the deployment lists {key!r} in the policy's pod_fields")
+            )
             yield c.error(sub, why, fix)
 
 
 # pod fields checked above whatever pod_fields says (listing them there changes nothing)
-_CHECKED_POD_FIELDS = frozenset({
-    *_POD_HOST, "terminationGracePeriodSeconds", "automountServiceAccountToken", "serviceAccountName",
-    "serviceAccount", "priorityClassName", "imagePullSecrets", "volumes", *_CONTAINER_LISTS, "resources",
-})  # fmt: skip
+_CHECKED_POD_FIELDS = frozenset(
+    {
+        *_POD_HOST,
+        "terminationGracePeriodSeconds",
+        "automountServiceAccountToken",
+        "serviceAccountName",
+        "serviceAccount",
+        "priorityClassName",
+        "imagePullSecrets",
+        "volumes",
+        *_CONTAINER_LISTS,
+        "resources",
+    }
+)
 
 
 def _handler(c: Any, path: str, handler: Any) -> Iterator[PolicyError]:
@@ -172,8 +215,11 @@ def _handler(c: Any, path: str, handler: Any) -> Iterator[PolicyError]:
     for kind in ("httpGet", "tcpSocket"):
         action = handler.get(kind)
         if isinstance(action, Mapping) and "host" in action:
-            yield c.error(f"{path}[{kind!r}]['host']", "the kubelet would connect from the node to another host",
-                          "remove host (the pod's own IP is used)")  # fmt: skip
+            yield c.error(
+                f"{path}[{kind!r}]['host']",
+                "the kubelet would connect from the node to another host",
+                "remove host (the pod's own IP is used)",
+            )
 
 
 def _resources(c: Any, path: str, res: Any) -> Iterator[PolicyError]:
@@ -186,8 +232,11 @@ def _resources(c: Any, path: str, res: Any) -> Iterator[PolicyError]:
     for part, amounts in res.items():
         sub = f"{path}[{part!r}]"
         if part not in ("requests", "limits"):
-            why = "a resource claim allocates devices (dynamic resource allocation)" if part == "claims" else (
-                "this resources field is not one the deployment's policy allows")  # fmt: skip
+            why = (
+                "a resource claim allocates devices (dynamic resource allocation)"
+                if part == "claims"
+                else ("this resources field is not one the deployment's policy allows")
+            )
             yield c.error(sub, why, "remove it (policy overlay = 'unprivileged')")
             continue
         if not isinstance(amounts, Mapping):
@@ -235,8 +284,11 @@ def _container(c: Any, path: str, item: Any) -> Iterator[PolicyError]:
         elif key == "ports":
             for i, port in enumerate(value if isinstance(value, list) else [value]):
                 if not isinstance(port, Mapping) or "hostPort" in port or "hostIP" in port:
-                    yield c.error(f"{sub}[{i}]", "a host port opens the node's network to the pod",
-                                  "remove hostPort (policy overlay = 'unprivileged')")  # fmt: skip
+                    yield c.error(
+                        f"{sub}[{i}]",
+                        "a host port opens the node's network to the pod",
+                        "remove hostPort (policy overlay = 'unprivileged')",
+                    )
         elif key == "securityContext":
             yield from _security_context(c, sub, value)
         else:
@@ -253,8 +305,9 @@ def _security_context(c: Any, path: str, ctx: Any) -> Iterator[PolicyError]:
         return
     for key, value in ctx.items():
         sub = f"{path}[{key!r}]"
-        if key in ("readOnlyRootFilesystem", "runAsNonRoot") or (key in ("privileged", "allowPrivilegeEscalation")
-                                                                  and value is False):  # fmt: skip
+        if key in ("readOnlyRootFilesystem", "runAsNonRoot") or (
+            key in ("privileged", "allowPrivilegeEscalation") and value is False
+        ):
             continue
         if (
             key == "capabilities"
@@ -274,13 +327,18 @@ def _security_context(c: Any, path: str, ctx: Any) -> Iterator[PolicyError]:
             if kind == "Localhost" and set(value) <= {"type", "localhostProfile"}:
                 if isinstance(profile, str) and named(profile, c.p.localhost_profiles):
                     continue
-                yield c.error(sub, f"node-local profile {profile!r} is not one the deployment's policy allows "
-                              "(a profile on the node can allow any system call)",
-                              f"use type RuntimeDefault, or one of: {listed(c.p.localhost_profiles)} "
-                              "(policy localhost_profiles)")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"node-local profile {profile!r} is not one the deployment's policy allows "
+                    "(a profile on the node can allow any system call)",
+                    f"use type RuntimeDefault, or one of: {listed(c.p.localhost_profiles)} (policy localhost_profiles)",
+                )
                 continue
-        yield c.error(sub, f"{key}={value!r} raises the container's privileges or lifts its confinement",
-                      "remove it (policy overlay = 'unprivileged')")  # fmt: skip
+        yield c.error(
+            sub,
+            f"{key}={value!r} raises the container's privileges or lifts its confinement",
+            "remove it (policy overlay = 'unprivileged')",
+        )
 
 
 def _volume(c: Any, path: str, vol: Any) -> Iterator[PolicyError]:
@@ -295,19 +353,28 @@ def _volume(c: Any, path: str, vol: Any) -> Iterator[PolicyError]:
             src = value.get("path") if isinstance(value, Mapping) else None
             norm = norm_path(src)
             if norm is None or not under(norm, c.p.bind_mounts):
-                yield c.error(sub, f"a hostPath volume of {src!r} mounts the node's files",
-                              f"use a VolumeMount of an allowed claim, or a path under: {listed(c.p.bind_mounts)} "
-                              "(policy bind_mounts)")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"a hostPath volume of {src!r} mounts the node's files",
+                    f"use a VolumeMount of an allowed claim, or a path under: {listed(c.p.bind_mounts)} "
+                    "(policy bind_mounts)",
+                )
             continue
         if key not in c.p.volume_sources:
-            yield c.error(sub, f"a {key} volume is not a kind the deployment's policy allows",
-                          f"use one of: {listed(c.p.volume_sources)} (policy volume_sources), or a VolumeMount "
-                          "of an allowed claim")  # fmt: skip
+            yield c.error(
+                sub,
+                f"a {key} volume is not a kind the deployment's policy allows",
+                f"use one of: {listed(c.p.volume_sources)} (policy volume_sources), or a VolumeMount "
+                "of an allowed claim",
+            )
         elif key == "persistentVolumeClaim":
             claim = value.get("claimName") if isinstance(value, Mapping) else None
             if not isinstance(claim, str) or not named(claim, c.p.volume_mounts):
-                yield c.error(sub, f"volume claim {claim!r} is not allowed by the deployment's policy",
-                              f"use one of: {listed(c.p.volume_mounts)} (policy volume_mounts)")  # fmt: skip
+                yield c.error(
+                    sub,
+                    f"volume claim {claim!r} is not allowed by the deployment's policy",
+                    f"use one of: {listed(c.p.volume_mounts)} (policy volume_mounts)",
+                )
         elif key == "secret":
             name = value.get("secretName") if isinstance(value, Mapping) else None
             if not isinstance(name, str) or not named(name, c.p.secrets):
@@ -324,8 +391,11 @@ def _volume(c: Any, path: str, vol: Any) -> Iterator[PolicyError]:
                     elif kind == "serviceAccountToken":
                         yield from _token(c, at, body)
                     elif kind not in _PROJECTION_FREE:
-                        yield c.error(f"{sub}['sources'][{i}]", "this projected source is not one the deployment's policy allows",
-                                      "remove it")  # fmt: skip
+                        yield c.error(
+                            f"{sub}['sources'][{i}]",
+                            "this projected source is not one the deployment's policy allows",
+                            "remove it",
+                        )
         elif key == "ephemeral":
             yield from _claim_template(c, sub, value)
 
@@ -337,11 +407,17 @@ def _token(c: Any, path: str, body: Any) -> Iterator[PolicyError]:
     if audience is None and "automountServiceAccountToken" in c.p.pod_fields:
         return
     if audience is None:
-        yield c.error(path, "a token for the Kubernetes API (no audience) is not allowed by the deployment's policy",
-                      "name an audience from the policy's token_audiences, or remove it")  # fmt: skip
+        yield c.error(
+            path,
+            "a token for the Kubernetes API (no audience) is not allowed by the deployment's policy",
+            "name an audience from the policy's token_audiences, or remove it",
+        )
     elif not isinstance(audience, str) or not named(audience, c.p.token_audiences):
-        yield c.error(f"{path}['audience']", f"a token for audience {audience!r} is not allowed by the "
-                      "deployment's policy", f"use one of: {listed(c.p.token_audiences)} (policy token_audiences)")  # fmt: skip
+        yield c.error(
+            f"{path}['audience']",
+            f"a token for audience {audience!r} is not allowed by the deployment's policy",
+            f"use one of: {listed(c.p.token_audiences)} (policy token_audiences)",
+        )
 
 
 def _claim_template(c: Any, path: str, value: Any) -> Iterator[PolicyError]:
@@ -367,9 +443,17 @@ def _claim_template(c: Any, path: str, value: Any) -> Iterator[PolicyError]:
                 and named(name, c.p.volume_mounts)
             ):
                 continue  # a copy of a claim the policy already lets the step mount
-            yield c.error(sub, f"the claim would be filled from {kind or 'a source'} {name!r}, which the "
-                          "deployment's policy does not allow", "remove it (an ephemeral volume starts empty), "
-                          f"or clone a claim of: {listed(c.p.volume_mounts)} (policy volume_mounts)")  # fmt: skip
+            yield c.error(
+                sub,
+                f"the claim would be filled from {kind or 'a source'} {name!r}, which the "
+                "deployment's policy does not allow",
+                "remove it (an ephemeral volume starts empty), "
+                f"or clone a claim of: {listed(c.p.volume_mounts)} (policy volume_mounts)",
+            )
         else:
-            yield c.error(sub, "this claim template field is not one the deployment's policy allows "
-                          "(selector and volumeName bind an existing volume)", "remove it")  # fmt: skip
+            yield c.error(
+                sub,
+                "this claim template field is not one the deployment's policy allows "
+                "(selector and volumeName bind an existing volume)",
+                "remove it",
+            )

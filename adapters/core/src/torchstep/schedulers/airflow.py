@@ -64,12 +64,15 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "target": (str, "local", "where the task runs the app: local (in the Airflow worker) or kubernetes"),
     "namespace": (str, None, "Kubernetes namespace (target kubernetes)"),
     "step_cfg": (dict, None, "options of the target (torchstep runopts local|kubernetes), k:v;k2:v2"),
-    "token_env": (str, "AIRFLOW_API_TOKEN", "NAME of the environment variable holding a bearer token (never the "
-                  "token itself)"),
+    "token_env": (
+        str,
+        "AIRFLOW_API_TOKEN",
+        "NAME of the environment variable holding a bearer token (never the token itself)",
+    ),
     "username": (str, None, "user for POST /auth/token (password from password_env)"),
     "password_env": (str, "AIRFLOW_PASSWORD", "NAME of the environment variable holding the password of username"),
     "timeout": (float, 30.0, "seconds per API request"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,12 @@ class AirflowOptions:
     @property
     def api(self) -> dict[str, Any]:
         """How to call the API: what the record keeps (variable names, never their values)."""
-        return {"token_env": self.token_env, "username": self.username, "password_env": self.password_env,
-                "timeout": self.timeout}  # fmt: skip
+        return {
+            "token_env": self.token_env,
+            "username": self.username,
+            "password_env": self.password_env,
+            "timeout": self.timeout,
+        }
 
 
 def resolve(cfg: Mapping[str, Any]) -> AirflowOptions:
@@ -99,27 +106,41 @@ def resolve(cfg: Mapping[str, Any]) -> AirflowOptions:
     ``cfg['<key>']`` and the fix otherwise; a credential is never echoed."""
     opts = base.parse(cfg, OPTIONS, scheduler=BACKEND, target=None)
     opts["endpoint"] = base.endpoint(
-        opts["endpoint"] or os.environ.get(ENDPOINT_ENV), api="Airflow API", target=None,
+        opts["endpoint"] or os.environ.get(ENDPOINT_ENV),
+        api="Airflow API",
+        target=None,
         fix=f"-cfg endpoint=http://HOST:PORT (or export {ENDPOINT_ENV}); credentials go in token_env / password_env",
-    )  # fmt: skip
+    )
     base.check_step_target(opts["target"], opts["namespace"])
     for key, dag_id in (("dag_id", opts["dag_id"]), ("queue", dag_id_for(opts["queue"], opts["dag_id"]))):
         if not is_airflow_id(dag_id):
-            raise SpecError(f"cfg[{key!r}]", None, f"{opts[key]!r} does not make a valid DAG id",
-                            fix="letters, digits, '_', '.' and '-' only (as the DAG deployed with torchx_dag)")  # fmt: skip
+            raise SpecError(
+                f"cfg[{key!r}]",
+                None,
+                f"{opts[key]!r} does not make a valid DAG id",
+                fix="letters, digits, '_', '.' and '-' only (as the DAG deployed with torchx_dag)",
+            )
     for key in ("token_env", "password_env"):
         base.check_secret_var(opts, key, default=OPTIONS[key][1], target=None)
     if opts["username"] is not None:
         if not opts["username"].isprintable():
             raise SpecError("cfg['username']", None, "must be a printable user name", fix="-cfg username=USER")
         if base.secret(opts["token_env"]) is None and base.secret(opts["password_env"]) is None:
-            raise SpecError("cfg['username']", None, f"needs its password in ${opts['password_env']}, which is not set",
-                            fix=f"export {opts['password_env']}=<the password> (or name another with password_env)")  # fmt: skip
+            raise SpecError(
+                "cfg['username']",
+                None,
+                f"needs its password in ${opts['password_env']}, which is not set",
+                fix=f"export {opts['password_env']}=<the password> (or name another with password_env)",
+            )
     base.check_seconds(opts["timeout"], "timeout", target=None)
     opts["step_cfg"] = dict(opts["step_cfg"] or {})
     if opts["namespace"] not in (None, opts["step_cfg"].get("namespace", opts["namespace"])):
-        raise SpecError("cfg['namespace']", None, f"{opts['namespace']!r} conflicts with step_cfg's namespace "
-                        f"{opts['step_cfg']['namespace']!r}", fix="give the namespace once")  # fmt: skip
+        raise SpecError(
+            "cfg['namespace']",
+            None,
+            f"{opts['namespace']!r} conflicts with step_cfg's namespace {opts['step_cfg']['namespace']!r}",
+            fix="give the namespace once",
+        )
     return AirflowOptions(**opts)
 
 
@@ -176,8 +197,10 @@ class AirflowAPI(rest.RestClient):
             if token is None and self.username:
                 password = base.secret(self.password_env)
                 if password is None:
-                    raise base.SchedulerError(f"airflow: -cfg username={self.username} needs its password in "
-                                              f"${self.password_env}, which is not set in this process")  # fmt: skip
+                    raise base.SchedulerError(
+                        f"airflow: -cfg username={self.username} needs its password in "
+                        f"${self.password_env}, which is not set in this process"
+                    )
                 body = {"username": self.username, "password": password}
                 token = self.call("POST", "/auth/token", body, auth=False, idempotent=True)["access_token"]
             elif token is None:  # simple auth manager with all_admins (development)
@@ -221,8 +244,10 @@ class AirflowScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
         def ours() -> Any:  # an earlier try made it (its answer was lost): the same run, not a second one
             run = api.call("GET", f"{runs}/{rest.segment(run_id)}")
             if run.get("conf") != req.body["conf"]:
-                raise base.SchedulerError(f"airflow: a DAG run {run_id} exists already and is not this submission; "
-                                          "fix: submit again (a new run id)")  # fmt: skip
+                raise base.SchedulerError(
+                    f"airflow: a DAG run {run_id} exists already and is not this submission; "
+                    "fix: submit again (a new run id)"
+                )
             return run
 
         run = api.call("POST", runs, req.body, idempotent=True, on_conflict=ours)

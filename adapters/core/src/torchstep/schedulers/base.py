@@ -161,13 +161,19 @@ def check_secret_var(opts: Mapping[str, Any], key: str, *, default: str | None, 
         return
     if not SECRET_VAR.fullmatch(name):
         raise SpecError(
-            f"cfg[{key!r}]", target, "must be the NAME of an environment variable (upper-case letters, digits and "
+            f"cfg[{key!r}]",
+            target,
+            "must be the NAME of an environment variable (upper-case letters, digits and "
             f"'_'), never the secret itself: what was named by {key} (not shown) is not such a name",
             fix=f"export the secret in a variable and pass its name: -cfg {key}=MY_VAR",
-        )  # fmt: skip
+        )
     if name != default and secret(name) is None:
-        raise SpecError(f"cfg[{key!r}]", target, f"the variable ${name} is not set or empty",
-                        fix=f"export {name}=<the secret>, or drop {key}")  # fmt: skip
+        raise SpecError(
+            f"cfg[{key!r}]",
+            target,
+            f"the variable ${name} is not set or empty",
+            fix=f"export {name}=<the secret>, or drop {key}",
+        )
 
 
 def secret(name: str | None) -> str | None:
@@ -189,24 +195,36 @@ def check_step_target(target: str, namespace: str | None, *, where: str | None =
     if target not in STEP_TARGETS:
         raise SpecError("cfg['target']", where, f"unknown target {target!r}", fix="-cfg target=local|kubernetes")
     if namespace is not None and target != "kubernetes":
-        raise SpecError("cfg['namespace']", where, "only applies to target=kubernetes (only the kubernetes target "
-                        "runs in a namespace)", fix="add -cfg target=kubernetes, or drop namespace")  # fmt: skip
+        raise SpecError(
+            "cfg['namespace']",
+            where,
+            "only applies to target=kubernetes (only the kubernetes target runs in a namespace)",
+            fix="add -cfg target=kubernetes, or drop namespace",
+        )
     check_namespace(namespace, target=where)
 
 
 def check_namespace(namespace: str | None, *, target: str | None) -> None:
     """A SpecError naming ``cfg['namespace']`` unless it is ``None`` or a DNS-1123 label."""
     if namespace is not None and not is_dns_label(namespace):
-        raise SpecError("cfg['namespace']", target, f"{namespace!r} is not a Kubernetes namespace name",
-                        fix="lower-case letters, digits and '-', at most 63: e.g. -cfg namespace=team-a")  # fmt: skip
+        raise SpecError(
+            "cfg['namespace']",
+            target,
+            f"{namespace!r} is not a Kubernetes namespace name",
+            fix="lower-case letters, digits and '-', at most 63: e.g. -cfg namespace=team-a",
+        )
 
 
 def check_seconds(value: float, key: str, *, target: str | None) -> float:
     """``value`` when it is a positive, finite number of seconds (at most ten years): else
     a SpecError naming ``cfg['<key>']`` (``nan``, ``inf`` and ``0`` included)."""
     if not 0 < value <= MAX_SECONDS:
-        raise SpecError(f"cfg[{key!r}]", target, f"must be a positive, finite number of seconds, got {value}",
-                        fix=f"e.g. -cfg {key}=30")  # fmt: skip
+        raise SpecError(
+            f"cfg[{key!r}]",
+            target,
+            f"must be a positive, finite number of seconds, got {value}",
+            fix=f"e.g. -cfg {key}=30",
+        )
     return value
 
 
@@ -263,11 +281,16 @@ def app_received(
     try:
         app = app_from_dict(data)
     except SpecError as e:  # e.field is "app.roles[0]...": say where it is in what was sent
-        raise SpecError(field + e.field.removeprefix("app"), target if name_target else None, e.problem,
-                        fix=e.fix) from None  # fmt: skip
+        raise SpecError(
+            field + e.field.removeprefix("app"), target if name_target else None, e.problem, fix=e.fix
+        ) from None
     except Exception as e:  # a shape app_from_dict does not check: still the data's fault
-        raise SpecError(field, target if name_target else None, f"is not a valid AppDef ({type(e).__name__}: {e})",
-                        fix="submit it with `torchx run` (torchstep.components.appjson.app_to_dict)") from None  # fmt: skip
+        raise SpecError(
+            field,
+            target if name_target else None,
+            f"is not a valid AppDef ({type(e).__name__}: {e})",
+            fix="submit it with `torchx run` (torchstep.components.appjson.app_to_dict)",
+        ) from None
     checked.check(app, target, cfg)
     return app, build_plan(app, target)
 

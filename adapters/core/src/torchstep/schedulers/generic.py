@@ -150,9 +150,12 @@ def step_received(
         return f"{field}[{key!r}]" if field else key
 
     if not isinstance(conf, Mapping) or "app" not in conf:
-        raise SpecError(name("app"), None, f"{what} carries no AppDef",
-                        fix=f"trigger it with `torchx run -s {scheduler}` ({field or 'parameters'} "
-                        "{'app': <AppDef as JSON>})")  # fmt: skip
+        raise SpecError(
+            name("app"),
+            None,
+            f"{what} carries no AppDef",
+            fix=f"trigger it with `torchx run -s {scheduler}` ({field or 'parameters'} {{'app': <AppDef as JSON>}})",
+        )
     unknown = sorted(set(conf) - {"app", "target", "cfg"})
     if unknown:
         raise SpecError(name(unknown[0]), None, "unknown key", fix="use only app, target, cfg")

@@ -83,8 +83,10 @@ def check_machine(app: AppDef, opts: LocalOptions, app_id: str) -> None:
     from torchstep.plan.planner import build_plan
 
     prepare(build_plan(app, "local"), opts, app_id=app_id)
-    for field, path, check in (("log_dir", opts.log_dir, private_root),
-                               ("cfg['checkpoint_dir']", opts.checkpoint_dir, check_private_dir)):  # fmt: skip
+    for field, path, check in (
+        ("log_dir", opts.log_dir, private_root),
+        ("cfg['checkpoint_dir']", opts.checkpoint_dir, check_private_dir),
+    ):
         if path is not None and os.path.lexists(path):
             try:
                 check(path)

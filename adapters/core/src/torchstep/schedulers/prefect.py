@@ -60,10 +60,16 @@ FLOW_NAME = "torchstep-torchx"  # torchx_flow.FLOW_NAME (that module imports pre
 DEFAULT_DEPLOYMENT = f"{FLOW_NAME}/torchx"
 #: Prefect state type -> TorchX AppState (a run being cancelled is already CANCELLED to TorchX).
 STATES = {
-    "SCHEDULED": AppState.SUBMITTED, "PENDING": AppState.PENDING, "PAUSED": AppState.PENDING,
-    "RUNNING": AppState.RUNNING, "COMPLETED": AppState.SUCCEEDED, "FAILED": AppState.FAILED,
-    "CRASHED": AppState.FAILED, "CANCELLING": AppState.CANCELLED, "CANCELLED": AppState.CANCELLED,
-}  # fmt: skip
+    "SCHEDULED": AppState.SUBMITTED,
+    "PENDING": AppState.PENDING,
+    "PAUSED": AppState.PENDING,
+    "RUNNING": AppState.RUNNING,
+    "COMPLETED": AppState.SUCCEEDED,
+    "FAILED": AppState.FAILED,
+    "CRASHED": AppState.FAILED,
+    "CANCELLING": AppState.CANCELLED,
+    "CANCELLED": AppState.CANCELLED,
+}
 _FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # Prefect's final states: no more logs
 #: Seconds after a flow run's end until its log is taken as complete (Prefect ships logs in
 #: batches every 2 s; the flow engine's "Finished in state" line ends it sooner).
@@ -79,19 +85,35 @@ _SERVE_FIX = (
 
 # -- options ----------------------------------------------------------------------------
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
-    "endpoint": (str, None, "Prefect API URL, e.g. http://127.0.0.1:4200/api (default: PREFECT_API_URL of the "
-                 "environment, else of the active Prefect profile)"),
-    "api_key_env": (str, "PREFECT_API_KEY", "NAME of the environment variable holding a Prefect Cloud API key "
-                    "(sent as a Bearer token when set; never the key itself)"),
-    "auth_string_env": (str, "PREFECT_API_AUTH_STRING", "NAME of the environment variable holding a self-hosted "
-                        "server's 'user:password' (Basic auth when set; never the value itself)"),
-    "deployment": (str, DEFAULT_DEPLOYMENT, "deployment of the torchstep-torchx flow, FLOW/NAME "
-                   "(`python -m torchstep_prefect.torchx_flow serve --name NAME`)"),
+    "endpoint": (
+        str,
+        None,
+        "Prefect API URL, e.g. http://127.0.0.1:4200/api (default: PREFECT_API_URL of the "
+        "environment, else of the active Prefect profile)",
+    ),
+    "api_key_env": (
+        str,
+        "PREFECT_API_KEY",
+        "NAME of the environment variable holding a Prefect Cloud API key "
+        "(sent as a Bearer token when set; never the key itself)",
+    ),
+    "auth_string_env": (
+        str,
+        "PREFECT_API_AUTH_STRING",
+        "NAME of the environment variable holding a self-hosted "
+        "server's 'user:password' (Basic auth when set; never the value itself)",
+    ),
+    "deployment": (
+        str,
+        DEFAULT_DEPLOYMENT,
+        "deployment of the torchstep-torchx flow, FLOW/NAME "
+        "(`python -m torchstep_prefect.torchx_flow serve --name NAME`)",
+    ),
     "queue": (str, None, "work queue of the flow run (a work-pool deployment only; default: the deployment's)"),
     "tags": (list, None, "tags of the flow run, ';'-separated"),
     "target": (str, "local", "where the step runs: local (on the machine of the flow run) or kubernetes (Jobs)"),
     "namespace": (str, None, "Kubernetes namespace of the step's Jobs (target=kubernetes only; default: default)"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -123,11 +145,18 @@ def resolve(cfg: Mapping[str, Any]) -> PrefectOptions:
     base.check_step_target(opts["target"], opts["namespace"])
     flow, sep, name = opts["deployment"].partition("/")
     if not sep or not flow or not name or "/" in name:
-        raise SpecError("cfg['deployment']", None, f"{opts['deployment']!r} is not FLOW/NAME",
-                        fix=f"e.g. -cfg deployment={DEFAULT_DEPLOYMENT}")  # fmt: skip
-    opts["endpoint"] = base.endpoint(opts["endpoint"] or default_endpoint(), api="Prefect API", target=None,
-                                     fix=f"{ENDPOINT_FIX}; credentials go in the variables named by api_key_env / "
-                                     "auth_string_env")  # fmt: skip
+        raise SpecError(
+            "cfg['deployment']",
+            None,
+            f"{opts['deployment']!r} is not FLOW/NAME",
+            fix=f"e.g. -cfg deployment={DEFAULT_DEPLOYMENT}",
+        )
+    opts["endpoint"] = base.endpoint(
+        opts["endpoint"] or default_endpoint(),
+        api="Prefect API",
+        target=None,
+        fix=f"{ENDPOINT_FIX}; credentials go in the variables named by api_key_env / auth_string_env",
+    )
     opts["tags"] = tuple(opts["tags"] or ())
     return PrefectOptions(**opts)
 
@@ -201,8 +230,10 @@ class PrefectAPI(rest.RestClient):
         return f"start the server (`prefect server start`) or {ENDPOINT_FIX}"
 
     def auth_fix(self) -> str:
-        return ("export the key in the variable named by -cfg api_key_env (default PREFECT_API_KEY) or "
-                "auth_string_env (default PREFECT_API_AUTH_STRING)")  # fmt: skip
+        return (
+            "export the key in the variable named by -cfg api_key_env (default PREFECT_API_KEY) or "
+            "auth_string_env (default PREFECT_API_AUTH_STRING)"
+        )
 
     def flow_run(self, ref: str) -> dict[str, Any] | None:
         """The flow run of id ``ref``, else the newest flow run named ``ref`` (``None``: none)."""
@@ -216,9 +247,16 @@ class PrefectAPI(rest.RestClient):
 
     def flow_runs(self, ids: list[str]) -> list[dict[str, Any]]:
         """The flow runs of these ids that exist."""
-        return [run for i in range(0, len(ids), PAGE) for run in self.call(
-            "POST", "/flow_runs/filter", {"flow_runs": {"id": {"any_": ids[i : i + PAGE]}}, "limit": PAGE},
-            idempotent=True)]  # fmt: skip
+        return [
+            run
+            for i in range(0, len(ids), PAGE)
+            for run in self.call(
+                "POST",
+                "/flow_runs/filter",
+                {"flow_runs": {"id": {"any_": ids[i : i + PAGE]}}, "limit": PAGE},
+                idempotent=True,
+            )
+        ]
 
     def logs(self, flow_run_id: str, after: datetime | None = None) -> list[dict[str, Any]]:
         """Every log of the flow run (its tasks' too) from ``after`` on, oldest first."""
@@ -268,7 +306,7 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             tags=list(opts.tags),
             api_key_env=opts.api_key_env,
             auth_string_env=opts.auth_string_env,
-        )  # fmt: skip
+        )
         return AppDryRunInfo(request, str)
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
@@ -282,14 +320,24 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             run = api.call("POST", f"/deployments/{dep['id']}/create_flow_run", req.body(), idempotent=True)
         except base.SchedulerError as e:
             if req.queue and ("work queue" in str(e).lower() or "work pool" in str(e).lower()):
-                raise base.SchedulerError(f"{e}; fix: drop -cfg queue (a served deployment has no work pool) or "
-                                          "name a queue of the deployment's work pool") from None  # fmt: skip
+                raise base.SchedulerError(
+                    f"{e}; fix: drop -cfg queue (a served deployment has no work pool) or "
+                    "name a queue of the deployment's work pool"
+                ) from None
             raise
-        records.save(BACKEND, req.app_id, {
-            "endpoint": req.endpoint, "flow_run_id": run["id"], "deployment": req.deployment,
-            "deployment_id": dep["id"], "api_key_env": req.api_key_env, "auth_string_env": req.auth_string_env,
-            "submitted": time.time(),
-        })  # fmt: skip
+        records.save(
+            BACKEND,
+            req.app_id,
+            {
+                "endpoint": req.endpoint,
+                "flow_run_id": run["id"],
+                "deployment": req.deployment,
+                "deployment_id": dep["id"],
+                "api_key_env": req.api_key_env,
+                "auth_string_env": req.auth_string_env,
+                "submitted": time.time(),
+            },
+        )
         return req.app_id
 
     # -- reading state ---------------------------------------------------------------------
@@ -301,8 +349,10 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             return api, api.flow_run(str(record["flow_run_id"]))
         endpoint = default_endpoint()
         if endpoint is None:
-            raise base.SchedulerError(f"prefect: no record of {app_id!r} on this machine and no Prefect API to look "
-                                      "it up; fix: export PREFECT_API_URL=<the API it was submitted to>")  # fmt: skip
+            raise base.SchedulerError(
+                f"prefect: no record of {app_id!r} on this machine and no Prefect API to look "
+                "it up; fix: export PREFECT_API_URL=<the API it was submitted to>"
+            )
         api = PrefectAPI(endpoint)
         return api, api.flow_run(app_id)
 
@@ -312,8 +362,12 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
             return None
         state = run.get("state") or {}
         kind, name, message = state.get("type"), state.get("name") or "", (state.get("message") or "").strip()
-        resp = base.response(app_id, STATES.get(kind or "", AppState.UNKNOWN), f"{name}: {message}" if message else name,
-                             ui_url=ui_url(api.endpoint, run["id"]))  # fmt: skip
+        resp = base.response(
+            app_id,
+            STATES.get(kind or "", AppState.UNKNOWN),
+            f"{name}: {message}" if message else name,
+            ui_url=ui_url(api.endpoint, run["id"]),
+        )
         resp.roles = roles_of(run.get("parameters"))
         resp.roles_statuses = base.run_role_statuses(resp.roles, resp.state)  # Prefect knows the run's state only
         return resp
@@ -334,8 +388,10 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
                 states = {r["id"]: (r.get("state") or {}).get("type") for r in found}
             except base.SchedulerError:  # that server is gone: its runs are UNKNOWN
                 pass
-            out += [ListAppResponse(app_id=a, state=STATES.get(states.get(i) or "", AppState.UNKNOWN))
-                    for i, a in ids.items()]  # fmt: skip
+            out += [
+                ListAppResponse(app_id=a, state=STATES.get(states.get(i) or "", AppState.UNKNOWN))
+                for i, a in ids.items()
+            ]
         return out
 
     def _cancel_existing(self, app_id: str) -> None:
@@ -343,8 +399,12 @@ class PrefectScheduler(base.TorchstepScheduler, backend=BACKEND, options=OPTIONS
         if run is None or (run.get("state") or {}).get("type") in (*_FINAL, "CANCELLING"):
             return
         cancelling = {"type": "CANCELLING", "name": "Cancelling", "message": "cancelled with `torchx cancel`"}
-        answer = api.call("POST", f"/flow_runs/{run['id']}/set_state", {"state": cancelling, "force": False},
-                          idempotent=True) or {}  # fmt: skip
+        answer = (
+            api.call(
+                "POST", f"/flow_runs/{run['id']}/set_state", {"state": cancelling, "force": False}, idempotent=True
+            )
+            or {}
+        )
         if answer.get("status") == "ABORT":  # refused; or an earlier try of this call made it Cancelling
             now = (api.flow_run(str(run["id"])) or {}).get("state") or {}
             if now.get("type") not in (*_FINAL, "CANCELLING"):

@@ -115,9 +115,10 @@ def check_record(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
             continue
         if problem is not None:
             raise UnsafePathError(
-                path, f"{key!r} {problem}: no torchstep scheduler stores that, so it is not trusted",
+                path,
+                f"{key!r} {problem}: no torchstep scheduler stores that, so it is not trusted",
                 "remove the record (and submit again: records are written by `torchx run` only)",
-            )  # fmt: skip
+            )
 
 
 def _items(value: Any) -> Iterator[tuple[str, Any]]:

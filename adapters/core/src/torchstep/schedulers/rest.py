@@ -160,14 +160,18 @@ class RestClient:
             except _NotSent as e:
                 wait = self.retry.wait(retry) if self._answered else None
                 if wait is None:
-                    raise SchedulerError(f"{self.backend}: cannot reach the {self.api} at {self.endpoint} ({e}); "
-                                         f"fix: {self.unreachable_fix()}") from None  # fmt: skip
+                    raise SchedulerError(
+                        f"{self.backend}: cannot reach the {self.api} at {self.endpoint} ({e}); "
+                        f"fix: {self.unreachable_fix()}"
+                    ) from None
             except (http.client.HTTPException, OSError) as e:  # sent: the answer was lost
                 wait = self.retry.wait(retry) if idempotent else None
                 if wait is None:
                     done = "" if idempotent else "; it may or may not have been done"
-                    raise SchedulerError(f"{what}: the connection to {self.endpoint} was lost before the answer "
-                                         f"({_reason(e)}, {retry} tries){done}; fix: try again") from None  # fmt: skip
+                    raise SchedulerError(
+                        f"{what}: the connection to {self.endpoint} was lost before the answer "
+                        f"({_reason(e)}, {retry} tries){done}; fix: try again"
+                    ) from None
             else:
                 self._answered = True
                 busy = status in self.retry.statuses and idempotent
@@ -188,8 +192,10 @@ class RestClient:
                 return e.code, e.headers, e.read()
         except urllib.error.URLError as e:  # raised while connecting or sending
             if isinstance(e.reason, ssl.SSLError):
-                raise SchedulerError(f"{self.backend}: TLS with {self.endpoint} failed ({_reason(e.reason)}); fix: check "
-                                     "the endpoint's certificate (or SSL_CERT_FILE)") from None  # fmt: skip
+                raise SchedulerError(
+                    f"{self.backend}: TLS with {self.endpoint} failed ({_reason(e.reason)}); fix: check "
+                    "the endpoint's certificate (or SSL_CERT_FILE)"
+                ) from None
             if isinstance(e.reason, ConnectionResetError | BrokenPipeError):
                 raise e.reason from None  # the server took the connection and dropped it: maybe received
             raise _NotSent(_reason(e.reason)) from None
@@ -197,8 +203,11 @@ class RestClient:
     def _answer(self, method: str, path: str, status: int, raw: bytes, *, ok404: bool, tries: int) -> Any:
         what = f"{self.backend}: {method} {path}"
         if status in (401, 403):
-            raise SchedulerError(f"{self.backend}: the {self.api} at {self.endpoint} refused the credentials "
-                                 f"({method} {path}: HTTP {status}); fix: {self.auth_fix()}", status=status)  # fmt: skip
+            raise SchedulerError(
+                f"{self.backend}: the {self.api} at {self.endpoint} refused the credentials "
+                f"({method} {path}: HTTP {status}); fix: {self.auth_fix()}",
+                status=status,
+            )
         if status == 404 and ok404:
             return None
         text = raw.decode("utf-8", "replace")
@@ -211,8 +220,10 @@ class RestClient:
             busy = f" (after {tries} tries)" if tries > 1 else ""
             raise SchedulerError(f"{what}: HTTP {status}{busy}: {' '.join(str(detail).split())[:500]}", status=status)
         if isinstance(data, str):
-            raise SchedulerError(f"{what}: the answer is not JSON (a login page or a proxy?); fix: point the endpoint "
-                                 f"at the {self.api}", status=status)  # fmt: skip
+            raise SchedulerError(
+                f"{what}: the answer is not JSON (a login page or a proxy?); fix: point the endpoint at the {self.api}",
+                status=status,
+            )
         return data
 
 

@@ -98,8 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts = resolve(record["cfg"])
         writer.update(state=PENDING, started=time.time())
         # the run directory is <log_dir>/<app_id> (<app_id>-try<n> for a retry): torchx knows it
-        result = run_tries(plan, attempt=None, cfg=record["cfg"], cancel=cancel, on_status=writer.on_status,
-                           display=PlainDisplay(show_output=opts.tee), app_id=app_id)  # fmt: skip
+        result = run_tries(
+            plan,
+            attempt=None,
+            cfg=record["cfg"],
+            cancel=cancel,
+            on_status=writer.on_status,
+            display=PlainDisplay(show_output=opts.tee),
+            app_id=app_id,
+        )
     except Exception as e:  # a SpecError on this machine, or a bug: the app FAILED, said why
         writer.update(state=FAILED, message=f"{type(e).__name__}: {e}", ended=time.time())
         print(f"torchstep_local: {app_id} FAILED before it started: {e}", file=sys.stderr)

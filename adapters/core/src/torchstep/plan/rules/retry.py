@@ -292,8 +292,12 @@ def check_user_retries(
     """
     target = plan.target
     if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < 0):
-        raise SpecError("retries", target, f"the task's retries must be a whole number >= 0, got {retries!r}",
-                        fix="e.g. retries=2, or leave it out: the AppDef's max_retries decides")  # fmt: skip
+        raise SpecError(
+            "retries",
+            target,
+            f"the task's retries must be a whole number >= 0, got {retries!r}",
+            fix="e.g. retries=2, or leave it out: the AppDef's max_retries decides",
+        )
     step = plan.step_retry
     if step.count:
         i = step.role_index if step.role_index is not None else 0
@@ -333,8 +337,12 @@ def check_user_retries(
             or not math.isfinite(timeout)
             or timeout <= 0
         ):
-            raise SpecError("timeout", target, f"the task's timeout {timeout!r} is not a positive number of seconds",
-                            fix="e.g. 3600")  # fmt: skip
+            raise SpecError(
+                "timeout",
+                target,
+                f"the task's timeout {timeout!r} is not a positive number of seconds",
+                fix="e.g. 3600",
+            )
         if plan.timeout_s is not None and timeout < plan.timeout_s:
             raise SpecError(
                 "metadata['torchstep.timeout']",
