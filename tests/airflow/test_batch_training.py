@@ -6,9 +6,13 @@ model Asset schedules ``evaluate_on_new_model``; a non-retryable error fails at 
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two dag.test runs (400 s and 240 s at most): ~100 s on a quiet machine
 def test_faults_are_survived_and_the_model_reaches_downstream(dag_tester, tmp_path: Path) -> None:
     conf = {"workdir": str(tmp_path), "samples": 800, "epochs": 3, "fail_once": True, "kill_rank": 1,
             "kill_at_epoch": 1}  # fmt: skip

@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +49,17 @@ DNS_IP = f"{SUBNET}.0.1"
 DOMAIN = "cluster.local"
 INDEX = "batch.kubernetes.io/job-completion-index"
 MESSAGE_CAP = 4096  # kubelet reads at most this much of terminationMessagePath
+
+
+def image_binds() -> list[str]:
+    """The pods' "image" is this machine's root with a private /tmp: a checkout (and its
+    virtualenv and interpreter) that lives under /tmp is bound back into it, as an image
+    would carry them."""
+    paths = {Path(__file__).resolve().parents[2], Path(sys.prefix), Path(sys.base_prefix)}
+    inside = sorted(str(p) for p in paths if p.is_relative_to("/tmp"))
+    return [arg for p in inside for arg in ("--bind", p, p)]
+
+
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048  # FallbackToLogsOnError: the log's tail, as kubelet
 
 
@@ -425,7 +437,7 @@ class Kubelet:
         if limit:
             (p.cgroup / "memory.limit_in_bytes").write_text(str(quantity_bytes(limit)))
         hostname = spec.get("hostname") or meta["name"]
-        sandbox = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        sandbox = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *image_binds(),
                    "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname, "--as-pid-1",
                    "--die-with-parent", "--ro-bind", str(podir / "hosts"), "/etc/hosts",
                    "--ro-bind", str(podir / "resolv.conf"), "/etc/resolv.conf",

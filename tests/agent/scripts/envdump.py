@@ -15,6 +15,18 @@ KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "G
         "TORCHELASTIC_ERROR_FILE")  # fmt: skip
 
 
+def _round_written(outdir: str, env: dict) -> bool:
+    """Whether every rank's file holds this restart round's values."""
+    for rank in range(int(env["WORLD_SIZE"] or 1)):
+        try:
+            with open(os.path.join(outdir, f"rank{rank}.json")) as f:
+                if json.load(f).get("TORCHELASTIC_RESTART_COUNT") != env["TORCHELASTIC_RESTART_COUNT"]:
+                    return False
+        except (OSError, ValueError):  # not yet written, or being written
+            return False
+    return True
+
+
 def main(argv: list) -> None:
     outdir = argv[0]
     fail = {r for r in (argv[1] if len(argv) > 1 else "").split(",") if r}
@@ -25,6 +37,13 @@ def main(argv: list) -> None:
     print(f"out rank {env['RANK']}", flush=True)
     print(f"err rank {env['RANK']}", file=sys.stderr, flush=True)
     if env["RANK"] in fail:
+        # fail only once every rank has written this round's file: a peer the launcher kills
+        # before it wrote would keep an earlier round's values (a race, not a difference)
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _round_written(outdir, env):
+            time.sleep(0.05)
         raise SystemExit(code)
     if "--sleep" in argv:
         import time
