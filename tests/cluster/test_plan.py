@@ -143,7 +143,7 @@ def test_row_12_the_active_deadline_stops_the_agent_with_sigterm(real_cluster: C
 
 def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_completes(real_cluster: Cluster) -> None:
     role = specs.Role("t", image="unused", entrypoint="python",
-                      args=[str(Path(__file__).resolve().parent / "apps" / "steps.py"), "--steps", "40"],
+                      args=[str(Path(__file__).resolve().parent / "apps" / "steps.py"), "--steps", "40", "--stop-s", "2"],
                       num_replicas=2, max_retries=2, retry_policy=specs.RetryPolicy.REPLICA,
                       resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
     rendered = torchstep.kubernetes.render_app(specs.AppDef("steps", roles=[role]), namespace="ml",

@@ -26,7 +26,7 @@ def checkpointed(ckpt: Path, replicas: int = 1) -> specs.AppDef:
     """tests/cluster/apps/checkpointed.py with its checkpoint directory on a host mount; no
     retries at all (APPLICATION, 0: the Job's backoffLimit is 0, a counted failure ends it)."""
     ckpt.mkdir(mode=0o700, exist_ok=True)
-    role = specs.Role("t", image="unused", entrypoint="python", args=[str(CHECKPOINTED), "--steps", str(STEPS)],
+    role = specs.Role("t", image="unused", entrypoint="python", args=[str(CHECKPOINTED), "--steps", str(STEPS), "--stop-s", "2"],
                       env={"TORCHSTEP_CHECKPOINT_DIR": "/ckpt"}, num_replicas=replicas, max_retries=0,
                       mounts=[specs.BindMount(src_path=str(ckpt), dst_path="/ckpt")],
                       resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
@@ -128,4 +128,5 @@ def test_preemptions_beyond_the_budget_end_the_step_preempted_and_delete_it(
     assert result.app_status().state.name == "FAILED"  # TorchX has no PREEMPTED: FAILED, with the message
     # a PREEMPTED step keeps nothing running, whatever on_finish says
     real_cluster.wait(lambda: not real_cluster.items("pods", rendered.label_selector), 60, "the run's pods to go")
-    assert not real_cluster.items("jobs", rendered.label_selector)
+    # deleted with its pods (foreground): the Job goes once they have
+    real_cluster.wait(lambda: not real_cluster.items("jobs", rendered.label_selector), 60, "the run's Job to go")
