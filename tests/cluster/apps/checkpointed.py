@@ -3,33 +3,15 @@ checkpoint in ``torchstep.checkpoint_dir()`` (``torchstep.last_checkpoint()``), 
 step (written under a ``.tmp`` name, then renamed: never half a checkpoint), and prints where
 it started and each step. Rank 0 only writes; every rank reads."""
 
-import argparse
 import os
-import signal
 import time
 
+import loop_args  # beside this script
 import torchstep
 
 
-def stop_slowly(seconds: float) -> None:
-    print(f"SIGTERM: stopping within {seconds:g} s", flush=True)
-    time.sleep(seconds)
-    raise SystemExit(143)
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--interval", type=float, default=0.25)
-    p.add_argument(
-        "--stop-s",
-        type=float,
-        default=0.0,
-        help="on SIGTERM, take this long to stop (a final checkpoint, as trainers do)",
-    )
-    args = p.parse_args()
-    if args.stop_s > 0:
-        signal.signal(signal.SIGTERM, lambda *_: stop_slowly(args.stop_s))
+    args = loop_args.parse(__doc__.splitlines()[0])
     directory = torchstep.checkpoint_dir()
     assert directory, "TORCHSTEP_CHECKPOINT_DIR is not set"
     last = torchstep.last_checkpoint()
