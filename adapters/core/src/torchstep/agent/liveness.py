@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
 from torchstep.agent import compat
 
 __all__ = ["CUT_OFF", "PEER_SILENT", "LivenessMonitor", "Silence", "probe"]
@@ -194,9 +196,8 @@ class LivenessMonitor:
             raise ValueError("not a dynamic rendezvous handler")
         self._node, self._settings = found
         self._run_id = str(handler.get_run_id())
-        host, _, port = endpoint.strip().rpartition(":")
-        self.store_host = host.strip("[]") or "localhost"
-        self.store_port = int(port) if port.isdigit() else 29400
+        # torch's own parser: "[v6]:port", a host without a port (torch's 29400), "" (localhost)
+        self.store_host, self.store_port = parse_rendezvous_endpoint(endpoint.strip(), default_port=29400)
         self.fixed_size = fixed_size
         self._on_silent = on_silent
         self._on_cut_off = on_cut_off
