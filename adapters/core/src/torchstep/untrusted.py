@@ -344,8 +344,9 @@ def escape_control_bytes(data: bytes) -> bytes:
     return data
 
 
-# a dot inside a word (``evil.com``, ``train.py``) too: a fuzzy linkifier makes a link of a bare domain
-_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#!|<>~&:@])|(?<=\w)(\.)(?=\w)")
+# a dot before a letter inside a word (``evil.com``, ``train.py``) too: a fuzzy linkifier makes a link
+# of a bare domain (a TLD starts with a letter, so ``0.7`` stays as it is)
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#!|<>~&:@])|(?<=\w)(\.)(?=[^\W\d_])")
 
 
 def escape_markdown(text: str, *, max_chars: int | None = None) -> str:
