@@ -230,3 +230,33 @@ def test_a_restart_is_counted_once_its_workers_start_not_when_it_is_cut_short(mo
     group.state = WorkerState.HEALTHY  # a node joined: a membership change, not the budget
     agent._restart_workers(group)
     assert (agent.failure_restarts, agent.membership_restarts) == (1, 1)
+
+
+def test_peers_that_die_after_the_agent_kills_a_stuck_rank_are_collateral_not_culprits(tmp_path) -> None:
+    """Found by CI under load: after ``--hang-timeout`` killed rank 2, ranks 0 and 1 (their
+    all_reduce broken) exited on their own before the agent began its stop, and the result
+    named them ``worker_failed`` beside the culprit. A rank that failed before the kill is
+    still a failure of its own."""
+    from torchstep.agent.elastic import FAILED, Attempt, WorkerRecord
+    from torchstep.agent.logs import rank_paths
+    from torchstep.agent.outcome import rank_result
+    from torchstep.agent.procs import ExitInfo
+
+    def worker(rank: int, exit_at: float, code: int, reason: str | None = None) -> WorkerRecord:
+        paths = rank_paths(str(tmp_path), rank, merge_streams=True)
+        return WorkerRecord(
+            rank, rank, paths, "", pid=1000 + rank, exit=ExitInfo(exit_at, code), dead_before_stop=True, reason=reason
+        )
+
+    attempt = Attempt(0, 0, 0, 1, 4, 90.0, str(tmp_path), state=FAILED, stop_started_at=101.0)
+    attempt.culprit_killed_at = 100.0
+    attempt.workers = {
+        0: worker(0, 100.4, 1),
+        1: worker(1, 100.5, 1),
+        2: worker(2, 100.0, -9, "hang_timeout"),
+        3: worker(3, 99.0, 1),  # failed before the kill: its own failure
+    }
+    reasons = {r: rank_result(attempt, w, role="t", replica_id=0).reason for r, w in attempt.workers.items()}
+    assert reasons == {0: "stopped", 1: "stopped", 2: "hang_timeout", 3: "worker_failed"}
+    attempt.culprit_killed_at = None  # no kill by the agent: dying before the stop is failing
+    assert rank_result(attempt, attempt.workers[0], role="t", replica_id=0).reason == "worker_failed"

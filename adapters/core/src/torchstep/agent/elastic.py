@@ -117,6 +117,9 @@ class Attempt:
     stacks_summary: str | None = None
     stacks_file: str | None = None
     hang_fired: bool = False
+    #: when the agent first killed a rank it named (hang, heartbeat, timer): a peer that dies
+    #: after it, its collective broken, is collateral like one the stop kills, not a culprit.
+    culprit_killed_at: float | None = None
 
 
 class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's LocalElasticAgent
@@ -584,6 +587,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 w.reason = "hang_timeout"
                 w.detail = f"{what}: {where}"
                 log.error("rank %d (pid %s): %s; killing its process group", w.global_rank, w.pid, w.detail)
+                attempt.culprit_killed_at = attempt.culprit_killed_at or time.time()
                 self._kill(w, signal.SIGKILL)
 
     def _check_heartbeats(self, attempt: Attempt) -> None:
@@ -602,6 +606,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             if w.stack is not None:
                 w.detail += f"; where the ranks were: {attempt.stacks_summary}"
             log.error("rank %d (pid %s): %s; killing its process group", w.global_rank, w.pid, w.detail)
+            attempt.culprit_killed_at = attempt.culprit_killed_at or time.time()
             self._kill(w, signal.SIGKILL)
 
     def _on_timer_expired(self, pid: int, scope: str, sig: int) -> None:
@@ -629,6 +634,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             if target.stack is not None and attempt is not None:
                 target.detail += f"; where the ranks were: {attempt.stacks_summary}"
         log.error("rank %d (pid %s): %s; killing its process group", target.global_rank, target.pid, target.detail)
+        if attempt is not None:
+            attempt.culprit_killed_at = attempt.culprit_killed_at or time.time()
         self._kill(target, sig if sig > 0 else signal.SIGKILL)
 
     def _kill(self, w: WorkerRecord, sig: int) -> None:

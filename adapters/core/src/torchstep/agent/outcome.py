@@ -137,7 +137,12 @@ def rank_result(
     is e.g. ``"timer_expired"``.
     """
     code = w.exit.exit_code if w.exit is not None else None
-    collateral = attempt.stop_started_at is not None and not w.dead_before_stop and w.reason is None
+    killed_at = attempt.culprit_killed_at
+    collateral = w.reason is None and (
+        (attempt.stop_started_at is not None and not w.dead_before_stop)
+        # died after the agent killed a rank it named: of that kill (a broken collective)
+        or (killed_at is not None and w.exit is not None and w.exit.time >= killed_at)
+    )
     data = (
         _read_json(w.paths.error, MAX_ERROR_FILE_BYTES, f"rank {w.global_rank}'s error file", notes)
         if code not in (None, 0)
