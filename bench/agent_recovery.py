@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+from agent_bench import AGENT, SCRIPTS, TORCH_ROW, TORCHRUN, clean_env, figure_id, machine, median, update_section
 from figures import drop, record
 from figures import runs as mode_runs
 
@@ -56,6 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=mode_runs(3, 9))
     runs = ap.parse_args().runs
+    command = f"{f'BENCH_TORCH_ROW={TORCH_ROW} ' if TORCH_ROW else ''}python bench/agent_recovery.py --runs {runs}"
     fixed = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
     exec_ = "torchstep-agent --no-zygote"
     names = ["torchrun", fixed, "torchstep-agent", exec_]
@@ -99,37 +100,37 @@ def main() -> int:
     print(rows)
     print(f"recovery ratio torchstep-agent / {peer_name}: {ratio:.2f} (goal <= 0.25)")
     record(
-        "2",
+        figure_id("2"),
         "recovery: crash -> restarted group's first barrier, --max-restarts 1 (the default: the worker zygote)",
         times["torchstep-agent"],
         peer,
         peer_name=peer_name,
         goal=0.25,
-        command=f"python bench/agent_recovery.py --runs {runs}",
+        command=command,
         note=f"failed to recover: torchstep {failed['torchstep-agent']}, torchrun {failed['torchrun']} of {runs}"
         + peer_note,
     )
     ratio_x = median(times[exec_]) / median(peer)
     print(f"recovery ratio torchstep-agent --no-zygote / {peer_name}: {ratio_x:.2f} (goal <= 0.5)")
     record(
-        "2e",
+        figure_id("2e"),
         "recovery with --no-zygote (every worker exec'd): crash -> restarted group's first barrier",
         times[exec_],
         peer,
         peer_name=peer_name,
         goal=0.5,
-        command=f"python bench/agent_recovery.py --runs {runs}",
+        command=command,
         note=f"failed to recover: torchstep --no-zygote {failed[exec_]}, torchrun {failed['torchrun']} of {runs}"
         + peer_note,
     )
     drop("2z")  # what figure 2 now measures (the zygote became the default)
     print(f"recovery ratio torchstep-agent / torchrun with the store fix: {ratio_fixed:.2f}")
     update_section(
-        "agent_recovery",
+        figure_id("agent_recovery"),
         f"""
 ## Recovery
 
-`python bench/agent_recovery.py --runs {runs}` — 2 workers, `--max-restarts 1`, rank 1
+`{command}` — 2 workers, `--max-restarts 1`, rank 1
 crashes after the first barrier (`bench/scripts/agent_recover.py`); time from the crash
 to the restarted group's first barrier. Failed = the restart did not recover (failed
 again or hung > {HUNG_S} s).

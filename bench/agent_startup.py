@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+from agent_bench import AGENT, SCRIPTS, TORCH_ROW, TORCHRUN, clean_env, figure_id, machine, median, update_section
 from figures import drop, record
 from figures import runs as mode_runs
 
@@ -35,6 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=mode_runs(3, 9))
     runs = ap.parse_args().runs
+    command = f"{f'BENCH_TORCH_ROW={TORCH_ROW} ' if TORCH_ROW else ''}python bench/agent_startup.py --runs {runs}"
     exec_ = "torchstep-agent --no-zygote"
     times: dict[str, list[float]] = {"torchrun": [], "torchstep-agent": [], exec_: []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,33 +56,33 @@ def main() -> int:
     print(rows)
     print(f"startup ratio torchstep-agent / torchrun: {ratio:.2f} (goal <= 0.5)")
     record(
-        "1",
+        figure_id("1"),
         "agent startup, 2-worker gloo hello world (wall time; the default: workers forked from the zygote)",
         times["torchstep-agent"],
         times["torchrun"],
         peer_name="torchrun",
         goal=0.5,
-        command=f"python bench/agent_startup.py --runs {runs}",
+        command=command,
         note="no flag: workers forked from a process that imported torch once (docs/agent.md, Worker zygote)",
     )
     print(f"startup ratio torchstep-agent --no-zygote / torchrun: {ratio_x:.2f} (goal <= 0.8)")
     record(
-        "1e",
+        figure_id("1e"),
         "agent startup with --no-zygote (every worker exec'd), 2-worker gloo hello world",
         times[exec_],
         times["torchrun"],
         peer_name="torchrun",
         goal=0.8,
-        command=f"python bench/agent_startup.py --runs {runs}",
+        command=command,
         note="every worker a new interpreter importing torch, as under torchrun",
     )
     drop("1z")  # what figure 1 now measures (the zygote became the default)
     update_section(
-        "agent_startup",
+        figure_id("agent_startup"),
         f"""
 ## Startup
 
-`python bench/agent_startup.py --runs {runs}` — 2 workers, gloo hello-world
+`{command}` — 2 workers, gloo hello-world
 (`bench/scripts/agent_hello.py`), wall time of the whole command.
 
 | command | median s | min s | max s |

@@ -50,6 +50,8 @@ def machine() -> dict[str, Any]:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
     except OSError:
         pass
+    if os.environ.get("BENCH_TORCH"):  # the torch the figure ran (bench/scripts/agent_bench.py)
+        info["torch"] = os.environ["BENCH_TORCH"]
     try:
         info["load_1m"] = round(os.getloadavg()[0], 2)
     except OSError:
