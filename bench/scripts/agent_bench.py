@@ -37,9 +37,12 @@ def _torch_row() -> tuple[str, str]:
 def _launchers(python: str) -> Path:
     """``torchrun`` and ``torchstep-agent`` for ``python`` as pip writes console scripts
     (torchstep from this source tree: PYTHONPATH in :func:`clean_env`)."""
+    import atexit
+    import shutil
     import tempfile
 
     bin_dir = Path(tempfile.mkdtemp(prefix="bench-launchers-"))
+    atexit.register(shutil.rmtree, bin_dir, True)
     for name, module in (("torchrun", "torch.distributed.run"), ("torchstep-agent", "torchstep.agent.cli")):
         script = bin_dir / name
         script.write_text(f"#!{python}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
