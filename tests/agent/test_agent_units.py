@@ -260,3 +260,20 @@ def test_peers_that_die_after_the_agent_kills_a_stuck_rank_are_collateral_not_cu
     assert reasons == {0: "stopped", 1: "stopped", 2: "hang_timeout", 3: "worker_failed"}
     attempt.culprit_killed_at = None  # no kill by the agent: dying before the stop is failing
     assert rank_result(attempt, attempt.workers[0], role="t", replica_id=0).reason == "worker_failed"
+
+
+def test_a_one_node_rendezvous_on_localhost_without_a_port_is_private() -> None:
+    """torch's c10d handler reads ``localhost`` as localhost:29400: its store must listen on
+    loopback only, as for ``localhost:29500`` (the hand-written split took the host for a port
+    and left it on every interface)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torchstep.agent.stores import is_private
+
+    def params(endpoint: str, max_nodes: int = 1) -> RendezvousParameters:
+        return RendezvousParameters("c10d", endpoint, "run", 1, max_nodes)
+
+    assert is_private(params("localhost")) and is_private(params("127.0.0.1:29500")) and is_private(params("h0:0"))
+    assert is_private(params("[::1]:0"))
+    assert not is_private(params("localhost", max_nodes=2))
+    assert not is_private(params("node0.example.invalid:29500"))
+    assert not is_private(params("localhost:notaport"))  # torch's handler names the error

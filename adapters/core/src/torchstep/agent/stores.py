@@ -22,6 +22,8 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
 __all__ = ["LOOPBACK", "host_store", "loopback_ip", "private_handler", "private_params", "shutdown_connections"]
 
 log = logging.getLogger("torchstep.agent")
@@ -133,11 +135,14 @@ def is_private(params: Any) -> bool:
     Returns:
         ``True`` for such a rendezvous.
     """
-    host, _, port = str(params.endpoint or "").strip().rpartition(":")
+    try:  # as the c10d handler reads it: "localhost" alone is localhost:29400
+        host, port = parse_rendezvous_endpoint(str(params.endpoint or "").strip(), default_port=29400)
+    except ValueError:
+        return False  # torch's handler refuses it with its own message
     return (
         params.backend == "c10d"
         and params.max_nodes == 1
-        and (port == "0" or loopback_ip(host.strip("[]")) is not None)
+        and (port == 0 or loopback_ip(host) is not None)
         and str(params.config.get("store_type", "tcp")).strip().lower() == "tcp"
         and params.get_as_bool("is_host") is not False
     )
