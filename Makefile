@@ -12,7 +12,7 @@ PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench soak system-deps lock clean \
+.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench bench-user-torch soak system-deps lock clean \
 	test-torch torch-matrix-env gpu-wheels gpu-check
 
 env: $(STAMP)
@@ -98,6 +98,16 @@ docs-examples: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# The agent's startup and recovery on the torch users' images carry (issue 32): PyPI's CUDA
+# builds, the oldest and the newest rows of the torch matrix (figures N@<row>).
+BENCH_TORCH_ROWS ?= py3.10-torch2.4.1 py3.13-torch2.15.0
+bench-user-torch: $(STAMP)
+	for row in $(BENCH_TORCH_ROWS); do \
+	  BENCH_TORCH_ROW=$$row $(BIN)/python bench/agent_startup.py || exit 1; \
+	  BENCH_TORCH_ROW=$$row $(BIN)/python bench/agent_recovery.py || exit 1; \
+	done
+	$(BIN)/python bench/report.py
 
 # A seeded fault campaign (issue 27): SOAK_FAULTS runs (default 100), each a surface x fault
 # class x moment drawn from SOAK_SEED (printed first; the same seed replays the same campaign),
