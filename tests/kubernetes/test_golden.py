@@ -147,10 +147,13 @@ def test_env_secrets_by_reference(rendered):
         {"name": "TORCHSTEP_RDZV_CONF", "value": "join_timeout=900"},
         # the agent's final result summary becomes the container's termination message
         {"name": "TORCHSTEP_TERMINATION_LOG", "value": "/dev/termination-log"},
+        # where the agent says "the gang formed" (the readinessProbe checks it)
+        {"name": "TORCHSTEP_READY_FILE", "value": "/dev/shm/torchstep-ready"},
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
     ]
     single_env = rendered.roles[1].pod["spec"]["containers"][0]["env"]
     assert single_env[0] == {"name": "TORCHSTEP_REPLICA_ID", "value": "0"}
+    assert "TORCHSTEP_READY_FILE" not in {e["name"] for e in single_env}  # one replica: no gang to form
 
 
 def test_resources_and_node_selection(rendered):

@@ -58,6 +58,9 @@ ENV_LOG_PREFIX = "TORCHSTEP_LOG_PREFIX"
 ENV_PORT_PREFIX = "TORCHSTEP_PORT_"
 #: ``1``: Python workers are forked from a pre-imported zygote (the agent's ``--zygote``).
 ENV_ZYGOTE = "TORCHSTEP_ZYGOTE"
+#: Where the agent writes its readiness file: present while this node's workers run in a
+#: formed gang (after the rendezvous); a Kubernetes readinessProbe checks it.
+ENV_READY_FILE = "TORCHSTEP_READY_FILE"
 
 # -- environment variables set by the agent for its workers ---------------------------------
 #: torch's name: where ``record`` writes the worker's error file.

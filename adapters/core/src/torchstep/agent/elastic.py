@@ -42,6 +42,7 @@ from torchstep.agent import compat, signals
 from torchstep.agent.hang import HangWatch, ProgressWatch, gpu_present, nccl_env, request_nccl_dumps
 from torchstep.agent.logs import RankPaths, TorchstepLogsSpecs, line_prefix
 from torchstep.agent.procs import ExitInfo, ExitWatcher, Reaper, exited_now, kill_groups, pid_alive, signal_group
+from torchstep.agent.readiness import ReadyFile
 from torchstep.agent.settings import AgentSettings
 from torchstep.agent.stacks import RankStack, StackTarget, collect, outliers, summary, write_file
 from torchstep.agent.tee import LogTee, TeeSource
@@ -182,6 +183,10 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
         self.warnings: list[str] = warnings if warnings is not None else []
         self._warn_lock = threading.Lock()
+        # TORCHSTEP_READY_FILE: present while this node's workers run in a formed gang (the
+        # pod's readinessProbe); a file left from before this agent says nothing of it
+        self._ready = ReadyFile.from_env()
+        self._ready.clear()
 
     def warn(self, text: str) -> None:
         """Note ``text`` in the result's warnings (once) and on the console."""
@@ -378,6 +383,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             sources, filters=filters, filter_file=os.path.join(attempt.log_dir, "filtered.log"), on_warning=self.warn
         ).start()
         self._watchdog.phase("monitoring")
+        self._ready.mark()  # the rendezvous formed the world and this node's workers started
         return pids
 
     # -- monitor -------------------------------------------------------------------------
@@ -663,6 +669,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self.shutdown_group(signal.SIGTERM, self.settings.stop_timeout)
 
     def shutdown_group(self, death_sig: signal.Signals, timeout: float) -> None:
+        self._ready.clear()  # back to the rendezvous (or out): not ready until a new world forms
         attempt = self.attempts[-1] if self.attempts else None
         if attempt is not None and not attempt.cleaned:
             self._before_stop(attempt)
@@ -765,6 +772,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             shutdown_called = True
             raise
         finally:
+            self._ready.clear()
             if self._liveness is not None:
                 self._liveness.stop()
             if not shutdown_called:

@@ -33,6 +33,7 @@ from torchstep.kubernetes.failure import job_failure_fields, needs_job
 from torchstep.kubernetes.options import QUEUE_LABEL, KubernetesOptions, resolve
 from torchstep.kubernetes.overlay import apply_overlay
 from torchstep.kubernetes.pod import CONTAINER_NAME, Endpoint, pod_spec
+from torchstep.kubernetes.readiness import add_readiness
 from torchstep.plan.model import RetryOwner, RolePlan, StepPlan
 from torchstep.plan.names import JOB_NAME_MAX, dns_label, run_name, short_id
 from torchstep.plan.planner import build_plan
@@ -387,6 +388,8 @@ def _render_role(
     overlay = role.metadata.get("kubernetes")
     if overlay is not None:
         apply_overlay(tmeta, spec, overlay, path)
+    if indexed:
+        add_readiness(spec)  # Ready = the gang formed (Kueue's waitForPodsReady); an overlay's probe wins
     template = {"metadata": tmeta, "spec": spec}
 
     meta: dict[str, Any] = {"name": name, "namespace": opts.namespace, "labels": labels, "annotations": annotations}
