@@ -23,8 +23,12 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   SIGTERM then SIGKILL after the grace period, the object gone once its processes are;
 - **headless Services**: DNS records ``<hostname>.<subdomain>.<ns>.svc.cluster.local`` and
   ``<service>.<ns>.svc.cluster.local`` for the pods they select, published once a pod has its
-  IP (every pod is ready when it runs: there are no probes, so ``publishNotReadyAddresses``
-  changes nothing here);
+  IP (``publishNotReadyAddresses`` changes nothing here: records exist whatever the pods'
+  readiness);
+- **readiness**: a container's exec ``readinessProbe`` runs inside its pod (see
+  ``cluster/kubelet.py``) and sets the pod's ``Ready`` / ``ContainersReady`` conditions,
+  ``containerStatuses[].ready`` and the Job's ``status.ready``; without a probe a pod is
+  ready once its container runs;
 - **nodes**: ``drain`` (cordon, then every pod evicted with the ``DisruptionTarget``
   condition), ``lose`` (every process SIGKILLed and the node's link cut; the API hears nothing
   until the node is ``NotReady`` after ``node_grace_s``, then its pods get ``DisruptionTarget``
@@ -35,7 +39,7 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   ``BackoffLimitExceeded``, ...), NetworkPolicies stored and listed (**not enforced**).
 
 Not executed: admission (no webhooks, quotas or defaulting beyond what is above), a real
-scheduler (no resources, affinity, taints), image pulls, probes, init or sidecar containers
+scheduler (no resources, affinity, taints), image pulls, liveness and startup probes, init or sidecar containers
 (the first container alone runs), ``successPolicy``.
 """
 
@@ -133,7 +137,7 @@ class RealCluster(ApiFaults):
         self.network = Network(self.prefix)
         self.network.up(names)
         self.kubelet = Kubelet(KubeletConfig(self.root, str(config["path"]), self.prefix), self.network, self._ended,
-                               self._started)  # fmt: skip
+                               self._started, self._readiness)  # fmt: skip
         self.dns = Dns(self.root, self.network.ns, self.kubelet.cgroups / "dns")
         self.dns.start()
         self._stop = threading.Event()
@@ -473,14 +477,31 @@ class RealCluster(ApiFaults):
 
     def _running(self, pod: dict[str, Any], proc: PodProcess) -> None:
         pod["status"]["phase"] = "Running"
-        pod["status"]["containerStatuses"] = [self._container(proc, {"running": {"startedAt": _now()}}, True)]
-        for t in ("Initialized", "ContainersReady", "Ready"):
-            self._condition(pod, t, None, None)
+        ready = proc.probe is None  # with a readinessProbe: not ready until it passes
+        pod["status"]["containerStatuses"] = [self._container(proc, {"running": {"startedAt": _now()}}, ready)]
+        self._condition(pod, "Initialized", None, None)
+        for t in ("ContainersReady", "Ready"):
+            self._condition(pod, t, None, None, status=ready)
         self._event(pod, "Started", f"Started container {proc.container}")
 
-    def _condition(self, pod: dict[str, Any], kind: str, reason: str | None, message: str | None) -> None:
+    def _readiness(self, proc: PodProcess, ready: bool) -> None:
+        """The container's readinessProbe changed its verdict: the pod's conditions follow."""
+        with self.lock:
+            pod = self.objects.get(("Pod", proc.ns, proc.name))
+            if pod is None or pod["metadata"]["uid"] != proc.uid or pod["status"].get("phase") != "Running":
+                return
+            for status in pod["status"].get("containerStatuses") or []:
+                status["ready"] = ready
+            for t in ("ContainersReady", "Ready"):
+                self._condition(pod, t, None if ready else "ContainersNotReady",
+                                None if ready else f"containers with unready status: [{proc.container}]", status=ready)  # fmt: skip
+            if not ready:
+                self._event(pod, "Unhealthy", "Readiness probe failed")
+
+    def _condition(self, pod: dict[str, Any], kind: str, reason: str | None, message: str | None,
+                   status: bool = True) -> None:  # fmt: skip
         conditions = pod["status"].setdefault("conditions", [])
-        entry = {"type": kind, "status": "True", "lastTransitionTime": _now()}
+        entry = {"type": kind, "status": "True" if status else "False", "lastTransitionTime": _now()}
         if reason:
             entry.update(reason=reason, message=message or "")
         pod["status"]["conditions"] = [c for c in conditions if c["type"] != kind] + [entry]
@@ -645,7 +666,7 @@ class RealCluster(ApiFaults):
         running = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")
                    and "deletionTimestamp" not in p["metadata"]]  # fmt: skip
         status: dict[str, Any] = {"startTime": rfc3339(st.started), "active": len(running),
-                                  "ready": sum(p["status"].get("phase") == "Running" for p in running),
+                                  "ready": sum(_is_ready(p) for p in running),
                                   "succeeded": len(st.succeeded), "failed": st.failed,
                                   "terminating": sum("deletionTimestamp" in p["metadata"] for p in pods)}  # fmt: skip
         if job["spec"].get("completionMode") == "Indexed":
@@ -728,7 +749,11 @@ class RealCluster(ApiFaults):
 
 
 _WARNINGS = {"BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy", "Evicted", "Failed", "OOMKilling",
-             "NodeNotReady", "MaxFailedIndexesExceeded", "FailedIndexes"}  # fmt: skip
+             "NodeNotReady", "MaxFailedIndexesExceeded", "FailedIndexes", "Unhealthy"}  # fmt: skip
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
 def _exit_code(pod: dict[str, Any]) -> int | None:

@@ -14,7 +14,13 @@ Test infrastructure, not product code. Each pod is one process tree in
   volumes (``emptyDir``, ``medium: Memory`` as a tmpfs of its ``sizeLimit``, ``hostPath``,
   a PVC as one directory per claim) bind-mounted at their ``mountPath``, read-only where asked;
 - its own **cgroup v1 memory controller** group with the container's memory limit: going
-  over it is an ``OOMKilled`` termination with exit code 137.
+  over it is an ``OOMKilled`` termination with exit code 137;
+- its container's **exec readinessProbe**, run as kubelet does: inside the pod's mount, UTS,
+  IPC, network and PID namespaces (``nsenter`` into its PID 1) with the container's
+  environment, after ``initialDelaySeconds``, every ``periodSeconds``, each try bounded by
+  ``timeoutSeconds``; ``successThreshold`` passes in a row make it ready,
+  ``failureThreshold`` failures in a row unready (reported through ``on_ready``). Other
+  probe handlers (httpGet, tcpSocket, grpc) are not played: such a probe never passes.
 
 The image is never pulled: a pod runs on this machine's filesystem, with the checkout's
 virtual environment first on ``PATH`` (``KubeletConfig.path``); the "image's" environment is
@@ -266,6 +272,9 @@ class PodProcess:
     message_path: Path | None = None
     fallback: bool = False
     deleting: bool = False
+    probe: dict[str, Any] | None = None  # the container's readinessProbe
+    env: dict[str, str] = field(default_factory=dict)  # the container's environment (probes run with it)
+    ready: bool = False  # the readinessProbe's verdict
     ended: threading.Event = field(default_factory=threading.Event)
     log: Path = field(init=False)
 
@@ -298,11 +307,13 @@ class Kubelet:
     """Runs pods for real (see the module docstring); one per cluster, for all its nodes."""
 
     def __init__(self, config: KubeletConfig, network: Network, on_end: Callable[[PodProcess], None],
-                 on_start: Callable[[PodProcess], None] | None = None) -> None:  # fmt: skip
+                 on_start: Callable[[PodProcess], None] | None = None,
+                 on_ready: Callable[[PodProcess, bool], None] | None = None) -> None:  # fmt: skip
         self.config = config
         self.network = network
         self.on_end = on_end
         self.on_start = on_start or (lambda p: None)
+        self.on_ready = on_ready or (lambda p, ready: None)
         self.cgroups = memory_cgroup_root() / f"{config.prefix}pods"
         self.cgroups.mkdir(exist_ok=True)
         self.pods: dict[str, PodProcess] = {}  # pod uid -> its process
@@ -412,7 +423,7 @@ class Kubelet:
         podir.mkdir(parents=True, exist_ok=True)
         grace = spec.get("terminationGracePeriodSeconds", 30)
         p = PodProcess(meta["namespace"], meta["name"], meta["uid"], node, slot, podir,
-                       container.get("name", "main"), float(grace))  # fmt: skip
+                       container.get("name", "main"), float(grace), probe=container.get("readinessProbe"))  # fmt: skip
         self.pods[p.uid] = p
         p.log.touch()
         p.netns, p.ip = self.network.attach(node, slot)
@@ -425,6 +436,7 @@ class Kubelet:
         except ConfigError as e:
             p.waiting = ("CreateContainerConfigError", str(e))
             return p
+        p.env = env
         (podir / "hosts").write_text(self.hosts_file(pod, p.ip))
         (podir / "resolv.conf").write_text(self.resolv_conf(meta["namespace"]))
         message_path = container.get("terminationMessagePath", "/dev/termination-log")
@@ -448,7 +460,9 @@ class Kubelet:
                     "nsenter", f"--net=/run/netns/{p.netns}", *sandbox]  # fmt: skip
         if pull_s > 0:
             p.waiting = ("ContainerCreating", f"pulling the image (this node's pulls take {pull_s:g} s)")
-            threading.Timer(pull_s, self._exec, args=(p, launcher, env)).start()
+            pull = threading.Timer(pull_s, self._exec, args=(p, launcher, env))
+            pull.daemon = True  # a "pull" longer than the test never holds the server's exit
+            pull.start()
         else:
             self._exec(p, launcher, env)
         return p
@@ -462,7 +476,42 @@ class Kubelet:
             p.started_at = time.time()
             p.waiting = None
         threading.Thread(target=self._follow, args=(p,), daemon=True, name=f"kubelet-{p.name}").start()
+        if p.probe is not None:
+            threading.Thread(target=self._probe_loop, args=(p,), daemon=True, name=f"probe-{p.name}").start()
         self.on_start(p)
+
+    def _probe_loop(self, p: PodProcess) -> None:
+        """Run the container's readinessProbe until the container ends (see the module docstring)."""
+        probe = p.probe or {}
+        period = float(probe.get("periodSeconds", 10))
+        timeout = float(probe.get("timeoutSeconds", 1))
+        to_ready, to_unready = int(probe.get("successThreshold", 1)), int(probe.get("failureThreshold", 3))
+        passes = fails = 0
+        if p.ended.wait(float(probe.get("initialDelaySeconds", 0))):
+            return
+        while not p.ended.is_set() and not p.deleting:
+            ok = self._probe_once(p, probe, timeout)
+            passes, fails = (passes + 1, 0) if ok else (0, fails + 1)
+            # unready at first: the first failure is no transition, the first passes are
+            if (not p.ready and passes >= to_ready) or (p.ready and fails >= to_unready):
+                p.ready = not p.ready
+                if not p.ended.is_set():
+                    self.on_ready(p, p.ready)
+            if p.ended.wait(period):
+                return
+
+    def _probe_once(self, p: PodProcess, probe: Mapping[str, Any], timeout: float) -> bool:
+        argv = list((probe.get("exec") or {}).get("command") or [])
+        pid = p.pid1(timeout=0.5)
+        if not argv or pid is None:
+            return False
+        try:  # inside the pod, as `kubectl exec` would be (its root and working directory too)
+            done = subprocess.run(["nsenter", f"--target={pid}", "--mount", "--uts", "--ipc", "--net", "--pid",
+                                   "--root", "--wd", "--", *argv], env=p.env, stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
 
     def _follow(self, p: PodProcess) -> None:
         """Copy the container's output to its log (each line timestamped), then record how it ended."""
