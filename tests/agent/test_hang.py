@@ -6,6 +6,7 @@ Real agents, real workers (gloo), timings asserted with generous slack (2 shared
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -58,6 +59,92 @@ def test_ranks_without_a_stack_are_still_failed_and_say_why(agents: Agents, tmp_
     assert "ranks 0, 1 gave no stack: no stack handler" in res["message"]
     took = res["root_cause"]["timestamp"] - max(ready_times(ready))
     assert 1.5 <= took <= 2 + 2 + SLACK_S, took
+
+
+@pytest.mark.parametrize(
+    ("path", "s"),
+    # exec'd ranks are silent while they import torch (seconds on a loaded machine): a larger S
+    [("zygote", 4.0), pytest.param("exec", 6.0, marks=pytest.mark.slow)],
+)
+def test_completing_collectives_are_progress_until_a_rank_stops_taking_part(
+    agents: Agents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, s: float
+) -> None:
+    """Ranks that print nothing but whose all_reduce calls complete run twice the hang
+    timeout untouched; once rank 1 stops calling (its data loader) and rank 0 waits for it,
+    the group is failed within the bound and rank 1 named. A forked worker gets the hook from
+    the zygote, an exec'd one from @torchstep.record."""
+    monkeypatch.delenv("TORCHSTEP_TEST_ZYGOTE", raising=False)  # each case picks its path
+    loop_s = 2 * s
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    extra = ["--record"] if path == "exec" else []
+    agent = agents.start(
+        ["--standalone", "--nproc-per-node", "2", "--hang-timeout", f"{s:g}", "--max-restarts", "0", HANG,
+         "--mode", "collectives", "--seconds", f"{loop_s:g}", "--rank", "1", "--dir", str(ready), *extra],
+        env={"TORCHSTEP_ZYGOTE": "0" if path == "exec" else "1"},
+    )  # fmt: skip
+    assert agent.wait(120) == 137, agent.diagnostics()
+    for rank in (0, 1):  # every rank looped for the whole time, silent, without being stopped
+        calls, took = (ready / f"ran.{rank}").read_text().split()
+        assert float(took) >= loop_s and int(calls) > 20, (rank, calls, took)
+    res = agent.result
+    root = res["root_cause"]
+    assert (res["state"], res["retryable"], root["rank"], root["reason"]) == ("FAILED", True, 1, "hang_timeout")
+    assert re.search(r"rank 1 at hang\.py:\d+ in load_batch; rank 0 waiting in all_reduce", root["message"]), root
+    # the last collective returned (and touched the file, at most 1 s stale) just before the
+    # ranks' ready lines: detection S - 1 s .. S + 2 s after them (+ slack)
+    took = root["timestamp"] - max(ready_times(ready))
+    assert s - 1.5 <= took <= s + 2 + SLACK_S, took
+
+
+def test_the_collective_hook_counts_returns_and_changes_nothing_else(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In a worker: the wrapped calls return what torch returns (an async work handle as
+    is), raise what torch raises, touch the file at most once a second, and a second
+    install wraps nothing twice."""
+    import subprocess
+    import sys
+
+    mark = tmp_path / "collectives.0"
+    code = f"""
+import os, sys, time
+import torch, torch.distributed as dist
+from torchstep import worker
+assert worker.install_collective_hook() is True and worker.install_collective_hook() is True
+assert dist.all_reduce is dist.distributed_c10d.all_reduce and dist.all_reduce.__torchstep_collective__
+assert dist.all_reduce.__wrapped__.__name__ == "all_reduce"
+try:
+    dist.all_reduce(torch.ones(1))
+except (ValueError, RuntimeError) as e:  # no process group: torch's own error, unchanged
+    print("raised", type(e).__name__, "Default process group" in str(e))
+assert not os.path.exists({str(mark)!r})  # a call that raised is no progress
+store = dist.TCPStore("127.0.0.1", 0, 1, True)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+t = torch.ones(2)
+work = dist.all_reduce(t, async_op=True)
+print("async", type(work).__name__, work.wait())
+first = os.stat({str(mark)!r}).st_mtime_ns
+for _ in range(2000):
+    dist.all_reduce(t)
+assert os.stat({str(mark)!r}).st_mtime_ns == first, "touched again within the second"
+time.sleep(1.1)
+dist.barrier()
+assert os.stat({str(mark)!r}).st_mtime_ns > first
+dist.destroy_process_group()
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_")}
+    env["TORCHSTEP_COLLECTIVES_FILE"] = str(mark)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "raised ValueError True" in out.stdout or "raised RuntimeError True" in out.stdout, out.stdout
+    assert "async Work True" in out.stdout, out.stdout
+    # without --hang-timeout (no variable) nothing is wrapped
+    del env["TORCHSTEP_COLLECTIVES_FILE"]
+    plain = "import torch.distributed as dist; from torchstep import worker; "
+    plain += "print(worker.install_collective_hook(), hasattr(dist.all_reduce, '__torchstep_collective__'))"
+    out = subprocess.run([sys.executable, "-c", plain], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"], out
 
 
 @pytest.mark.slow

@@ -6,6 +6,9 @@ blocked  like silent, with the agent's stacks signal blocked (no dump can come)
 print    no torch; prints a line every 0.3 s for --seconds, then exits 0
 progress no torch; torchstep.progress(i, --steps) every 0.3 s, no output, then exits 0
 timer    rank --rank is stuck in slow_step() under torchstep.expires(after=2); the others wait
+collectives  gloo group; every rank calls all_reduce in a loop for --seconds without a word
+         (writes <--dir>/ran.<rank>: calls and seconds), then as loader; --record: under
+         @torchstep.record (what gives an exec'd worker the collective hook)
 
 Every rank touches <--dir>/ready.<rank> once it is where the test wants it.
 """
@@ -40,6 +43,31 @@ def slow_step(directory: str) -> None:
     time.sleep(600)
 
 
+def collectives(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print(f"joined rank={RANK}", flush=True)  # the last line: silent from here
+    t = torch.ones(4)
+    start = time.monotonic()
+    calls = 0
+    while True:  # rank 0 says when the time is up: every rank leaves the loop after the same call
+        flag = torch.tensor([1.0 if RANK == 0 and time.monotonic() - start >= a.seconds else 0.0])
+        dist.all_reduce(flag)
+        calls += 1
+        if flag.item() > 0:
+            break
+        time.sleep(0.02)
+    if a.dir:
+        with open(os.path.join(a.dir, f"ran.{RANK}"), "w") as f:
+            f.write(f"{calls} {time.monotonic() - start}")
+    if RANK == a.rank:
+        load_batch(a.dir)
+    ready(a.dir)
+    dist.all_reduce(t)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", required=True)
@@ -47,8 +75,16 @@ def main() -> None:
     p.add_argument("--dir", default="")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--record", action="store_true")
     a = p.parse_args()
     print(f"start rank={RANK} pid={os.getpid()}", flush=True)
+    if a.mode == "collectives" and a.record:
+        import torch.distributed  # noqa: F401  # as a script's imports at its top: before main() runs
+        import torchstep
+
+        print(f"imported rank={RANK}", flush=True)
+        torchstep.record(collectives)(a)
+        return
     if a.mode == "loader":
         import torch
         import torch.distributed as dist
@@ -60,6 +96,8 @@ def main() -> None:
         t = torch.ones(4)
         ready(a.dir)
         dist.all_reduce(t)
+    elif a.mode == "collectives":
+        collectives(a)
     elif a.mode == "silent":
         wait_forever(a.dir)
     elif a.mode == "blocked":

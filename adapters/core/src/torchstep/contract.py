@@ -75,6 +75,9 @@ ENV_OUTPUT_FILE = "TORCHSTEP_OUTPUT_FILE"
 ENV_STACKS_FILE = "TORCHSTEP_STACKS_FILE"
 #: The JSON file ``torchstep.progress()`` writes.
 ENV_PROGRESS_FILE = "TORCHSTEP_PROGRESS_FILE"
+#: The file a worker touches when a ``torch.distributed`` collective returns (at most once a
+#: second; set only with ``--hang-timeout``, which counts it as progress).
+ENV_COLLECTIVES_FILE = "TORCHSTEP_COLLECTIVES_FILE"
 #: The signal the agent sends a worker for its stacks: a real-time one, which no library
 #: handles and whose default action (terminate) the agent never triggers: it signals only a
 #: worker whose stacks file says the handler is installed.

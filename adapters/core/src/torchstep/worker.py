@@ -15,6 +15,9 @@ for each worker; no sockets, no threads in the worker:
 ``TORCHSTEP_PROGRESS_FILE``    :func:`progress` keeps the last step, total and times here
 ``TORCHSTEP_STACKS_FILE``      where this worker's stacks go when the agent asks for them
                                (:func:`install_stack_dump`: ``faulthandler`` on a signal)
+``TORCHSTEP_COLLECTIVES_FILE`` touched (at most once a second) when a ``torch.distributed``
+                               collective returns (:func:`install_collective_hook`; set
+                               with ``--hang-timeout`` only)
 =============================  ==========================================================
 
 Example::
@@ -50,6 +53,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from torchstep.contract import (
     ENV_CHECKPOINT_DIR,
+    ENV_COLLECTIVES_FILE,
     ENV_ERROR_FILE,
     ENV_HEARTBEAT_FILE,
     ENV_LAST_CHECKPOINT,
@@ -73,6 +77,7 @@ __all__ = [
     "checkpoint_dir",
     "expires",
     "heartbeat",
+    "install_collective_hook",
     "install_stack_dump",
     "last_checkpoint",
     "output",
@@ -103,6 +108,9 @@ _last_heartbeat = 0.0
 _progress_first: tuple[float, float] | None = None  # (step, unix time) of the first progress() call
 _progress_written = 0.0
 _stacks_file: Any = None  # the open file faulthandler writes to (kept open for the worker's life)
+# install_collective_hook(): the file a returning collective touches, and when it last did
+_collectives_file: str | None = None
+_collective_touched = 0.0
 _timer_clients: dict[str, Any] = {}
 
 
@@ -180,6 +188,7 @@ def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
         except Exception:  # stderr may be closed; not worth failing for
             pass
         install_stack_dump()  # a worker the agent exec'd (no zygote) gets the handler here
+        install_collective_hook()  # and its collectives count for --hang-timeout from here
         try:
             return fn(*args, **kwargs)
         except SystemExit as e:
@@ -330,6 +339,125 @@ def install_stack_dump() -> bool:
         return False
     _stacks_file = f
     return True
+
+
+#: The module-level ``torch.distributed`` calls that talk to peers (any torch 2.4 and later
+#: has most of them; a name the installed torch lacks is skipped). A blocking one returning
+#: means the peers took part; an ``async_op=True`` one returning means it was issued.
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "recv",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+)
+# a returning collective touches the file at most this often: a training loop calls them
+# thousands of times a second, --hang-timeout counts in seconds
+_COLLECTIVE_MIN_INTERVAL_S = 1.0
+
+
+def install_collective_hook() -> bool:
+    """Count every ``torch.distributed`` collective that returns as progress for
+    ``--hang-timeout`` (a rank that prints nothing but whose ``all_reduce`` calls complete
+    is not hung).
+
+    Wraps the module-level calls of :data:`COLLECTIVES` in ``torch.distributed`` and
+    ``torch.distributed.distributed_c10d``; each wrapper calls the original and returns its
+    result as it is (an ``async_op=True`` work handle too, its exceptions unchanged), then
+    touches ``TORCHSTEP_COLLECTIVES_FILE`` at most once a second: under 1 µs a call
+    otherwise (a gloo ``all_reduce`` of a small tensor takes 30-150 µs). Collectives that torch calls from C++ (DDP's gradient buckets) or code that
+    bound a collective before the hook (``from torch.distributed import all_reduce`` in a
+    module imported earlier) are not seen: print or call :func:`progress` there. The
+    agent's worker zygote calls it for every worker it forks; a worker the agent exec'd
+    gets it from :func:`record`. Idempotent; without ``--hang-timeout`` (no such variable)
+    or before ``torch.distributed`` is imported it does nothing.
+
+    Returns:
+        Whether the collectives are wrapped (now or before).
+
+    Example::
+
+        import torch.distributed as dist
+        torchstep.worker.install_collective_hook()   # a script not using @torchstep.record
+    """
+    global _collectives_file
+    path = _env(ENV_COLLECTIVES_FILE)
+    if path is None:
+        return False
+    if _collectives_file is not None:
+        return True
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    dist = sys.modules.get("torch.distributed")
+    if c10d is None or dist is None:  # never import torch for it: the script did not use it (yet)
+        return False
+    compiling = _is_compiling(sys.modules.get("torch.compiler"))
+    wrapped: dict[int, Callable[..., Any]] = {}  # one wrapper per function, whichever module names it
+    for name in COLLECTIVES:
+        for module in (c10d, dist):
+            original = getattr(module, name, None)
+            if callable(original) and not getattr(original, "__torchstep_collective__", False):
+                if id(original) not in wrapped:
+                    wrapped[id(original)] = _counted(original, compiling)
+                setattr(module, name, wrapped[id(original)])
+    _collectives_file = path
+    return True
+
+
+def _is_compiling(compiler: Any) -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (torch >= 2.3), else always False."""
+    fn = getattr(compiler, "is_compiling", None)
+    return fn if callable(fn) else (lambda: False)
+
+
+def _counted(original: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        # under torch.compile the check folds to True: nothing of ours enters the graph
+        if not compiling():
+            _collective_returned()
+        return result
+
+    collective.__torchstep_collective__ = True  # type: ignore[attr-defined]
+    return collective
+
+
+def _collective_returned() -> None:
+    global _collective_touched
+    now = time.monotonic()
+    path = _collectives_file
+    if path is None or now - _collective_touched < _COLLECTIVE_MIN_INTERVAL_S:
+        return
+    _collective_touched = now
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        try:
+            with open(path, "a"):
+                pass
+        except OSError:
+            pass
+    except OSError:  # advisory: never fail the user's collective for it
+        pass
 
 
 def progress(step: float, total: float | None = None) -> None:

@@ -49,9 +49,15 @@ from torchstep.agent.tee import LogTee, TeeSource
 from torchstep.agent.timers import HeartbeatWatch, ReapingTimerServer
 from torchstep.agent.watchdog import ProgressWatchdog
 from torchstep.agent.zygote_handle import ZygoteProcess, worker_ended, wrapper_of
+from torchstep.contract import (
+    ENV_COLLECTIVES_FILE,
+    ENV_PROGRESS_FILE,
+    ENV_STACKS_FILE,
+    NON_RETRYABLE_EXIT_CODE,
+    is_non_retryable,
+)
 from torchstep.contract import ENV_HEARTBEAT_FILE as HEARTBEAT_FILE_ENV
 from torchstep.contract import ENV_OUTPUT_FILE as OUTPUT_FILE_ENV
-from torchstep.contract import ENV_PROGRESS_FILE, ENV_STACKS_FILE, NON_RETRYABLE_EXIT_CODE, is_non_retryable
 from torchstep.contract import ENV_TIMER_FILE as TIMER_FILE_ENV
 from torchstep.result import StepState
 from torchstep.untrusted import MAX_ERROR_FILE_BYTES, read_json_file
@@ -89,6 +95,7 @@ class WorkerRecord:
     tails: dict[str, Any] = field(default_factory=dict)
     stacks_file: str = ""  # where its faulthandler writes (TORCHSTEP_STACKS_FILE)
     progress_file: str = ""  # what torchstep.progress() writes (TORCHSTEP_PROGRESS_FILE)
+    collectives_file: str = ""  # touched when a collective returns (TORCHSTEP_COLLECTIVES_FILE)
     #: Where it was when the agent stopped the group (collect_stacks), if it did.
     stack: RankStack | None = None
 
@@ -311,6 +318,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             env[OUTPUT_FILE_ENV] = record.paths.outputs
             record.stacks_file = env[ENV_STACKS_FILE] = os.path.join(control, f"stacks.{local_rank}")
             record.progress_file = env[ENV_PROGRESS_FILE] = os.path.join(control, f"progress.{local_rank}")
+            if self._hang is not None:  # only then: a touch a second per rank for nothing otherwise
+                record.collectives_file = env[ENV_COLLECTIVES_FILE] = os.path.join(control, f"collectives.{local_rank}")
             if self._nccl:
                 env.update(nccl_env(env, attempt_dir))
         if self._heartbeats is not None:
@@ -377,6 +386,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if self._hang is not None:  # here: a --logs-specs of the user's has just decided the log paths
             watched = [w.heartbeat_file for w in attempt.workers.values()]
             watched += [w.progress_file for w in attempt.workers.values()]
+            watched += [w.collectives_file for w in attempt.workers.values()]
             watched += [p for w in attempt.workers.values() for p in (w.paths.log, w.paths.stderr) if p]
             self._hang.reset(watched)
         self._tee = LogTee(

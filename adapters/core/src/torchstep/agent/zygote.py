@@ -65,7 +65,7 @@ from torchstep.agent.forksafe import (
     fork_refusal,
     parse_request,
 )
-from torchstep.worker import install_stack_dump
+from torchstep.worker import install_collective_hook, install_stack_dump
 
 #: Signals a worker gets back with their default action (the zygote changes them).
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -366,6 +366,7 @@ class Zygote:
                 sys.modules["torch"].set_num_threads(int(omp))
             _unbuffered_stdio()
             install_stack_dump()  # the agent can ask for this worker's stacks when it stops the group
+            install_collective_hook()  # with --hang-timeout: a returning collective is progress
             code = _run(request)
         except BaseException:  # our own setup failed: say so in the worker's log
             traceback.print_exc()
