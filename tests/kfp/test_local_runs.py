@@ -270,3 +270,28 @@ def test_the_docker_form_spends_the_retry_budget_in_the_step(tmp_path: Path, mon
     assert entry.main(argv) == 0
     assert marker.read_text().count("attempt") == 2
     assert _json.loads((out / "result").read_text())["outputs"] == {"attempts": 2}
+
+
+COUNTING = f"{Path(__file__).resolve().parent / 'apps' / 'counting.py'}:counting"
+
+
+def test_the_steps_last_progress_is_in_its_metrics_artifact(kfp_local: Path) -> None:
+    """A step whose ranks call torchstep.progress(step, total): its Metrics artifact (what the
+    KFP UI shows as the task's scalar metrics) holds the last report beside rank 0's metrics,
+    and the result parameter the whole progress."""
+    counting = component_from_fn(COUNTING, metrics=True)
+
+    @dsl.pipeline
+    def pipe(steps: int) -> dict:
+        step = counting(steps=steps)
+        return read_metrics(metrics=step.outputs["metrics"], result=step.outputs["result"]).output
+
+    got = pipe(steps=4).output
+    assert got["state"] == "SUCCEEDED"
+    metrics = got["metrics"]
+    assert metrics["loss"] == 0.25  # the step's own metric is kept
+    assert (metrics["progress_step"], metrics["progress_total"], metrics["progress_percent"]) == (4, 4, 100)
+    assert metrics["progress_eta_s"] == 0 and 0.5 < metrics["progress_rate"] < 10, metrics  # ~3.3 steps/s
+    (executor_output,) = kfp_local.glob("root/**/counting/executor_output.json")
+    result = json.loads(executor_output.read_text())["parameterValues"]["result"]
+    assert (result["progress"]["step"], result["progress"]["total"]) == (4, 4)

@@ -332,6 +332,7 @@ class ExecutorOutputSink(Sink):
         self.model_name = _artifact_name(spec.get("model"), "model")
         self.output_file: str = outputs.get("outputFile", "")
         self.executor_output: dict[str, Any] = {"parameterValues": {}}
+        self._metrics: dict[str, float] = {}
 
     def _put(self, name: str, value: Any, kind: str) -> None:
         from torchstep.adapter import write_out
@@ -347,12 +348,16 @@ class ExecutorOutputSink(Sink):
             self._put(name, value if kind != "str" or isinstance(value, str) else json.dumps(value), kind)
 
     def metrics(self, values: Mapping[str, float]) -> None:
+        self._metrics = dict(values)
+        self._write_metrics()
+
+    def _write_metrics(self) -> None:
         from torchstep.adapter import write_out
 
         art = _artifact(self.artifacts, self.metrics_name) if self.metrics_name else None
         if art is not None:
-            art["metadata"] = {**art.get("metadata", {}), **values}
-            write_out(_path(art["uri"]), json.dumps(dict(values)))
+            art["metadata"] = {**art.get("metadata", {}), **self._metrics}
+            write_out(_path(art["uri"]), json.dumps(self._metrics))
             self.executor_output.setdefault("artifacts", {})[self.metrics_name] = {"artifacts": [art]}
 
     def model(self, source: str) -> bool:
@@ -374,7 +379,50 @@ class ExecutorOutputSink(Sink):
     def result(self, result: Any) -> None:
         from torchstep.adapter import without_nulls
 
+        progress = progress_metrics(result.progress)
+        if progress and self.metrics_name:  # the Metrics artifact shows the step's last progress too
+            self._metrics = {**progress, **self._metrics}  # a rank-0 metric of the same name wins
+            self._write_metrics()
         self._put("result", without_nulls(result.to_dict()), "dict")
+
+
+#: The Metrics artifact's names for the step's last ``torchstep.progress()`` report.
+PROGRESS_METRICS = ("progress_step", "progress_total", "progress_percent", "progress_rate", "progress_eta_s")
+
+
+def progress_metrics(progress: Any) -> dict[str, float]:
+    """The step's last progress (the result's ``progress``) as KFP scalar metrics: those of
+    :data:`PROGRESS_METRICS` that are known (no total: no percent; no rate yet: no ETA).
+
+    Args:
+        progress: the result's ``progress`` (``step``, ``total``, ``rate``, ``eta_s``), or None.
+
+    Returns:
+        ``{name: number}``; empty when the step reported no progress.
+
+    >>> progress_metrics({"step": 120, "total": 1000, "rate": 4.0, "eta_s": 220.0, "rank": 0})
+    {'progress_step': 120.0, 'progress_total': 1000.0, 'progress_percent': 12.0, 'progress_rate': 4.0, 'progress_eta_s': 220.0}
+    >>> progress_metrics({"step": 7, "total": None, "rate": None, "eta_s": None})
+    {'progress_step': 7.0}
+    """
+    if not isinstance(progress, Mapping):
+        return {}
+
+    def number(key: str) -> float | None:
+        v = progress.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else None
+
+    step, total = number("step"), number("total")
+    if step is None:
+        return {}
+    values = {
+        "progress_step": step,
+        "progress_total": total,
+        "progress_percent": round(100.0 * step / total, 2) if total else None,
+        "progress_rate": number("rate"),
+        "progress_eta_s": number("eta_s"),
+    }
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _artifact_name(option: Any, default: str) -> str | None:
