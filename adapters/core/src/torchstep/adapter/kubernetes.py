@@ -2,7 +2,9 @@
 support (Airflow's KubernetesPodOperator, a Prefect work pool's base job template) instead
 of running it through :func:`torchstep.steps.open_step`: the rendered objects, the pod's
 container, its termination, and the ownership records that keep a later try from
-attaching to a pod someone else created. Imports the Kubernetes client only on use.
+attaching to a pod someone else created; and, for an orchestrator that waits for a run
+somewhere else than its watcher (Airflow's triggerer), the run's JSON handle and its state
+read through it (:mod:`torchstep.kubernetes.remote`). Imports the Kubernetes client only on use.
 
 Example::
 
@@ -17,11 +19,16 @@ from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, re
 from torchstep.kubernetes.apiobj import termination, uid_of
 from torchstep.kubernetes.hostpod import host_pod
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
+from torchstep.kubernetes.remote import BARE_POD, GONE, RemoteRun, handle_of
 
 __all__ = [
+    "BARE_POD",
     "CONTAINER_NAME",
+    "GONE",
     "OfficialClient",
+    "RemoteRun",
     "RenderedApp",
+    "handle_of",
     "host_pod",
     "impostor_warning",
     "record_uid",
