@@ -195,8 +195,13 @@ def test_resuming_after_a_retryable_failure_raises_so_airflow_retries(api):
     assert ctx["ti"].xcom["return_value"]["state"] == FAILED
 
 
-def test_the_job_path_refuses_deferrable_with_a_clear_error():
-    app = specs.AppDef("train", roles=[specs.Role("trainer", image="img:1", entrypoint="python", num_replicas=2)])
-    op = AppDefOperator(task_id="fit", app=app, target="kubernetes", kubernetes_kwargs={"deferrable": True})
-    with pytest.raises(AirflowFailException, match=r"kubernetes_kwargs\['deferrable'\]"):
-        op.execute(context())
+def test_deferrable_reaches_the_pod_operator_from_the_argument_and_from_its_alias():
+    # the Job path (several replicas) defers too: tests/airflow/test_deferrable_jobs.py
+    from torchstep_airflow.kubernetes import PodStep, render
+
+    app = specs.AppDef("train", roles=[specs.Role("trainer", image="img:1", entrypoint="python")])
+    for spelling in ({"deferrable": True}, {"kubernetes_kwargs": {"deferrable": True}}, {}):
+        op = AppDefOperator(task_id="fit", app=app, target="kubernetes", **spelling)
+        plan = op.build_app()[1]
+        step = PodStep(op, plan, render(op, plan, "train.fit.r.try1"), context())
+        assert step.operator.deferrable is bool(spelling), spelling

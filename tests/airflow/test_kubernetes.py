@@ -96,10 +96,10 @@ def test_pod_operator_arguments_torchstep_owns_are_refused():
 
 
 def test_job_path_refuses_pod_operator_only_arguments():
-    t = task(app(replicas=2), {"deferrable": True})
+    t = task(app(replicas=2), {"startup_timeout_seconds": 60})
     with pytest.raises(torchstep.SpecError) as err:
         run_kubernetes(t, t.build_app()[1], {"ti": TI})
-    assert err.value.field == "kubernetes_kwargs['deferrable']"
+    assert err.value.field == "kubernetes_kwargs['startup_timeout_seconds']"
 
 
 # -- the Job path against the recorded in-memory API (tests/kubefake.py) ---------------------------

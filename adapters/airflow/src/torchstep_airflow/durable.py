@@ -65,8 +65,16 @@ class Settled(Exception):
 OpenTry = Callable[..., Any]
 
 
-def run_durable(open_try: OpenTry, context: Any, log: Any) -> StepResult:
-    """Run the Job path of a task durably (see the module docstring); its result, failed or not."""
+#: Hands a try's step to the triggerer: ``defer(step)`` creates (or attaches to) its Jobs and
+#: raises ``TaskDeferred``.
+Defer = Callable[[Any], None]
+
+
+def run_durable(open_try: OpenTry, context: Any, log: Any, defer: Defer | None = None) -> StepResult:
+    """Run the Job path of a task durably (see the module docstring); its result, failed or
+    not. With ``defer`` (``deferrable=True``), a try whose Jobs are running (created now, or
+    found running after a crash) is handed to the triggerer instead of watched here:
+    :func:`resume_durable` continues it in ``execute_complete``."""
     store = context.get("task_state_store")
     cls = resumable_class()
     attempt = attempt_of(context)
@@ -78,8 +86,11 @@ def run_durable(open_try: OpenTry, context: Any, log: Any) -> StepResult:
             why,
             attempt.logical_id,
         )
-        return open_try(Attempt(attempt.parts)).run()  # type: ignore[no-any-return]
-    job = cls(open_try, attempt.run_id, store, log)
+        step = open_try(Attempt(attempt.parts))
+        if defer is not None:
+            defer(step)
+        return step.run()  # type: ignore[no-any-return]
+    job = cls(open_try, attempt.run_id, store, log, defer)
     try:
         job.execute_resumable(context)
     except Settled as s:
@@ -110,8 +121,9 @@ def resumable_class() -> Any:
         external_id_key = RUN_ID_KEY
 
         # Not the mixin's __init__: it is an operator's (wrapped by BaseOperatorMeta) and only sets `durable`.
-        def __init__(self, open_try: OpenTry, run_id: str, store: Any, log: Any) -> None:
+        def __init__(self, open_try: OpenTry, run_id: str, store: Any, log: Any, defer: Defer | None = None) -> None:
             self.durable = True
+            self.defer = defer
             self.open_try = open_try
             self.run_id = run_id  # this try's
             self.store = store
@@ -144,6 +156,9 @@ def resumable_class() -> Any:
             return self.run_id
 
         def poll_until_complete(self, external_id: Any, context: Any) -> None:
+            if self.defer is not None:  # created (or attached) here, waited for in the triggerer
+                run_id = str(external_id)
+                self.defer(self._opened.pop(run_id, None) or self.open_try(run_id, cursor_store=self.store))
             self.outcome = self._run(str(external_id))
 
         def get_job_result(self, external_id: Any, context: Any) -> Any:
@@ -174,6 +189,33 @@ def resumable_class() -> Any:
                 raise Settled(result)
 
     return ResumableStep
+
+
+def resume_durable(open_try: OpenTry, run_id: str, context: Any) -> StepResult:
+    """The end of a deferred try (``execute_complete``): reattach to the Jobs of ``run_id``,
+    follow every pod's log from the saved cursor, collect, clean up; then record that this
+    run was reported (the next try of the task starts afresh), as the non-deferred path does.
+
+    Args:
+        open_try: opens the step of a run id (core's ``open_step``, bound to the task).
+        run_id: the deferred try's run id (the trigger's event says it).
+        context: the task's Airflow context (its ``task_state_store``, when it has one).
+
+    Returns:
+        The step result, failed or not.
+    """
+    store = context.get("task_state_store")
+    step = open_try(run_id, cursor_store=store)
+    try:
+        return step.run()  # type: ignore[no-any-return]
+    finally:
+        if store is not None:
+            try:
+                store.set(REPORTED_KEY, run_id)
+            except Exception as e:
+                logging.getLogger("torchstep_airflow").warning(
+                    "torchstep: could not record that %s was reported: %s", run_id, e
+                )
 
 
 def _kwargs_logger(log: Any) -> Any:

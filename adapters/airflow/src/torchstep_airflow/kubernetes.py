@@ -11,7 +11,10 @@ Kubernetes client; loaded only when such a task executes).
   (``kubernetes_kwargs``).
 - Anything else (several replicas or roles) → core's :func:`torchstep.steps.open_step` with
   the ``KubernetesHook``'s client; every pod's log goes to the task log,
-  ``on_finish_action`` maps to ``on_finish``. Not deferrable.
+  ``on_finish_action`` maps to ``on_finish``. Deferrable (``AppDefOperator(deferrable=True)``):
+  the worker creates the Jobs, the task waits in the triggerer
+  (:class:`torchstep_airflow.triggers.JobGangTrigger`), and ``execute_complete`` reattaches
+  in a worker to print the logs, collect and clean up (:func:`defer_jobs`, :func:`resume_jobs`).
 
 Durable (``durable=True``, the default of ``AppDefOperator``): a retry after the worker died
 reattaches instead of starting a second pod or gang. The pod path relies on the
@@ -34,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +50,9 @@ from torchstep.adapter import FAILED, SUCCEEDED, open_step, run_tries
 from torchstep.adapter.kubernetes import (
     CONTAINER_NAME,
     OfficialClient,
+    RemoteRun,
     RenderedApp,
+    handle_of,
     impostor_warning,
     record_uid,
     recorded_uids,
@@ -245,7 +251,8 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
     Every step it opens goes through ``task.use_step`` (so ``on_kill`` stops it)."""
     kwargs = task.kubernetes_kwargs
     rendered = render(task, plan, attempt_of(context).run_id)
-    if is_single_pod(rendered) and task.own_retries == 0:  # the generic DAG retries inside: core's step
+    resumed = event is not None and bool(event.get("resumed_jobs"))
+    if is_single_pod(rendered) and task.own_retries == 0 and not resumed:  # the generic DAG retries inside
         return task.use_step(PodStep(task, plan, rendered, context, event)).run()
     bad = sorted(set(kwargs) - JOB_ARGS)
     if bad:
@@ -256,9 +263,7 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
             fix=f"use only {', '.join(sorted(JOB_ARGS))}",
         )
     on_finish = _on_finish(kwargs)
-    conn = {k: v for k, v in kwargs.items() if k in ("in_cluster", "config_file", "cluster_context")}
-    hook = KubernetesHook(conn_id=kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn)
-    client = OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
+    client = job_client(kwargs)
     options = {
         "cfg": task.cfg,
         "client": client,
@@ -267,7 +272,23 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
         "poll_interval": float(kwargs.get("poll_interval", 2.0)),
     }
 
+    def open_try(attempt: Any, cursor_store: Any = None) -> Any:
+        return task.use_step(open_step(plan, attempt=attempt, cursor_store=cursor_store, **options))
+
+    if resumed:
+        assert event is not None
+        return resume_jobs(task, open_try, event, context)
+    defer = None
+    if task.deferrable and task.own_retries == 0:  # (the generic DAG retries inside one try: it waits here)
+
+        def defer(step: Any) -> None:
+            defer_jobs(task, step, context, float(options["poll_interval"]))
+
     if not task.durable:
+        if defer is not None:
+            step = open_try(attempt_of(context))
+            defer(step)
+            return step.run()  # type: ignore[no-any-return]
         return run_tries(
             plan,
             attempt=attempt_of(context),
@@ -278,10 +299,105 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
         )
     from torchstep_airflow.durable import run_durable
 
-    def open_try(attempt: Any, cursor_store: Any = None) -> Any:
-        return task.use_step(open_step(plan, attempt=attempt, cursor_store=cursor_store, **options))
+    return run_durable(open_try, context, task.log, defer)
 
-    return run_durable(open_try, context, task.log)
+
+def job_client(kwargs: Mapping[str, Any]) -> OfficialClient:
+    """The Kubernetes client of the Job path: the ``KubernetesHook``'s, from the connection
+    arguments of ``kubernetes_kwargs`` (the trigger builds the same one in the triggerer)."""
+    conn = {k: v for k, v in kwargs.items() if k in ("in_cluster", "config_file", "cluster_context")}
+    hook = KubernetesHook(conn_id=kwargs.get("kubernetes_conn_id", KubernetesHook.default_conn_name), **conn)
+    return OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
+
+
+#: Seconds Airflow's own deferral timeout waits after the trigger's deadline (the trigger
+#: fires first, so a worker deletes the Jobs; Airflow's timeout is the backstop).
+DEFER_TIMEOUT_MARGIN_S = 60.0
+
+
+def defer_jobs(task: Any, step: Any, context: Any, poll_interval: float) -> None:
+    """Create (or attach to) the Jobs of ``step``'s try, then defer ``task`` to a
+    :class:`~torchstep_airflow.triggers.JobGangTrigger` until they end (or the task's
+    ``execution_timeout`` runs out). An error while creating deletes what was created.
+
+    Raises:
+        TaskDeferred: always, once the Jobs exist.
+    """
+    from datetime import timedelta
+
+    from torchstep_airflow.triggers import CONN_KEYS, JobGangTrigger
+
+    gang = step.job_gang()
+    try:
+        gang.create()
+    except BaseException:
+        gang.delete()  # nothing may keep running
+        raise
+    verb = "attached to" if gang.attached else "created"
+    deadline, timeout = None, None
+    remaining = _remaining_s(task, context)
+    if remaining is not None:
+        deadline = time.time() + remaining
+        timeout = timedelta(seconds=remaining + DEFER_TIMEOUT_MARGIN_S)
+    task.log.info("torchstep: %s the Jobs of %s; waiting for them in the triggerer (deferred)", verb, step.run_id)
+    conn = {k: v for k, v in task.kubernetes_kwargs.items() if k in CONN_KEYS}
+    trigger = JobGangTrigger(
+        run_id=str(step.run_id), handle=handle_of(gang), conn=conn, poll_interval=poll_interval, deadline=deadline
+    )
+    task.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+
+
+def _remaining_s(task: Any, context: Any) -> float | None:
+    """Seconds left of the task's ``execution_timeout`` in this try (``None``: no limit)."""
+    if task.execution_timeout is None:
+        return None
+    limit = task.execution_timeout.total_seconds()
+    start = getattr(context.get("ti"), "start_date", None)
+    if start is None:
+        return limit
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc) if start.tzinfo is not None else datetime.now()
+    return max(0.0, limit - (now - start).total_seconds())
+
+
+def resume_jobs(task: Any, open_try: Any, event: Mapping[str, Any], context: Any) -> StepResult:
+    """``execute_complete`` of a deferred Job run: what the trigger saw decides how the
+    worker takes the run back (:mod:`torchstep_airflow.triggers`).
+
+    Returns:
+        The step result (the run reattached, its logs printed, collected, cleaned up).
+
+    Raises:
+        RunError: the Jobs were deleted or replaced while the task waited (retryable).
+        AirflowTaskTimeout: the task's ``execution_timeout`` ran out (the run is deleted).
+    """
+    from torchstep_airflow.durable import resume_durable
+
+    status, run_id = str(event.get("status")), str(event["run_id"])
+    if status == "gone":
+        RemoteRun(event["handle"], job_client(task.kubernetes_kwargs)).delete()  # what is left of it
+        raise RunError(f"run {run_id}", f"{event.get('message')}; fix: let Airflow retry the task (it starts afresh)")
+    task.log.info("torchstep: back from the triggerer (%s): %s", status, event.get("message"))
+
+    def reopen(run_id: str, cursor_store: Any = None) -> Any:
+        step = open_try(run_id, cursor_store=cursor_store)
+        if status == "timeout":
+            step.cancel()  # it attaches, prints the last lines, collects CANCELLED and deletes everything
+        preemptions = step.job_gang().preemptions  # what the trigger counted still counts
+        spared = event.get("workload") if status == "bare_pod" else None  # the watcher replaces it
+        preemptions.pods.update({u: n for u, n in (event.get("preempted_pods") or {}).items() if n != spared})
+        preemptions.evictions = int(event.get("evictions") or 0)
+        return step
+
+    result = resume_durable(reopen, run_id, context)
+    if status == "timeout":
+        from airflow.sdk.exceptions import AirflowTaskTimeout
+
+        if task.do_xcom_push:
+            context["ti"].xcom_push(key="return_value", value=result.to_dict())
+        raise AirflowTaskTimeout(f"torchstep: {event.get('message')}; the Jobs of {run_id} were deleted")
+    return result
 
 
 class PodStep:
@@ -305,7 +421,8 @@ class PodStep:
         self.result: StepResult | None = None
         self.try_number = 1  # Airflow retries the task: each try is one PodStep
         self.rendered = rendered
-        self.operator = pod_operator(task.task_id, rendered, task.kubernetes_kwargs, durable=task.durable)
+        kwargs = {**task.kubernetes_kwargs, "deferrable": task.deferrable}  # KPO's own deferral
+        self.operator = pod_operator(task.task_id, rendered, kwargs, durable=task.durable)
         self._context, self._event, self._log = context, event, task.log
 
     def run(self) -> StepResult:

@@ -60,6 +60,14 @@ class AppDefOperator(BaseOperator):
             ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
             several replicas or roles runs as Jobs and takes the connection arguments,
             ``on_finish_action`` and ``poll_interval``.
+        deferrable: target ``kubernetes`` only: wait for the run in Airflow's triggerer
+            instead of a worker slot. The Jobs (or the pod) are created by the worker, the
+            task defers to a trigger that polls their state asynchronously, and a worker
+            resumes it at the end: it prints every rank's log lines, collects the result (the
+            same XCom) and cleans up as ``on_finish_action`` says. The 1-replica path uses the
+            KubernetesPodOperator's own ``deferrable``. Default: Airflow's
+            ``[operators] default_deferrable`` (False). ``kubernetes_kwargs["deferrable"]`` is
+            an alias (a different value in both is a SpecError). Not templated.
         durable: target ``kubernetes`` only (default True): a retry after the worker died
             (crash, SIGKILL, lost node) reattaches to the pod or Job of the earlier try instead
             of starting a second one — its logs continue, a Job that succeeded meanwhile returns
@@ -103,6 +111,7 @@ class AppDefOperator(BaseOperator):
         cfg: Mapping[str, Any] | None = None,
         kubernetes_kwargs: Mapping[str, Any] | None = None,
         durable: bool = True,
+        deferrable: bool | None = None,
         retries: int | None = None,
         retry_delay: timedelta | float | None = None,
         retry_exponential_backoff: float | None = None,
@@ -121,6 +130,7 @@ class AppDefOperator(BaseOperator):
         if not isinstance(durable, bool):
             raise SpecError("durable", target, f"must be True or False, got {durable!r}", fix="durable=False")
         self.durable = durable
+        self.deferrable = _deferrable(deferrable, self.kubernetes_kwargs, target)
         self._user = UserSettings(retries, retry_delay, retry_exponential_backoff, max_retry_delay, execution_timeout)
         # Plan now when the inputs are static: a bad AppDef is a DAG import error, and the
         # retry budget must be known now (the scheduler reads `retries` from the parsed DAG).
@@ -201,8 +211,29 @@ class AppDefOperator(BaseOperator):
         return self._run(plan, context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """Resume a deferred KubernetesPodOperator run (``deferrable=True`` in kubernetes_kwargs)."""
+        """Resume a deferred KubernetesPodOperator run (a 1-replica app, ``deferrable=True``).
+
+        Args:
+            context: the task's Airflow context.
+            event: the KubernetesPodTrigger's event.
+
+        Returns:
+            The step result (XCom ``return_value``).
+        """
         return self._run(self._checked_plan(check=False), context, event)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume a deferred Job run (several replicas or roles, ``deferrable=True``): reattach
+        to its Jobs, print the ranks' log lines, collect, clean up, report as ``execute`` does.
+
+        Args:
+            context: the task's Airflow context.
+            event: the payload of :class:`torchstep_airflow.triggers.JobGangTrigger`'s event.
+
+        Returns:
+            The step result (XCom ``return_value``).
+        """
+        return self._run(self._checked_plan(check=False), context, {**event, "resumed_jobs": True})
 
     def _checked_plan(self, *, check: bool = True) -> StepPlan:
         try:
@@ -341,6 +372,34 @@ def _plan(component: Any, args: Any, target: str) -> StepPlan:
         return _build(component, args, target)[1]
     plan: StepPlan = materialize_and_plan(component, args, target)[1]
     return plan
+
+
+def _deferrable(given: bool | None, kubernetes_kwargs: dict[str, Any], target: str) -> bool:
+    """``deferrable``, from the argument, its alias ``kubernetes_kwargs["deferrable"]`` (taken
+    out of them) or Airflow's ``[operators] default_deferrable``, as the provider's operators do."""
+    alias = kubernetes_kwargs.pop("deferrable", None)
+    for name, value in (("deferrable", given), ("kubernetes_kwargs['deferrable']", alias)):
+        if value is not None and not isinstance(value, bool):
+            raise SpecError(name, target, f"must be True or False, got {value!r}", fix="deferrable=True")
+    if given is not None and alias is not None and given != alias:
+        raise SpecError(
+            "kubernetes_kwargs['deferrable']",
+            target,
+            f"contradicts deferrable={given}",
+            fix="set only deferrable= on the AppDefOperator",
+        )
+    explicit = given if given is not None else alias
+    if explicit and target != "kubernetes":
+        raise SpecError(
+            "deferrable", target, "only the kubernetes target defers (a local run lives in the worker)", fix="remove it"
+        )
+    if explicit is not None:
+        return explicit
+    if target != "kubernetes":
+        return False
+    from airflow.configuration import conf
+
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
 
 
 def _check_inputs(app: Any, app_args: Any, target: str, cfg: Any) -> None:
