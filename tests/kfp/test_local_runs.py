@@ -295,3 +295,27 @@ def test_the_steps_last_progress_is_in_its_metrics_artifact(kfp_local: Path) -> 
     (executor_output,) = kfp_local.glob("root/**/counting/executor_output.json")
     result = json.loads(executor_output.read_text())["parameterValues"]["result"]
     assert (result["progress"]["step"], result["progress"]["total"]) == (4, 4)
+
+
+def test_several_replicas_without_a_cluster_fail_in_one_line(
+    kfp_local: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Under kfp.local a step of several replicas is a launcher of Kubernetes Jobs: with no
+    cluster configured it fails at once, non-retryable, with one line that says why and what
+    to do, not the Kubernetes client's traceback."""
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(kfp_local))  # no ~/.kube/config
+    nodes = component_from_fn(f"{APPS / 'steps.py'}:nodes")
+
+    @dsl.pipeline
+    def pipe():
+        nodes(replicas=2)
+
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        pipe()
+    out, err = capfd.readouterr()
+    text = out + err
+    (line,) = [x.strip() for x in text.splitlines() if "torchstep: the kubernetes target:" in x]
+    assert "no cluster to run on: Invalid kube-config file" in line and "give it one replica there" in line
+    assert "Traceback" not in text and "ConfigException" not in text, text[-3000:]

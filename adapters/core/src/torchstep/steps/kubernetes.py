@@ -230,7 +230,19 @@ class KubernetesStep(CancellableRunner):
         if self.client is None:
             from torchstep.kubernetes.client import OfficialClient
 
-            self.client = OfficialClient.from_config()
+            try:
+                self.client = OfficialClient.from_config()
+            except Exception as e:
+                if type(e).__name__ != "ConfigException":  # kubernetes.config's: no kubeconfig, not in a pod
+                    raise
+                # one line, not the client's 30-line traceback (kfp.local with several replicas)
+                raise RunError(
+                    "the kubernetes target",
+                    f"no cluster to run on: {str(e).rstrip('.')} (no $KUBECONFIG or ~/.kube/config, not inside a pod); "
+                    "fix: run where kubectl works or inside the cluster (under kfp.local a KFP step of several "
+                    "replicas is a launcher of Kubernetes Jobs: give it one replica there)",
+                    retryable=False,
+                ) from None
         return self.client
 
     def _find_try(self) -> None:
