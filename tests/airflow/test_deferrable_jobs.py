@@ -224,6 +224,23 @@ def test_the_tasks_execution_timeout_ends_the_wait_and_deletes_the_jobs(start) -
     assert objects(server, "Job") == [] and objects(server, "Pod") == []
 
 
+def test_preemptions_the_trigger_counted_still_count_when_a_worker_resumes(start) -> None:
+    server = start(replicas=2, run_s=600)
+    op = AppDefOperator(task_id="fit", app=app(), target="kubernetes", deferrable=True,
+                        cfg={"namespace": NS, "preemption_retries": 1},
+                        kubernetes_kwargs={"config_file": str(server.kubeconfig), "poll_interval": 0.2})  # fmt: skip
+    ctx = context(Store())
+    deferred = defer(op, ctx)
+    # what the trigger reports after a second pod with DisruptionTarget (a polling reader cannot
+    # catch the fake's evictions: it deletes an evicted pod at once; tests/kubernetes/test_remote.py)
+    event = {**deferred.trigger.serialize()[1], "status": "preempted", "workload": None, "message": "the run ended",
+             "preempted_pods": {"u1": "train-trainer-0", "u2": "train-trainer-0b"}, "evictions": 0}  # fmt: skip
+    with pytest.raises(AirflowFailException, match="preempted 2 times"):
+        op.resume_execution(deferred.method_name, {"event": event}, ctx)
+    assert ctx["ti"].xcom["return_value"]["state"] == "PREEMPTED"
+    assert objects(server, "Job") == []
+
+
 def test_a_task_killed_while_deferred_deletes_its_jobs_from_the_triggerer(start) -> None:
     server = start(replicas=2, run_s=600)
     deferred = defer(operator(server), context(Store()))
