@@ -332,14 +332,17 @@ def test_dag_test_defers_runs_the_trigger_inline_and_resumes(dag_tester, start) 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_deployment_triggerer_waits_for_the_jobs_and_a_worker_resumes(deployment, start) -> None:
-    triggerer = deployment.procs.get("triggerer")
-    if triggerer is None:
-        pytest.skip("the deployment fixture starts no triggerer (tests/airflow/conftest.py Deployment.COMPONENTS)")
+    airflow = str(Path(sys.executable).parent / "airflow")
+    if "triggerer" not in deployment.procs:  # the fixture starts none: one more component, stopped with it
+        log = open(deployment.home / "triggerer.log", "wb")  # noqa: SIM115 - closed with the process
+        deployment.procs["triggerer"] = subprocess.Popen(
+            [airflow, "triggerer"], env=deployment.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
     server = start(replicas=2, run_s=8, lines=4, line_interval_s=1)
     dag_file = deployment.home / "dags" / "torchstep_deferred_jobs.py"
     dag_file.write_text(DEFERRED_DAG.format(dag_id="torchstep_deferred_jobs", namespace=NS,
                                             kubeconfig=str(server.kubeconfig)))  # fmt: skip
-    airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run([airflow, "dags", "reserialize"], env=deployment.env, capture_output=True, timeout=300, check=True)
     run = deployment.start_run("torchstep_deferred_jobs")
     path = f"/api/v2/dags/torchstep_deferred_jobs/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}"
@@ -358,3 +361,5 @@ def test_a_deployment_triggerer_waits_for_the_jobs_and_a_worker_resumes(deployme
     xcom = deployment.call("GET", f"{ti}/xcomEntries/return_value?deserialize=true")["value"]
     assert xcom["state"] == "SUCCEEDED"
     assert "back from the triggerer (succeeded)" in text and "[trainer/0] line 3" in text
+    assert "waiting for them in the triggerer (deferred)" in text  # only the triggerer runs triggers here
+    assert not [o for o in server.state()["objects"] if o.get("kind") == "Job"]
