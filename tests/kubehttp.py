@@ -12,15 +12,26 @@ What it serves, exactly as the official ``kubernetes`` client (30.x) calls it:
 - ``v1`` services: create (409), list, delete by name;
 - ``networking.k8s.io/v1`` networkpolicies: create, get, list, delete — stored, **never
   enforced** (no network plugin here); ``v1`` events: list (the ``--real`` mode records them);
+- the watch API for pods and Jobs (``?watch=true``: ``resourceVersion``, ``timeoutSeconds``,
+  ``allowWatchBookmarks``, 410 ``Expired`` for a version older than the history kept), with
+  the real API server's resourceVersion semantics: ``tests/apiwatch.py``;
 - ``GET /debug/state``: counters (``jobs_created``, ``pods_created``, ``conflicts``,
   ``patches``, ``log_requests``, ``faults_answered``, ``streams_cut``, ``pods_replaced``,
-  ``deleted``) and every object;
+  ``lists``, ``reads_<kind>`` (gets of one object), ``watch_requests``, ``watches_cut``,
+  ``watches_expired``, ``evictions``, ``deleted``) and every object;
 - ``POST /debug/fault`` (JSON body), a fault injected now: ``{"status": 500, "count": N}``
   answers the next N API requests (``"match"``: only those whose path holds that text;
   ``"methods"``: only those methods) with that status and a ``Status`` body, with
   ``"retry_after": S`` a ``Retry-After: S`` header too (a 429 of API Priority and Fairness);
   ``{"cut_logs": N}`` cuts the next N followed log streams once they sent a line (the
-  connection is closed without the last chunk, as a reset watch); ``{"delete_pod": I}``
+  connection is closed without the last chunk, as a reset watch); ``{"cut_watches": N}``
+  closes the next N watches that have an event to send, without it (a reset connection; with
+  ``"expire": true`` the history is compacted as it is cut: its reconnection gets 410);
+  ``{"compact": true}`` forgets every change so far, this request's deletion included (a
+  watch resuming from before gets 410);
+  ``{"evict_pod": I}`` evicts it instead (the ``DisruptionTarget`` condition, then deleted at
+  once: not counted against ``backoffLimitPerIndex``, as the rendered ``podFailurePolicy``
+  says); ``{"delete_pod": I}``
   deletes the running pod of completion index I (``kubectl delete pod``). It answers
   ``{"ok": true, ...}`` (``"pod"``: the deleted pod's name, ``null`` when none ran).
 
@@ -77,6 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from apifaults import ApiFaults  # tests/ is this script's directory (and on pytest's path)
+from apiwatch import ApiWatch
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -119,7 +131,7 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
-class Cluster(ApiFaults):
+class Cluster(ApiFaults, ApiWatch):
     """The state of the fake API server (one lock; every handler thread uses it)."""
 
     def __init__(self, scenario: Scenario) -> None:
@@ -134,6 +146,7 @@ class Cluster(ApiFaults):
         self.answer: dict[str, Any] | None = None  # the pending status fault (POST /debug/fault)
         self.cut_logs = 0  # followed log streams still to cut
         self.failures: dict[tuple[str, int], int] = {}  # (Job uid, index) -> pods lost (counted)
+        self.init_watch()
 
     # -- objects ------------------------------------------------------------------------------------
     def create(self, kind: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -189,12 +202,13 @@ class Cluster(ApiFaults):
             return
         index = self._index(pod)
         key = (ref["uid"], index)
-        self.failures[key] = self.failures.get(key, 0) + 1
         spec = job["spec"]
-        limit = spec.get("backoffLimitPerIndex", spec.get("backoffLimit", 6))
-        if self.failures[key] > int(limit):
-            return  # the index failed: the Job's view says Failed
         notes = pod["metadata"].get("annotations") or {}
+        if "kubehttp/evicted" not in notes:  # podFailurePolicy ignores a DisruptionTarget pod
+            self.failures[key] = self.failures.get(key, 0) + 1
+            limit = spec.get("backoffLimitPerIndex", spec.get("backoffLimit", 6))
+            if self.failures[key] > int(limit):
+                return  # the index failed: the Job's view says Failed
         written, _, _ = self._written(pod)
         first = written[-1][1] if written else int(notes.get("kubehttp/first-line", 0))
         extra = {"kubehttp/incarnation": str(int(notes.get("kubehttp/incarnation", 0)) + 1),
@@ -204,16 +218,21 @@ class Cluster(ApiFaults):
 
     def get(self, kind: str, ns: str, name: str) -> tuple[int, dict[str, Any]]:
         with self.lock:
+            self.counters[f"reads_{kind.lower()}"] = self.counters.get(f"reads_{kind.lower()}", 0) + 1
             obj = self.objects.get((kind, ns, name))
             if obj is None:
                 return 404, _status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
-            return 200, self.view(kind, obj)
+            self.sync_watch()
+            return 200, self.versioned(kind, ns, name, self.view(kind, obj))
 
     def list(self, kind: str, ns: str, selector: str | None) -> dict[str, Any]:
         with self.lock:
-            items = [self.view(k, o) for (k, n, _), o in self.objects.items()
+            self.sync_watch()
+            self.counters["lists"] += 1
+            items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
                      if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
-        return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {}, "items": items}
+            version = str(self.revision)
+        return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {"resourceVersion": version}, "items": items}
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self.lock:
@@ -242,6 +261,7 @@ class Cluster(ApiFaults):
             doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
                       and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))
                       and (only is None or key[2] == only)]  # fmt: skip
+            self.sync_watch()  # a watch sees each object as it was last, even one deleted at once
             for key in doomed:
                 gone = self.objects.pop(key)
                 uid = gone["metadata"]["uid"]
@@ -266,9 +286,13 @@ class Cluster(ApiFaults):
         elapsed = time.time() - self.started.get(name, time.time())
         main = (pod["spec"].get("containers") or [{"name": "main"}])[0]["name"]
         status: dict[str, Any] = {"name": main, "image": "fake", "imageID": "", "ready": True, "restartCount": 0}
+        conditions = []
+        if "kubehttp/evicted" in (pod["metadata"].get("annotations") or {}):
+            conditions = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                           "message": "Eviction API: evicting"}]  # fmt: skip
         if elapsed < self._run_s(pod):
-            status["state"] = {"running": {"startedAt": _now()}}
-            return {"phase": "Running", "conditions": [], "containerStatuses": [status]}
+            status["state"] = {"running": {"startedAt": _stamp(self.started.get(name, time.time()))}}
+            return {"phase": "Running", "conditions": conditions, "containerStatuses": [status]}
         code = self.scenario.code(index)
         status["ready"] = False
         message = (pod["metadata"].get("annotations") or {}).get("kubehttp/message", self.scenario.message(index))
@@ -340,13 +364,21 @@ class Cluster(ApiFaults):
         """Arm or inject one fault (see the module docstring)."""
         with self.lock:
             self.arm_faults(body)
+            self.arm_watch_faults({**body, "compact": False})  # compacted last, after this request's deletion
             running = None
-            if "delete_pod" in body:
+            index = body.get("delete_pod", body.get("evict_pod"))
+            if index is not None:
                 running = next((key for key, o in self.objects.items() if key[0] == "Pod"
-                                and self._index(o) == int(body["delete_pod"])
+                                and self._index(o) == int(index)
                                 and self._pod_status(o)["phase"] == "Running"), None)  # fmt: skip
+            if running is not None and "evict_pod" in body:
+                self.objects[running]["metadata"].setdefault("annotations", {})["kubehttp/evicted"] = "true"
+                self.counters["evictions"] = self.counters.get("evictions", 0) + 1
         if running is not None:
             self.delete("Pod", running[1], running[2], None)
+        if body.get("compact"):
+            with self.lock:
+                self.arm_watch_faults({"compact": True})
         return {"ok": True, "pod": running[2] if running else None}
 
 
@@ -425,6 +457,8 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             return self._send(404, _status(404, "NotFound", self.path))
         kind, ns, name, sub, query = route
+        if name is None and query.get("watch", "").lower() in ("true", "1"):
+            return self._watch(kind, ns, query)
         if name is None:
             return self._send(200, self.cluster.list(kind, ns, query.get("labelSelector")))
         if sub == "log":
@@ -466,6 +500,52 @@ class Handler(BaseHTTPRequestHandler):
                 body[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
         self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector"),
                                             body=body))  # fmt: skip
+
+    def _chunk(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        data = b"".join(json.dumps({"type": t, "object": o}).encode() + b"\n" for t, o in events)
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, kind: str, ns: str, query: dict[str, str]) -> None:
+        """A watch (tests/apiwatch.py): newline-delimited JSON events, chunked, until
+        ``timeoutSeconds``; 410 as an ``ERROR`` event; ``cut_watches`` resets it."""
+        c = self.cluster
+        selector, since = query.get("labelSelector"), query.get("resourceVersion")
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        start = c.watch_start(kind, ns, selector, since)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            if start is None:  # etcd compacted it: the client must list again
+                gone = _status(410, "Expired", f"too old resource version: {since} ({c.compacted})")
+                self._chunk([("ERROR", gone)])
+            else:
+                pos, events = start
+                if events:
+                    self._chunk(events)
+                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+                quiet = time.monotonic()
+                while time.monotonic() < deadline:
+                    pos_now, events = c.watch_next(kind, ns, selector, pos)
+                    if events:
+                        if c.watch_cut():  # a reset connection: the event is never sent
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
+                        self._chunk(events)
+                        quiet = time.monotonic()
+                    elif bookmarks and time.monotonic() - quiet >= 1.0:
+                        version = {"Job": "batch/v1"}.get(kind, "v1")
+                        self._chunk([("BOOKMARK", {"kind": kind, "apiVersion": version,
+                                                   "metadata": {"resourceVersion": str(pos_now)}})])  # fmt: skip
+                        quiet = time.monotonic()
+                    pos = pos_now
+                    time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, OSError):  # the watcher went away
+            self.close_connection = True
 
     def _log(self, name: str, query: dict[str, str]) -> None:
         c = self.cluster
@@ -521,8 +601,9 @@ class KubeServer:
         """Inject a fault now (``POST /debug/fault``; see the module docstring).
 
         Args:
-            **body: ``status``/``count``/``retry_after``/``match``/``methods``, ``cut_logs``
-                or ``delete_pod``.
+            **body: ``status``/``count``/``retry_after``/``match``/``methods``, ``cut_logs``,
+                ``cut_watches`` (``expire``), ``compact``
+                ``delete_pod`` or ``evict_pod``.
 
         Returns:
             The fake's answer (``pod``: the pod ``delete_pod`` deleted).

@@ -35,6 +35,7 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   and fail), ``partition`` (the link cut, the processes alive; ``NotReady`` likewise, the pods
   left as they are), ``heal``, ``slow-pulls`` (its pods' sandboxes — IP, DNS name — come at
   once, their containers ``seconds`` later, as behind a slow image pull);
+- the **watch API** of pods and Jobs with resourceVersions (``tests/apiwatch.py``);
 - **events** (``SuccessfulCreate``, ``Started``, ``Killing``, ``Evicted``, ``Completed``,
   ``BackoffLimitExceeded``, ...), NetworkPolicies stored and listed (**not enforced**).
 
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from apifaults import ApiFaults
+from apiwatch import ApiWatch
 
 from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, remove_cgroups, rfc3339
 
@@ -109,10 +111,11 @@ class JobState:
         self.condition: tuple[str, str, str] | None = None  # (type, reason, message) once finished
         self.finished: float | None = None
         self.suspended = False
+        self.suspended_at = 0.0  # the Suspended condition's lastTransitionTime (a watch sees it change once)
         self.counted: set[str] = set()  # pod uids already accounted
 
 
-class RealCluster(ApiFaults):
+class RealCluster(ApiFaults, ApiWatch):
     """The API state and its controllers (one lock; the HTTP handler threads use it too)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -128,6 +131,7 @@ class RealCluster(ApiFaults):
         self.failures: dict[tuple[str, int], int] = {}
         self.answer: dict[str, Any] | None = None
         self.cut_logs = 0
+        self.init_watch()
         self.jobs: dict[str, JobState] = {}  # Job uid -> its controller state
         self.procs: dict[str, PodProcess] = {}  # pod uid -> its process
         names = list(config.get("nodes") or ["node-0", "node-1"])
@@ -177,13 +181,18 @@ class RealCluster(ApiFaults):
             obj = self.objects.get((kind, ns, name))
             if obj is None:
                 return 404, _status(404, "NotFound", f'{PLURALS.get(kind, kind)} "{name}" not found')
-            return 200, self.view(kind, obj)
+            self.sync_watch()
+            return 200, self.versioned(kind, ns, name, self.view(kind, obj))
 
     def list(self, kind: str, ns: str, selector: str | None) -> dict[str, Any]:
         with self.lock:
-            items = [self.view(k, o) for (k, n, _), o in self.objects.items()
+            self.sync_watch()
+            self.counters["lists"] += 1
+            items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
                      if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
-        return {"apiVersion": API_VERSIONS.get(kind, "v1"), "kind": f"{kind}List", "metadata": {}, "items": items}
+            version = str(self.revision)
+        return {"apiVersion": API_VERSIONS.get(kind, "v1"), "kind": f"{kind}List",
+                "metadata": {"resourceVersion": version}, "items": items}  # fmt: skip
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """A merge patch of ``metadata.labels``/``annotations`` and of ``spec`` (``suspend``)."""
@@ -239,6 +248,7 @@ class RealCluster(ApiFaults):
             obj["metadata"]["deletionTimestamp"] = _now()
             obj["metadata"]["finalizers"] = ["foregroundDeletion"]
             return  # the garbage collector removes it once nothing it owns is left
+        self.sync_watch()  # a watch sees each object as it was last, even one deleted at once
         self.objects.pop(key)
         self.deleted.append(f"{kind}/{key[2]}")
 
@@ -268,6 +278,7 @@ class RealCluster(ApiFaults):
     def fault(self, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
             self.arm_faults(body)
+            self.arm_watch_faults(body)
             running = None
             if "delete_pod" in body:
                 running = next((key for key, o in self.objects.items() if key[0] == "Pod"
@@ -281,7 +292,8 @@ class RealCluster(ApiFaults):
     # -- nodes ---------------------------------------------------------------------------------------
     def node(self, body: dict[str, Any]) -> dict[str, Any]:
         """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal" | "slow-pulls",
-        "seconds": S}``, or
+        "seconds": S}`` (a drain's ``grace_s``: the evicted pods' grace period, 0 for SIGKILL
+        at once; default their own), or
         ``{"action": "cut-pod" | "restore-pod" | "signal-pod", "pod": NAME, "signal": N}`` (a
         test's hand on the machines: ``signal-pod`` signals the container's PID 1 from the node)."""
         action, name = body.get("action"), body.get("node")
@@ -308,7 +320,7 @@ class RealCluster(ApiFaults):
                     self._condition(pod, "DisruptionTarget", "EvictionByEvictionAPI", "Eviction API: evicting")
                     self.counters["evictions"] += 1
                     self._event(pod, "Evicted", f"node {name} drained")
-                    self._delete(key)
+                    self._delete(key, grace=body.get("grace_s"))
             elif action == "lose":
                 node.update(lost=True, since=time.time())
                 self.network.set_node_link(str(name), False)
@@ -342,6 +354,7 @@ class RealCluster(ApiFaults):
             self._terminated(pod, proc)
             if "deletionTimestamp" in pod["metadata"]:
                 self._account(pod)
+                self.sync_watch()
                 self.objects.pop(key, None)
                 self.deleted.append(f"Pod/{proc.name}")
 
@@ -523,7 +536,7 @@ class RealCluster(ApiFaults):
         now = time.time()
         if st.condition is None:
             if spec.get("suspend") and not st.suspended:
-                st.suspended = True
+                st.suspended, st.suspended_at = True, now
                 for pod in pods:  # deleted by the suspension: never counted as failures (as Kubernetes)
                     if pod["status"].get("phase") not in ("Succeeded", "Failed"):
                         st.counted.add(pod["metadata"]["uid"])
@@ -676,7 +689,7 @@ class RealCluster(ApiFaults):
         conditions = []
         if st.suspended:
             conditions.append({"type": "Suspended", "status": "True", "reason": "JobSuspended",
-                               "message": "Job suspended", "lastTransitionTime": _now()})  # fmt: skip
+                               "message": "Job suspended", "lastTransitionTime": rfc3339(st.suspended_at)})  # fmt: skip
         if st.condition is not None:
             kind, reason, message = st.condition
             stamp = rfc3339(st.finished or time.time())
@@ -701,6 +714,7 @@ class RealCluster(ApiFaults):
                 for dep in dependents:
                     self._delete((dep["kind"], key[1], dep["metadata"]["name"]))
                 if not [d for d in dependents if (d["kind"], key[1], d["metadata"]["name"]) in self.objects]:
+                    self.sync_watch()
                     self.objects.pop(key, None)
                     self.deleted.append(f"Job/{key[2]}")
 

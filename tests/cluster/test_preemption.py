@@ -33,13 +33,15 @@ def checkpointed(ckpt: Path, replicas: int = 1) -> specs.AppDef:
     return specs.AppDef("ckpt", roles=[role])
 
 
-def start(cluster: Cluster, app: specs.AppDef, **cfg: Any) -> tuple[Any, list[str], list[Any], threading.Thread]:
-    """JobGang.run of ``app`` in a thread (the test acts on the cluster meanwhile)."""
+def start(cluster: Cluster, app: specs.AppDef, poll_s: float = 0.5,
+          **cfg: Any) -> tuple[Any, list[str], list[Any], threading.Thread]:  # fmt: skip
+    """JobGang.run of ``app`` in a thread (the test acts on the cluster meanwhile); the
+    official client watches, ``poll_s`` is only the log followers' reattach pace."""
     rendered = torchstep.kubernetes.render_app(app, namespace="ml", cfg={"run_id": f"r{uuid.uuid4().hex[:6]}", **cfg})
     kube = OfficialClient.from_config(config_file=str(cluster.kubeconfig), in_cluster=False)
     lines: list[str] = []
     done: list[Any] = []
-    gang = JobGang(rendered, kube, on_line=lines.append, poll_interval=0.5, on_finish="keep")
+    gang = JobGang(rendered, kube, on_line=lines.append, poll_interval=poll_s, on_finish="keep")
     runner = threading.Thread(target=lambda: done.append(gang.run()), daemon=True)
     runner.start()
     return rendered, lines, done, runner
@@ -114,12 +116,17 @@ def test_a_drained_bare_pod_is_created_again_and_resumes_from_its_checkpoint(
 def test_preemptions_beyond_the_budget_end_the_step_preempted_and_delete_it(
     real_cluster: Cluster, tmp_path: Path
 ) -> None:
+    """The evicted pod is SIGKILLed and gone at once (grace 0), its replacement already
+    created by the Job controller: a watcher that read the cluster every few seconds never
+    saw it (the step would go on and succeed); the watch's events count it."""
     ckpt = tmp_path / "ckpt"
-    rendered, lines, done, runner = start(real_cluster, checkpointed(ckpt), pod=False, preemption_retries=0)
+    rendered, lines, done, runner = start(real_cluster, checkpointed(ckpt), 30.0, pod=False, preemption_retries=0)
     real_cluster.wait(lambda: (ckpt / "step-0001").exists(), 120, "the step to save a checkpoint")
     first = running_pod(real_cluster, rendered)
     assert first is not None
-    real_cluster.server.node(first["spec"]["nodeName"], "drain")
+    real_cluster.server.node(first["spec"]["nodeName"], "drain", grace_s=0)
+    real_cluster.wait(lambda: not [p for p in real_cluster.items("pods", rendered.label_selector)
+                                   if p["metadata"]["uid"] == first["metadata"]["uid"]], 30, "the evicted pod to go")  # fmt: skip
     runner.join(120)
     assert done, "JobGang did not return"
     result = done[0]

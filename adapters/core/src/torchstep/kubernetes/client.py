@@ -242,6 +242,7 @@ class OfficialClient:
             "read_namespaced_job_status",
             "patch_namespaced_job",
             "delete_collection_namespaced_job",
+            "list_namespaced_job",
         }
     )
 
@@ -263,6 +264,35 @@ class OfficialClient:
                 self.networking = NetworkingV1Api(getattr(self.core, "api_client", None) or self.api_client)
             return getattr(self.networking, name)
         return getattr(self.batch if name in self._BATCH else self.core, name)
+
+    def watch(
+        self, kind: str, namespace: str, *, label_selector: str, resource_version: str | None, timeout_seconds: int
+    ) -> OfficialWatch:
+        """Watch the Pods or Jobs ``label_selector`` selects (``kubernetes.watch.Watch``), from
+        ``resource_version``, for at most ``timeout_seconds``.
+
+        Args:
+            kind: ``Pod`` or ``Job``.
+            namespace: their namespace.
+            label_selector: the run's labels.
+            resource_version: where to start (a list's ``resourceVersion``); ``None``: now,
+                after a synthetic ``ADDED`` of every object.
+            timeout_seconds: when the server ends the request.
+
+        Returns:
+            The open stream (its ``close()`` ends it from another thread).
+
+        Raises:
+            ValueError: ``kind`` is neither ``Pod`` nor ``Job``.
+        """
+        if kind not in ("Pod", "Job"):
+            raise ValueError(f"watch: kind {kind!r}; fix: Pod or Job")
+        fn = self.core.list_namespaced_pod if kind == "Pod" else self.batch.list_namespaced_job
+        kwargs: dict[str, Any] = {"label_selector": label_selector, "timeout_seconds": timeout_seconds,
+                                  "allow_watch_bookmarks": True}  # fmt: skip
+        if resource_version is not None:
+            kwargs["resource_version"] = resource_version
+        return OfficialWatch(fn, namespace, kwargs)
 
     def sanitize(self, obj: Any) -> dict[str, Any]:
         """An API object (or dict) as a plain dict (``ApiClient.sanitize_for_serialization``).
@@ -320,3 +350,53 @@ class OfficialClient:
             api_client=api,
             networking=client.NetworkingV1Api(api),
         )
+
+
+class OfficialWatch:
+    """One watch request through ``kubernetes.watch.Watch().stream`` (events as it yields
+    them), which :meth:`close` ends from another thread: the blocked read of the stream is
+    woken by shutting its socket down (closing alone would not wake it).
+
+    Args:
+        fn: the list call (``list_namespaced_pod`` / ``list_namespaced_job``).
+        namespace: the objects' namespace.
+        kwargs: the watch's keywords (``label_selector``, ``resource_version``, ``timeout_seconds``...).
+    """
+
+    def __init__(self, fn: Any, namespace: str, kwargs: dict[str, Any]) -> None:
+        from kubernetes import watch
+
+        from torchstep.kubernetes.watch import WATCH_READ_TIMEOUT_S
+
+        self._watch = watch.Watch()
+        self._response: Any = None
+
+        def call(*args: Any, **kw: Any) -> Any:  # keeps the response, to shut it down
+            self._response = fn(*args, **kw)
+            return self._response
+
+        call.__doc__ = fn.__doc__  # Watch reads the object type from the list call's docstring
+        kwargs = {**kwargs, "_request_timeout": (10.0, WATCH_READ_TIMEOUT_S)}
+        self._events = self._watch.stream(call, namespace, **kwargs)
+
+    def __iter__(self) -> Any:
+        return self._events
+
+    def close(self) -> None:
+        """End the stream now (from any thread)."""
+        self._watch.stop()
+        response = self._response
+        if response is None:
+            return
+        shutdown = getattr(response, "shutdown", None)  # urllib3 >= 2.3
+        if callable(shutdown):
+            shutdown()
+            return
+        import socket
+
+        sock = getattr(getattr(response, "connection", None), "sock", None)  # urllib3 1.26
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass

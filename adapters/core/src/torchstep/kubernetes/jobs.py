@@ -29,6 +29,10 @@ The Kubernetes client is injected (:class:`~torchstep.kubernetes.client.Kubernet
 so Airflow's hook, a KFP launcher pod's in-cluster config or a Prefect worker's kubeconfig
 all drive the same code.
 
+The run's pods and Jobs are followed through the watch API (:mod:`torchstep.kubernetes.watch`):
+every change is an event, so a pod evicted and deleted between two reads is still counted
+as a preemption; a client without ``watch`` is read every ``poll_interval`` instead.
+
 Example::
 
     rendered = torchstep.kubernetes.render_app(app, namespace="ml", cfg={"run_id": run_id})
@@ -63,6 +67,7 @@ from torchstep.kubernetes.retry import (
     call_api,
     transient,
 )
+from torchstep.kubernetes.watch import Watcher, WatchingClient
 from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, StepResult
 
 #: What happens to the objects when the run ends: always deleted, deleted only after
@@ -118,7 +123,8 @@ class JobGang:
 
     ``on_line(text)`` receives every line of every pod's main container (the agent already
     prefixes ``[role/rank]``), and the warning about any impostor pod; ``on_finish`` is one
-    of :data:`ON_FINISH`; ``poll_interval`` the seconds between status reads;
+    of :data:`ON_FINISH`; ``poll_interval`` the seconds between status reads of a client
+    that cannot watch (the official client watches: :mod:`torchstep.kubernetes.watch`);
     ``cursor_store`` (optional: the orchestrator's state between tries) keeps the log
     position too, saved at most every ``cursor_interval`` seconds and when the run ends, and
     the uid of every workload this run creates, recorded as soon as it exists; with it,
@@ -130,7 +136,7 @@ class JobGang:
         rendered: the rendering of one run (:func:`~torchstep.kubernetes.render_plan`).
         client: the Kubernetes client (:class:`~torchstep.kubernetes.OfficialClient`, or a fake).
         on_line: called with every log line; ``None``: print it to stdout.
-        poll_interval: seconds between status reads.
+        poll_interval: seconds between status reads, for a client without ``watch``.
         on_finish: ``delete`` every object, ``delete_succeeded`` (keep a failed run's for
             debugging) or ``keep``.
         logger: where progress and warnings go; ``None``: this module's logger.
@@ -187,6 +193,15 @@ class JobGang:
         self.api_retry_budget_s = API_RETRY_BUDGET_S
         #: The run's preemptions against its own budget (:mod:`torchstep.kubernetes.preemption`).
         self.preemptions = Preemptions(rendered.options.preemption_retries, rendered.options.queue, self._say)
+        #: The watchers of the run's Pods and Jobs while :meth:`wait` runs (a watching client).
+        self.watchers: list[Watcher] = []
+        self._changed = threading.Event()  # a watch event arrived (or a cancel)
+        self._watch_lock = threading.Lock()  # the state the watch events build
+        self._seen: dict[str, Any] = {}  # workload name -> its latest Job or bare Pod
+        self._gone: set[str] = set()  # workloads whose DELETED event came
+        self._former: set[str] = set()  # uids of replaced bare Pods: their late events are ignored
+        self._kinds = {r.name: r.kind for r in rendered.roles}  # workload name -> Job | Pod
+        self._follow_lock = threading.Lock()  # the watch threads and this one start followers
 
     def _api(self, what: str, fn: Callable[[], Any], *, stop: threading.Event | None = None, **kw: Any) -> Any:
         """``fn()`` retried after transient API errors (:func:`~torchstep.kubernetes.retry.call_api`)."""
@@ -229,6 +244,7 @@ class JobGang:
     def cancel(self) -> None:
         """Stop the run (from any thread): ``run`` deletes everything and returns CANCELLED."""
         self._cancel.set()
+        self._changed.set()
 
     def create(self) -> None:
         """Attach or create each role's workload, then its Service owned by it (deleted
@@ -421,11 +437,135 @@ class JobGang:
             )
 
     def wait(self) -> str:
-        """Poll until every workload finished, one failed, or a cancel; the step's state.
-        Transient API errors are retried (:mod:`torchstep.kubernetes.retry`); a cancel
-        while waiting to retry returns CANCELLED. A Job suspended for Kueue is waited for
-        (no deadline of the watcher's own runs meanwhile); preemptions beyond the run's
-        ``preemption_retries`` end it PREEMPTED (:mod:`torchstep.kubernetes.preemption`)."""
+        """Follow the run until every workload finished, one failed, or a cancel; the step's
+        state. A client that can watch is followed by events (:mod:`torchstep.kubernetes.watch`),
+        any other is read every ``poll_interval``. Transient API errors are retried
+        (:mod:`torchstep.kubernetes.retry`); a cancel while waiting to retry returns CANCELLED.
+        A Job suspended for Kueue is waited for (no deadline of the watcher's own runs
+        meanwhile); preemptions beyond the run's ``preemption_retries`` end it PREEMPTED
+        (:mod:`torchstep.kubernetes.preemption`).
+
+        Returns:
+            ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``PREEMPTED``.
+        """
+        if isinstance(self.client, WatchingClient):
+            return self._wait_watching(self.client)
+        return self._wait_polling()
+
+    def _wait_watching(self, client: WatchingClient) -> str:
+        sel = self.rendered.label_selector
+        kinds = {r.name: r.kind for r in self.rendered.roles}
+
+        def lister(kind: str) -> Callable[[threading.Event], Any]:
+            fn = self.client.list_namespaced_pod if kind == "Pod" else client.list_namespaced_job
+            return lambda stop: self._api(
+                f"list {kind}s {self.ns} ({sel})", lambda: fn(self.ns, label_selector=sel), stop=stop
+            )
+
+        watched = ["Pod"] + (["Job"] if "Job" in kinds.values() else [])
+        self.watchers = [
+            Watcher(kind, client, self.ns, sel, list_objects=lister(kind), on_list=partial(self._listed, kind),
+                    on_event=partial(self._watched, kind), budget_s=self.api_retry_budget_s, logger=self.log)
+            for kind in watched
+        ]  # fmt: skip
+        for w in self.watchers:
+            w.start()
+        try:
+            while True:
+                if self._cancel.is_set():
+                    return CANCELLED
+                for w in self.watchers:
+                    if w.error is not None:
+                        raise w.error
+                self._changed.clear()  # an event from now on wakes the wait below
+                with self._watch_lock:
+                    states = [self._watched_state(r.name) for r in self.rendered.roles]
+                for i, r in enumerate(self.rendered.roles):
+                    if states[i] == "gone":  # deleted by someone else: read it (404 ends the run, as ever)
+                        states[i] = self._workload_state(r.kind, r.name, self._cancel)
+                if self.preemptions.exhausted:
+                    return PREEMPTED
+                if self.preemptions.bare_pod is not None:
+                    self._replace_bare_pod(self.preemptions.bare_pod)
+                    continue
+                if FAILED in states:
+                    return FAILED
+                if all(s == SUCCEEDED for s in states):
+                    return SUCCEEDED
+                self.save_cursor()
+                self._changed.wait(self.cursor_interval)
+        except Interrupted:
+            return CANCELLED
+        finally:
+            for w in self.watchers:
+                w.stop()
+
+    def _watched_state(self, name: str) -> str | None:
+        """A workload's state from its latest event: ``None`` while it runs (or is not seen
+        yet), ``"gone"`` once deleted (the caller reads it); under the watch lock."""
+        if self.preemptions.bare_pod == name:
+            return None
+        if name in self._gone:
+            return "gone"
+        obj = self._seen.get(name)
+        if obj is None:
+            return None
+        if self._kinds.get(name) == "Pod":
+            return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(obj, "status", "phase"))
+        return _job_state(obj)
+
+    def _listed(self, kind: str, items: Any) -> None:
+        """A list of the run's Pods or Jobs (a watcher's first, or after 410 Gone): each is
+        seen as modified, and what the cache held that is not there any more as deleted."""
+        with self._watch_lock:
+            listed = {str(get(o, "metadata", "name")) for o in items}
+            for obj in items:
+                self._observe(kind, "MODIFIED", obj)
+            for name, obj in list(self._seen.items()):
+                if self._kinds.get(name) == kind and name not in listed:
+                    self._observe(kind, "DELETED", obj)
+        self._changed.set()
+
+    def _watched(self, kind: str, change: str, obj: Any) -> None:
+        """One watch event of the run's Pods or Jobs."""
+        with self._watch_lock:
+            self._observe(kind, change, obj)
+        self._changed.set()
+
+    def _observe(self, kind: str, change: str, obj: Any) -> None:
+        """Feed one object as an event saw it to the state: workload states, preemptions
+        (a pod's ``DELETED`` event carries its last conditions), new pods to follow."""
+        name = str(get(obj, "metadata", "name"))
+        uid = uid_of(obj)
+        if kind == "Job":
+            if uid is None or uid != self.owners.jobs.get(name):
+                return  # not one of this run's Jobs
+            if change == "DELETED":
+                self._gone.add(name)
+                self._seen.pop(name, None)
+                return
+            self._seen[name] = obj
+            self.preemptions.observe_job(name, obj)
+            return
+        if uid in self._former:
+            return
+        if not self.owners.owns(obj):
+            warning = self.owners.impostor(obj, self.ns, self.rendered.label_selector) if change != "DELETED" else None
+            if warning is not None:
+                self.log.warning("%s", warning)
+                self._say(warning)
+            return
+        self.preemptions.observe_pods([obj], self._kinds)
+        if self.owners.pods.get(name) == uid:  # a bare Pod: the workload itself
+            if change == "DELETED":
+                self._gone.add(name)
+                self._seen.pop(name, None)
+            else:
+                self._seen[name] = obj
+        if change != "DELETED":
+            self._follow_pod(obj)
+
+    def _wait_polling(self) -> str:
         kinds = {r.name: r.kind for r in self.rendered.roles}
         while True:
             if self._cancel.is_set():
@@ -456,6 +596,8 @@ class JobGang:
         log is followed from where the old one's ended. Counted by :attr:`preemptions`."""
         role = next(r for r in self.rendered.roles if r.name == name)
         sel = self.rendered.label_selector
+        with self._watch_lock:  # the old pod's late events are not the new one's
+            self._former.add(self.owners.uid(name) or "")
         self._api(
             f"delete Pod {self.ns}/{name}",
             lambda: self.client.delete_collection_namespaced_pod(
@@ -486,10 +628,11 @@ class JobGang:
                 )
             if self._cancel.wait(min(self.poll, 1.0)):
                 raise Interrupted(f"waiting for pod {name} to go")
-        for t in self._threads:  # the old pod's log follower reads its last lines first
+        for t in list(self._threads):  # the old pod's log follower reads its last lines first
             if t.name == f"log-{name}":
                 t.join(timeout=10.0)
-        self._followed.discard(name)
+        with self._follow_lock:
+            self._followed.discard(name)
         body = dict(role.workload)
         created = self._api(
             f"create Pod {self.ns}/{name}",
@@ -498,7 +641,10 @@ class JobGang:
             connection=False,
             stop=self._cancel,
         )
-        self._own("Pod", name, created)
+        with self._watch_lock:
+            self._own("Pod", name, created)
+            self._gone.discard(name)
+            self._seen.pop(name, None)
         self.preemptions.replaced()
         self._say(f"torchstep: pod {name} created again after its preemption")
 
@@ -508,12 +654,7 @@ class JobGang:
                 f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns), stop=stop
             )
             self.preemptions.observe_job(name, job)
-            for c in get(job, "status", "conditions") or []:
-                if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
-                    return SUCCEEDED
-                if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
-                    return FAILED
-            return None
+            return _job_state(job)
         try:
             pod = self._api(
                 f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns), stop=stop
@@ -561,14 +702,19 @@ class JobGang:
         """Follow the log of every pod of the run not followed yet; the run's pods as listed."""
         pods = self._pods(stop)
         for pod in pods:
-            name = get(pod, "metadata", "name")
+            self._follow_pod(pod)
+        return pods
+
+    def _follow_pod(self, pod: Any) -> None:
+        """Follow the log of one of the run's pods once it started, if not followed yet."""
+        name = str(get(pod, "metadata", "name"))
+        with self._follow_lock:
             if name in self._followed or get(pod, "status", "phase") not in ("Running", "Succeeded", "Failed"):
-                continue
+                return
             self._followed.add(name)
             t = threading.Thread(target=self._follow, args=(name,), name=f"log-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        return pods
 
     def _follow(self, name: str) -> None:
         """Stream one pod's log to ``on_line``; reattach after a dropped stream (the
@@ -791,6 +937,16 @@ class JobGang:
         delete = getattr(self.client, "delete_collection_namespaced_network_policy", None)
         if delete is not None:
             delete(self.ns, label_selector=self.rendered.label_selector)
+
+
+def _job_state(job: Any) -> str | None:
+    """A Job's state from its conditions: ``SUCCEEDED``, ``FAILED``, or ``None`` while it runs."""
+    for c in get(job, "status", "conditions") or []:
+        if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
+            return SUCCEEDED
+        if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
+            return FAILED
+    return None
 
 
 def _print_line(text: str) -> None:

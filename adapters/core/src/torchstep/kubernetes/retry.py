@@ -144,6 +144,67 @@ def retry_after(error: BaseException) -> float | None:
     return min(secs, RETRY_AFTER_MAX_S) if secs is not None else None
 
 
+class Backoff:
+    """The waits between tries of one call (see the module docstring): ``Retry-After`` when
+    the server said how long, else 0.2 s doubling to 5 s with jitter, until ``budget_s``
+    seconds of consecutive failures.
+
+    Args:
+        what: the call and its object, for the log and the error.
+        budget_s: the most seconds of failures before giving up.
+        stop: when set while waiting, :class:`Interrupted` is raised.
+        logger: where each retry is logged (default: this module's logger).
+    """
+
+    def __init__(
+        self, what: str, budget_s: float, stop: threading.Event | None = None, logger: logging.Logger | Any = None
+    ) -> None:
+        self.what = what
+        self.budget_s = budget_s
+        self.stop = stop
+        self.log = logger or log
+        self.reset()
+
+    def reset(self) -> None:
+        """The call succeeded: the next failure starts a new budget."""
+        self.started: float | None = None
+        self.delay = BACKOFF_FIRST_S
+        self.tries = 0
+
+    def wait(self, error: BaseException) -> None:
+        """Wait before the next try after the transient ``error``.
+
+        Args:
+            error: what the call raised.
+
+        Raises:
+            ApiRetriesExhausted: the budget is spent (``error`` is its cause).
+            Interrupted: ``stop`` was set while waiting.
+        """
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        self.tries += 1
+        asked = retry_after(error)
+        wait = asked if asked is not None else self.delay * (1 + random.random() / 2)
+        self.delay = min(self.delay * 2, BACKOFF_MAX_S)
+        elapsed = now - self.started
+        if elapsed + wait > self.budget_s:
+            raise ApiRetriesExhausted(self.what, error, self.tries, elapsed) from error
+        status = http_status(error)
+        self.log.warning(
+            "torchstep: %s: %s; trying again in %.1f s",
+            self.what,
+            f"HTTP {status}" if status is not None else type(error).__name__,
+            wait,
+        )
+        if self.stop is not None:
+            if self.stop.wait(wait):
+                raise Interrupted(self.what) from error
+        else:
+            time.sleep(wait)
+
+
 def call_api(
     what: str,
     fn: Callable[[], T],
@@ -174,30 +235,12 @@ def call_api(
         Interrupted: ``stop`` was set while waiting.
         Exception: any other error of ``fn``, at once.
     """
-    started = time.monotonic()
-    delay = BACKOFF_FIRST_S
-    tries = 0
+    backoff = Backoff(what, budget_s, stop, logger)
+    backoff.started = time.monotonic()  # the budget counts the first try's time too
     while True:
-        tries += 1
         try:
             return fn()
         except Exception as e:
             if not transient(e, statuses, connection):
                 raise
-            asked = retry_after(e)
-            wait = asked if asked is not None else delay * (1 + random.random() / 2)
-            delay = min(delay * 2, BACKOFF_MAX_S)
-            elapsed = time.monotonic() - started
-            if elapsed + wait > budget_s:
-                raise ApiRetriesExhausted(what, e, tries, elapsed) from e
-            (logger or log).warning(
-                "torchstep: %s: %s; trying again in %.1f s",
-                what,
-                f"HTTP {http_status(e)}" if http_status(e) is not None else type(e).__name__,
-                wait,
-            )
-            if stop is not None:
-                if stop.wait(wait):
-                    raise Interrupted(what) from e
-            else:
-                time.sleep(wait)
+            backoff.wait(e)
