@@ -263,6 +263,14 @@ def test_jobs_deleted_while_deferred_are_a_retryable_run_error(start) -> None:
     assert server.state()["jobs_created"] == 1  # never created again behind the user's back
 
 
+def test_a_creation_refused_before_the_deferral_leaves_nothing_running(start) -> None:
+    server = start(replicas=2, run_s=600)
+    server.fault(status=403, count=1, match="/services", methods=["POST"])  # the Job is made, its Service refused
+    with pytest.raises(torchstep.RunError, match="403"):
+        operator(server).execute(context(Store()))
+    assert server.state()["jobs_created"] == 1 and objects(server, "Job") == []
+
+
 def test_a_retry_after_the_worker_died_while_deferred_defers_again_on_the_same_jobs(start) -> None:
     server = start(replicas=2, run_s=600)
     op, store = operator(server), Store()

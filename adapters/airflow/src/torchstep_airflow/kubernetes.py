@@ -325,26 +325,30 @@ def defer_jobs(task: Any, step: Any, context: Any, poll_interval: float) -> None
     """
     from datetime import timedelta
 
+    from airflow.sdk.exceptions import TaskDeferred
+
     from torchstep_airflow.triggers import CONN_KEYS, JobGangTrigger
 
     gang = step.job_gang()
     try:
         gang.create()
-    except BaseException:
-        gang.delete()  # nothing may keep running
+        verb = "attached to" if gang.attached else "created"
+        deadline, timeout = None, None
+        remaining = _remaining_s(task, context)
+        if remaining is not None:
+            deadline = time.time() + remaining
+            timeout = timedelta(seconds=remaining + DEFER_TIMEOUT_MARGIN_S)
+        task.log.info("torchstep: %s the Jobs of %s; waiting for them in the triggerer (deferred)", verb, step.run_id)
+        conn = {k: v for k, v in task.kubernetes_kwargs.items() if k in CONN_KEYS}
+        trigger = JobGangTrigger(
+            run_id=str(step.run_id), handle=handle_of(gang), conn=conn, poll_interval=poll_interval, deadline=deadline
+        )
+        task.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+    except TaskDeferred:
         raise
-    verb = "attached to" if gang.attached else "created"
-    deadline, timeout = None, None
-    remaining = _remaining_s(task, context)
-    if remaining is not None:
-        deadline = time.time() + remaining
-        timeout = timedelta(seconds=remaining + DEFER_TIMEOUT_MARGIN_S)
-    task.log.info("torchstep: %s the Jobs of %s; waiting for them in the triggerer (deferred)", verb, step.run_id)
-    conn = {k: v for k, v in task.kubernetes_kwargs.items() if k in CONN_KEYS}
-    trigger = JobGangTrigger(
-        run_id=str(step.run_id), handle=handle_of(gang), conn=conn, poll_interval=poll_interval, deadline=deadline
-    )
-    task.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+    except BaseException:  # an error, a timeout or a kill before the triggerer took over
+        gang.delete()  # nothing may keep running unwatched
+        raise
 
 
 def _remaining_s(task: Any, context: Any) -> float | None:
