@@ -57,9 +57,10 @@ class AppDefOperator(BaseOperator):
         cfg: options of the target (``torchstep runopts local|kubernetes``). Templated.
         kubernetes_kwargs: target ``kubernetes`` only: arguments of the
             KubernetesPodOperator that runs a 1-replica app (``kubernetes_conn_id``,
-            ``on_finish_action``, ``deferrable``, ``startup_timeout_seconds``, ...); an app with
-            several replicas or roles runs as Jobs and takes the connection arguments,
-            ``on_finish_action`` and ``poll_interval``.
+            ``on_finish_action``, ``startup_timeout_seconds``, ...); an app with several
+            replicas or roles runs as Jobs and takes the connection arguments,
+            ``on_finish_action`` and ``poll_interval``. ``deferrable`` here is an alias of
+            the argument below.
         deferrable: target ``kubernetes`` only: wait for the run in Airflow's triggerer
             instead of a worker slot. The Jobs (or the pod) are created by the worker, the
             task defers to a trigger that polls their state asynchronously, and a worker
