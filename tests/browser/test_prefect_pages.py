@@ -6,7 +6,8 @@ one succeeds, one fails with a non-retryable error on rank 3, one hangs until it
 What the pages show (checked here): the task run's log has every rank's lines, prefixed
 ``[trainer/<rank>]``, and ends on the step's failure with its root cause; a non-retryable
 failure runs once; the ``-outputs`` artifact opens on the step's state and root cause (for the
-stopped step: where each rank was), the ``-ranks`` table has a row per rank with its log file.
+stopped step: where each rank was), the ``-ranks`` table has a row per rank with its log file,
+the ``-progress`` artifact shows the ranks' last ``torchstep.progress()``.
 """
 
 from __future__ import annotations
@@ -177,3 +178,12 @@ def test_the_succeeded_task_run_shows_its_outputs(browser: Browser, prefect) -> 
     browser.open(f"{prefect['url']}/runs/flow-run/{prefect['run']['id']}")
     browser.wait_text("succeeds")
     browser.screenshot("prefect-flow-run")
+
+
+def test_the_succeeded_task_run_shows_its_progress(browser: Browser, prefect) -> None:
+    """ranks.py calls torchstep.progress(line, 300) on every line: the task run's Artifacts
+    tab has the step's progress artifact, full, saying which step of how many."""
+    text = artifact(browser, prefect, "succeeds", "progress")
+    browser.screenshot("prefect-progress")
+    assert re.search(r"step 300 of 300 \(the lowest rank's last torchstep\.progress\(\)\)", text), text[:2000]
+    assert "Progress: 100%" in text, text[:2000]

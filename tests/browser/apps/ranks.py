@@ -1,6 +1,6 @@
 """The browser tests' worker: ``ranks.py MODE LINES`` on every rank of a 2 x 2 step.
 
-Every rank prints LINES numbered lines and one line longer than a console is wide, then:
+Every rank prints LINES numbered lines (with progress) and a line wider than a console, then:
 
 ok    all_reduce the ranks' numbers; rank 0 publishes ``world_size`` and ``rank_sum``
 fail  rank 3 raises torchstep.NonRetryableError; the others wait in all_reduce
@@ -29,6 +29,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     for i in range(1, lines + 1):
         print(f"rank {rank} of {world} line {i} of {lines}", flush=i == lines)
+        torchstep.progress(i, lines)  # the Prefect progress artifact (rewritten at most every 0.2 s)
     print(f"rank {rank} wide line " + "x" * 3000 + " end of the wide line", flush=True)
     if mode == "fail" and rank == 3:
         raise torchstep.NonRetryableError("rank 3: shard 3 is corrupt: retrying cannot help")
