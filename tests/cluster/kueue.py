@@ -12,20 +12,58 @@ own controllers cannot run here). What a Job in a LocalQueue sees of Kueue, and 
   template; the Job controller deletes the running pods without counting them as failures;
   the Workload (not modelled: no Workload objects here) is requeued and admitted again later.
 
-What is not played: quotas, flavors, cohorts, priorities, the Workload object and its
-conditions (``Admitted``, ``Evicted``, ``PodsReady``), partial admission's parallelism change.
-The tests drive admission and eviction explicitly, so each transition happens when the test
-says (deterministic under load).
+- **waitForPodsReady** (:class:`WaitForPodsReady`, when given): an admitted Job must reach
+  ``PodsReady`` — ``status.ready + status.succeeded >= min(parallelism, completions)``, as
+  Kueue's Job integration counts, so it rests on the pods' readiness probes — within
+  ``timeout``, else it is evicted: its Workload gets ``Evicted`` (reason ``PodsReadyTimeout``,
+  message ``Exceeded the PodsReady timeout <ns>/<name>``) and ``Requeued=False`` (same
+  reason), ``requeueState.count`` + 1 and ``requeueAt`` after the backoff
+  (``backoffBaseSeconds * 2^(count-1)``, at most ``backoffMaxSeconds``; no jitter here); once
+  ``requeueAt`` passes, ``Requeued=True`` (``BackoffFinished``) and it may be admitted again.
+
+Each Job's Workload is a plain dict here (``workload(name)``: ``status.conditions`` with
+``QuotaReserved``, ``Admitted``, ``PodsReady`` (reasons ``WaitForStart`` / ``Started``),
+``Evicted``, ``Requeued``, and ``requeueState``), not an API object.
+
+What is not played: quotas, flavors, cohorts, priorities, partial admission's parallelism
+change, ``recoveryTimeout`` (a gang that was ready and is not any more), ``blockAdmission``,
+``backoffLimitCount`` (deactivation). The tests drive admission and preemption explicitly,
+so each transition happens when the test says (deterministic under load); the
+waitForPodsReady timer runs on its own, as Kueue's does.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from cluster.harness import Cluster
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PODS_READY_TIMEOUT = "PodsReadyTimeout"  # Kueue's WorkloadEvictedByPodsReadyTimeout
+
+
+@dataclass(frozen=True)
+class WaitForPodsReady:
+    """Kueue's ``waitForPodsReady`` configuration (the fields this controller plays).
+
+    Args:
+        timeout_s: ``timeout`` (Kueue's default: 5 minutes).
+        backoff_base_s: ``requeuingStrategy.backoffBaseSeconds`` (Kueue's default: 60).
+        backoff_max_s: ``requeuingStrategy.backoffMaxSeconds`` (Kueue's default: 3600).
+    """
+
+    timeout_s: float = 300.0
+    backoff_base_s: float = 60.0
+    backoff_max_s: float = 3600.0
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(int(t), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Kueue:
@@ -33,13 +71,53 @@ class Kueue:
 
     Args:
         cluster: the one-machine cluster whose Jobs it manages.
+        wait_for_pods_ready: Kueue's ``waitForPodsReady`` (a timer thread runs it; call
+            :meth:`close` at the end); ``None``: not enabled, as in Kueue's default.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, wait_for_pods_ready: WaitForPodsReady | None = None) -> None:
         self.cluster = cluster
         self._templates: dict[str, dict[str, Any]] = {}  # Job name -> its pod template before admission
         self.admissions: list[str] = []
         self.evictions: list[str] = []
+        self.wait_for_pods_ready = wait_for_pods_ready
+        self._workloads: dict[str, dict[str, Any]] = {}  # Job name -> its Workload (a plain dict)
+        self._admitted_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if wait_for_pods_ready is not None:
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="kueue-podsready")
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the waitForPodsReady timer (the tests call it at their end)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def workload(self, name: str) -> dict[str, Any]:
+        """A copy of Job ``name``'s Workload (``status.conditions``, ``status.requeueState``)."""
+        with self._lock:
+            return copy.deepcopy(self._workload(name))
+
+    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        """The condition ``kind`` of Job ``name``'s Workload, or ``None``."""
+        return next((c for c in self.workload(name)["status"]["conditions"] if c["type"] == kind), None)
+
+    def _workload(self, name: str) -> dict[str, Any]:
+        return self._workloads.setdefault(name, {"metadata": {"name": f"job-{name}"},
+                                                 "status": {"conditions": []}})  # fmt: skip
+
+    def _set(self, name: str, kind: str, status: bool, reason: str, message: str = "") -> None:
+        conditions = self._workload(name)["status"]["conditions"]
+        old = next((c for c in conditions if c["type"] == kind), None)
+        value = "True" if status else "False"
+        if old is not None and (old["status"], old["reason"]) == (value, reason):
+            return
+        entry = {"type": kind, "status": value, "reason": reason, "message": message,
+                 "lastTransitionTime": _stamp(time.time())}  # fmt: skip
+        conditions[:] = [c for c in conditions if c["type"] != kind] + [entry]
 
     def queued(self, queue: str) -> list[dict[str, Any]]:
         """The Jobs of ``queue`` waiting for admission (suspended)."""
@@ -52,6 +130,10 @@ class Kueue:
         job = self.cluster.get("jobs", name)
         assert job["spec"].get("suspend"), f"Job {name} is not suspended: Kueue admits only suspended Jobs"
         assert job["metadata"]["labels"].get(QUEUE_LABEL), f"Job {name} has no {QUEUE_LABEL} label"
+        with self._lock:
+            requeue = self._workload(name)["status"].get("requeueState") or {}
+            at = requeue.get("requeueAt")
+            assert at is None or at <= time.time(), f"Job {name} is in its requeuing backoff until {_stamp(at)}"
         template = job["spec"]["template"]
         self._templates.setdefault(name, copy.deepcopy(template))
         admitted = copy.deepcopy(template)
@@ -65,11 +147,21 @@ class Kueue:
         )
         assert out.get("kind") == "Job", out
         self.admissions.append(name)
+        with self._lock:
+            self._admitted_at[name] = time.time()
+            for kind in ("QuotaReserved", "Admitted"):
+                self._set(name, kind, True, kind, "admitted by the test's ClusterQueue")
+            self._set(name, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded")
+            if self._condition(name, "Evicted") is not None:  # as Kueue's SetQuotaReservation
+                self._set(name, "Evicted", False, "QuotaReserved", "Previously: evicted")
         return out
 
-    def evict(self, name: str) -> dict[str, Any]:
+    def evict(
+        self, name: str, reason: str = "Preempted", message: str = "Preempted by a higher-priority workload"
+    ) -> dict[str, Any]:
         """Evict admitted Job ``name``: suspend it again and restore its original pod template
-        (the Job controller deletes its pods, uncounted)."""
+        (the Job controller deletes its pods, uncounted); its Workload says ``Evicted``
+        with ``reason``."""
         job = self.cluster.get("jobs", name)
         assert not job["spec"].get("suspend"), f"Job {name} is not admitted: nothing to evict"
         body: dict[str, Any] = {"suspend": True}
@@ -77,5 +169,60 @@ class Kueue:
             body["template"] = self._templates[name]
         out = self.cluster.api("PATCH", self.cluster.path("jobs", name), {"spec": body})
         assert out.get("kind") == "Job", out
+        with self._lock:
+            self._admitted_at.pop(name, None)
+            self._set(name, "Evicted", True, reason, message)
+            for kind in ("QuotaReserved", "Admitted"):
+                self._set(name, kind, False, "Pending", message)
         self.evictions.append(name)
         return out
+
+    # -- waitForPodsReady ------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            with self._lock:
+                names = list(self._admitted_at)
+            for name in names:
+                self._check(name)
+            self._requeue()
+
+    def _check(self, name: str) -> None:
+        """One look at admitted Job ``name``: PodsReady, or evicted past the timeout."""
+        config = self.wait_for_pods_ready
+        assert config is not None
+        job = self.cluster.get("jobs", name)
+        if job.get("kind") != "Job":
+            return
+        spec, status = job["spec"], job.get("status") or {}
+        wanted = min(int(spec.get("parallelism", 1)), int(spec.get("completions") or spec.get("parallelism", 1)))
+        with self._lock:
+            since = self._admitted_at.get(name)
+            if since is None:
+                return
+            if int(status.get("ready") or 0) + int(status.get("succeeded") or 0) >= wanted:
+                self._set(name, "PodsReady", True, "Started", "All pods reached readiness and the workload is running")
+                return
+            started = (self._condition(name, "PodsReady") or {}).get("status") == "True"
+            if started or time.time() - since < config.timeout_s:
+                return  # once started, only recoveryTimeout (not played) would evict
+        message = f"Exceeded the PodsReady timeout {job['metadata']['namespace']}/{name}"
+        with self._lock:  # the requeuing backoff first: nothing may admit it again before it passed
+            state = self._workload(name)["status"].setdefault("requeueState", {"count": 0})
+            state["count"] += 1
+            backoff = min(config.backoff_base_s * 2 ** (state["count"] - 1), config.backoff_max_s)
+            state["requeueAt"] = time.time() + backoff
+            self._set(name, "Requeued", False, PODS_READY_TIMEOUT, message)
+        self.evict(name, PODS_READY_TIMEOUT, message)
+
+    def _condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        return next((c for c in self._workload(name)["status"]["conditions"] if c["type"] == kind), None)
+
+    def _requeue(self) -> None:
+        """Workloads whose requeuing backoff has passed may be admitted again."""
+        with self._lock:
+            for name, wl in self._workloads.items():
+                state = wl["status"].get("requeueState") or {}
+                at = state.get("requeueAt")
+                if at is not None and at <= time.time():
+                    state["requeueAt"] = None
+                    self._set(name, "Requeued", True, "BackoffFinished", "The workload backoff was finished")

@@ -4,13 +4,16 @@ the behaviours of Kueue it covers."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torchx import specs
 
 from cluster.harness import Cluster
-from cluster.kueue import QUEUE_LABEL, Kueue
+from cluster.kueue import QUEUE_LABEL, Kueue, WaitForPodsReady
 from cluster.test_preemption import STEPS, checkpointed, start
 
 
@@ -72,3 +75,112 @@ def test_queued_admitted_with_a_node_selector_evicted_and_readmitted_resumes_fro
     assert {p["spec"]["nodeName"] for p in real_cluster.items("pods", rendered.label_selector)} == {"node-0"}
     assert any(w.startswith("preempted 1 time (0 pod(s) with DisruptionTarget, 1 Kueue eviction(s))")
                for w in result.warnings), result.warnings  # fmt: skip
+
+
+def looped(ckpt: Path, steps: int) -> specs.AppDef:
+    """A 2-replica :func:`checkpointed` step of ``steps`` quarter-second steps."""
+    app = checkpointed(ckpt, replicas=2)
+    role = app.roles[0]
+    args = list(role.args)
+    args[args.index("--steps") + 1] = str(steps)
+    return specs.AppDef(app.name, roles=[dataclasses.replace(role, args=args)])
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+@pytest.mark.slow
+def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_cluster: Cluster, tmp_path: Path) -> None:
+    """Kueue behaviours covered: waitForPodsReady counts a Job's ready pods (its
+    ``status.ready``, which the pods' readinessProbes decide); a Job whose pods all turn
+    Ready within the timeout gets ``PodsReady=True`` (``Started``) and is never evicted.
+    The probe makes Ready mean "the gang formed": a pod whose agent waits in the rendezvous
+    for a peer still pulling its image is Running but not Ready."""
+    kueue = Kueue(real_cluster, WaitForPodsReady(timeout_s=90, backoff_base_s=1))
+    try:
+        real_cluster.server.node("node-1", "slow-pulls", seconds=8)  # one replica starts 8 s late
+        rendered, lines, done, runner = start(real_cluster, looped(tmp_path / "ckpt", 48), queue="team-a")
+        name = rendered.roles[0].name
+        real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
+        kueue.admit(name)
+        # the early pod runs, waiting in the rendezvous: not Ready while its peer is not started
+        early = real_cluster.wait(lambda: next((p for p in real_cluster.items("pods", rendered.label_selector)
+                                                if p["status"].get("phase") == "Running"), None), 60, "a pod to run")  # fmt: skip
+        waited = 0
+        while any(p["status"].get("phase") == "Pending" for p in real_cluster.items("pods", rendered.label_selector)):
+            assert not ready(real_cluster.get("pods", early["metadata"]["name"])), "Ready before the gang formed"
+            assert kueue.condition(name, "PodsReady")["reason"] == "WaitForStart"
+            waited += 1
+            time.sleep(0.5)
+        assert waited >= 4, "the late pod started before the early pod could be watched waiting"
+        # both started: the rendezvous forms, both pods turn Ready, the Workload is PodsReady
+        real_cluster.wait(lambda: real_cluster.get("jobs", name)["status"].get("ready") == 2, 60, "both pods Ready")
+        real_cluster.wait(lambda: (kueue.condition(name, "PodsReady") or {}).get("status") == "True", 10,
+                          "the Workload to be PodsReady")  # fmt: skip
+        assert kueue.condition(name, "PodsReady")["reason"] == "Started"
+        runner.join(240)
+        assert done and done[0].state == "SUCCEEDED", (done and done[0].summary(), lines)
+        assert kueue.evictions == [] and kueue.condition(name, "Evicted") is None
+        assert not any("was evicted" in x for x in lines)
+    finally:
+        kueue.close()
+
+
+@pytest.mark.slow
+def test_a_gang_that_cannot_form_is_evicted_by_wait_for_pods_ready_requeued_and_spends_no_retry(
+    real_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Kueue behaviours covered: waitForPodsReady's timeout evicts an admitted Job whose pods
+    are not all Ready (one replica's pod cannot start: its node's image pull never ends, so
+    the other's agent waits in the rendezvous, unready): ``Evicted`` with reason
+    ``PodsReadyTimeout``, the Job suspended again and its pods deleted uncounted,
+    ``Requeued=False`` until the requeuing backoff (``requeueState``) has passed, then
+    ``BackoffFinished``; admitted again where the gang can form, it succeeds. The step's
+    retry budget is never spent: the eviction is a preemption."""
+    kueue = Kueue(real_cluster, WaitForPodsReady(timeout_s=20, backoff_base_s=2))
+    try:
+        real_cluster.server.node("node-1", "slow-pulls", seconds=3600)  # this node's pods never start
+        rendered, lines, done, runner = start(real_cluster, looped(tmp_path / "ckpt", 8), queue="team-a")
+        name = rendered.roles[0].name
+        assert rendered.roles[0].workload["spec"]["backoffLimit"] == 0  # a counted failure would end the step
+        real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
+        kueue.admit(name)
+        evicted = real_cluster.wait(lambda: kueue.condition(name, "Evicted") if name in kueue.evictions else None, 60,
+                                    "waitForPodsReady to evict the Job")  # fmt: skip
+        assert (evicted["status"], evicted["reason"]) == ("True", "PodsReadyTimeout")
+        assert evicted["message"] == f"Exceeded the PodsReady timeout ml/{name}"
+        assert real_cluster.get("jobs", name)["spec"]["suspend"] is True
+        requeued = kueue.condition(name, "Requeued")
+        assert (requeued["status"], requeued["reason"]) == ("False", "PodsReadyTimeout")
+        assert kueue.workload(name)["status"]["requeueState"]["count"] == 1
+        real_cluster.wait(lambda: not real_cluster.items("pods", rendered.label_selector), 60, "the evicted pods to go")
+        real_cluster.wait(lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines), 30,
+                          "the watcher to say the Job was evicted")  # fmt: skip
+        # the backoff passes: requeued; admitted again onto node-0, where both pods start (a
+        # machine loaded past the timeout may evict the healthy gang too: it is admitted again)
+        for _ in range(3):
+            evictions = len(kueue.evictions)
+            real_cluster.wait(lambda: (kueue.condition(name, "Requeued") or {}).get("reason") == "BackoffFinished", 60,
+                              "the requeuing backoff to pass")  # fmt: skip
+            kueue.admit(name, {"kubernetes.io/hostname": "node-0"})
+            real_cluster.wait(lambda: done or len(kueue.evictions) > evictions, 240, "the step to end or be evicted")
+            if done:
+                break
+        runner.join(60)
+        pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"), ready(p))
+                for p in real_cluster.items("pods", rendered.label_selector)]  # fmt: skip
+        assert done, ("JobGang did not return", pods, kueue.workload(name), lines[-40:])
+        result = done[0]
+        assert result.state == "SUCCEEDED", (result.summary(), lines)
+        assert (kueue.condition(name, "PodsReady") or {}).get("reason") == "Started"
+        count = len(kueue.evictions)  # 1, unless the loaded machine needed more than the timeout
+        assert kueue.workload(name)["status"]["requeueState"]["count"] == count
+        job = real_cluster.get("jobs", name)
+        assert job["status"]["failed"] == 0  # the evicted pods were never counted
+        assert result.retryable is False and result.attempts == 1
+        times = "time" if count == 1 else "times"
+        assert any(w.startswith(f"preempted {count} {times} (0 pod(s) with DisruptionTarget, {count} Kueue eviction(s))")
+                   for w in result.warnings), result.warnings  # fmt: skip
+    finally:
+        kueue.close()
