@@ -104,6 +104,7 @@ class TorchxAppOperator(AppDefOperator):
         # retries=0: Airflow never retries this task (it retries the app itself, each try
         # with its own run id), so there is no earlier try to reattach to
         self.durable = False
+        self.deferrable = False  # it retries the app inside one try: it waits in its worker
         self._user = UserSettings()
         self._parsed = None
         self._runner: Any = None
