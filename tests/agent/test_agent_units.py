@@ -237,7 +237,7 @@ def test_peers_that_die_after_the_agent_kills_a_stuck_rank_are_collateral_not_cu
     all_reduce broken) exited on their own before the agent began its stop, and the result
     named them ``worker_failed`` beside the culprit. A rank that failed before the kill is
     still a failure of its own."""
-    from torchstep.agent.elastic import FAILED, Attempt, WorkerRecord
+    from torchstep.agent.elastic import FAILED, GroupStart, WorkerRecord
     from torchstep.agent.logs import rank_paths
     from torchstep.agent.outcome import rank_result
     from torchstep.agent.procs import ExitInfo
@@ -248,7 +248,7 @@ def test_peers_that_die_after_the_agent_kills_a_stuck_rank_are_collateral_not_cu
             rank, rank, paths, "", pid=1000 + rank, exit=ExitInfo(exit_at, code), dead_before_stop=True, reason=reason
         )
 
-    attempt = Attempt(0, 0, 0, 1, 4, 90.0, str(tmp_path), state=FAILED, stop_started_at=101.0)
+    attempt = GroupStart(0, 0, 0, 1, 4, 90.0, str(tmp_path), state=FAILED, stop_started_at=101.0)
     attempt.culprit_killed_at = 100.0
     attempt.workers = {
         0: worker(0, 100.4, 1),

@@ -3,8 +3,8 @@
 Process supervision (rendezvous, start, monitor, restart within ``--max-restarts``, exit
 barrier) stays torch's; the subclass hooks in around it:
 
-* every worker group start is an :class:`Attempt` with its own log directory, exact exit
-  times (``waitid``) and which ranks died first and which the agent stopped afterwards;
+* every worker group start is a :class:`GroupStart` with its own log directory
+  (``attempt_<k>``, torchrun's name), exact exit times (``waitid``) and which ranks died first and which the agent stopped afterwards;
 * the file timer server is always on and kills only the stuck worker's process group;
   ``--heartbeat-timeout`` does the same for workers that stop calling ``heartbeat()``;
 * a non-retryable failure (exit 82 or ``NonRetryableError`` in the error file) stops
@@ -101,7 +101,7 @@ class WorkerRecord:
 
 
 @dataclass
-class Attempt:
+class GroupStart:
     """One start of the worker group (initial start, restart or membership change).
 
     Example: ``[a.state for a in agent.attempts]`` is ``["FAILED", "SUCCEEDED"]`` after one restart.
@@ -162,7 +162,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             shutdown_timeout=settings.config.shutdown_timeout,
         )
         self.settings = settings
-        self.attempts: list[Attempt] = []
+        self.attempts: list[GroupStart] = []
         self.failure_restarts = 0
         self.membership_restarts = 0
         self.cancel_signal: int | None = None
@@ -285,7 +285,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         control = os.path.join(self._run_dir, f"attempt_{index}")
         os.makedirs(control, exist_ok=True)
         first = envs.get(0, {})
-        attempt = Attempt(
+        attempt = GroupStart(
             index=index,
             restart_count=int(first.get("TORCHELASTIC_RESTART_COUNT", 0)),
             group_rank=wg.group_rank if wg.group_rank is not None else 0,
@@ -491,7 +491,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
     def _fixed_size(self) -> bool:
         return bool(self.settings.config.min_nodes == self.settings.config.max_nodes)
 
-    def _act_on_silence(self, wg: WorkerGroup, attempt: Attempt) -> RunResult | None:
+    def _act_on_silence(self, wg: WorkerGroup, attempt: GroupStart) -> RunResult | None:
         """A silent peer of this round, or this node cut off while this attempt ran: restart
         at the new size (elastic: a membership change) or fail the group (fixed size)."""
         taken, self._silence = self._silence, None
@@ -516,14 +516,14 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self._kill(w, signal.SIGKILL)
         return self._failed_by_silence(attempt)
 
-    def _failed_by_silence(self, attempt: Attempt | None) -> RunResult:
+    def _failed_by_silence(self, attempt: GroupStart | None) -> RunResult:
         if attempt is not None:
             attempt.state = FAILED
             attempt.ended_at = attempt.ended_at or time.time()
         self.remaining_restarts = 0  # the world cannot form again at this size
         return RunResult(state=WorkerState.FAILED)
 
-    def _check_zygote(self, attempt: Attempt) -> None:
+    def _check_zygote(self, attempt: GroupStart) -> None:
         """Notice the zygote's death at once (one warning), and say at INFO which worker
         it declined to fork, and why (its wrapper exec'd it)."""
         assert self._zygote is not None
@@ -581,7 +581,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         """The lowest rank's last ``torchstep.progress()`` report (the result's ``progress``)."""
         return self._progress.read()
 
-    def _check_hang(self, attempt: Attempt) -> None:
+    def _check_hang(self, attempt: GroupStart) -> None:
         """``--hang-timeout``: no rank printed, beat or progressed for that long: take the
         stacks and kill the ranks that hold the others up (all, when that cannot be told);
         the group then fails and restarts within the budget, as after an expired timer."""
@@ -606,7 +606,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 attempt.culprit_killed_at = attempt.culprit_killed_at or time.time()
                 self._kill(w, signal.SIGKILL)
 
-    def _check_heartbeats(self, attempt: Attempt) -> None:
+    def _check_heartbeats(self, attempt: GroupStart) -> None:
         if self._heartbeats is None:
             return
         alive = {lr for lr, w in attempt.workers.items() if w.pid and self._exits.get(w.pid) is None}
@@ -666,7 +666,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 pass
 
     # -- stop / restart / exit -------------------------------------------------------------
-    def _before_stop(self, attempt: Attempt) -> None:
+    def _before_stop(self, attempt: GroupStart) -> None:
         if attempt.stop_started_at is not None:
             return
         for w in attempt.workers.values():
@@ -690,7 +690,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
                 attempt.cleaned = True
                 self._cleanup(attempt)
 
-    def _cleanup(self, attempt: Attempt) -> None:
+    def _cleanup(self, attempt: GroupStart) -> None:
         groups = [w.pid for w in attempt.workers.values() if w.pid and w.own_group]
         # the leaders are gone; their children (dataloaders, shells' children) may not be
         survivors = kill_groups(groups, wait_s=2.0)  # type: ignore[arg-type]

@@ -65,7 +65,7 @@ from torchstep.untrusted import (
 )
 
 if TYPE_CHECKING:
-    from torchstep.agent.elastic import Attempt, TorchstepAgent, WorkerRecord
+    from torchstep.agent.elastic import GroupStart, TorchstepAgent, WorkerRecord
     from torchstep.agent.settings import AgentSettings
 
 
@@ -128,7 +128,7 @@ def _error_details(data: Any, code: int | None, notes: list[str] | None) -> tupl
 
 
 def rank_result(
-    attempt: Attempt, w: WorkerRecord, *, role: str, replica_id: int, notes: list[str] | None = None
+    attempt: GroupStart, w: WorkerRecord, *, role: str, replica_id: int, notes: list[str] | None = None
 ) -> RankResult:
     """One worker of ``attempt`` as a :class:`RankResult`; what of its error file was
     refused (a symlink, a FIFO, too large, too deep) is added to ``notes``.
@@ -237,7 +237,7 @@ def _summary(rank: RankResult) -> str:
     return f"rank {rank.rank} {what} ({rank.signal or f'exit {rank.exit_code}'}): {root_cause_line(rank)}"
 
 
-def _outputs(attempts: list[Attempt], notes: list[str]) -> dict[str, Any]:
+def _outputs(attempts: list[GroupStart], notes: list[str]) -> dict[str, Any]:
     """Rank 0's outputs of the last attempt that ran it; refused ones (a symlink, a FIFO,
     over :data:`~torchstep.untrusted.MAX_OUTPUTS_BYTES`, nested too deep, not an object)
     leave a warning in ``notes``, never a silent loss."""
