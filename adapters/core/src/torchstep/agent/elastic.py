@@ -4,7 +4,8 @@ Process supervision (rendezvous, start, monitor, restart within ``--max-restarts
 barrier) stays torch's; the subclass hooks in around it:
 
 * every worker group start is a :class:`GroupStart` with its own log directory
-  (``attempt_<k>``, torchrun's name), exact exit times (``waitid``) and which ranks died first and which the agent stopped afterwards;
+  (``attempt_<k>``, torchrun's name), exact exit times (``waitid``) and which ranks died
+  first and which the agent stopped afterwards;
 * the file timer server is always on and kills only the stuck worker's process group;
   ``--heartbeat-timeout`` does the same for workers that stop calling ``heartbeat()``;
 * a non-retryable failure (exit 82 or ``NonRetryableError`` in the error file) stops
