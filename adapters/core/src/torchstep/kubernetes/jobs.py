@@ -67,6 +67,7 @@ from torchstep.kubernetes.retry import (
     call_api,
     transient,
 )
+from torchstep.kubernetes.runobjects import deletions, job_state
 from torchstep.kubernetes.watch import Watcher, WatchingClient
 from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, StepResult
 
@@ -512,7 +513,7 @@ class JobGang:
             return None
         if self._kinds.get(name) == "Pod":
             return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(obj, "status", "phase"))
-        return _job_state(obj)
+        return job_state(obj)
 
     def _listed(self, kind: str, items: Any) -> None:
         """A list of the run's Pods or Jobs (a watcher's first, or after 410 Gone): each is
@@ -654,7 +655,7 @@ class JobGang:
                 f"read Job {self.ns}/{name}", lambda: self.client.read_namespaced_job_status(name, self.ns), stop=stop
             )
             self.preemptions.observe_job(name, job)
-            return _job_state(job)
+            return job_state(job)
         try:
             pod = self._api(
                 f"read Pod {self.ns}/{name}", lambda: self.client.read_namespaced_pod_status(name, self.ns), stop=stop
@@ -885,22 +886,7 @@ class JobGang:
         if self._refused:
             self._delete_created(sel)
             return
-        calls: list[tuple[str, Callable[[], Any]]] = [
-            (
-                "jobs",
-                lambda: self.client.delete_collection_namespaced_job(
-                    self.ns, label_selector=sel, propagation_policy="Foreground"
-                ),
-            ),
-            (
-                "pods",
-                lambda: self.client.delete_collection_namespaced_pod(
-                    self.ns, label_selector=sel, propagation_policy="Foreground"
-                ),
-            ),
-            ("services", self._delete_services),
-            ("networkpolicies", self._delete_network_policies),
-        ]
+        calls = deletions(self.client, self.ns, sel)
         for what, call in calls:
             try:  # deleting by label is idempotent: retried after transient errors, a little
                 self._api(
@@ -925,28 +911,6 @@ class JobGang:
                     )
             except Exception as e:  # keep deleting the rest
                 self.log.warning("torchstep: cleanup of %s %s: %s", kind, name, e)
-
-    def _delete_services(self) -> None:
-        for svc in get(
-            self.client.list_namespaced_service(self.ns, label_selector=self.rendered.label_selector), "items"
-        ):
-            self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
-
-    def _delete_network_policies(self) -> None:
-        # owned by their Jobs, so normally gone already; one whose Job creation was cut short is not
-        delete = getattr(self.client, "delete_collection_namespaced_network_policy", None)
-        if delete is not None:
-            delete(self.ns, label_selector=self.rendered.label_selector)
-
-
-def _job_state(job: Any) -> str | None:
-    """A Job's state from its conditions: ``SUCCEEDED``, ``FAILED``, or ``None`` while it runs."""
-    for c in get(job, "status", "conditions") or []:
-        if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
-            return SUCCEEDED
-        if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
-            return FAILED
-    return None
 
 
 def _print_line(text: str) -> None:

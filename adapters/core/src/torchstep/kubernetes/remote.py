@@ -35,6 +35,7 @@ from torchstep.errors import SpecError
 from torchstep.kubernetes.apiobj import get, http_status, uid_of
 from torchstep.kubernetes.ownership import Owners
 from torchstep.kubernetes.preemption import Preemptions
+from torchstep.kubernetes.runobjects import deletions, job_state
 from torchstep.result import FAILED, PREEMPTED, RUNNING, SUCCEEDED
 
 if TYPE_CHECKING:
@@ -158,28 +159,14 @@ class RemoteRun:
 
     def delete(self) -> None:
         """Delete every object of the run by its label selector (Jobs and Pods with
-        foreground propagation, then Services): what the watcher's cleanup does. Each kind
+        foreground propagation, then Services and NetworkPolicies): what the watcher's cleanup does. Each kind
         is attempted even when another fails.
 
         Raises:
             RuntimeError: naming every kind whose deletion failed.
         """
         sel, failed = self.handle["label_selector"], []
-        calls: list[tuple[str, Callable[[], Any]]] = [
-            (
-                "jobs",
-                lambda: self.client.delete_collection_namespaced_job(
-                    self.ns, label_selector=sel, propagation_policy="Foreground"
-                ),
-            ),
-            (
-                "pods",
-                lambda: self.client.delete_collection_namespaced_pod(
-                    self.ns, label_selector=sel, propagation_policy="Foreground"
-                ),
-            ),
-            ("services", self._delete_services),
-        ]
+        calls = deletions(self.client, self.ns, sel)
         for what, call in calls:
             try:
                 call()
@@ -187,11 +174,6 @@ class RemoteRun:
                 failed.append(f"{what}: {e}")
         if failed:
             raise RuntimeError(f"deleting the objects of {self.handle['app_id']} ({sel}): " + "; ".join(failed))
-
-    def _delete_services(self) -> None:
-        listed = self.client.list_namespaced_service(self.ns, label_selector=self.handle["label_selector"])
-        for svc in get(listed, "items") or []:
-            self.client.delete_namespaced_service(get(svc, "metadata", "name"), self.ns)
 
     def _said(self, state: str, workload: str | None) -> dict[str, Any]:
         return {
@@ -205,12 +187,7 @@ class RemoteRun:
 def _job_state(job: Any, name: str, preemptions: Preemptions) -> str | None:
     """A Job's state as :class:`~torchstep.kubernetes.JobGang` reads it (its conditions)."""
     preemptions.observe_job(name, job)
-    for c in get(job, "status", "conditions") or []:
-        if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
-            return SUCCEEDED
-        if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
-            return FAILED
-    return None
+    return job_state(job)
 
 
 def _pod_state(pod: Any) -> str | None:
