@@ -33,7 +33,8 @@ WATCHED = ("Pod", "Job")
 HISTORY = 2000
 
 
-def _matches(labels: dict[str, str], selector: str | None) -> bool:
+def matches(labels: dict[str, str], selector: str | None) -> bool:
+    """Whether ``labels`` match an equality-based label selector (``a=b,c=d``)."""
     for term in filter(None, (selector or "").split(",")):
         key, _, value = term.partition("=")
         if labels.get(key) != value:
@@ -112,7 +113,7 @@ class ApiWatch:
             self.sync_watch()
             if since in (None, "", "0"):
                 items = [v for (k, n, _), (_, _, _, v) in self.known.items()
-                         if k == kind and n == ns and _matches(v["metadata"].get("labels") or {}, selector)]  # fmt: skip
+                         if k == kind and n == ns and matches(v["metadata"].get("labels") or {}, selector)]  # fmt: skip
                 return self.revision, [("ADDED", self.versioned(kind, ns, o["metadata"]["name"], json.loads(json.dumps(o))))
                                        for o in items]  # fmt: skip
             rv = int(since)
@@ -126,7 +127,7 @@ class ApiWatch:
         with self.lock:
             self.sync_watch()
             events = [(t, o) for rv, t, k, n, o in self.history if rv > after and k == kind and n == ns
-                      and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+                      and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
             return self.revision, events
 
     def watch_cut(self) -> bool:

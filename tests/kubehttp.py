@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from apifaults import ApiFaults  # tests/ is this script's directory (and on pytest's path)
-from apiwatch import ApiWatch
+from apiwatch import ApiWatch, matches
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -121,14 +121,6 @@ def _stamp(t: float) -> str:
     """RFC 3339 with nanoseconds, as the kubelet writes log timestamps."""
     whole = int(t)
     return datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{int((t - whole) * 1e9):09d}Z"
-
-
-def _matches(labels: dict[str, str], selector: str | None) -> bool:
-    for term in filter(None, (selector or "").split(",")):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
-            return False
-    return True
 
 
 class Cluster(ApiFaults, ApiWatch):
@@ -230,7 +222,7 @@ class Cluster(ApiFaults, ApiWatch):
             self.sync_watch()
             self.counters["lists"] += 1
             items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
-                     if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+                     if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
             version = str(self.revision)
         return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {"resourceVersion": version}, "items": items}
 
@@ -259,7 +251,7 @@ class Cluster(ApiFaults, ApiWatch):
         only = field.partition("metadata.name=")[2] if field else None
         with self.lock:
             doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
-                      and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))
+                      and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
                       and (only is None or key[2] == only)]  # fmt: skip
             self.sync_watch()  # a watch sees each object as it was last, even one deleted at once
             for key in doomed:

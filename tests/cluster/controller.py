@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from apifaults import ApiFaults
-from apiwatch import ApiWatch
+from apiwatch import ApiWatch, matches
 
 from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, remove_cgroups, rfc3339
 
@@ -74,14 +74,6 @@ API_VERSIONS = {"Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "reason": reason,
             "message": message, "code": code}  # fmt: skip
-
-
-def _matches(labels: dict[str, str], selector: str | None) -> bool:
-    for term in filter(None, (selector or "").split(",")):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
-            return False
-    return True
 
 
 def _now() -> str:
@@ -189,7 +181,7 @@ class RealCluster(ApiFaults, ApiWatch):
             self.sync_watch()
             self.counters["lists"] += 1
             items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
-                     if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+                     if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
             version = str(self.revision)
         return {"apiVersion": API_VERSIONS.get(kind, "v1"), "kind": f"{kind}List",
                 "metadata": {"resourceVersion": version}, "items": items}  # fmt: skip
@@ -219,7 +211,7 @@ class RealCluster(ApiFaults, ApiWatch):
         foreground = body.get("propagationPolicy") == "Foreground"
         with self.lock:
             doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
-                      and (key[2] == name if name is not None else _matches(o["metadata"].get("labels") or {}, selector))
+                      and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
                       and (only is None or key[2] == only)]  # fmt: skip
             for key in doomed:
                 self._delete(key, grace=grace, foreground=foreground)
