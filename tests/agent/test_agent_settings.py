@@ -200,3 +200,28 @@ def test_settings_result_files_and_bad_values() -> None:
         resolve(["t.py"], environ={"TORCHSTEP_RDZV_CONF": "novalue"})
     with pytest.raises(UsageError, match="grace"):
         resolve(["--grace-period", "-1", "t.py"], environ={})
+
+
+def test_without_omp_num_threads_the_workers_get_torchruns_1_and_no_banner(tmp_path: Path) -> None:
+    """torchrun sets OMP_NUM_THREADS=1 for several workers and prints a 4-line banner saying
+    so; every agent of a step printed it into the orchestrator's log. The value stays; the
+    banner gives way to a row of the detailed settings, with its source."""
+    import subprocess
+    import sys
+
+    from agent_testlib import SCRIPTS, clean_env
+
+    env = clean_env()
+    env.pop("OMP_NUM_THREADS")
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    agent = [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "2", "--log-dir", str(logs)]
+    done = subprocess.run(
+        [*agent, str(SCRIPTS / "envdump.py"), str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "OMP_NUM_THREADS" not in done.stdout + done.stderr and "*****" not in done.stderr, done.stderr
+    for rank in (0, 1):
+        assert json.loads((out / f"rank{rank}.json").read_text())["OMP_NUM_THREADS"] == "1"
+    detailed = (logs / "agent.log").read_text()
+    assert "OMP_NUM_THREADS          1  [torchrun's default with several workers]" in detailed, detailed

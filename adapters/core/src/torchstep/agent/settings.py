@@ -25,10 +25,12 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,6 +233,7 @@ class AgentSettings:
             line("replica_id", self.replica_id if self.replica_id is not None else "node rank"),
             line("worker_start", f"exec ({self.exec_reason()})" if self.exec_reason() else "zygote (fork)", "zygote"),
             line("torch", compat.installed_torch() or "?", "torch"),
+            line("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or "unset", "OMP_NUM_THREADS"),
         ]
         rows += [line(k, v, k) for k, v in sorted(self.process_env.items())]
         return "\n".join(rows)
@@ -397,8 +400,12 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     # torch's logs specs create their directory when built: build torchrun's entry point
     # (--logs-specs NAME) later, on the real log dir (logs_specs_factory); here, on none
     specs_name, args.logs_specs, args.log_dir = args.logs_specs, None, os.devnull
+    omp_given = "OMP_NUM_THREADS" in os.environ
     try:
-        config, entrypoint, entry_args = compat.launch_config_from_args(args)
+        with _no_omp_banner():
+            config, entrypoint, entry_args = compat.launch_config_from_args(args)
+        if not omp_given and "OMP_NUM_THREADS" in os.environ:
+            sources["OMP_NUM_THREADS"] = "torchrun's default with several workers"
         compat.fill_launch_config(config, args)  # fields an older torch lacks: the value it behaves as
         logs_specs = _logs_specs_factory(specs_name, args, log_dir)
         conf = dict(config.rdzv_configs)
@@ -467,3 +474,21 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         logs_specs_factory=logs_specs,
         zygote=value["zygote"],
     )
+
+
+class _OmpBanner(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "OMP_NUM_THREADS" not in record.getMessage()
+
+
+@contextmanager
+def _no_omp_banner() -> Iterator[None]:
+    """torchrun's 4-line banner that it set ``OMP_NUM_THREADS=1`` is left out: every agent
+    of a step would print it into the orchestrator's log (Airflow, Prefect, every pod); the
+    value stays, and the detailed settings say where it came from."""
+    banner, logger = _OmpBanner(), logging.getLogger("torch.distributed.run")
+    logger.addFilter(banner)
+    try:
+        yield
+    finally:
+        logger.removeFilter(banner)
