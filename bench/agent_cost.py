@@ -99,8 +99,11 @@ def main() -> int:
                 r = one(name, Path(tmp), k, a.seconds, settle)
                 k += 1
                 res[name].append(r)
-                print(f"{name}: {r['cpu_per_min']:.2f} CPU s/min, RSS {r['rss_start']:.1f} -> {r['rss_end']:.1f} MiB "
-                      f"(max {r['rss_max']:.1f}) over {r['trained']:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"{name}: {r['cpu_per_min']:.2f} CPU s/min, RSS {r['rss_start']:.1f} -> {r['rss_end']:.1f} MiB "
+                    f"(max {r['rss_max']:.1f}) over {r['trained']:.0f} s",
+                    flush=True,
+                )
     ours, peer = "torchstep-agent", "torchrun"
     cpu = {n: [r["cpu_per_min"] for r in res[n]] for n in NAMES}
     growth = {n: [r["growth"] for r in res[n]] for n in NAMES}
@@ -115,15 +118,34 @@ def main() -> int:
     span = f"{settle:.0f} s to {a.seconds:.0f} s of training"
     ratio = median(cpu[ours]) / median(cpu[peer])
     print(f"launcher CPU s per minute of training, torchstep-agent / torchrun: {ratio:.2f} (goal <= 1.0)")
-    record("11a", f"launcher's own CPU seconds per minute of DDP training, every rank printing {RATE:,} lines/s",
-           cpu[ours], cpu[peer], peer_name="torchrun --tee 3 --log-dir", goal=1.0, unit="CPU s/min",
-           command=cmd, note=f"workers and the zygote excluded; torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}")  # fmt: skip
-    print(f"launcher RSS growth from {span}: torchstep-agent {median(growth[ours]):+.1f} MiB (goal <= 5 MiB), "
-          f"torchrun {median(growth[peer]):+.1f} MiB")  # fmt: skip
-    record("11b", f"launcher's RSS growth from {span} at {RATE:,} lines/s per rank",
-           growth[ours], growth[peer], peer_name="torchrun --tee 3 --log-dir", goal=5.0, goal_on="ours",
-           unit="MiB", command=cmd, valid=not bad[ours],
-           note="the 10-minute run is BENCH_FULL=1; quick mode trains " + f"{a.seconds:.0f} s")  # fmt: skip
+    record(
+        "11a",
+        f"launcher's own CPU seconds per minute of DDP training, every rank printing {RATE:,} lines/s",
+        cpu[ours],
+        cpu[peer],
+        peer_name="torchrun --tee 3 --log-dir",
+        goal=1.0,
+        unit="CPU s/min",
+        command=cmd,
+        note=f"workers and the zygote excluded; torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}",
+    )
+    print(
+        f"launcher RSS growth from {span}: torchstep-agent {median(growth[ours]):+.1f} MiB (goal <= 5 MiB), "
+        f"torchrun {median(growth[peer]):+.1f} MiB"
+    )
+    record(
+        "11b",
+        f"launcher's RSS growth from {span} at {RATE:,} lines/s per rank",
+        growth[ours],
+        growth[peer],
+        peer_name="torchrun --tee 3 --log-dir",
+        goal=5.0,
+        goal_on="ours",
+        unit="MiB",
+        command=cmd,
+        valid=not bad[ours],
+        note="the 10-minute run is BENCH_FULL=1; quick mode trains " + f"{a.seconds:.0f} s",
+    )
     rows = "\n".join(
         f"| {n} | {r['cpu_per_min']:.2f} | {r['rss_start']:.1f} | {r['rss_end']:.1f} | {r['rss_max']:.1f} | "
         f"{r['growth']:+.1f} | {r['trained']:.0f} |"

@@ -56,9 +56,16 @@ def main() -> int:
             for name in commands if i % 2 == 0 else reversed(list(commands)):
                 rss[name].append(peak_rss_mib(commands[name]))
     print(", ".join(f"{n}: median {median(v):.0f} MiB" for n, v in rss.items()))
-    record("8", "peak RSS of the launcher process (workers excluded), 2-worker gloo job", rss["torchstep-agent"],
-           rss["torchrun"], peer_name="torchrun", goal=1.1, unit="MiB",
-           command=f"python bench/agent_memory.py --runs {runs}")  # fmt: skip
+    record(
+        "8",
+        "peak RSS of the launcher process (workers excluded), 2-worker gloo job",
+        rss["torchstep-agent"],
+        rss["torchrun"],
+        peer_name="torchrun",
+        goal=1.1,
+        unit="MiB",
+        command=f"python bench/agent_memory.py --runs {runs}",
+    )
     return 0
 
 

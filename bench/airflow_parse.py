@@ -117,34 +117,44 @@ def fork_dag(variant: str, n: int, base: int = 0) -> str:
     loop = f"with DAG('parse_{n}', schedule=None) as dag:\n    for i in range({base}, {base + n}):\n"
     if variant == FUNCTION:
         return (
-            head + "from torchx.components.dist import ddp\nfrom torchstep_airflow import AppDefOperator\n" + loop
+            head
+            + "from torchx.components.dist import ddp\nfrom torchstep_airflow import AppDefOperator\n"
+            + loop
             + "        AppDefOperator(task_id=f't{i}', app=ddp,\n"
             + "                       app_args={'j': '2x2', 'script': 'train.py', 'script_args': ['--seed', str(i)]})\n"
-        )  # fmt: skip
+        )
     if variant == BUILTIN:
         return (
-            head + "from torchstep_airflow import AppDefOperator\n" + loop
+            head
+            + "from torchstep_airflow import AppDefOperator\n"
+            + loop
             + "        AppDefOperator(task_id=f't{i}', app='dist.ddp',\n"
             + "                       app_args=['-j', '2x2', '--script', 'train.py', '--', '--seed', str(i)])\n"
-        )  # fmt: skip
+        )
     if variant == FILEREF:
         return (
-            head + "from torchstep_airflow import AppDefOperator\n" + loop
+            head
+            + "from torchstep_airflow import AppDefOperator\n"
+            + loop
             + f"        AppDefOperator(task_id=f't{{i}}', app={str(TRAINER) + ':trainer'!r},\n"
             + "                       app_args={'replicas': 2, 'steps': i + 1, 'lr': 0.1})\n"
-        )  # fmt: skip
+        )
     if variant in (PEER, PEER_TORCHX):
         return (
-            head + "from airflow.providers.standard.operators.bash import BashOperator\n"
-            + ("from torchx.components.dist import ddp\n" if variant == PEER_TORCHX else "") + loop
+            head
+            + "from airflow.providers.standard.operators.bash import BashOperator\n"
+            + ("from torchx.components.dist import ddp\n" if variant == PEER_TORCHX else "")
+            + loop
             + "        BashOperator(task_id=f't{i}', bash_command=f'torchrun --nproc-per-node 2 train.py --seed {i}')\n"
-        )  # fmt: skip
+        )
     if variant == KPO:
         return (
-            head + "from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator\n" + loop
+            head
+            + "from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator\n"
+            + loop
             + "        KubernetesPodOperator(task_id=f't{i}', image='ghcr.io/pytorch/torchx:0.7.0', cmds=['torchrun'],\n"
             + "                              arguments=['--nproc-per-node', '2', 'train.py', '--seed', str(i)])\n"
-        )  # fmt: skip
+        )
     raise ValueError(variant)
 
 
@@ -271,8 +281,18 @@ def forked_child(
     warmup = tmp / "fork_warmup.py"
     warmup.write_text(fork_dag(PEER, 1))
     cfg = tmp / f"fork_{tag}.json"
-    cfg.write_text(json.dumps({"files": files, "changed": changed_files, "imports": list(imports),
-                               "warmup": str(warmup), "repeats": REPEATS, "pycache": str(tmp / "pycache")}))  # fmt: skip
+    cfg.write_text(
+        json.dumps(
+            {
+                "files": files,
+                "changed": changed_files,
+                "imports": list(imports),
+                "warmup": str(warmup),
+                "repeats": REPEATS,
+                "pycache": str(tmp / "pycache"),
+            }
+        )
+    )
     out = subprocess.run(
         [sys.executable, __file__, "--fork-parent", str(cfg)], env=env, check=True, capture_output=True, text=True
     ).stdout
@@ -318,25 +338,33 @@ def fork_report(
         for n, ours in real[v].items():
             goal = GOAL_500 if n >= 500 else GOAL_50
             ratio = ours / real[PEER][n]
-            lines.append(f"| re-parse, {v} | {n} | {ours * 1000:.0f} ms | {PEER} | {real[PEER][n] * 1000:.0f} ms | "
-                         f"{ratio:.2f}x | {cpu[v][n] / cpu[PEER][n]:.2f}x | "
-                         + (f"<= {goal:g}x: {_verdict(ratio, goal)}" if n in (50, 500) else "")
-                         + " |")  # fmt: skip
+            lines.append(
+                f"| re-parse, {v} | {n} | {ours * 1000:.0f} ms | {PEER} | {real[PEER][n] * 1000:.0f} ms | "
+                f"{ratio:.2f}x | {cpu[v][n] / cpu[PEER][n]:.2f}x | "
+                + (f"<= {goal:g}x: {_verdict(ratio, goal)}" if n in (50, 500) else "")
+                + " |"
+            )
         for n, ours in real[v].items():
             ratio = ours / real[KPO][n]
-            lines.append(f"| re-parse, {v} | {n} | {ours * 1000:.0f} ms | {KPO} | {real[KPO][n] * 1000:.0f} ms | "
-                         f"{ratio:.2f}x | {cpu[v][n] / cpu[KPO][n]:.2f}x | <= {GOAL_KPO:g}x: {_verdict(ratio, GOAL_KPO)} |")  # fmt: skip
+            lines.append(
+                f"| re-parse, {v} | {n} | {ours * 1000:.0f} ms | {KPO} | {real[KPO][n] * 1000:.0f} ms | "
+                f"{ratio:.2f}x | {cpu[v][n] / cpu[KPO][n]:.2f}x | <= {GOAL_KPO:g}x: {_verdict(ratio, GOAL_KPO)} |"
+            )
     for n, ours in real[FUNCTION].items():
         ratio = ours / real[PEER_TORCHX][n]
-        lines.append(f"| re-parse, {FUNCTION} | {n} | {ours * 1000:.0f} ms | {PEER_TORCHX} | "
-                     f"{real[PEER_TORCHX][n] * 1000:.0f} ms | {ratio:.2f}x | "
-                     f"{cpu[FUNCTION][n] / cpu[PEER_TORCHX][n]:.2f}x | <= {GOAL_FUNCTION:g}x: {_verdict(ratio, GOAL_FUNCTION)} |")  # fmt: skip
+        lines.append(
+            f"| re-parse, {FUNCTION} | {n} | {ours * 1000:.0f} ms | {PEER_TORCHX} | "
+            f"{real[PEER_TORCHX][n] * 1000:.0f} ms | {ratio:.2f}x | "
+            f"{cpu[FUNCTION][n] / cpu[PEER_TORCHX][n]:.2f}x | <= {GOAL_FUNCTION:g}x: {_verdict(ratio, GOAL_FUNCTION)} |"
+        )
     for v in CHANGED_VARIANTS:
         peer = PEER_TORCHX if v == FUNCTION else PEER
         for n, ours in real.get(f"changed: {v}", {}).items():
-            lines.append(f"| first parse of a changed file (every task new), {v} | {n} | {ours * 1000:.0f} ms | "
-                         f"{peer} | {real[peer][n] * 1000:.0f} ms | {ours / real[peer][n]:.2f}x | "
-                         f"{cpu[f'changed: {v}'][n] / cpu[peer][n]:.2f}x | reported |")  # fmt: skip
+            lines.append(
+                f"| first parse of a changed file (every task new), {v} | {n} | {ours * 1000:.0f} ms | "
+                f"{peer} | {real[peer][n] * 1000:.0f} ms | {ours / real[peer][n]:.2f}x | "
+                f"{cpu[f'changed: {v}'][n] / cpu[peer][n]:.2f}x | reported |"
+            )
     lines += [
         "",
         "The TorchX import alone (BashOperator file with and without `from torchx.components.dist import ddp`): "
@@ -360,8 +388,10 @@ def fork_report(
         for n, ours in warm[v].items():
             ratio = ours / warm[PEER][n]
             verdict = "stretch met" if ratio <= FORK_STRETCH else "met" if ratio <= FORK_GOAL else "NOT met"
-            lines.append(f"| forked-child parse, {v} | {n} | {ours * 1000:.0f} ms | {warm[PEER][n] * 1000:.0f} ms | "
-                         f"{ratio:.2f}x | <= {FORK_GOAL:g}x: {verdict} |")  # fmt: skip
+            lines.append(
+                f"| forked-child parse, {v} | {n} | {ours * 1000:.0f} ms | {warm[PEER][n] * 1000:.0f} ms | "
+                f"{ratio:.2f}x | <= {FORK_GOAL:g}x: {verdict} |"
+            )
     lines += [
         "",
         "Before the plan store (this bench, 2026-11-25, 2 CPUs, 50 tasks, airflow.* pre-imported): component "
@@ -678,11 +708,16 @@ def main(argv: list[str]) -> int:
         fork_lines = fork_report(real, warm, loaded, real_cpu)
         print("\n".join(fork_lines), flush=True)
         for v in REFERENCES:
-            print(f"ratio {v}/{PEER} (re-parse, airflow.* pre-imported): "
-                  + ", ".join(f"{n} tasks {real[v][n] / real[PEER][n]:.2f}x" for n in real[v])
-                  + f"; /{KPO}: " + ", ".join(f"{n} {real[v][n] / real[KPO][n]:.2f}x" for n in real[v]))  # fmt: skip
-        print(f"ratio {FUNCTION}/{PEER_TORCHX}: "
-              + ", ".join(f"{n} tasks {real[FUNCTION][n] / real[PEER_TORCHX][n]:.2f}x" for n in real[FUNCTION]))  # fmt: skip
+            print(
+                f"ratio {v}/{PEER} (re-parse, airflow.* pre-imported): "
+                + ", ".join(f"{n} tasks {real[v][n] / real[PEER][n]:.2f}x" for n in real[v])
+                + f"; /{KPO}: "
+                + ", ".join(f"{n} {real[v][n] / real[KPO][n]:.2f}x" for n in real[v])
+            )
+        print(
+            f"ratio {FUNCTION}/{PEER_TORCHX}: "
+            + ", ".join(f"{n} tasks {real[FUNCTION][n] / real[PEER_TORCHX][n]:.2f}x" for n in real[FUNCTION])
+        )
         if fork_only:
             return 0
         cmd = "python bench/airflow_parse.py"
@@ -690,17 +725,29 @@ def main(argv: list[str]) -> int:
         first = "; ".join(
             f"first parse of a changed file, {v} {n} tasks: {t * 1000:.0f} ms "
             f"({t / real[PEER_TORCHX if v == FUNCTION else PEER][n]:.1f}x)"
-            for v in CHANGED_VARIANTS for n, t in real[f"changed: {v}"].items()
-        )  # fmt: skip
-        record("5j", f"Airflow re-parse, forked child with torchstep pre-imported (second row): 50 x {FUNCTION}",
-               warm_samples[FUNCTION][50], warm_samples[PEER][50], peer_name=f"50 x {PEER}", goal=FORK_GOAL,
-               command=cmd, note=", ".join(f"{v}: {warm[v][50] / warm[PEER][50]:.2f}x" for v in REFERENCES)
-               + f"; {setting}: "
-               + ", ".join(f"{v} {n} tasks {real[v][n] / real[PEER][n]:.2f}x" for v in REFERENCES for n in (50, 500))
-               + "; " + first)  # fmt: skip
-        curve("airflow_parse", "Airflow re-parse of an unchanged DAG file (fork model: airflow.* pre-imported, "
-              "forked child)", "tasks in the DAG file",
-              {v: [(n, t) for n, t in sorted(real[v].items())] for v in REAL_VARIANTS})  # fmt: skip
+            for v in CHANGED_VARIANTS
+            for n, t in real[f"changed: {v}"].items()
+        )
+        record(
+            "5j",
+            f"Airflow re-parse, forked child with torchstep pre-imported (second row): 50 x {FUNCTION}",
+            warm_samples[FUNCTION][50],
+            warm_samples[PEER][50],
+            peer_name=f"50 x {PEER}",
+            goal=FORK_GOAL,
+            command=cmd,
+            note=", ".join(f"{v}: {warm[v][50] / warm[PEER][50]:.2f}x" for v in REFERENCES)
+            + f"; {setting}: "
+            + ", ".join(f"{v} {n} tasks {real[v][n] / real[PEER][n]:.2f}x" for v in REFERENCES for n in (50, 500))
+            + "; "
+            + first,
+        )
+        curve(
+            "airflow_parse",
+            "Airflow re-parse of an unchanged DAG file (fork model: airflow.* pre-imported, forked child)",
+            "tasks in the DAG file",
+            {v: [(n, t) for n, t in sorted(real[v].items())] for v in REAL_VARIANTS},
+        )
         files: dict[str, Path] = {}
         for name, code in VARIANTS.items():
             d = home / f"dags-{len(files)}"
@@ -779,8 +826,10 @@ def main(argv: list[str]) -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
     for n in VARIANTS:
-        print(f"ratio {n}/BashOperator: whole process {med_w[n] / med_w['BashOperator']:.2f}, "
-              f"dags report {med_p[n] / med_p['BashOperator']:.1f}")  # fmt: skip
+        print(
+            f"ratio {n}/BashOperator: whole process {med_w[n] / med_w['BashOperator']:.2f}, "
+            f"dags report {med_p[n] / med_p['BashOperator']:.1f}"
+        )
     return 0
 
 

@@ -64,8 +64,9 @@ def launch(launcher: str, nproc: int, mode: str, work: Path, dry: bool) -> dict[
     t0 = time.time()
     with open(out / "stdout", "w") as so, open(out / "stderr", "w") as se:
         try:
-            code: int | None = subprocess.run(argv, stdout=so, stderr=se, env=clean_env(dry),
-                                              timeout=RUN_TIMEOUT_S).returncode  # fmt: skip
+            code: int | None = subprocess.run(
+                argv, stdout=so, stderr=se, env=clean_env(dry), timeout=RUN_TIMEOUT_S
+            ).returncode
         except subprocess.TimeoutExpired:
             code = None
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.attempt*.json"))]
@@ -93,42 +94,66 @@ def checks(runs: list[dict[str, Any]], nproc: int, dry: bool) -> dict[str, str]:
         found[name] = "pass" if not problems else "; ".join(problems[:3])
 
     # torchrun's own failures are counted in the section, not held against the agent
-    bad = [f"{r['mode']}: exit {r['exit']}: {r['stderr_tail'][-300:]!r}" for r in runs
-           if r["launcher"] == "torchstep-agent" and r["exit"] != 0]  # fmt: skip
+    bad = [
+        f"{r['mode']}: exit {r['exit']}: {r['stderr_tail'][-300:]!r}"
+        for r in runs
+        if r["launcher"] == "torchstep-agent" and r["exit"] != 0
+    ]
     verdict("every run of the agent succeeded", bad)
     agent_ranks = [k for r in runs if r["launcher"] == "torchstep-agent" for k in r["ranks"]]
     verdict(
         "the agent's workers are forked from the zygote (torch preloaded, CUDA not initialised)",
-        [f"rank {k['rank']} attempt {k['attempt']}: preloaded={k['preloaded']} cuda="
-         f"{k['cuda_initialized_at_start']}" for k in agent_ranks if not k["preloaded"] or k["cuda_initialized_at_start"]]
-        + [f"{r['mode']}: {FALLBACK}" for r in runs if r["fallback"]] + ([] if agent_ranks else ["no agent rank"]),
-    )  # fmt: skip
+        [
+            f"rank {k['rank']} attempt {k['attempt']}: preloaded={k['preloaded']} cuda={k['cuda_initialized_at_start']}"
+            for k in agent_ranks
+            if not k["preloaded"] or k["cuda_initialized_at_start"]
+        ]
+        + [f"{r['mode']}: {FALLBACK}" for r in runs if r["fallback"]]
+        + ([] if agent_ranks else ["no agent rank"]),
+    )
     backend, device = ("gloo", "cpu") if dry else ("nccl", "cuda:")
     every = [k for r in runs for k in r["ranks"] if "backend" in k]
     verdict(
         f"each rank trains on {'the CPU over gloo (dry)' if dry else 'its GPU over NCCL'}",
-        [f"{k['rank']}: {k['backend']} {k['device']}" for k in every if k["backend"] != backend
-         or not k["device"].startswith(device)] + ([] if every else ["no rank trained"]),
-    )  # fmt: skip
+        [
+            f"{k['rank']}: {k['backend']} {k['device']}"
+            for k in every
+            if k["backend"] != backend or not k["device"].startswith(device)
+        ]
+        + ([] if every else ["no rank trained"]),
+    )
 
     def envs(launcher: str) -> dict[int, dict[str, str | None]]:
-        return {k["rank"]: k["env"] for r in runs if r["launcher"] == launcher and r["mode"] == "train"
-                for k in r["ranks"]}  # fmt: skip
+        return {
+            k["rank"]: k["env"] for r in runs if r["launcher"] == launcher and r["mode"] == "train" for k in r["ranks"]
+        }
 
     theirs, ours = envs("torchrun"), envs("torchstep-agent")
     verdict(
         "CUDA_VISIBLE_DEVICES, LOCAL_RANK and the rest as torchrun sets them",
-        [f"rank {k}: torchrun {theirs.get(k)} agent {ours.get(k)}" for k in sorted({*theirs, *ours})
-         if theirs.get(k) != ours.get(k)] + ([] if len(ours) == nproc else [f"{len(ours)} of {nproc} ranks"]),
-    )  # fmt: skip
+        [
+            f"rank {k}: torchrun {theirs.get(k)} agent {ours.get(k)}"
+            for k in sorted({*theirs, *ours})
+            if theirs.get(k) != ours.get(k)
+        ]
+        + ([] if len(ours) == nproc else [f"{len(ours)} of {nproc} ranks"]),
+    )
     crash = [r for r in runs if r["mode"] == "crash"]
     verdict(
         "a rank SIGKILLed mid-step is restarted and trains",
-        [f"{r['launcher']}: no recovery time" for r in crash if r.get("seconds") is None
-         and r["launcher"] == "torchstep-agent"]
-        + [f"agent result {r.get('result')}" for r in crash if r["launcher"] == "torchstep-agent"
-           and r.get("result") != {"state": "SUCCEEDED", "exit_code": 0, "restarts": 1}] + ([] if crash else ["no run"]),
-    )  # fmt: skip
+        [
+            f"{r['launcher']}: no recovery time"
+            for r in crash
+            if r.get("seconds") is None and r["launcher"] == "torchstep-agent"
+        ]
+        + [
+            f"agent result {r.get('result')}"
+            for r in crash
+            if r["launcher"] == "torchstep-agent"
+            and r.get("result") != {"state": "SUCCEEDED", "exit_code": 0, "restarts": 1}
+        ]
+        + ([] if crash else ["no run"]),
+    )
     return found
 
 
@@ -169,8 +194,10 @@ def section(report: dict[str, Any]) -> str:
         "| | torchrun | torchstep-agent | ratio |",
         "|---|---|---|---|",
     ]
-    for key, what in (("startup", "startup: launcher start → every rank's first DDP step done"),
-                      ("recovery", "recovery: a rank SIGKILLed mid-step → its restarted first step")):  # fmt: skip
+    for key, what in (
+        ("startup", "startup: launcher start → every rank's first DDP step done"),
+        ("recovery", "recovery: a rank SIGKILLed mid-step → its restarted first step"),
+    ):
         t, a = report[key]["torchrun"], report[key]["torchstep-agent"]
         if t and a:
             lines.append(f"| {what} | {t:.2f} s | {a:.2f} s | {a / t:.2f}x |")

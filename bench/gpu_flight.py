@@ -43,8 +43,22 @@ def main() -> int:
     if a.dry:
         env["TORCHSTEP_GPU_DRY"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU: the agent sets no NCCL variable
-    argv = [sys.executable, "-m", "torchstep.agent", "--standalone", "--nproc-per-node", "1", "--grace-period", "15",
-            "--log-dir", str(work / "logs"), "--result-file", str(work / "result.json"), WORKER, str(work)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torchstep.agent",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--grace-period",
+        "15",
+        "--log-dir",
+        str(work / "logs"),
+        "--result-file",
+        str(work / "result.json"),
+        WORKER,
+        str(work),
+    ]
     t0 = time.monotonic()
     with open(work / "stdout", "w") as so, open(work / "stderr", "w") as se:
         proc = subprocess.Popen(argv, stdout=so, stderr=se, env=env)
@@ -66,8 +80,12 @@ def main() -> int:
     def verdict(name: str, problems: list[str]) -> None:
         found[name] = "pass" if not problems else "; ".join(problems[:3])
 
-    want = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"}  # fmt: skip
+    want = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    }
     verdict(
         "the agent turns NCCL's flight recorder on (only where there is a GPU)",
         ([f"set: {sorted(want & set(seen))}"] if want & set(seen) else [])
@@ -88,9 +106,16 @@ def main() -> int:
         if a.dry
         else ([] if dumps and all(Path(p).stat().st_size > 0 for p in dumps) else [f"no dump: {dumps}"]),
     )
-    report = {"dry": a.dry, "checks": found, "result": {k: result.get(k) for k in ("state", "exit_code", "message")},
-              "stack": stack, "nccl_dumps": dumps, "nccl_env": seen, "seconds": round(time.monotonic() - t0, 1),
-              "stderr_tail": (work / "stderr").read_text()[-2000:]}  # fmt: skip
+    report = {
+        "dry": a.dry,
+        "checks": found,
+        "result": {k: result.get(k) for k in ("state", "exit_code", "message")},
+        "stack": stack,
+        "nccl_dumps": dumps,
+        "nccl_env": seen,
+        "seconds": round(time.monotonic() - t0, 1),
+        "stderr_tail": (work / "stderr").read_text()[-2000:],
+    }
     (out / "gpu_flight.json").write_text(json.dumps(report, indent=1) + "\n")
     failed = [f"{k}: {v}" for k, v in found.items() if v != "pass"]
     if failed:

@@ -41,10 +41,16 @@ IMAGE = "ghcr.io/acme/train:1"
 
 def app(i: int) -> specs.AppDef:
     role = specs.Role(
-        f"train{i}", image=IMAGE, entrypoint="python", args=["-m", "train", "--seed", str(i)],
-        env={"LOG_LEVEL": "info"}, resource=specs.Resource(cpu=2, gpu=0, memMB=4096),
-        max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": {"retry_delay": 30}},
-    )  # fmt: skip
+        f"train{i}",
+        image=IMAGE,
+        entrypoint="python",
+        args=["-m", "train", "--seed", str(i)],
+        env={"LOG_LEVEL": "info"},
+        resource=specs.Resource(cpu=2, gpu=0, memMB=4096),
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"retry_delay": 30}},
+    )
     return specs.AppDef(f"train{i}", roles=[role])
 
 

@@ -43,11 +43,34 @@ def main() -> int:
         for n in SIZES:
             j = f"{n}x2"
             cmds = {
-                "torchstep run": [str(BIN / "torchstep"), "run", "--log-dir", tmp, "-c", "cpu_affinity=false",
-                                  "dist.ddp", "--", "-j", j, "--script", HELLO],
-                "torchx local_cwd": [str(BIN / "torchx"), "run", "-s", "local_cwd", "-cfg", f"log_dir={tmp}",
-                                     "dist.ddp", "-j", j, "--script", HELLO],
-            }  # fmt: skip
+                "torchstep run": [
+                    str(BIN / "torchstep"),
+                    "run",
+                    "--log-dir",
+                    tmp,
+                    "-c",
+                    "cpu_affinity=false",
+                    "dist.ddp",
+                    "--",
+                    "-j",
+                    j,
+                    "--script",
+                    HELLO,
+                ],
+                "torchx local_cwd": [
+                    str(BIN / "torchx"),
+                    "run",
+                    "-s",
+                    "local_cwd",
+                    "-cfg",
+                    f"log_dir={tmp}",
+                    "dist.ddp",
+                    "-j",
+                    j,
+                    "--script",
+                    HELLO,
+                ],
+            }
             times: dict[str, list[float]] = {k: [] for k in cmds}
             for i in range(runs):
                 for name in cmds if i % 2 == 0 else reversed(list(cmds)):
@@ -55,8 +78,9 @@ def main() -> int:
             for name, ts in times.items():
                 series[name].append((n, statistics.median(ts)))
             print(f"{j}: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in times.items()), flush=True)
-    curve("local_scaling", "Local rendezvous + startup, dist.ddp -j Nx2 hello world", "replicas (x 2 processes)",
-          series)  # fmt: skip
+    curve(
+        "local_scaling", "Local rendezvous + startup, dist.ddp -j Nx2 hello world", "replicas (x 2 processes)", series
+    )
     return 0
 
 

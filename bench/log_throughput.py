@@ -72,10 +72,19 @@ def main() -> int:
     }
     cmd = f"python bench/log_throughput.py --runs {a.runs} --lines {a.lines}"
     print(f"log throughput ratio torchstep-agent / torchrun: {ratio:.2f} (goal >= 1.0)")
-    record("10", "log throughput: lines/s per rank intact in the console and the rank files, 2 ranks printing flat out",
-           rate[ours], rate[peer], peer_name="torchrun --tee 3 --log-dir", goal=1.0, better="higher",
-           unit="lines/s", command=cmd, valid=not problems[ours],
-           note=f"torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}")  # fmt: skip
+    record(
+        "10",
+        "log throughput: lines/s per rank intact in the console and the rank files, 2 ranks printing flat out",
+        rate[ours],
+        rate[peer],
+        peer_name="torchrun --tee 3 --log-dir",
+        goal=1.0,
+        better="higher",
+        unit="lines/s",
+        command=cmd,
+        valid=not problems[ours],
+        note=f"torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}",
+    )
     rows = "\n".join(
         f"| {n} | {median(rate[n]):,.0f} | {min(rate[n]):,.0f}-{max(rate[n]):,.0f} | {median(secs[n]):.2f} | {lines[n]} |"
         for n in NAMES

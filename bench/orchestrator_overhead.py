@@ -46,11 +46,15 @@ if __name__ == "__main__":
     sys.exit(0 if run.state == "success" else 1)
 """
 AIRFLOW = {
-    "ours": ("from torchstep_airflow import AppDefOperator",
-             f"AppDefOperator(task_id='hello', app='dist.ddp', app_args=['-j', '1x2', '--script', {HELLO!r}])"),
-    "peer": ("from airflow.providers.standard.operators.bash import BashOperator",
-             f"BashOperator(task_id='hello', bash_command='{TORCHRUN} --nproc-per-node 2 {HELLO}')"),
-}  # fmt: skip
+    "ours": (
+        "from torchstep_airflow import AppDefOperator",
+        f"AppDefOperator(task_id='hello', app='dist.ddp', app_args=['-j', '1x2', '--script', {HELLO!r}])",
+    ),
+    "peer": (
+        "from airflow.providers.standard.operators.bash import BashOperator",
+        f"BashOperator(task_id='hello', bash_command='{TORCHRUN} --nproc-per-node 2 {HELLO}')",
+    ),
+}
 
 PREFECT_FLOW = """
 import subprocess
@@ -122,12 +126,21 @@ def setups(tmp: Path) -> dict[str, tuple[dict[str, list[str]], dict[str, str]]]:
         (home / "dags" / f"{name}.py").write_text(
             AIRFLOW_DAG.format(imports=imports, task=task, dag_id=f"bench_{name}")
         )
-    af_env = {**base, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-              "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__UNIT_TEST_MODE": "False"}  # fmt: skip
+    af_env = {
+        **base,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    }
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=af_env, capture_output=True, check=True, timeout=300)
     (tmp / "flow.py").write_text(PREFECT_FLOW.format(torchrun=TORCHRUN, hello=HELLO))
-    pf_env = {**{k: v for k, v in base.items() if not k.startswith("PREFECT_")}, "PREFECT_HOME": str(tmp / "prefect"),
-              "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}  # fmt: skip
+    pf_env = {
+        **{k: v for k, v in base.items() if not k.startswith("PREFECT_")},
+        "PREFECT_HOME": str(tmp / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }
     (tmp / "pipeline.py").write_text(KFP_PIPELINE.format(torchrun=TORCHRUN, hello=HELLO))
     return {
         "airflow": ({v: [py, str(home / "dags" / f"{v}.py")] for v in AIRFLOW}, af_env),
@@ -165,10 +178,17 @@ def main() -> int:
                 for v in variants if i % 2 == 0 else reversed(list(variants)):
                     times[v].append(timed(variants[v], env, tmp_s))
             ours, peer = statistics.median(times["ours"]), statistics.median(times["peer"])
-            record(FIGURE[orch], WHAT[orch], times["ours"], times["peer"], peer_name=f"{orch} + torchrun by hand",
-                   goal=1.15, command=f"python bench/orchestrator_overhead.py --only {orch} --runs {ns.runs}",
-                   note=f"over the bare torchrun command ({bare_s:.1f} s): ours +{ours - bare_s:.1f} s, "
-                        f"by hand +{peer - bare_s:.1f} s")  # fmt: skip
+            record(
+                FIGURE[orch],
+                WHAT[orch],
+                times["ours"],
+                times["peer"],
+                peer_name=f"{orch} + torchrun by hand",
+                goal=1.15,
+                command=f"python bench/orchestrator_overhead.py --only {orch} --runs {ns.runs}",
+                note=f"over the bare torchrun command ({bare_s:.1f} s): ours +{ours - bare_s:.1f} s, "
+                f"by hand +{peer - bare_s:.1f} s",
+            )
     return 0
 
 

@@ -72,16 +72,34 @@ def main() -> int:
     }
     cmd = f"python bench/train_throughput.py --runs {a.runs} --steps {a.steps}"
     print(f"training steps/s ratio torchstep-agent / torchrun: {ratio_p:.3f} (goal >= 0.99)")
-    record("9a", f"DDP training steps/s (gloo, 2 ranks, ~{step_ms:.0f} ms/step), after warm-up",
-           plain[ours], plain[peer], peer_name="torchrun", goal=0.99, better="higher", unit="steps/s",
-           command=cmd, note="both launchers with --tee 3 --log-dir")  # fmt: skip
+    record(
+        "9a",
+        f"DDP training steps/s (gloo, 2 ranks, ~{step_ms:.0f} ms/step), after warm-up",
+        plain[ours],
+        plain[peer],
+        peer_name="torchrun",
+        goal=0.99,
+        better="higher",
+        unit="steps/s",
+        command=cmd,
+        note="both launchers with --tee 3 --log-dir",
+    )
     print(
         f"training steps/s at {RATE} lines/s per rank, ratio torchstep-agent / torchrun: {ratio_l:.3f} (goal >= 0.97)"
     )
-    record("9b", f"DDP training steps/s with every rank printing {RATE:,} lines/s; not one line lost",
-           logged[ours], logged[peer], peer_name="torchrun --tee 3 --log-dir", goal=0.97, better="higher",
-           unit="steps/s", command=cmd, valid=not problems[ours],
-           note=f"torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}")  # fmt: skip
+    record(
+        "9b",
+        f"DDP training steps/s with every rank printing {RATE:,} lines/s; not one line lost",
+        logged[ours],
+        logged[peer],
+        peer_name="torchrun --tee 3 --log-dir",
+        goal=0.97,
+        better="higher",
+        unit="steps/s",
+        command=cmd,
+        valid=not problems[ours],
+        note=f"torchstep-agent: {lines[ours]}; torchrun: {lines[peer]}",
+    )
     rows = "\n".join(
         f"| {n} | {median(plain[n]):.2f} | {min(plain[n]):.2f}-{max(plain[n]):.2f} | "
         f"{median(logged[n]):.2f} | {min(logged[n]):.2f}-{max(logged[n]):.2f} | {lines[n]} |"

@@ -59,10 +59,16 @@ def run_airflow(conf: dict[str, Any]) -> dict[str, Any]:
     tasks = {}
     with create_session() as session:
         for ti in dr.get_task_instances(session=session):
-            row = session.query(XComModel).filter_by(dag_id=dr.dag_id, run_id=dr.run_id, task_id=ti.task_id,
-                                                     key="return_value").one_or_none()  # fmt: skip
-            tasks[ti.task_id] = {"state": str(ti.state), "tries": ti.try_number,
-                                 "result": XComModel.deserialize_value(row) if row is not None else None}  # fmt: skip
+            row = (
+                session.query(XComModel)
+                .filter_by(dag_id=dr.dag_id, run_id=dr.run_id, task_id=ti.task_id, key="return_value")
+                .one_or_none()
+            )
+            tasks[ti.task_id] = {
+                "state": str(ti.state),
+                "tries": ti.try_number,
+                "result": XComModel.deserialize_value(row) if row is not None else None,
+            }
     return {"ok": str(dr.state) == "success", "tasks": tasks}
 
 
@@ -85,8 +91,11 @@ def run_prefect(conf: dict[str, Any]) -> dict[str, Any]:
     tasks = {}
     for r in runs:
         name = r.name.rsplit("-", 1)[0]
-        tasks[name] = {"state": r.state.name if r.state else "?", "tries": r.run_count,
-                       "result": results.get(name) if isinstance(results, dict) else None}  # fmt: skip
+        tasks[name] = {
+            "state": r.state.name if r.state else "?",
+            "tries": r.run_count,
+            "result": results.get(name) if isinstance(results, dict) else None,
+        }
     return {"ok": state.is_completed(), "tasks": tasks, "message": state.message}
 
 
@@ -209,18 +218,33 @@ class Demo:
     def env(self, name: str, mark: str, torchstep_state: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_"))}
         bin_dir = str(Path(sys.executable).parent)
-        env.update({
-            MARK_ENV: mark, "XDG_STATE_HOME": str(torchstep_state or self.state / "runs"),
-            "PATH": os.pathsep.join([bin_dir, env.get("PATH", "")]), "PYTHONPATH": str(ROOT),
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts are reliable with it
-        })  # fmt: skip
+        env.update(
+            {
+                MARK_ENV: mark,
+                "XDG_STATE_HOME": str(torchstep_state or self.state / "runs"),
+                "PATH": os.pathsep.join([bin_dir, env.get("PATH", "")]),
+                "PYTHONPATH": str(ROOT),
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # pytorch#135712: restarts are reliable with it
+            }
+        )
         if name == "airflow":
             home = self.state / "airflow"
-            env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags" / "airflow"),
-                        "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__UNIT_TEST_MODE": "False"})  # fmt: skip
+            env.update(
+                {
+                    "AIRFLOW_HOME": str(home),
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags" / "airflow"),
+                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+                }
+            )
         if name == "prefect":
-            env.update({"PREFECT_HOME": str(self.state / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"})  # fmt: skip
+            env.update(
+                {
+                    "PREFECT_HOME": str(self.state / "prefect"),
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+                }
+            )
         return env
 
     def setup(self, name: str) -> None:
@@ -228,8 +252,13 @@ class Demo:
             (self.state / "airflow").mkdir(parents=True, exist_ok=True)
             self.progress.update("airflow: creating its database (airflow db migrate) …")
             airflow = str(Path(sys.executable).with_name("airflow"))
-            proc = subprocess.Popen([airflow, "db", "migrate"], env=self.env(name, "-"), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [airflow, "db", "migrate"],
+                env=self.env(name, "-"),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             deadline = time.monotonic() + 300
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -247,8 +276,9 @@ class Demo:
             conf["nnodes"] = "2"
         return conf
 
-    def run(self, name: str, scenario: str, mark: str, *, cancel: bool = False,
-            **faults: Any) -> tuple[dict | None, float]:  # fmt: skip
+    def run(
+        self, name: str, scenario: str, mark: str, *, cancel: bool = False, **faults: Any
+    ) -> tuple[dict | None, float]:
         """One run of the pipeline in a child process; its output goes to the scenario's log,
         torchstep's run directories to ``logs/<name>/<scenario>/<step>/try<N>``."""
         self.progress.update(f"{name}, {scenario}: {SCENARIOS[scenario]} …")
@@ -262,8 +292,14 @@ class Demo:
         argv = [sys.executable, str(Path(__file__).resolve()), "--runner", name, json.dumps(conf), str(summary_file)]
         t0 = time.monotonic()
         with open(logs / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(argv, env=self.env(name, mark, runs), stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=ROOT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                env=self.env(name, mark, runs),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
             try:
                 if cancel:  # wait for the first checkpoint: the next epoch is running
                     self.wait(proc, lambda: (workdir / "ckpt" / "last.pt").exists(), 300)
@@ -318,9 +354,17 @@ class Demo:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 run_dir.rename(dest)
                 self.repoint(run_dir, dest)
-                self.index.append({"orchestrator": name, "scenario": scenario, "step": step, "try": n,
-                                   "state": result.get("state", "no result"), "app_id": run_dir.name,
-                                   "folder": dest.relative_to(self.logs).as_posix()})  # fmt: skip
+                self.index.append(
+                    {
+                        "orchestrator": name,
+                        "scenario": scenario,
+                        "step": step,
+                        "try": n,
+                        "state": result.get("state", "no result"),
+                        "app_id": run_dir.name,
+                        "folder": dest.relative_to(self.logs).as_posix(),
+                    }
+                )
         for empty in (runs, *list(runs.parents)[:3]):  # runs/<name>/<scenario>/torchstep, once moved
             with contextlib.suppress(OSError):
                 empty.rmdir()
@@ -352,13 +396,19 @@ class Demo:
             "|---|---|---|---|---|---|",
         ]
         order = {n: i for i, n in enumerate([*ORCHESTRATORS, *SCENARIOS, "prepare", "train", "evaluate"])}
-        for e in sorted(self.index, key=lambda e: (*(order.get(e[k], 9) for k in ("orchestrator", "scenario", "step")),
-                                                   e["step"], e["try"])):  # fmt: skip
-            lines.append(f"| {e['orchestrator']} | {e['scenario']} | {e['step']} | {e['try']} | {e['state']} | "
-                         f"{e['folder']}/ |")  # fmt: skip
+        for e in sorted(
+            self.index,
+            key=lambda e: (*(order.get(e[k], 9) for k in ("orchestrator", "scenario", "step")), e["step"], e["try"]),
+        ):
+            lines.append(
+                f"| {e['orchestrator']} | {e['scenario']} | {e['step']} | {e['try']} | {e['state']} | {e['folder']}/ |"
+            )
         if any(e["state"] == "no result" for e in self.index):
-            lines += ["", "`no result`: the step was stopped before it wrote its `result.json`; its replicas' "
-                      "`<role>/<replica>/result.json` and logs are there."]  # fmt: skip
+            lines += [
+                "",
+                "`no result`: the step was stopped before it wrote its `result.json`; its replicas' "
+                "`<role>/<replica>/result.json` and logs are there.",
+            ]
         index = self.logs / "INDEX.md"
         index.write_text("\n".join(lines) + "\n")
         return index
@@ -385,20 +435,26 @@ class Demo:
         where = self.logs / name / "faults"
         self.expect(bool(summary and summary.get("ok")), f"{name}: the faults run failed (see {where})")
         self.expect(restarts == 1, f"{name}: expected one restart round of the agent, got {restarts}")
-        self.expect(train.get("first_epoch") == 1 and [h["epoch"] for h in history] == list(range(self.sizes["epochs"])),
-                    f"{name}: training did not resume at the killed epoch: {history}")  # fmt: skip
+        self.expect(
+            train.get("first_epoch") == 1 and [h["epoch"] for h in history] == list(range(self.sizes["epochs"])),
+            f"{name}: training did not resume at the killed epoch: {history}",
+        )
         self.expect(retries == 1, f"{name}: expected prepare to be retried exactly once, got {retries}")
         self.expect(accuracy is not None and accuracy > 0.25 + 0.3, f"{name}: accuracy {accuracy} does not beat chance")
         survived = bool(summary and summary.get("ok")) and restarts == 1 and retries == 1
-        self.progress.say(f"  {name}, faults: {'survived' if survived else 'NOT survived'} (agent restart rounds "
-                          f"{restarts}, retries of prepare {retries}, accuracy {accuracy})")  # fmt: skip
+        self.progress.say(
+            f"  {name}, faults: {'survived' if survived else 'NOT survived'} (agent restart rounds "
+            f"{restarts}, retries of prepare {retries}, accuracy {accuracy})"
+        )
         # 2. non-retryable
         mark2 = uuid.uuid4().hex
         bad, _ = self.run(name, "non-retryable", mark2, non_retryable=True)
         bad_train = ((bad or {}).get("tasks") or {}).get("train") or {}
         root_cause = ((bad_train.get("result") or {}).get("root_cause") or {}).get("message") or "(see the log)"
-        self.expect(bool(bad) and not bad.get("ok") and bad_train.get("tries", 1) == 1,
-                    f"{name}: the non-retryable run was retried or did not fail: {bad_train.get('tries')}")  # fmt: skip
+        self.expect(
+            bool(bad) and not bad.get("ok") and bad_train.get("tries", 1) == 1,
+            f"{name}: the non-retryable run was retried or did not fail: {bad_train.get('tries')}",
+        )
         orphans += self.orphans_after(mark2)
         self.progress.say(f"  {name}, non-retryable: failed in {bad_train.get('tries', '?')} try: {root_cause}")
         # 3. cancelled mid-epoch
@@ -408,8 +464,17 @@ class Demo:
         self.progress.say(f"  {name}, cancel: stopped; processes left behind by the three runs: {orphans}")
         self.expect(orphans == 0, f"{name}: {orphans} process(es) outlived their run")
         steps = sum(1 for t in tasks.values() if isinstance(t.get("result"), dict) and "schema" in t["result"])
-        row.update({"steps": steps, "restarts": restarts, "retries": retries, "wall": wall, "accuracy": accuracy,
-                    "orphans": orphans, "root_cause": textwrap.shorten(root_cause, 160, placeholder=" …")})  # fmt: skip
+        row.update(
+            {
+                "steps": steps,
+                "restarts": restarts,
+                "retries": retries,
+                "wall": wall,
+                "accuracy": accuracy,
+                "orphans": orphans,
+                "root_cause": textwrap.shorten(root_cause, 160, placeholder=" …"),
+            }
+        )
         self.rows.append(row)
 
 
@@ -441,8 +506,16 @@ def main() -> int:
         table.add_column(col)
     table.add_column("non-retryable root cause", max_width=44)  # wraps at words
     for r in demo.rows:
-        table.add_row(r["orchestrator"], str(r["steps"]), str(r["restarts"]), str(r["retries"]), f"{r['wall']:.0f}",
-                      f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-", str(r["orphans"]), r["root_cause"])  # fmt: skip
+        table.add_row(
+            r["orchestrator"],
+            str(r["steps"]),
+            str(r["restarts"]),
+            str(r["retries"]),
+            f"{r['wall']:.0f}",
+            f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-",
+            str(r["orphans"]),
+            r["root_cause"],
+        )
     console.print(table)
     console.print(LEGEND, highlight=False)
     # soft_wrap: a path is never broken over two lines, whatever the width

@@ -17,9 +17,13 @@ class ApiFaults:
     def arm_faults(self, body: dict[str, Any]) -> None:
         """Arm what ``POST /debug/fault`` asks for (``status``..., ``cut_logs``); the caller holds the lock."""
         if "status" in body:
-            self.answer = {"status": int(body["status"]), "count": int(body.get("count", 1)),
-                           "retry_after": body.get("retry_after"), "match": body.get("match"),
-                           "methods": body.get("methods")}  # fmt: skip
+            self.answer = {
+                "status": int(body["status"]),
+                "count": int(body.get("count", 1)),
+                "retry_after": body.get("retry_after"),
+                "match": body.get("match"),
+                "methods": body.get("methods"),
+            }
         if "cut_logs" in body:
             self.cut_logs += int(body["cut_logs"])
 

@@ -112,10 +112,14 @@ class ApiWatch:
             self.counters["watch_requests"] += 1
             self.sync_watch()
             if since in (None, "", "0"):
-                items = [v for (k, n, _), (_, _, _, v) in self.known.items()
-                         if k == kind and n == ns and matches(v["metadata"].get("labels") or {}, selector)]  # fmt: skip
-                return self.revision, [("ADDED", self.versioned(kind, ns, o["metadata"]["name"], json.loads(json.dumps(o))))
-                                       for o in items]  # fmt: skip
+                items = [
+                    v
+                    for (k, n, _), (_, _, _, v) in self.known.items()
+                    if k == kind and n == ns and matches(v["metadata"].get("labels") or {}, selector)
+                ]
+                return self.revision, [
+                    ("ADDED", self.versioned(kind, ns, o["metadata"]["name"], json.loads(json.dumps(o)))) for o in items
+                ]
             rv = int(since)
             if rv < self.compacted:
                 self.counters["watches_expired"] += 1
@@ -126,8 +130,11 @@ class ApiWatch:
         """The events after ``after`` (the new position and the events)."""
         with self.lock:
             self.sync_watch()
-            events = [(t, o) for rv, t, k, n, o in self.history if rv > after and k == kind and n == ns
-                      and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+            events = [
+                (t, o)
+                for rv, t, k, n, o in self.history
+                if rv > after and k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)
+            ]
             return self.revision, events
 
     def watch_cut(self) -> bool:

@@ -116,17 +116,24 @@ class FakeKube:
         stored = next((o for o in self.objects if o["kind"] == "Job" and o["metadata"]["name"] == name), None)
         if stored is None or self._job_deleted():
             raise ApiError(404, f"jobs.batch {name!r} not found")
-        meta = ns(name=name, uid=stored["metadata"]["uid"], labels=(stored or {}).get("metadata", {}).get("labels", {}),
-                  annotations={**(stored or {}).get("metadata", {}).get("annotations", {}),
-                               **self.annotations.get(("Job", name), {})})  # fmt: skip
+        meta = ns(
+            name=name,
+            uid=stored["metadata"]["uid"],
+            labels=(stored or {}).get("metadata", {}).get("labels", {}),
+            annotations={
+                **(stored or {}).get("metadata", {}).get("annotations", {}),
+                **self.annotations.get(("Job", name), {}),
+            },
+        )
         head = {"api_version": "batch/v1", "kind": "Job", "metadata": meta}
         began = self.started.get(name)  # a test may have put the object in place itself: no start
         start = datetime.fromtimestamp(began, tz=UTC) if began is not None else None
         if not self._all_done():
             return ns(**head, status=ns(conditions=[], start_time=start))
         ok = all(s.codes[-1] == 0 for s in self.scripts.values())
-        return ns(**head, status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")],
-                                    start_time=start))  # fmt: skip
+        return ns(
+            **head, status=ns(conditions=[ns(type="Complete" if ok else "Failed", status="True")], start_time=start)
+        )
 
     def patch_namespaced_job(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._patch("Job", name, body)
@@ -170,8 +177,10 @@ class FakeKube:
         stored = next((o for o in self.objects if o["kind"] == "Pod" and o["metadata"]["name"] == name), None)
         if stored is not None:  # a bare Pod: its own annotations (the saved log cursor)
             extra = {**(stored["metadata"].get("annotations") or {}), **self.annotations.get(("Pod", name), {})}
-            pod = ns(metadata=ns(**{**vars(pod.metadata), "annotations": {**pod.metadata.annotations, **extra}}),
-                     status=pod.status)  # fmt: skip
+            pod = ns(
+                metadata=ns(**{**vars(pod.metadata), "annotations": {**pod.metadata.annotations, **extra}}),
+                status=pod.status,
+            )
         return pod
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
@@ -210,9 +219,19 @@ class FakeKube:
         self.extra_pods = [p for p in self.extra_pods if not wanted.items() <= dict(p.metadata.labels).items()]
 
     def list_namespaced_service(self, namespace: str, label_selector: str) -> Any:
-        return ns(items=[ns(metadata=ns(name=o["metadata"]["name"], labels=o["metadata"].get("labels", {}),
-                                        owner_references=[ns(**r) for r in o["metadata"].get("ownerReferences") or []]))
-                         for o in self.objects if o["kind"] == "Service"])  # fmt: skip
+        return ns(
+            items=[
+                ns(
+                    metadata=ns(
+                        name=o["metadata"]["name"],
+                        labels=o["metadata"].get("labels", {}),
+                        owner_references=[ns(**r) for r in o["metadata"].get("ownerReferences") or []],
+                    )
+                )
+                for o in self.objects
+                if o["kind"] == "Service"
+            ]
+        )
 
     def add_pod(
         self,
@@ -233,13 +252,23 @@ class FakeKube:
             if owner_uid
             else None
         )
-        self.extra_pods.append(ns(
-            metadata=ns(name=name, uid=f"uid-{name}", labels=dict(labels), owner_references=refs,
-                        annotations={"batch.kubernetes.io/job-completion-index": str(index)},
-                        creation_timestamp="2026-11-24T00:59:59Z"),
-            status=ns(phase="Succeeded" if exit_code == 0 else "Failed", conditions=[],
-                      container_statuses=[ns(name="main", state=ns(terminated=ns(exit_code=exit_code, message=message)))]),
-        ))  # fmt: skip
+        self.extra_pods.append(
+            ns(
+                metadata=ns(
+                    name=name,
+                    uid=f"uid-{name}",
+                    labels=dict(labels),
+                    owner_references=refs,
+                    annotations={"batch.kubernetes.io/job-completion-index": str(index)},
+                    creation_timestamp="2026-11-24T00:59:59Z",
+                ),
+                status=ns(
+                    phase="Succeeded" if exit_code == 0 else "Failed",
+                    conditions=[],
+                    container_statuses=[ns(name="main", state=ns(terminated=ns(exit_code=exit_code, message=message)))],
+                ),
+            )
+        )
         self.extra_lines[name] = list(lines)
 
     def impersonate(self, lines: list[str], message: str | None) -> None:
@@ -296,8 +325,20 @@ class FakeKube:
         bare = job["kind"] == "Pod"
         labels = job["metadata"]["labels"] if bare else job["spec"]["template"]["metadata"]["labels"]
         # as the Job controller sets it: the pod's controller is its Job (a bare Pod has no owner)
-        owner = None if bare else [ns(api_version="batch/v1", kind="Job", name=job["metadata"]["name"],
-                                      uid=job["metadata"]["uid"], controller=True, block_owner_deletion=True)]  # fmt: skip
+        owner = (
+            None
+            if bare
+            else [
+                ns(
+                    api_version="batch/v1",
+                    kind="Job",
+                    name=job["metadata"]["name"],
+                    uid=job["metadata"]["uid"],
+                    controller=True,
+                    block_owner_deletion=True,
+                )
+            ]
+        )
         pods = []
         for index, script in sorted(self.scripts.items()):
             # incarnation k exists after k * polls reads; it is terminated after (k + 1) * polls

@@ -131,9 +131,17 @@ class Cluster(ApiFaults, ApiWatch):
         self.lock = threading.Lock()
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> object
         self.started: dict[str, float] = {}  # pod name -> start time
-        self.counters = {"jobs_created": 0, "pods_created": 0, "services_created": 0, "conflicts": 0,
-                         "patches": 0, "log_requests": 0, "faults_answered": 0, "streams_cut": 0,
-                         "pods_replaced": 0}  # fmt: skip
+        self.counters = {
+            "jobs_created": 0,
+            "pods_created": 0,
+            "services_created": 0,
+            "conflicts": 0,
+            "patches": 0,
+            "log_requests": 0,
+            "faults_answered": 0,
+            "streams_cut": 0,
+            "pods_replaced": 0,
+        }
         self.deleted: list[str] = []
         self.answer: dict[str, Any] | None = None  # the pending status fault (POST /debug/fault)
         self.cut_logs = 0  # followed log streams still to cut
@@ -170,15 +178,24 @@ class Cluster(ApiFaults, ApiWatch):
                 self.started[name] = time.time()
             return 201, self.view(kind, obj)
 
-    def _job_pod(self, ns: str, job: str, template: dict[str, Any], owner: dict[str, Any], index: int,
-                 extra: dict[str, str]) -> str:  # fmt: skip
+    def _job_pod(
+        self, ns: str, job: str, template: dict[str, Any], owner: dict[str, Any], index: int, extra: dict[str, str]
+    ) -> str:
         """Start the pod of completion ``index`` of Job ``job`` (under the lock)."""
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": f"{job}-{index}-{uuid.uuid4().hex[:5]}", "namespace": ns,
-                            "labels": {**template["metadata"].get("labels", {}), "job-name": job},
-                            "annotations": {INDEX: str(index), **extra}, "uid": str(uuid.uuid4()),
-                            "creationTimestamp": _now(), "ownerReferences": [owner]},
-               "spec": template["spec"]}  # fmt: skip
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job}-{index}-{uuid.uuid4().hex[:5]}",
+                "namespace": ns,
+                "labels": {**template["metadata"].get("labels", {}), "job-name": job},
+                "annotations": {INDEX: str(index), **extra},
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now(),
+                "ownerReferences": [owner],
+            },
+            "spec": template["spec"],
+        }
         self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
         self.started[pod["metadata"]["name"]] = time.time()
         return str(pod["metadata"]["name"])
@@ -188,8 +205,14 @@ class Cluster(ApiFaults, ApiWatch):
         count the loss against ``backoffLimitPerIndex`` and start a replacement that writes
         the rest of the lines, from the last one the lost pod wrote."""
         ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
-        job = next((o for (k, n, _), o in self.objects.items() if k == "Job" and n == ns
-                    and ref is not None and o["metadata"]["uid"] == ref["uid"]), None)  # fmt: skip
+        job = next(
+            (
+                o
+                for (k, n, _), o in self.objects.items()
+                if k == "Job" and n == ns and ref is not None and o["metadata"]["uid"] == ref["uid"]
+            ),
+            None,
+        )
         if job is None or ref is None or self._pod_status(pod)["phase"] != "Running":
             return
         index = self._index(pod)
@@ -203,8 +226,10 @@ class Cluster(ApiFaults, ApiWatch):
                 return  # the index failed: the Job's view says Failed
         written, _, _ = self._written(pod)
         first = written[-1][1] if written else int(notes.get("kubehttp/first-line", 0))
-        extra = {"kubehttp/incarnation": str(int(notes.get("kubehttp/incarnation", 0)) + 1),
-                 "kubehttp/first-line": str(first)}  # fmt: skip
+        extra = {
+            "kubehttp/incarnation": str(int(notes.get("kubehttp/incarnation", 0)) + 1),
+            "kubehttp/first-line": str(first),
+        }
         self._job_pod(ns, ref["name"], spec["template"], ref, index, extra)
         self.counters["pods_replaced"] += 1
 
@@ -221,8 +246,11 @@ class Cluster(ApiFaults, ApiWatch):
         with self.lock:
             self.sync_watch()
             self.counters["lists"] += 1
-            items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
-                     if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+            items = [
+                self.versioned(k, n, o["metadata"]["name"], self.view(k, o))
+                for (k, n, _), o in self.objects.items()
+                if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)
+            ]
             version = str(self.revision)
         return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {"resourceVersion": version}, "items": items}
 
@@ -250,9 +278,14 @@ class Cluster(ApiFaults, ApiWatch):
     ) -> dict[str, Any]:
         only = field.partition("metadata.name=")[2] if field else None
         with self.lock:
-            doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
-                      and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
-                      and (only is None or key[2] == only)]  # fmt: skip
+            doomed = [
+                key
+                for key, o in self.objects.items()
+                if key[0] == kind
+                and key[1] == ns
+                and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
+                and (only is None or key[2] == only)
+            ]
             self.sync_watch()  # a watch sees each object as it was last, even one deleted at once
             for key in doomed:
                 gone = self.objects.pop(key)
@@ -280,8 +313,14 @@ class Cluster(ApiFaults, ApiWatch):
         status: dict[str, Any] = {"name": main, "image": "fake", "imageID": "", "ready": True, "restartCount": 0}
         conditions = []
         if "kubehttp/evicted" in (pod["metadata"].get("annotations") or {}):
-            conditions = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
-                           "message": "Eviction API: evicting"}]  # fmt: skip
+            conditions = [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                }
+            ]
         if elapsed < self._run_s(pod):
             status["state"] = {"running": {"startedAt": _stamp(self.started.get(name, time.time()))}}
             return {"phase": "Running", "conditions": conditions, "containerStatuses": [status]}
@@ -300,8 +339,11 @@ class Cluster(ApiFaults, ApiWatch):
             out["status"] = self._pod_status(obj)
         elif kind == "Job":
             uid = obj["metadata"]["uid"]  # the Job controller counts the pods it owns
-            pods = [self._pod_status(p) for (k, n, _), p in self.objects.items()
-                    if k == "Pod" and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]  # fmt: skip
+            pods = [
+                self._pod_status(p)
+                for (k, n, _), p in self.objects.items()
+                if k == "Pod" and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+            ]
             phases = [p["phase"] for p in pods]
             conditions = []
             spec = obj["spec"]
@@ -360,9 +402,16 @@ class Cluster(ApiFaults, ApiWatch):
             running = None
             index = body.get("delete_pod", body.get("evict_pod"))
             if index is not None:
-                running = next((key for key, o in self.objects.items() if key[0] == "Pod"
-                                and self._index(o) == int(index)
-                                and self._pod_status(o)["phase"] == "Running"), None)  # fmt: skip
+                running = next(
+                    (
+                        key
+                        for key, o in self.objects.items()
+                        if key[0] == "Pod"
+                        and self._index(o) == int(index)
+                        and self._pod_status(o)["phase"] == "Running"
+                    ),
+                    None,
+                )
             if running is not None and "evict_pod" in body:
                 self.objects[running]["metadata"].setdefault("annotations", {})["kubehttp/evicted"] = "true"
                 self.counters["evictions"] = self.counters.get("evictions", 0) + 1
@@ -375,8 +424,15 @@ class Cluster(ApiFaults, ApiWatch):
 
 
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "reason": reason,
-            "message": message, "code": code}  # fmt: skip
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
 
 
 _PATH = re.compile(
@@ -439,11 +495,25 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/debug/state"):
             c = self.cluster
             with c.lock:
-                objects = [{"kind": k, "name": n, "labels": o["metadata"].get("labels") or {},
-                            "annotations": o["metadata"].get("annotations") or {}, "uid": o["metadata"]["uid"]}
-                           for (k, _, n), o in c.objects.items()]  # fmt: skip
-                self._send(200, {**c.counters, "deleted": list(c.deleted), "objects": objects,
-                                 "failures": [[u, i, n] for (u, i), n in c.failures.items()]})  # fmt: skip
+                objects = [
+                    {
+                        "kind": k,
+                        "name": n,
+                        "labels": o["metadata"].get("labels") or {},
+                        "annotations": o["metadata"].get("annotations") or {},
+                        "uid": o["metadata"]["uid"],
+                    }
+                    for (k, _, n), o in c.objects.items()
+                ]
+                self._send(
+                    200,
+                    {
+                        **c.counters,
+                        "deleted": list(c.deleted),
+                        "objects": objects,
+                        "failures": [[u, i, n] for (u, i), n in c.failures.items()],
+                    },
+                )
             return
         route = self._route()
         if route is None:
@@ -490,8 +560,9 @@ class Handler(BaseHTTPRequestHandler):
         for key in ("propagationPolicy", "gracePeriodSeconds"):  # DeleteOptions, in the body or the query
             if key in query:
                 body[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
-        self._send(200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector"),
-                                            body=body))  # fmt: skip
+        self._send(
+            200, self.cluster.delete(kind, ns, name, query.get("labelSelector"), query.get("fieldSelector"), body=body)
+        )
 
     def _chunk(self, events: list[tuple[str, dict[str, Any]]]) -> None:
         data = b"".join(json.dumps({"type": t, "object": o}).encode() + b"\n" for t, o in events)
@@ -530,8 +601,18 @@ class Handler(BaseHTTPRequestHandler):
                         quiet = time.monotonic()
                     elif bookmarks and time.monotonic() - quiet >= 1.0:
                         version = {"Job": "batch/v1"}.get(kind, "v1")
-                        self._chunk([("BOOKMARK", {"kind": kind, "apiVersion": version,
-                                                   "metadata": {"resourceVersion": str(pos_now)}})])  # fmt: skip
+                        self._chunk(
+                            [
+                                (
+                                    "BOOKMARK",
+                                    {
+                                        "kind": kind,
+                                        "apiVersion": version,
+                                        "metadata": {"resourceVersion": str(pos_now)},
+                                    },
+                                )
+                            ]
+                        )
                         quiet = time.monotonic()
                     pos = pos_now
                     time.sleep(0.05)
@@ -558,8 +639,11 @@ class Handler(BaseHTTPRequestHandler):
         try:
             while True:
                 lines, ended, total = c.log_lines(name)
-                data = b"".join(((f"{_stamp(t)} " if stamps else "") + text + "\n").encode()
-                                for t, text in lines[sent:] if since is None or t >= since)  # fmt: skip
+                data = b"".join(
+                    ((f"{_stamp(t)} " if stamps else "") + text + "\n").encode()
+                    for t, text in lines[sent:]
+                    if since is None or t >= since
+                )
                 if data:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
@@ -600,8 +684,12 @@ class KubeServer:
         Returns:
             The fake's answer (``pod``: the pod ``delete_pod`` deleted).
         """
-        request = urllib.request.Request(f"{self.url}/debug/fault", data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/debug/fault",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as r:
             return dict(json.loads(r.read()))
 
@@ -621,9 +709,12 @@ class KubeServer:
         Raises:
             RuntimeError: the server refused (an unknown node or action).
         """
-        request = urllib.request.Request(f"{self.url}/debug/node", method="POST",
-                                         data=json.dumps({"node": node, "action": action, **extra}).encode(),
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/debug/node",
+            method="POST",
+            data=json.dumps({"node": node, "action": action, **extra}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=30) as r:
             answer = dict(json.loads(r.read()))
         if not answer.get("ok"):
@@ -659,8 +750,10 @@ def start_server(tmp_path: Path, scenario: Scenario | None = None, *, real: dict
         mode = ["--real", str(real_file)]
     proc = subprocess.Popen(
         [sys.executable, __file__, "--port-file", str(port_file), *mode],
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kubeapi.log", "wb"),
-    )  # fmt: skip
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "kubeapi.log", "wb"),
+    )
     deadline = time.monotonic() + 30
     while not port_file.exists() or not port_file.read_text().strip():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -669,12 +762,18 @@ def start_server(tmp_path: Path, scenario: Scenario | None = None, *, real: dict
         time.sleep(0.05)
     url = f"http://127.0.0.1:{int(port_file.read_text())}"
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "ml"}}],
-    }))  # fmt: skip
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "ml"}}],
+            }
+        )
+    )
     os.chmod(kubeconfig, 0o600)
     return KubeServer(url, kubeconfig, proc)
 

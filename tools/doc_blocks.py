@@ -93,8 +93,10 @@ def blocks(path: Path) -> list[Block]:
         if m.group("directive") is not None:
             s = SKIP.fullmatch(m.group("directive"))
             if not s or s.group("reason") not in REASONS:
-                raise ValueError(f"{path.name}:{line}: unknown docs-test marker {m.group('directive')!r}: "
-                                 f"write 'skip REASON: why' with a REASON of {sorted(REASONS)}")  # fmt: skip
+                raise ValueError(
+                    f"{path.name}:{line}: unknown docs-test marker {m.group('directive')!r}: "
+                    f"write 'skip REASON: why' with a REASON of {sorted(REASONS)}"
+                )
             skip = (s.group("reason"), s.group("why"))
         prose = text[: m.start()].rstrip().splitlines()
         saved = SAVE_AS.search(prose[-1]) if prose and m.group("lang") == "python" else None
@@ -184,10 +186,17 @@ class Page:
         if self.worker is None:
             read, write = os.pipe()
             with open(self.log, "a") as logf:
-                self.worker = subprocess.Popen([str(self.clone / ".venv" / "bin" / "python"), "-u", "-c", WORKER, str(write)],
-                                               cwd=self.clone, env=self.env, stdin=subprocess.PIPE, stdout=logf,
-                                               stderr=subprocess.STDOUT, text=True, pass_fds=(write,),
-                                               start_new_session=True)  # fmt: skip
+                self.worker = subprocess.Popen(
+                    [str(self.clone / ".venv" / "bin" / "python"), "-u", "-c", WORKER, str(write)],
+                    cwd=self.clone,
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    pass_fds=(write,),
+                    start_new_session=True,
+                )
             os.close(write)
             self.answers = os.fdopen(read)
         assert self.worker.stdin is not None and self.answers is not None
@@ -201,9 +210,15 @@ class Page:
 
     def shell(self, block: Block) -> tuple[bool, str]:
         script = console_script(block.body) if block.lang == "console" else block.body
-        proc = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + script], cwd=self.clone, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", "-c", "set -euo pipefail\n" + script],
+            cwd=self.clone,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -249,13 +264,20 @@ def make_clone(tmp: Path) -> tuple[Path, dict[str, str]]:
     # `dist.ddp --script train.py`: the docs' stand-in for the user's training script
     shutil.copy(ROOT / "components" / "apps" / "train.py", clone / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_", "VIRTUAL_ENV", "KF_"))}
-    env.update({
-        "HOME": str(tmp), "XDG_STATE_HOME": str(tmp / "state"), "TMPDIR": str(tmp),
-        "PATH": f"{clone / '.venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-        "AIRFLOW_HOME": str(tmp / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PYTHONDONTWRITEBYTECODE": "1",
-    })  # fmt: skip
+    env.update(
+        {
+            "HOME": str(tmp),
+            "XDG_STATE_HOME": str(tmp / "state"),
+            "TMPDIR": str(tmp),
+            "PATH": f"{clone / '.venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+            "AIRFLOW_HOME": str(tmp / "airflow"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PREFECT_HOME": str(tmp / "prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     return clone, env
 
 
@@ -305,8 +327,10 @@ def main(argv: list[str]) -> int:
             print(f"\n=== FAILED {b.where} ({b.lang})\n{b.body}\n--- output:\n{detail}\n", flush=True)
         failed += failures
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(skipped.items()))
-    print(f"\ndocs code blocks: {ran} run, {sum(skipped.values())} skipped ({reasons or 'none'}), {shown} shown "
-          f"(output, data), {len(failed)} failed")  # fmt: skip
+    print(
+        f"\ndocs code blocks: {ran} run, {sum(skipped.values())} skipped ({reasons or 'none'}), {shown} shown "
+        f"(output, data), {len(failed)} failed"
+    )
     for r in sorted(skipped):
         print(f"  skipped, {r}: {REASONS[r]}")
     for page, test in RUN_BY.items():

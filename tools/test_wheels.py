@@ -72,20 +72,40 @@ class Env:
 
 ENVS = {
     "core": Env("core", ["core"], "torchstep", ["torchx", "torch"], tests=["adapters/core/tests"]),
-    "core-nightly": Env("core-nightly", ["core"], "torchstep", ["torchx-nightly"], torch=False,
-                        tests=["adapters/core/tests/test_torchx_versions.py"]),
+    "core-nightly": Env(
+        "core-nightly",
+        ["core"],
+        "torchstep",
+        ["torchx-nightly"],
+        torch=False,
+        tests=["adapters/core/tests/test_torchx_versions.py"],
+    ),
     # the oldest Python of requires-python: the wheel installs there (tomli included), imports
     # without torch, and the unit tests of what differs on 3.10 (the states, the result, the
     # annotations TorchX reads, every public docstring's example) pass; the whole suite runs in
     # "core" (the agent on 3.10 with a real torch: tests/torchmatrix)
-    "core-py310": Env("core-py310", ["core"], "torchstep", ["torchx", "tomli"], torch=False, python="3.10",
-                      tests=[f"adapters/core/tests/test_{t}.py" for t in ("states_and_errors", "result_rules",
-                             "result_summary", "materialize_annotations", "docstrings")]),
-    "airflow": Env("airflow", ["core", "airflow"], "torchstep_airflow", ["apache-airflow", "apache-airflow-task-sdk"],
-                   tests=["adapters/airflow/tests"]),
+    "core-py310": Env(
+        "core-py310",
+        ["core"],
+        "torchstep",
+        ["torchx", "tomli"],
+        torch=False,
+        python="3.10",
+        tests=[
+            f"adapters/core/tests/test_{t}.py"
+            for t in ("states_and_errors", "result_rules", "result_summary", "materialize_annotations", "docstrings")
+        ],
+    ),
+    "airflow": Env(
+        "airflow",
+        ["core", "airflow"],
+        "torchstep_airflow",
+        ["apache-airflow", "apache-airflow-task-sdk"],
+        tests=["adapters/airflow/tests"],
+    ),
     "kfp": Env("kfp", ["core", "kfp"], "torchstep_kfp", ["kfp"], tests=["adapters/kfp/tests"]),
     "prefect": Env("prefect", ["core", "prefect"], "torchstep_prefect", ["prefect"], tests=["adapters/prefect/tests"]),
-}  # fmt: skip
+}
 
 DIST_NAMES = {
     "core": "torchstep",
@@ -179,8 +199,21 @@ def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 def torch_requirement() -> str:
     """The torch file pip would install here (pip's configuration may name a local CPU
     build), as a direct reference uv installs and caches; a plain pin where pip finds none."""
-    out = run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--no-deps",
-               "--report", "-", TORCH])  # fmt: skip
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--no-deps",
+            "--report",
+            "-",
+            TORCH,
+        ]
+    )
     try:
         (item,) = json.loads(out.stdout)["install"]
         return f"torch @ {item['download_info']['url']}"
@@ -197,10 +230,20 @@ def wheel(dist_dir: str) -> str:
 
 
 def clean_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW", "PREFECT_", "VIRTUAL_ENV", "PYTHON", "KFP", "TORCHX", "TORCHSTEP"))}  # fmt: skip
-    env.update({"HOME": str(home), "XDG_STATE_HOME": str(home / "state"), "TMPDIR": str(home),
-                "PYTHONDONTWRITEBYTECODE": "1", "UV_CACHE_DIR": UV_CACHE})  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW", "PREFECT_", "VIRTUAL_ENV", "PYTHON", "KFP", "TORCHX", "TORCHSTEP"))
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "XDG_STATE_HOME": str(home / "state"),
+            "TMPDIR": str(home),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "UV_CACHE_DIR": UV_CACHE,
+        }
+    )
     return env
 
 
@@ -212,8 +255,16 @@ class Check:
         self.log: list[str] = []
         self.times: dict[str, float] = {}
 
-    def step(self, what: str, argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 600,
-             expect: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def step(
+        self,
+        what: str,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float = 600,
+        expect: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         t0 = time.monotonic()
         try:
             out = run(argv, cwd=cwd, env=env, timeout=timeout)
@@ -267,21 +318,52 @@ class Check:
         if self.env.torch:  # the console scripts of the installed wheel
             bin_ = self.venv / "bin"
             want = f" {version_of('core')}\n"
-            self.step("torchstep --version", [str(bin_ / "torchstep"), "--version"], cwd=home, env=clean_env(home),
-                      expect="torchstep" + want)  # fmt: skip
-            self.step("torchstep-agent --version", [str(bin_ / "torchstep-agent"), "--version"], cwd=home,
-                      env=clean_env(home), expect="torchstep-agent" + want)  # fmt: skip
+            self.step(
+                "torchstep --version",
+                [str(bin_ / "torchstep"), "--version"],
+                cwd=home,
+                env=clean_env(home),
+                expect="torchstep" + want,
+            )
+            self.step(
+                "torchstep-agent --version",
+                [str(bin_ / "torchstep-agent"), "--version"],
+                cwd=home,
+                env=clean_env(home),
+                expect="torchstep-agent" + want,
+            )
 
     def unit_tests(self, home: Path) -> None:
         (home / "wheel_plugin.py").write_text(PLUGIN)
         (home / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n")
         env = clean_env(home)
-        env.update({"TORCHSTEP_REPO_ROOT": str(ROOT), "PYTHONPATH": str(home),
-                    "TORCHSTEP_WHEEL_PACKAGES": ",".join(MODULES[d] for d in self.env.dists)})  # fmt: skip
+        env.update(
+            {
+                "TORCHSTEP_REPO_ROOT": str(ROOT),
+                "PYTHONPATH": str(home),
+                "TORCHSTEP_WHEEL_PACKAGES": ",".join(MODULES[d] for d in self.env.dists),
+            }
+        )
         tests = [str(ROOT / t) for t in self.env.tests]
-        out = self.step("unit tests", [self.py, "-m", "pytest", "-q", "-c", str(home / "pytest.ini"),
-                                       "--rootdir", str(home), "-p", "wheel_plugin", *tests],
-                        cwd=home, env=env, timeout=900)  # fmt: skip
+        out = self.step(
+            "unit tests",
+            [
+                self.py,
+                "-m",
+                "pytest",
+                "-q",
+                "-c",
+                str(home / "pytest.ini"),
+                "--rootdir",
+                str(home),
+                "-p",
+                "wheel_plugin",
+                *tests,
+            ],
+            cwd=home,
+            env=env,
+            timeout=900,
+        )
         self.log.append(out.stdout.strip().splitlines()[-1])
 
     def example(self, home: Path) -> None:
@@ -293,22 +375,51 @@ class Check:
         env["PATH"] = f"{bin_}:{env['PATH']}"  # as in an activated environment
         name = self.env.name
         if name == "core":
-            out = self.step("example: torchx run -s torchstep_local utils.echo",
-                            [str(bin_ / "torchx"), "run", "--wait", "--log", "-s", "torchstep_local", "utils.echo",
-                             "--msg", "hello from a wheel"], cwd=project, env=env, timeout=EXAMPLE_TIMEOUT,
-                            expect="hello from a wheel")  # fmt: skip
+            out = self.step(
+                "example: torchx run -s torchstep_local utils.echo",
+                [
+                    str(bin_ / "torchx"),
+                    "run",
+                    "--wait",
+                    "--log",
+                    "-s",
+                    "torchstep_local",
+                    "utils.echo",
+                    "--msg",
+                    "hello from a wheel",
+                ],
+                cwd=project,
+                env=env,
+                timeout=EXAMPLE_TIMEOUT,
+                expect="hello from a wheel",
+            )
             handle = next(w for w in out.stdout.split() if w.startswith("torchstep_local://"))
-            self.step("example: torchx status", [str(bin_ / "torchx"), "status", handle], cwd=project, env=env,
-                      expect="SUCCEEDED")  # fmt: skip
+            self.step(
+                "example: torchx status",
+                [str(bin_ / "torchx"), "status", handle],
+                cwd=project,
+                env=env,
+                expect="SUCCEEDED",
+            )
             self.log.append(f"torchx run -s torchstep_local: {handle} SUCCEEDED")
         elif name == "airflow":
-            env.update({"AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                        "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags" / "airflow")})  # fmt: skip
+            env.update(
+                {
+                    "AIRFLOW_HOME": str(home / "airflow"),
+                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags" / "airflow"),
+                }
+            )
             self.step("example: airflow db migrate", [str(bin_ / "airflow"), "db", "migrate"], cwd=project, env=env)
             (home / "driver.py").write_text(AIRFLOW_DRIVER)
-            out = self.step("example: dag.test()", [self.py, str(home / "driver.py"),
-                            str(project / "dags" / "airflow" / "torchstep_example.py")], cwd=project, env=env,
-                            timeout=EXAMPLE_TIMEOUT, expect="AIRFLOW_RESULT ")  # fmt: skip
+            out = self.step(
+                "example: dag.test()",
+                [self.py, str(home / "driver.py"), str(project / "dags" / "airflow" / "torchstep_example.py")],
+                cwd=project,
+                env=env,
+                timeout=EXAMPLE_TIMEOUT,
+                expect="AIRFLOW_RESULT ",
+            )
             line = next(x for x in out.stdout.splitlines() if x.startswith("AIRFLOW_RESULT "))
             result = json.loads(line.removeprefix("AIRFLOW_RESULT "))
             if result["state"] != "success" or result["train"] != "SUCCEEDED":
@@ -316,15 +427,31 @@ class Check:
             self.log.append(f"airflow dag.test(): {result['tasks']}")
         elif name == "kfp":
             self.step("example: kfp compile", [self.py, "-c", KFP_COMPILE], cwd=project, env=env, expect="compiled")
-            out = self.step("example: kfp.local run", [self.py, "dags/kfp/run_local.py", "--steps", "5",
-                            "--pipeline-root", str(home / "kfp-root")], cwd=project, env=env,
-                            timeout=EXAMPLE_TIMEOUT, expect="pipeline output: ")  # fmt: skip
+            out = self.step(
+                "example: kfp.local run",
+                [self.py, "dags/kfp/run_local.py", "--steps", "5", "--pipeline-root", str(home / "kfp-root")],
+                cwd=project,
+                env=env,
+                timeout=EXAMPLE_TIMEOUT,
+                expect="pipeline output: ",
+            )
             self.log.append(next(x for x in out.stdout.splitlines() if x.startswith("pipeline output: ")))
         elif name == "prefect":
-            env.update({"PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"})  # fmt: skip
-            out = self.step("example: prefect flow", [self.py, "-c", PREFECT_DRIVER], cwd=project, env=env,
-                            timeout=EXAMPLE_TIMEOUT, expect="PREFECT_RESULT ")  # fmt: skip
+            env.update(
+                {
+                    "PREFECT_HOME": str(home / "prefect"),
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+                }
+            )
+            out = self.step(
+                "example: prefect flow",
+                [self.py, "-c", PREFECT_DRIVER],
+                cwd=project,
+                env=env,
+                timeout=EXAMPLE_TIMEOUT,
+                expect="PREFECT_RESULT ",
+            )
             self.log.append(next(x for x in out.stdout.splitlines() if x.startswith("PREFECT_RESULT ")))
 
     def versions(self) -> str:

@@ -49,9 +49,14 @@ def batch_training(
     """prepare → train → evaluate; the last four parameters inject faults (demo and tests)."""
     data = prepare_op(out=f"{workdir}/data", samples=samples, fail_once=fail_once)
     trained = train_op(
-        data=data.outputs["data_dir"], ckpt=f"{workdir}/ckpt", epochs=epochs, lr=lr, kill_rank=kill_rank,
-        kill_at_epoch=kill_at_epoch, non_retryable=non_retryable,
-    )  # fmt: skip
+        data=data.outputs["data_dir"],
+        ckpt=f"{workdir}/ckpt",
+        epochs=epochs,
+        lr=lr,
+        kill_rank=kill_rank,
+        kill_at_epoch=kill_at_epoch,
+        non_retryable=non_retryable,
+    )
     scored = evaluate_op(data=data.outputs["data_dir"], model=trained.outputs["model"], min_accuracy=min_accuracy)
     return scored.outputs["accuracy"]
 
@@ -70,6 +75,11 @@ if __name__ == "__main__":
         compiler.Compiler().compile(batch_training, a.compile)
         print(f"compiled to {a.compile}")
     if a.local:
-        run = batch_training(workdir=a.workdir, epochs=a.epochs, kill_rank=a.kill_rank,
-                             kill_at_epoch=a.kill_at_epoch, fail_once=a.fail_once)  # fmt: skip
+        run = batch_training(
+            workdir=a.workdir,
+            epochs=a.epochs,
+            kill_rank=a.kill_rank,
+            kill_at_epoch=a.kill_at_epoch,
+            fail_once=a.fail_once,
+        )
         print(f"held-out accuracy: {run.output}")

@@ -42,12 +42,20 @@ def batch_training(
     image = str(ROOT)  # the local target runs in this directory (a container image on Kubernetes)
     data = prepare(out=os.path.join(workdir, "data"), samples=samples, fail_once=fail_once, image=image)
     trained = train(
-        data=data["outputs"]["data_dir"], ckpt=os.path.join(workdir, "ckpt"), epochs=epochs, lr=lr, nnodes=nnodes,
-        nproc_per_node=nproc_per_node, kill_rank=kill_rank, kill_at_epoch=kill_at_epoch,
-        non_retryable=non_retryable, image=image,
-    )  # fmt: skip
-    scored = evaluate(data=data["outputs"]["data_dir"], model=trained["outputs"]["model"],
-                      min_accuracy=min_accuracy, image=image)  # fmt: skip
+        data=data["outputs"]["data_dir"],
+        ckpt=os.path.join(workdir, "ckpt"),
+        epochs=epochs,
+        lr=lr,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        kill_rank=kill_rank,
+        kill_at_epoch=kill_at_epoch,
+        non_retryable=non_retryable,
+        image=image,
+    )
+    scored = evaluate(
+        data=data["outputs"]["data_dir"], model=trained["outputs"]["model"], min_accuracy=min_accuracy, image=image
+    )
     print(f"accuracy {scored['outputs']['accuracy']} (chance {scored['outputs']['chance']})")
     return {"prepare": data, "train": trained, "evaluate": scored}
 
@@ -65,5 +73,10 @@ if __name__ == "__main__":
     if a.serve:
         batch_training.serve(name="batch-training", cron=a.cron)
     else:
-        batch_training(workdir=a.workdir, epochs=a.epochs, kill_rank=a.kill_rank, kill_at_epoch=a.kill_at_epoch,
-                       fail_once=a.fail_once)  # fmt: skip
+        batch_training(
+            workdir=a.workdir,
+            epochs=a.epochs,
+            kill_rank=a.kill_rank,
+            kill_at_epoch=a.kill_at_epoch,
+            fail_once=a.fail_once,
+        )

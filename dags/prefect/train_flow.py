@@ -41,8 +41,9 @@ def evaluate(result: dict, max_ratio: float) -> float:
 
 
 @flow(name="torchstep-train", log_prints=True)
-def train_flow(base_lr: float = 0.02, steps: int = 30, replicas: int = 2, nproc_per_node: int = 2,
-               max_ratio: float = 0.5) -> float:  # fmt: skip
+def train_flow(
+    base_lr: float = 0.02, steps: int = 30, replicas: int = 2, nproc_per_node: int = 2, max_ratio: float = 0.5
+) -> float:
     """prepare → train (replicas x nproc_per_node DDP processes, gloo) → evaluate."""
     lr = prepare(base_lr, replicas * nproc_per_node)
     result = train(lr=lr, steps=steps, replicas=replicas, nproc_per_node=nproc_per_node, image=str(ROOT))

@@ -225,10 +225,16 @@ def test_every_torchrun_flag_of_this_torch_parses_and_one_it_lacks_is_refused_as
     script = tmp_path / "t.py"
     script.write_text("pass\n")
     argv = [newer, "1", str(script)]
-    ours = subprocess.run([sys.executable, "-m", "torchstep.agent", *argv], env=clean_env(), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    theirs = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], env=clean_env(),
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    ours = subprocess.run(
+        [sys.executable, "-m", "torchstep.agent", *argv], env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    theirs = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *argv],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ours.returncode == theirs.returncode == 2
     assert f"unrecognized arguments: {newer}" in ours.stderr and f"unrecognized arguments: {newer}" in theirs.stderr
 
@@ -300,8 +306,11 @@ def test_an_agent_that_probed_cuda_still_forks_usable_workers(tmp_path: Path) ->
     env = clean_env({"PIDS_DIR": str(tmp_path / "pids"), "TORCHSTEP_ZYGOTE": "1"})
     done = subprocess.run(
         [sys.executable, str(embed), "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2", str(script)],
-        env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     assert "worker zygote not used" not in done.stderr + done.stdout, done.stderr
     for rank in (0, 1):

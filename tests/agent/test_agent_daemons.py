@@ -47,10 +47,22 @@ def assert_gone(pid: int) -> None:
 def test_a_daemon_does_not_outlive_a_finished_run(tmp_path: Path, mode: str) -> None:
     pidfile = tmp_path / "daemon.pid"
     done = subprocess.run(
-        [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
-         SCRIPT, str(pidfile), mode],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torchstep.agent",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            SCRIPT,
+            str(pidfile),
+            mode,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == (0 if mode == "ok" else 1), done.stderr[-2000:]
     assert_gone(int(pidfile.read_text()))
 
@@ -60,10 +72,22 @@ def test_a_daemon_does_not_outlive_a_finished_run(tmp_path: Path, mode: str) -> 
 def test_a_daemon_does_not_outlive_a_signalled_agent(tmp_path: Path, sig: signal.Signals) -> None:
     pidfile = tmp_path / "daemon.pid"
     signal_top_process(
-        [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
-         SCRIPT, str(pidfile), "hang"],
-        pidfile, tmp_path / "logs", sig,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torchstep.agent",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            SCRIPT,
+            str(pidfile),
+            "hang",
+        ],
+        pidfile,
+        tmp_path / "logs",
+        sig,
+    )
 
 
 @pytest.mark.timeout(300)
@@ -76,10 +100,20 @@ def test_a_daemon_does_not_outlive_torchstep_run(tmp_path: Path, sig: signal.Sig
     }
     (tmp_path / "app.json").write_text(json.dumps(app))
     signal_top_process(
-        [sys.executable, "-m", "torchstep.cli", "run", "--app", str(tmp_path / "app.json"),
-         "--log-dir", str(tmp_path / "logs")],
-        pidfile, tmp_path / "logs", sig,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torchstep.cli",
+            "run",
+            "--app",
+            str(tmp_path / "app.json"),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        pidfile,
+        tmp_path / "logs",
+        sig,
+    )
 
 
 def signal_top_process(argv: list[str], pidfile: Path, logs: Path, sig: signal.Signals) -> None:
@@ -88,8 +122,11 @@ def signal_top_process(argv: list[str], pidfile: Path, logs: Path, sig: signal.S
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         pid = daemon_pid(pidfile)
-        wait_for(lambda: any("adopted" in p.read_text() for p in logs.rglob("agent.log")), 10,
-                 "the sweeper to adopt the daemon")  # fmt: skip
+        wait_for(
+            lambda: any("adopted" in p.read_text() for p in logs.rglob("agent.log")),
+            10,
+            "the sweeper to adopt the daemon",
+        )
         proc.send_signal(sig)
         proc.wait(timeout=60)
         assert_gone(pid)

@@ -62,8 +62,9 @@ def test_a_result_file_on_a_full_disk_reaches_its_reader_by_the_termination_log(
         ]
         alone = agents.run([*argv, script(tmp_path, False)], files=False, name="alone")
         summary = tmp_path / "summary.json"
-        read = agents.run([*argv, script(tmp_path, False)], files=False, name="read",
-                          env={"TORCHSTEP_TERMINATION_LOG": str(summary)})  # fmt: skip
+        read = agents.run(
+            [*argv, script(tmp_path, False)], files=False, name="read", env={"TORCHSTEP_TERMINATION_LOG": str(summary)}
+        )
     assert alone.returncode == 83, alone.diagnostics()
     assert read.returncode == 0, read.diagnostics()
     data = json.loads(summary.read_text())

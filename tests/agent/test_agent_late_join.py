@@ -56,7 +56,7 @@ def test_a_late_joiner_joins_the_running_job(tmp_path: Path, delay: float) -> No
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                )  # fmt: skip
+                )
             )
         codes = [a.wait(timeout=180) for a in agents]
     finally:

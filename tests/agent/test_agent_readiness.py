@@ -25,8 +25,11 @@ def test_the_ready_file_exists_while_each_group_runs_and_goes_with_the_agent(age
     script.write_text(WORKER)
     ready = tmp_path / "ready"
     ready.write_text("left by an earlier agent\n")  # says nothing of this one: removed at its start
-    a = agents.run(["--nproc-per-node", "1", "--max-restarts", "1", str(script), str(tmp_path)],
-                   env={"TORCHSTEP_READY_FILE": str(ready)}, timeout=120)  # fmt: skip
+    a = agents.run(
+        ["--nproc-per-node", "1", "--max-restarts", "1", str(script), str(tmp_path)],
+        env={"TORCHSTEP_READY_FILE": str(ready)},
+        timeout=120,
+    )
     assert a.returncode == 0, a.diagnostics()
     assert a.result["state"] == "SUCCEEDED" and a.result["restarts"] == 1
     first, second = ((tmp_path / f"seen.{i}").read_text() for i in (0, 1))
@@ -44,9 +47,23 @@ def test_no_ready_file_while_the_agent_waits_in_the_rendezvous(agents: Agents, t
     script.write_text(WORKER)
     ready = tmp_path / "ready"
     # a 2-node world whose second node never comes: the gang never forms
-    a = agents.start(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "alone", str(script), str(tmp_path)],
-                     env={"TORCHSTEP_READY_FILE": str(ready)})  # fmt: skip
+    a = agents.start(
+        [
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "alone",
+            str(script),
+            str(tmp_path),
+        ],
+        env={"TORCHSTEP_READY_FILE": str(ready)},
+    )
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         assert a.returncode is None, a.diagnostics()

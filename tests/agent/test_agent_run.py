@@ -118,9 +118,20 @@ def test_a_non_retryable_rank_still_exiting_when_its_peers_fail_first_stops_rest
     exits 1 first. The group is non-retryable all the same (no restart, exit 82) and the root
     cause is rank 1's error, not its peer's consequence."""
     a = agents.run(
-        ["--nproc-per-node", "2", "--max-restarts", "3", "--stop-timeout", "2", WORKER,
-         "--mode", "nonretryable-slow-exit", "--dir", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "3",
+            "--stop-timeout",
+            "2",
+            WORKER,
+            "--mode",
+            "nonretryable-slow-exit",
+            "--dir",
+            str(tmp_path),
+        ]
+    )
     assert a.returncode == NON_RETRYABLE_EXIT_CODE, a.diagnostics()
     r = a.result
     assert r["state"] == "FAILED" and r["retryable"] is False and r["restarts"] == 0, r
@@ -184,8 +195,11 @@ def test_by_hand_the_console_gets_one_line_of_ours_and_loglevel_info_gets_the_re
     """As quiet as torchrun: one settings line on stderr at the default level; the attempt,
     the outcome and the result's paths in agent.log, and on stderr with torchrun's LOGLEVEL=INFO."""
     quiet = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"], name="quiet")
-    loud = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"], name="loud",
-                      env={"LOGLEVEL": "INFO"})  # fmt: skip
+    loud = agents.run(
+        ["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"],
+        name="loud",
+        env={"LOGLEVEL": "INFO"},
+    )
     assert quiet.returncode == loud.returncode == 0, quiet.diagnostics() + loud.diagnostics()
     (line,) = agent_lines(quiet.stderr)
     assert "effective settings: nnodes 1:1, nproc_per_node 1" in line and "agent.log" in line
@@ -199,9 +213,11 @@ def test_by_hand_the_console_gets_one_line_of_ours_and_loglevel_info_gets_the_re
 def test_the_result_line_names_each_result_file_once(agents: Agents, tmp_path) -> None:
     """Under a launcher the result file is ``<log-dir>/result.json``: named (and written) once."""
     logs = tmp_path / "launcher-logs"
-    a = agents.run(["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"],
-                   env={"TORCHSTEP_LOG_DIR": str(logs), "TORCHSTEP_RESULT_FILE": str(logs / "result.json"),
-                        "LOGLEVEL": "INFO"}, files=False)  # fmt: skip
+    a = agents.run(
+        ["--nproc-per-node", "1", WORKER, "--mode", "exit", "--code", "0", "--rank", "0"],
+        env={"TORCHSTEP_LOG_DIR": str(logs), "TORCHSTEP_RESULT_FILE": str(logs / "result.json"), "LOGLEVEL": "INFO"},
+        files=False,
+    )
     assert a.returncode == 0, a.diagnostics()
     (named,) = re.findall(r"result: (.*); logs: ", a.stderr)
     assert named == str(logs / "result.json")

@@ -124,10 +124,21 @@ def test_a_signal_whose_exception_a_library_swallowed_still_cancels_the_run(agen
     import sys
 
     a = agents.start_command(
-        [sys.executable, "-c", _SWALLOWING_AGENT, phase, "--nproc-per-node", "1", WORKER, "--mode", "linger",
-         "--dir", str(agents.tmp_path)],
+        [
+            sys.executable,
+            "-c",
+            _SWALLOWING_AGENT,
+            phase,
+            "--nproc-per-node",
+            "1",
+            WORKER,
+            "--mode",
+            "linger",
+            "--dir",
+            str(agents.tmp_path),
+        ],
         name=f"swallow-{phase}",
-    )  # fmt: skip
+    )
     code = a.wait(60)  # before the fix: the workers ran on until killed
     assert code == 143, a.diagnostics()
     r = a.result

@@ -179,9 +179,16 @@ def test_a_local_run_uses_it_and_the_role_env_turns_it_off(tmp_path: Path, probe
     def run(name: str, env: dict[str, str]) -> str:
         pids = tmp_path / name / "pids"
         pids.mkdir(parents=True)
-        role = specs.Role("trainer", image="unused", entrypoint="python", args=[probe, "0"], num_replicas=2,
-                          resource=specs.Resource(cpu=-1, gpu=0, memMB=-1), env={**env, "PIDS_DIR": str(pids)},
-                          metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+        role = specs.Role(
+            "trainer",
+            image="unused",
+            entrypoint="python",
+            args=[probe, "0"],
+            num_replicas=2,
+            resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+            env={**env, "PIDS_DIR": str(pids)},
+            metadata={"torchstep": {"nproc_per_node": 1}},
+        )
         logs = tmp_path / name / "logs"
         result = torchstep.run_local(specs.AppDef("z", roles=[role]), log_dir=str(logs))
         assert result.state == "SUCCEEDED"
@@ -195,8 +202,9 @@ def test_a_local_run_uses_it_and_the_role_env_turns_it_off(tmp_path: Path, probe
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_crashed_worker_group_is_restarted(agents: Agents, path: str) -> None:
-    a = agents.run([*PATHS[path], "--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"],
-                   timeout=120)  # fmt: skip
+    a = agents.run(
+        [*PATHS[path], "--nproc-per-node", "2", "--max-restarts", "1", WORKER, "--mode", "crash-once"], timeout=120
+    )
     assert a.returncode == 0, a.diagnostics()
     r = a.result
     assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1)
@@ -206,8 +214,21 @@ def test_a_crashed_worker_group_is_restarted(agents: Agents, path: str) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("path", "api"), [("zygote", "torch"), ("zygote", "torchstep"), ("exec", "torchstep")])
 def test_an_expired_timer_kills_the_stuck_worker_and_the_group_restarts(agents: Agents, path: str, api: str) -> None:
-    a = agents.run([*PATHS[path], "--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "2", WORKER,
-                    "--mode", f"timer-{api}"], timeout=120)  # fmt: skip
+    a = agents.run(
+        [
+            *PATHS[path],
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--stop-timeout",
+            "2",
+            WORKER,
+            "--mode",
+            f"timer-{api}",
+        ],
+        timeout=120,
+    )
     assert a.returncode == 0, a.diagnostics()
     r = a.result
     assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1)
@@ -391,8 +412,17 @@ def standalone(tmp_path: Path) -> Iterator[dict[str, object]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(ready: str = "ready") -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "torchstep.agent.zygote", "--socket", str(zdir / "socket"), "--map-dir",
-                str(zdir), "--ready", str(zdir / ready)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "torchstep.agent.zygote",
+            "--socket",
+            str(zdir / "socket"),
+            "--map-dir",
+            str(zdir),
+            "--ready",
+            str(zdir / ready),
+        ]
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         started.append(proc)
         return proc
@@ -484,8 +514,13 @@ def test_a_bad_request_is_refused_and_harms_neither_the_zygote_nor_its_workers(
     script = tmp_path / "env_probe.py"
     script.write_text(ENV_PROBE)
     zygote = standalone["proc"]
-    running = subprocess.Popen(_wrapper(script) + ["600"], env=_wrapper_env(standalone),
-                               stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    running = subprocess.Popen(
+        _wrapper(script) + ["600"],
+        env=_wrapper_env(standalone),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert running.stdout is not None and running.stdout.readline().startswith("preloaded=True")
         # <map-dir>/<forked worker pid>: the zygote writes it after the fork, so the worker may print first
@@ -506,8 +541,9 @@ def test_a_bad_request_is_refused_and_harms_neither_the_zygote_nor_its_workers(
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # connect and go away
             conn.connect(str(standalone["dir"] / "socket"))
             conn.close()
-        again = subprocess.run(_wrapper(script), env=_wrapper_env(standalone), capture_output=True,
-                               text=True, timeout=120)  # fmt: skip
+        again = subprocess.run(
+            _wrapper(script), env=_wrapper_env(standalone), capture_output=True, text=True, timeout=120
+        )
         assert again.stdout.startswith("preloaded=True"), again.stderr  # still forking
         assert zygote.poll() is None and alive(worker)
     finally:
@@ -550,8 +586,7 @@ def test_a_zygote_removes_its_socket_and_a_stale_one_does_not_block_the_next(tmp
     third = standalone["start"]("ready3")
     wait_for(lambda: (zdir / "ready3").exists() or third.poll() is not None, 60, "the third zygote listening")
     assert third.poll() is None, "a stale socket blocked the next zygote"
-    forked = subprocess.run(_wrapper(script), env=_wrapper_env(standalone), capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    forked = subprocess.run(_wrapper(script), env=_wrapper_env(standalone), capture_output=True, text=True, timeout=120)
     assert forked.stdout.startswith("preloaded=True"), forked.stderr
     fourth = standalone["start"]("ready4")  # a live zygote's socket is not taken over
     assert fourth.wait(60) != 0 and third.poll() is None and (zdir / "socket").is_socket()
@@ -565,8 +600,9 @@ def test_the_socket_is_gone_after_the_agent_exits(
     # a short run dir: the socket is then in it (a deep one puts it in a directory of its own)
     run_parent = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(run_parent, ignore_errors=True))
-    a = agents.start(["--nproc-per-node", "1", probe, "4" if end == "normal" else "600"],
-                     env={"TORCHSTEP_RUN_DIR": str(run_parent)})  # fmt: skip
+    a = agents.start(
+        ["--nproc-per-node", "1", probe, "4" if end == "normal" else "600"], env={"TORCHSTEP_RUN_DIR": str(run_parent)}
+    )
     wait_for(lambda: "preloaded=True" in rank_logs(a), 120, "the worker forked")
     (sock,) = run_parent.glob("*/zygote/socket")
     assert sock.is_socket()
@@ -697,8 +733,9 @@ print(repr(before), untouched, repr(forksafe.accelerator_in_use()), torch.cuda.i
 def test_importing_torch_as_the_zygote_does_initialises_no_accelerator() -> None:
     """With real torch: what the zygote imports does not count as an initialised
     accelerator, and the probe itself neither imports nor initialises anything."""
-    done = subprocess.run([sys.executable, "-c", PROBE_ACCELERATORS], env=clean_env(), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_ACCELERATORS], env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(" ", 4) == ["''", "True", "''", "False", "['torch.cuda', 'torch.xpu', 'torch.mtia']\n"]
 

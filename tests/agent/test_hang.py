@@ -79,10 +79,27 @@ def test_completing_collectives_are_progress_until_a_rank_stops_taking_part(
     ready.mkdir()
     extra = ["--record"] if path == "exec" else []
     agent = agents.start(
-        ["--standalone", "--nproc-per-node", "2", "--hang-timeout", f"{s:g}", "--max-restarts", "0", HANG,
-         "--mode", "collectives", "--seconds", f"{loop_s:g}", "--rank", "1", "--dir", str(ready), *extra],
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--hang-timeout",
+            f"{s:g}",
+            "--max-restarts",
+            "0",
+            HANG,
+            "--mode",
+            "collectives",
+            "--seconds",
+            f"{loop_s:g}",
+            "--rank",
+            "1",
+            "--dir",
+            str(ready),
+            *extra,
+        ],
         env={"TORCHSTEP_ZYGOTE": "0" if path == "exec" else "1"},
-    )  # fmt: skip
+    )
     assert agent.wait(120) == 137, agent.diagnostics()
     for rank in (0, 1):  # every rank looped for the whole time, silent, without being stopped
         calls, took = (ready / f"ran.{rank}").read_text().split()

@@ -36,10 +36,21 @@ def start_loader(agents: Agents, tmp_path: Path, *extra: str, nproc: int = 3, mo
     ready = tmp_path / "ready"
     ready.mkdir()
     agent = agents.start(
-        ["--standalone", "--nproc-per-node", str(nproc), *extra, HANG, "--mode", mode, "--rank", str(nproc - 1),
-         "--dir", str(ready)],
+        [
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            *extra,
+            HANG,
+            "--mode",
+            mode,
+            "--rank",
+            str(nproc - 1),
+            "--dir",
+            str(ready),
+        ],
         **kw,
-    )  # fmt: skip
+    )
     return agent, ready
 
 
@@ -280,8 +291,9 @@ def test_a_timer_and_a_heartbeat_kill_take_the_stacks_first(agents: Agents, tmp_
     (tmp_path / "t").mkdir()
     (tmp_path / "h").mkdir()
     timer, t_ready = start_loader(agents, tmp_path / "t", nproc=2, mode="timer", name="t/agent")
-    beat, h_ready = start_loader(agents, tmp_path / "h", "--heartbeat-timeout", "3", nproc=2, mode="silent",
-                                 name="h/agent")  # fmt: skip
+    beat, h_ready = start_loader(
+        agents, tmp_path / "h", "--heartbeat-timeout", "3", nproc=2, mode="silent", name="h/agent"
+    )
     assert timer.wait(120) == 137, timer.diagnostics()
     assert beat.wait(120) == 137, beat.diagnostics()
     root = timer.result["root_cause"]
@@ -308,15 +320,20 @@ def test_a_cancelled_local_run_says_where_every_replicas_ranks_were(tmp_path: Pa
 
     ready = tmp_path / "ready"
     ready.mkdir()
-    role = Role("trainer", image=str(tmp_path), entrypoint=sys.executable, num_replicas=2,
-                args=[HANG, "--mode", "loader", "--rank", "1", "--dir", str(ready)])  # fmt: skip
+    role = Role(
+        "trainer",
+        image=str(tmp_path),
+        entrypoint=sys.executable,
+        num_replicas=2,
+        args=[HANG, "--mode", "loader", "--rank", "1", "--dir", str(ready)],
+    )
     cancel = threading.Event()
     out: list[StepResult] = []
     run = threading.Thread(
         target=lambda: out.append(
             torchstep.run_local(
                 AppDef("stacks", roles=[role]), log_dir=str(tmp_path / "logs"), cancel=cancel, cfg={"grace_period": 5}
-            )  # fmt: skip
+            )
         )
     )
     run.start()

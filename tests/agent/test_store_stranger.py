@@ -122,12 +122,21 @@ def test_a_stranger_who_forges_the_state_of_a_live_run_runs_nothing(
     script.write_text(SLEEPER)
     agent = agents.start(
         [
-            "--nnodes", "1", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", store.endpoint, "--rdzv-conf", "is_host=false",
-            str(script), str(started),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            store.endpoint,
+            "--rdzv-conf",
+            "is_host=false",
+            str(script),
+            str(started),
         ],
         env={"TORCHSTEP_RDZV_ID": "run-under-attack"},
-    )  # fmt: skip
+    )
     wait_for(lambda: any(started.iterdir()) or agent.returncode is not None, 120, "the worker to start")
     assert agent.returncode is None, agent.diagnostics()
 

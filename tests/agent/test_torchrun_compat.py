@@ -50,7 +50,7 @@ CASES = {
         ["--nnodes", "1:2", "--standalone", "--nproc-per-node", "2"],
         lambda out: [ENVDUMP, str(out)],
         None,
-    ),  # fmt: skip
+    ),
     "max-restarts": (["--nproc-per-node", "2", "--max-restarts", "1"], lambda out: [ENVDUMP, str(out), "1"], None),
     "failure": (["--nproc-per-node", "2"], lambda out: [ENVDUMP, str(out), "1", "5"], None),
     "nproc cpu": (["--nproc-per-node", "cpu"], lambda out: [ENVDUMP, str(out)], None),
@@ -60,12 +60,12 @@ CASES = {
         ["--nproc-per-node", "2", "--rdzv-conf", "join_timeout=120,timeout=120"],
         lambda out: [ENVDUMP, str(out)],
         None,
-    ),  # fmt: skip
+    ),
     "max-restarts spent": (
         ["--nproc-per-node", "2", "--max-restarts", "2"],
         lambda out: [ENVDUMP, str(out), "0", "7"],
         None,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -137,8 +137,13 @@ def test_logs_specs_loads_a_torchrun_entry_point_as_torchrun_does(tmp_path: Path
     found = {}
     for launcher in ("torchrun", "agent"):
         logs, out = tmp_path / f"{launcher}-logs", tmp_path / launcher
-        done, ranks = launch(launcher, ["--logs-specs", "mine", "--redirects", "3", "--nproc-per-node", "2",
-                                        "--log-dir", str(logs)], [ENVDUMP, str(out)], out, env)  # fmt: skip
+        done, ranks = launch(
+            launcher,
+            ["--logs-specs", "mine", "--redirects", "3", "--nproc-per-node", "2", "--log-dir", str(logs)],
+            [ENVDUMP, str(out)],
+            out,
+            env,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         found[launcher] = sorted(p.name for p in logs.rglob("mine-out.log"))
         assert len(ranks) == 2
@@ -182,8 +187,10 @@ def test_sigterm_stops_both_alike(tmp_path: Path) -> None:
         cmd = [sys.executable, "-m", "torchstep.agent" if launcher == "agent" else "torch.distributed.run"]
         proc = subprocess.Popen(
             [*cmd, "--nproc-per-node", "2", ENVDUMP, str(out), "", "0", "--sleep"],
-            env={**os.environ, "PYTHONPATH": str(SCRIPTS)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            env={**os.environ, "PYTHONPATH": str(SCRIPTS)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_for(lambda out=out: len(list(out.glob("rank*.json"))) == 2, 120, "both workers")
             time.sleep(0.5)
@@ -205,13 +212,16 @@ def test_log_dir_has_torchruns_layout(tmp_path: Path) -> None:
     for launcher in ("torchrun", "agent"):
         logs = tmp_path / f"{launcher}-logs"
         out = tmp_path / launcher
-        done, _ = launch(launcher, ["--nproc-per-node", "2", "--redirects", "3", "--log-dir", str(logs)],
-                         [ENVDUMP, str(out)], out)  # fmt: skip
+        done, _ = launch(
+            launcher, ["--nproc-per-node", "2", "--redirects", "3", "--log-dir", str(logs)], [ENVDUMP, str(out)], out
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
         layouts[launcher] = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.log"))
         assert "err rank 1" in (run_dir / "attempt_0" / "1" / "stderr.log").read_text()
-    assert layouts["agent"] == layouts["torchrun"] == [
-        "attempt_0/0/stderr.log", "attempt_0/0/stdout.log", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"
-    ]  # fmt: skip
+    assert (
+        layouts["agent"]
+        == layouts["torchrun"]
+        == ["attempt_0/0/stderr.log", "attempt_0/0/stdout.log", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"]
+    )
     assert sorted(p.name for p in (tmp_path / "agent-logs").iterdir() if p.is_file()) == ["agent.log", "result.json"]

@@ -150,8 +150,9 @@ class DagTester:
         assert files, f"no DAG file defines {dag_id!r}"
         argv = [sys.executable, str(DRIVER), str(files[0]), dag_id, json.dumps(confs)]
         # one stream, in the order it was written: each run's task log lines follow its mark
-        proc = subprocess.run(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)  # fmt: skip
+        proc = subprocess.run(
+            argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+        )
         runs = proc.stdout.split("DAG_TEST_BEGIN ")[1:]
         summaries = []
         for text in runs:

@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two dag.test runs (400 s and 240 s at most): ~100 s on a quiet machine
 def test_faults_are_survived_and_the_model_reaches_downstream(dag_tester, tmp_path: Path) -> None:
-    conf = {"workdir": str(tmp_path), "samples": 800, "epochs": 3, "fail_once": True, "kill_rank": 1,
-            "kill_at_epoch": 1}  # fmt: skip
+    conf = {
+        "workdir": str(tmp_path),
+        "samples": 800,
+        "epochs": 3,
+        "fail_once": True,
+        "kill_rank": 1,
+        "kill_at_epoch": 1,
+    }
     run = dag_tester.run("batch_training", conf, timeout=400)
     tasks = run["tasks"]
     assert run["state"] == "success", run["output"][-4000:]

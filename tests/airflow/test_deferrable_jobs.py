@@ -76,16 +76,18 @@ def context(store: Store | None = None) -> dict[str, Any]:
 
 
 def app(replicas: int = 2) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas)  # fmt: skip
+    role = specs.Role(
+        "trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"], num_replicas=replicas
+    )
     return specs.AppDef("train", roles=[role])
 
 
 def operator(server: Any, **kw: Any) -> AppDefOperator:
     kwargs = {"config_file": str(server.kubeconfig), "poll_interval": 0.2, **kw.pop("kubernetes_kwargs", {})}
     kw.setdefault("deferrable", True)
-    return AppDefOperator(task_id="fit", app=app(), target="kubernetes", cfg={"namespace": NS},
-                          kubernetes_kwargs=kwargs, **kw)  # fmt: skip
+    return AppDefOperator(
+        task_id="fit", app=app(), target="kubernetes", cfg={"namespace": NS}, kubernetes_kwargs=kwargs, **kw
+    )
 
 
 @pytest.fixture
@@ -151,8 +153,14 @@ def test_deferrable_is_one_argument_with_kubernetes_kwargs_as_its_alias(monkeypa
 
 
 def test_the_trigger_serializes_to_json_kwargs_and_refuses_unknown_ones() -> None:
-    handle = {"namespace": NS, "app_id": "a", "label_selector": "torchstep/app-id=a", "preemption_retries": 3,
-              "queue": None, "workloads": [{"kind": "Job", "name": "a-trainer", "uid": "u1"}]}  # fmt: skip
+    handle = {
+        "namespace": NS,
+        "app_id": "a",
+        "label_selector": "torchstep/app-id=a",
+        "preemption_retries": 3,
+        "queue": None,
+        "workloads": [{"kind": "Job", "name": "a-trainer", "uid": "u1"}],
+    }
     trigger = JobGangTrigger(run_id="r", handle=handle, conn={"config_file": "/k"}, poll_interval=1, deadline=5.0)
     path, kwargs = trigger.serialize()
     assert json.loads(json.dumps(kwargs)) == kwargs
@@ -227,15 +235,26 @@ def test_the_tasks_execution_timeout_ends_the_wait_and_deletes_the_jobs(start) -
 
 def test_preemptions_the_trigger_counted_still_count_when_a_worker_resumes(start) -> None:
     server = start(replicas=2, run_s=600)
-    op = AppDefOperator(task_id="fit", app=app(), target="kubernetes", deferrable=True,
-                        cfg={"namespace": NS, "preemption_retries": 1},
-                        kubernetes_kwargs={"config_file": str(server.kubeconfig), "poll_interval": 0.2})  # fmt: skip
+    op = AppDefOperator(
+        task_id="fit",
+        app=app(),
+        target="kubernetes",
+        deferrable=True,
+        cfg={"namespace": NS, "preemption_retries": 1},
+        kubernetes_kwargs={"config_file": str(server.kubeconfig), "poll_interval": 0.2},
+    )
     ctx = context(Store())
     deferred = defer(op, ctx)
     # what the trigger reports after a second pod with DisruptionTarget (a polling reader cannot
     # catch the fake's evictions: it deletes an evicted pod at once; tests/kubernetes/test_remote.py)
-    event = {**deferred.trigger.serialize()[1], "status": "preempted", "workload": None, "message": "the run ended",
-             "preempted_pods": {"u1": "train-trainer-0", "u2": "train-trainer-0b"}, "evictions": 0}  # fmt: skip
+    event = {
+        **deferred.trigger.serialize()[1],
+        "status": "preempted",
+        "workload": None,
+        "message": "the run ended",
+        "preempted_pods": {"u1": "train-trainer-0", "u2": "train-trainer-0b"},
+        "evictions": 0,
+    }
     with pytest.raises(AirflowFailException, match="preempted 2 times"):
         op.resume_execution(deferred.method_name, {"event": event}, ctx)
     assert ctx["ti"].xcom["return_value"]["state"] == "PREEMPTED"
@@ -326,8 +345,9 @@ with DAG("{dag_id}", schedule=None, tags=["torchstep-test"]) as dag:
 def test_dag_test_defers_runs_the_trigger_inline_and_resumes(dag_tester, start) -> None:
     server = start(replicas=2, run_s=3, lines=4, line_interval_s=0.3)
     dag_file = dag_tester.home / "dags" / "torchstep_deferred_jobs.py"
-    dag_file.write_text(DEFERRED_DAG.format(dag_id="torchstep_deferred_jobs", namespace=NS,
-                                            kubeconfig=str(server.kubeconfig)))  # fmt: skip
+    dag_file.write_text(
+        DEFERRED_DAG.format(dag_id="torchstep_deferred_jobs", namespace=NS, kubeconfig=str(server.kubeconfig))
+    )
     try:
         run = dag_tester.run("torchstep_deferred_jobs", timeout=400)
     finally:
@@ -355,8 +375,9 @@ def test_a_deployment_triggerer_waits_for_the_jobs_and_a_worker_resumes(deployme
         log.close()
     server = start(replicas=2, run_s=8, lines=4, line_interval_s=1)
     dag_file = deployment.home / "dags" / "torchstep_deferred_jobs.py"
-    dag_file.write_text(DEFERRED_DAG.format(dag_id="torchstep_deferred_jobs", namespace=NS,
-                                            kubeconfig=str(server.kubeconfig)))  # fmt: skip
+    dag_file.write_text(
+        DEFERRED_DAG.format(dag_id="torchstep_deferred_jobs", namespace=NS, kubeconfig=str(server.kubeconfig))
+    )
     subprocess.run([airflow, "dags", "reserialize"], env=deployment.env, capture_output=True, timeout=300, check=True)
     run = deployment.start_run("torchstep_deferred_jobs")
     path = f"/api/v2/dags/torchstep_deferred_jobs/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}"

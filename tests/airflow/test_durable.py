@@ -205,8 +205,9 @@ def scripts(codes: tuple[int, int] = (0, 0), lines: int = 6) -> dict[int, Script
 
 
 def app(replicas: int = 2) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas)  # fmt: skip
+    role = specs.Role(
+        "trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"], num_replicas=replicas
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -231,8 +232,14 @@ def core_step(op: AppDefOperator, run_id: str, cursor_store: Any = None) -> Any:
 
     hook = Hook()
     client = OfficialClient(core=hook.core_v1_client, batch=hook.batch_v1_client, api_client=hook.api_client)
-    return KubernetesStep(op.build_app()[1], run_id=run_id, cfg=op.cfg, client=client, cursor_store=cursor_store,
-                          result_file=XCOM_RESULT_FILE)  # fmt: skip
+    return KubernetesStep(
+        op.build_app()[1],
+        run_id=run_id,
+        cfg=op.cfg,
+        client=client,
+        cursor_store=cursor_store,
+        result_file=XCOM_RESULT_FILE,
+    )
 
 
 def dead_watcher(op: AppDefOperator, try_number: int, store: Store | None) -> str:

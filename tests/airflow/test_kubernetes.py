@@ -21,8 +21,9 @@ from torchstep_airflow.kubernetes import PodStep, StepPodOperator, pod_operator,
 from torchstep_airflow.operators import AppDefOperator  # noqa: E402
 
 RUN_ID = "train.fit.manual__2026-11-21T10_00_00+00_00.try1"
-TI = types.SimpleNamespace(dag_id="train", task_id="fit", run_id="manual__2026-11-21T10:00:00+00:00", try_number=1,
-                           map_index=-1)  # fmt: skip
+TI = types.SimpleNamespace(
+    dag_id="train", task_id="fit", run_id="manual__2026-11-21T10:00:00+00:00", try_number=1, map_index=-1
+)
 
 
 def app(replicas=1, roles=1, **role_kw):
@@ -44,8 +45,14 @@ def app(replicas=1, roles=1, **role_kw):
 
 
 def task(a, kwargs=None):
-    return AppDefOperator(task_id="fit", app=a, target="kubernetes", cfg={"namespace": "ml"},
-                          kubernetes_kwargs=kwargs or {}, durable=False)  # fmt: skip
+    return AppDefOperator(
+        task_id="fit",
+        app=a,
+        target="kubernetes",
+        cfg={"namespace": "ml"},
+        kubernetes_kwargs=kwargs or {},
+        durable=False,
+    )
 
 
 def step(a, kwargs=None):
@@ -138,8 +145,11 @@ def test_job_path_submits_schema_valid_objects_with_the_service_owned_by_its_job
     job, svc, policy = fake.objects
     assert policy["metadata"]["ownerReferences"] == svc["metadata"]["ownerReferences"]  # goes with the Job
     assert svc["metadata"]["ownerReferences"][0] == {
-        "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": "uid-0"
-    }  # fmt: skip
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job["metadata"]["name"],
+        "uid": "uid-0",
+    }
     assert job["spec"]["completions"] == 2 and job["spec"]["completionMode"] == "Indexed"
     assert result.state == "SUCCEEDED" and [r.replica_id for r in result.replicas] == [0, 1]
     selector = f"{LABEL_APP_ID}={s.rendered.app_id}"
@@ -222,8 +232,17 @@ def agent_summary(tmp_path, mode):
     script.write_text(WORKER)
     log = tmp_path / f"termination-{mode}.log"
     env = {**os.environ, "TORCHSTEP_TERMINATION_LOG": str(log)}
-    argv = [sys.executable, "-m", "torchstep.agent", "--nproc-per-node", "2", "--log-dir", str(tmp_path / mode),
-            str(script), mode]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torchstep.agent",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path / mode),
+        str(script),
+        mode,
+    ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert log.exists(), done.stdout[-2000:] + done.stderr[-2000:]
     return done.returncode, log.read_text()

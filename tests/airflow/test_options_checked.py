@@ -12,8 +12,13 @@ from torchx import specs
 
 
 def app() -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=512))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+    )
     return specs.AppDef("train", roles=[role])
 
 

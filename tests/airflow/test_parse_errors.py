@@ -86,8 +86,9 @@ def parsed(tmp_path_factory: pytest.TempPathFactory, env_of_home) -> dict:
         head = HEAD.format(components=str(components), dag_id=name)
         text = head + ("    " + body + "\n" if name != "appdef" else APPDEF)
         (dags / f"{name}.py").write_text(textwrap.dedent(text))
-    proc = subprocess.run([sys.executable, "-c", PARSE, str(dags)], env=env_of_home(home), capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE, str(dags)], env=env_of_home(home), capture_output=True, text=True, timeout=240
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("DAGBAG ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("DAGBAG ") :])

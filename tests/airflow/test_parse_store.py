@@ -58,8 +58,9 @@ class Parser:
         self.home, self.env = home, env
 
     def __call__(self, dags: Path) -> dict:
-        proc = subprocess.run([sys.executable, "-c", PARSE, str(dags)], env=self.env, capture_output=True,
-                              text=True, timeout=240)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", PARSE, str(dags)], env=self.env, capture_output=True, text=True, timeout=240
+        )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("DAGBAG ")]
         assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
         return json.loads(lines[-1][len("DAGBAG ") :])

@@ -23,12 +23,20 @@ def runner(tmp_path, monkeypatch):
 
 def test_the_schedulers_dry_run_plans_the_app_once(runner, monkeypatch) -> None:
     plans = count_plans(monkeypatch)
-    info = runner.dryrun_component("utils.echo", ["--msg", "x"], scheduler="airflow",
-                                   cfg={"endpoint": "http://127.0.0.1:9", "step_cfg": {"timeout": "60"}})  # fmt: skip
+    info = runner.dryrun_component(
+        "utils.echo",
+        ["--msg", "x"],
+        scheduler="airflow",
+        cfg={"endpoint": "http://127.0.0.1:9", "step_cfg": {"timeout": "60"}},
+    )
     assert info.request.body["conf"]["cfg"] == {"timeout": "60"}  # the run options, checked and sent
     assert plans == [("echo", "local")]
     plans.clear()
     with pytest.raises(SpecError, match=r"cfg\['step_cfg'\]\['bogus'\]"):  # still checked, still once
-        runner.dryrun_component("utils.echo", ["--msg", "x"], scheduler="airflow",
-                                cfg={"endpoint": "http://127.0.0.1:9", "step_cfg": {"bogus": "1"}})  # fmt: skip
+        runner.dryrun_component(
+            "utils.echo",
+            ["--msg", "x"],
+            scheduler="airflow",
+            cfg={"endpoint": "http://127.0.0.1:9", "step_cfg": {"bogus": "1"}},
+        )
     assert plans == [("echo", "local")]

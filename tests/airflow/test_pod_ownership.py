@@ -152,10 +152,20 @@ def context(try_number: int, store: Store | None) -> dict[str, Any]:
 
 
 def operator(**kubernetes_kwargs: Any) -> AppDefOperator:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      resource=specs.Resource(cpu=2, gpu=0, memMB=4096))  # fmt: skip
-    return AppDefOperator(task_id="fit", app=specs.AppDef("train", roles=[role]), target="kubernetes",
-                          cfg={"namespace": "ml"}, kubernetes_kwargs=kubernetes_kwargs)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        resource=specs.Resource(cpu=2, gpu=0, memMB=4096),
+    )
+    return AppDefOperator(
+        task_id="fit",
+        app=specs.AppDef("train", roles=[role]),
+        target="kubernetes",
+        cfg={"namespace": "ml"},
+        kubernetes_kwargs=kubernetes_kwargs,
+    )
 
 
 def pod_of(op: AppDefOperator, ctx: dict[str, Any]) -> Any:

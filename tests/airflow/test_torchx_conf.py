@@ -18,8 +18,12 @@ def runner(tmp_path, monkeypatch):
 
 
 def test_the_dry_run_is_the_dag_run_request_with_the_appdef_as_conf(runner):
-    info = runner.dryrun_component("utils.echo", ["--msg", "$(id) {{ ds }}"], "airflow",
-                                   cfg={"endpoint": "http://af:8080", "queue": "gpu", "step_cfg": {"grace_period": "5"}})  # fmt: skip
+    info = runner.dryrun_component(
+        "utils.echo",
+        ["--msg", "$(id) {{ ds }}"],
+        "airflow",
+        cfg={"endpoint": "http://af:8080", "queue": "gpu", "step_cfg": {"grace_period": "5"}},
+    )
     text = str(info)
     first, body = text.split("\n", 1)
     assert first == "POST http://af:8080/api/v2/dags/torchstep_torchx_gpu/dagRuns"
@@ -69,10 +73,12 @@ def test_an_appdef_the_target_cannot_run_is_refused_before_submitting(runner):
         ({"app": {}, "extra": 1}, "conf['extra']"),
         ({"app": {}, "target": "ssh"}, "conf['target']"),
         ({"app": {}, "cfg": "timeout=1"}, "conf['cfg']"),
-        ({"app": {"version": 1, "name": "x", "roles": [{"name": "w", "image": "", "entrypoint": "e", "env": []}]}},
-         "conf['app'].roles[0].env"),
+        (
+            {"app": {"version": 1, "name": "x", "roles": [{"name": "w", "image": "", "entrypoint": "e", "env": []}]}},
+            "conf['app'].roles[0].env",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_generic_dag_checks_its_conf_and_names_the_field(conf, field):
     from torchstep_airflow.torchx_dag import app_from_conf
 
@@ -121,8 +127,11 @@ def test_list_leaves_out_an_app_whose_airflow_is_down_and_lists_the_rest(runner)
     from torchstep.schedulers import records
 
     down = f"http://127.0.0.1:{free_port()}"
-    records.save("airflow", "torchstep_torchx:gone-1", {"endpoint": down, "dag_id": "torchstep_torchx",
-                                                        "dag_run_id": "gone-1", "api": {"timeout": 2.0}})  # fmt: skip
+    records.save(
+        "airflow",
+        "torchstep_torchx:gone-1",
+        {"endpoint": down, "dag_id": "torchstep_torchx", "dag_run_id": "gone-1", "api": {"timeout": 2.0}},
+    )
     assert runner.list("airflow") == []  # no traceback: the deployment is down, nothing else to list
     with pytest.raises(RuntimeError, match="cannot reach the Airflow API"):
         runner.status("airflow://torchx/torchstep_torchx:gone-1")
@@ -166,8 +175,9 @@ class _Refusing:
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZGEifQ.c2VjcmV0LXNpZw"
 
 
-@pytest.mark.parametrize(("cfg", "key"), [({"token_env": TOKEN}, "token_env"),
-                                          ({"username": "ada", "password_env": TOKEN}, "password_env")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cfg", "key"), [({"token_env": TOKEN}, "token_env"), ({"username": "ada", "password_env": TOKEN}, "password_env")]
+)
 def test_a_secret_given_for_a_credential_variable_is_refused_never_sent_shown_or_stored(runner, tmp_path, cfg, key):
     from torchstep.schedulers import records
 
@@ -185,17 +195,20 @@ def test_a_named_credential_variable_that_is_not_set_is_said_before_anything_is_
     monkeypatch.delenv("AIRFLOW_PASSWORD", raising=False)
     with _Refusing() as server:
         with pytest.raises(SpecError, match=r"cfg\['token_env'\]: the variable \$TEAM_AIRFLOW_TOKEN is not set"):
-            runner.run_component("utils.echo", ["--msg", "x"], "airflow",
-                                 cfg={"endpoint": server.url, "token_env": "TEAM_AIRFLOW_TOKEN"})  # fmt: skip
+            runner.run_component(
+                "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": server.url, "token_env": "TEAM_AIRFLOW_TOKEN"}
+            )
         with pytest.raises(
             SpecError, match=r"cfg\['username'\]: needs its password in \$AIRFLOW_PASSWORD.*fix: export"
         ):
-            runner.dryrun_component("utils.echo", ["--msg", "x"], "airflow",
-                                    cfg={"endpoint": server.url, "username": "ada"})  # fmt: skip
+            runner.dryrun_component(
+                "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": server.url, "username": "ada"}
+            )
         monkeypatch.setenv("TEAM_AIRFLOW_TOKEN", "t0ken-value")  # set: the API decides, and says so without it
         with pytest.raises(RuntimeError, match=r"refused the credentials .*HTTP 401.*\$TEAM_AIRFLOW_TOKEN") as err:
-            runner.run_component("utils.echo", ["--msg", "x"], "airflow",
-                                 cfg={"endpoint": server.url, "token_env": "TEAM_AIRFLOW_TOKEN"})  # fmt: skip
+            runner.run_component(
+                "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": server.url, "token_env": "TEAM_AIRFLOW_TOKEN"}
+            )
         assert "t0ken-value" not in str(err.value) and len(server.requests) == 1
 
 
@@ -203,8 +216,9 @@ def test_a_named_credential_variable_that_is_not_set_is_said_before_anything_is_
 def test_a_timeout_that_is_not_a_number_of_seconds_is_one_line_and_nothing_is_sent(runner, timeout):
     with _Refusing() as server:
         with pytest.raises(SpecError) as err:
-            runner.run_component("utils.echo", ["--msg", "x"], "airflow",
-                                 cfg={"endpoint": server.url, "timeout": float(timeout)})  # fmt: skip
+            runner.run_component(
+                "utils.echo", ["--msg", "x"], "airflow", cfg={"endpoint": server.url, "timeout": float(timeout)}
+            )
         assert server.requests == []
     assert str(err.value).startswith("cfg['timeout']: must be a positive, finite number of seconds")
     assert "\n" not in str(err.value) and "fix: e.g. -cfg timeout=30" in str(err.value)
@@ -219,8 +233,13 @@ def test_the_cli_says_what_is_wrong_with_timeout_nan_not_a_socket_error(tmp_path
     torchx = str(Path(sys.executable).with_name("torchx"))
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
     with _Refusing() as server:
-        out = subprocess.run([torchx, "run", "-s", "airflow", "-cfg", f"endpoint={server.url},timeout=nan",
-                              "utils.echo", "--msg", "x"], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [torchx, "run", "-s", "airflow", "-cfg", f"endpoint={server.url},timeout=nan", "utils.echo", "--msg", "x"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert server.requests == []
     assert out.returncode != 0 and "socket.py" not in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == (  # one line under torchx's CLI, not a traceback
@@ -240,7 +259,7 @@ def test_the_cli_says_what_is_wrong_with_timeout_nan_not_a_socket_error(tmp_path
         ({"dag_id": "torchstep torchx"}, "cfg['dag_id']"),
         ({"queue": "gpu/a"}, "cfg['queue']"),
     ],
-)  # fmt: skip
+)
 def test_the_dry_run_checks_step_cfg_for_its_target_as_the_task_will(runner, cfg, field):
     # before: the dry run printed the request, the DAG run was triggered and failed in Airflow
     with pytest.raises(SpecError) as err:

@@ -49,15 +49,22 @@ def tester(dag_tester, kube):
 def stranger_confs(marker: Path) -> list[tuple[str, dict]]:
     overlay = {"hostPID": True, "containers": [{"name": "main", "securityContext": {"privileged": True}}]}
     return [
-        ("app.roles[0].mounts[0].src_path", conf(role(marker, mounts=[specs.BindMount(src_path="/", dst_path="/host")]))),
-        ("app.roles[0].mounts[0].src_path",
-         conf(role(marker, mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]))),
+        (
+            "app.roles[0].mounts[0].src_path",
+            conf(role(marker, mounts=[specs.BindMount(src_path="/", dst_path="/host")])),
+        ),
+        (
+            "app.roles[0].mounts[0].src_path",
+            conf(role(marker, mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")])),
+        ),
         ("app.roles[0].env['LD_PRELOAD']", conf(role(marker, env={"LD_PRELOAD": "/tmp/evil.so"}))),
-        ("app.roles[0].metadata['kubernetes']['hostPID']",
-         conf(role(marker, num_replicas=2, metadata={"kubernetes": overlay}), "kubernetes")),
+        (
+            "app.roles[0].metadata['kubernetes']['hostPID']",
+            conf(role(marker, num_replicas=2, metadata={"kubernetes": overlay}), "kubernetes"),
+        ),
         ("cfg['namespace']", conf(role(marker, num_replicas=2), "kubernetes", {"namespace": "kube-system"})),
         ("cfg['service_account']", conf(role(marker, num_replicas=2), "kubernetes", {"service_account": "admin"})),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.slow

@@ -47,8 +47,9 @@ def _wait_final(runner, handle, timeout=240):
 def test_echo_runs_as_a_dag_run_of_the_generic_dag_with_logs_and_status(airflow, runner):
     from torchx.specs import AppState
 
-    handle = runner.run_component("utils.echo", ["--msg", "hi-$(id)-{{ ds }}"], scheduler="airflow",
-                                  cfg={"endpoint": airflow.url})  # fmt: skip
+    handle = runner.run_component(
+        "utils.echo", ["--msg", "hi-$(id)-{{ ds }}"], scheduler="airflow", cfg={"endpoint": airflow.url}
+    )
     app_id = handle.rsplit("/", 1)[1]
     assert app_id.startswith("torchstep_torchx:echo-")
     status = _wait_final(runner, handle)
@@ -74,8 +75,12 @@ def test_echo_runs_as_a_dag_run_of_the_generic_dag_with_logs_and_status(airflow,
 def test_a_failing_app_is_failed_with_its_root_cause(airflow, runner, tmp_path):
     from torchx.specs import AppState
 
-    handle = runner.run_component(f"{STEPS}:flaky", ["--marker", str(tmp_path / "m"), "--fail_times", "5",
-                                  "--max_retries", "1"], scheduler="airflow", cfg={"endpoint": airflow.url})  # fmt: skip
+    handle = runner.run_component(
+        f"{STEPS}:flaky",
+        ["--marker", str(tmp_path / "m"), "--fail_times", "5", "--max_retries", "1"],
+        scheduler="airflow",
+        cfg={"endpoint": airflow.url},
+    )
     status = _wait_final(runner, handle)
     assert status.state == AppState.FAILED
     assert "root cause" in status.msg and "flaky" in status.msg, status.msg
@@ -87,8 +92,9 @@ def test_cancel_marks_the_run_failed_reports_cancelled_and_stops_every_process(a
     from torchx.specs import AppState
 
     mark = f"airflow-torchx-{uuid.uuid4().hex[:8]}"
-    handle = runner.run_component(f"{STEPS}:sleeper", ["--mark", mark], scheduler="airflow",
-                                  cfg={"endpoint": airflow.url})  # fmt: skip
+    handle = runner.run_component(
+        f"{STEPS}:sleeper", ["--mark", mark], scheduler="airflow", cfg={"endpoint": airflow.url}
+    )
     wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 3, 180, "the sleeper's processes", 0.5)
     assert runner.status(handle).state == AppState.RUNNING
     runner.cancel(handle)
@@ -115,11 +121,13 @@ def test_submit_errors_name_the_option_and_the_fix(airflow, runner):
     with pytest.raises(Exception, match=r"cfg\['endpoint'\].*fix: -cfg endpoint="):
         runner.dryrun_component("utils.echo", ["--msg", "x"], scheduler="airflow", cfg={})
     with pytest.raises(Exception, match="not deployed.*torchstep_airflow.torchx_dag"):
-        runner.run_component("utils.echo", ["--msg", "x"], scheduler="airflow",
-                             cfg={"endpoint": airflow.url, "queue": "gpu"})  # fmt: skip
+        runner.run_component(
+            "utils.echo", ["--msg", "x"], scheduler="airflow", cfg={"endpoint": airflow.url, "queue": "gpu"}
+        )
     with pytest.raises(Exception, match="cannot reach the Airflow API"):
-        runner.run_component("utils.echo", ["--msg", "x"], scheduler="airflow",
-                             cfg={"endpoint": f"http://127.0.0.1:{free_port()}"})  # fmt: skip
+        runner.run_component(
+            "utils.echo", ["--msg", "x"], scheduler="airflow", cfg={"endpoint": f"http://127.0.0.1:{free_port()}"}
+        )
 
 
 def test_a_busy_api_and_a_lost_answer_neither_fail_nor_repeat_a_submission(airflow, runner):

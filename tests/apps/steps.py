@@ -31,11 +31,26 @@ def echo(
         debug: a flag
         image: the container image
     """
-    args = [os.path.join(HERE, "echo.py"), "--lr", str(lr), "--epochs", str(epochs), "--name", name,
-            "--tags", ",".join(tags or []), "--extra", ",".join(f"{k}={v}" for k, v in (extra or {}).items()),
-            "--debug", str(debug), "--app-id", specs.macros.app_id]  # fmt: skip
-    role = specs.Role("echo", image=image, entrypoint=sys.executable, args=args,
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=256))  # fmt: skip
+    args = [
+        os.path.join(HERE, "echo.py"),
+        "--lr",
+        str(lr),
+        "--epochs",
+        str(epochs),
+        "--name",
+        name,
+        "--tags",
+        ",".join(tags or []),
+        "--extra",
+        ",".join(f"{k}={v}" for k, v in (extra or {}).items()),
+        "--debug",
+        str(debug),
+        "--app-id",
+        specs.macros.app_id,
+    ]
+    role = specs.Role(
+        "echo", image=image, entrypoint=sys.executable, args=args, resource=specs.Resource(cpu=1, gpu=0, memMB=256)
+    )
     return specs.AppDef("echo", roles=[role])
 
 
@@ -49,9 +64,15 @@ def flaky(marker: str, fail_times: int = 1, max_retries: int = 1, non_retryable:
         non_retryable: fail with torchstep.NonRetryableError instead
     """
     args = [os.path.join(HERE, "flaky.py"), marker, str(fail_times), str(non_retryable)]
-    role = specs.Role("flaky", image="python:3.11", entrypoint=sys.executable, args=args, max_retries=max_retries,
-                      retry_policy=specs.RetryPolicy.APPLICATION,
-                      metadata={"torchstep": {"retry_delay": 0.2}})  # fmt: skip
+    role = specs.Role(
+        "flaky",
+        image="python:3.11",
+        entrypoint=sys.executable,
+        args=args,
+        max_retries=max_retries,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"retry_delay": 0.2}},
+    )
     return specs.AppDef("flaky", roles=[role])
 
 
@@ -73,10 +94,17 @@ def nodes(replicas: int = 2, nproc_per_node: int = 1, image: str = "ghcr.io/acme
         nproc_per_node: processes per node
         image: the container image
     """
-    role = specs.Role("trainer", image=image, entrypoint="python", args=["-m", "train"], num_replicas=replicas,
-                      resource=specs.Resource(cpu=2, gpu=0, memMB=2048), max_retries=2,
-                      retry_policy=specs.RetryPolicy.APPLICATION,
-                      metadata={"torchstep": {"nproc_per_node": nproc_per_node}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image=image,
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        resource=specs.Resource(cpu=2, gpu=0, memMB=2048),
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"nproc_per_node": nproc_per_node}},
+    )
     return specs.AppDef("nodes", roles=[role])
 
 
@@ -89,9 +117,14 @@ def sleeper(mark: str, seconds: float = 600.0, replicas: int = 1) -> specs.AppDe
         seconds: how long to sleep
         replicas: agents (nodes)
     """
-    role = specs.Role("sleeper", image="python:3.11", entrypoint=sys.executable,
-                      args=[os.path.join(HERE, "sleeper.py"), str(seconds)], num_replicas=replicas,
-                      env={"TORCHSTEP_TEST_MARK": mark})  # fmt: skip
+    role = specs.Role(
+        "sleeper",
+        image="python:3.11",
+        entrypoint=sys.executable,
+        args=[os.path.join(HERE, "sleeper.py"), str(seconds)],
+        num_replicas=replicas,
+        env={"TORCHSTEP_TEST_MARK": mark},
+    )
     return specs.AppDef("sleeper", roles=[role])
 
 
@@ -105,6 +138,7 @@ def ckpt(marker: str = "", lr: float = 0.1, tag: str = "nopvc") -> specs.AppDef:
     """
     code = "import sys; sys.argv[1] and open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
     mounts = [specs.VolumeMount("ckpt", "/ckpt")] if tag == "withpvc" else []
-    role = specs.Role("trainer", image="python:3.11", entrypoint=sys.executable, args=["-c", code, marker, str(lr)],
-                      mounts=mounts)  # fmt: skip
+    role = specs.Role(
+        "trainer", image="python:3.11", entrypoint=sys.executable, args=["-c", code, marker, str(lr)], mounts=mounts
+    )
     return specs.AppDef("ckpt", roles=[role])

@@ -114,8 +114,9 @@ def xcom_text(browser: Browser, airflow: dict[str, Any], task: str) -> str:
     from selenium.webdriver.common.by import By
 
     browser.open(f"{airflow['tasks']}/{task}/xcom")
-    browser.wait(lambda: browser.driver.find_elements(By.CSS_SELECTOR, "[data-testid=xcom-value] .view-lines"),
-                 "the XCom value")  # fmt: skip
+    browser.wait(
+        lambda: browser.driver.find_elements(By.CSS_SELECTOR, "[data-testid=xcom-value] .view-lines"), "the XCom value"
+    )
     browser.driver.find_element(By.CSS_SELECTOR, "[data-testid=expand-all-button]").click()
     text = browser.wait(
         lambda: (

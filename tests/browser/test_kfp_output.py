@@ -41,7 +41,7 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         for mode in ("ok", "fail", "hang")
     }
     out = {}

@@ -47,16 +47,25 @@ def prefect(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Itera
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(tmp / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
-        "PREFECT_UI_API_URL": f"{url}/api",  # else the UI calls 127.0.0.1:4200
-        "XDG_STATE_HOME": str(tmp / "state"), "PYTHONPATH": os.pathsep.join(sys.path),
-    })  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+            "PREFECT_UI_API_URL": f"{url}/api",  # else the UI calls 127.0.0.1:4200
+            "XDG_STATE_HOME": str(tmp / "state"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+    )
     marker = f"PREFECT_HOME={tmp / 'home'}"
     with open(tmp / "server.log", "wb") as log:
-        server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        server = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
 
         def healthy() -> bool:
@@ -67,8 +76,13 @@ def prefect(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 return False
 
         wait_for(healthy, 300, "the Prefect server to start", interval=0.5)
-        out = subprocess.run([sys.executable, str(FLOW), str(HANG_TIMEOUT_S)], env={**env, "PREFECT_API_URL": f"{url}/api"},
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, str(FLOW), str(HANG_TIMEOUT_S)],
+            env={**env, "PREFECT_API_URL": f"{url}/api"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         lines = [x for x in out.stdout.splitlines() if x.startswith("FLOW_RUN ")]
         assert lines, (
             f"the flow printed no FLOW_RUN line ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"

@@ -66,14 +66,26 @@ from apiwatch import ApiWatch, matches
 from cluster.kubelet import DOMAIN, INDEX, Dns, Kubelet, KubeletConfig, Network, PodProcess, remove_cgroups, rfc3339
 
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
-PLURALS = {"Job": "jobs.batch", "Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
-           "Event": "events"}  # fmt: skip
+PLURALS = {
+    "Job": "jobs.batch",
+    "Pod": "pods",
+    "Service": "services",
+    "NetworkPolicy": "networkpolicies",
+    "Event": "events",
+}
 API_VERSIONS = {"Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
 
 
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "reason": reason,
-            "message": message, "code": code}  # fmt: skip
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
 
 
 def _now() -> str:
@@ -116,9 +128,18 @@ class RealCluster(ApiFaults, ApiWatch):
         self.node_grace_s = float(config.get("node_grace_s", 2.0))
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.counters = {"jobs_created": 0, "pods_created": 0, "services_created": 0, "conflicts": 0,
-                         "patches": 0, "log_requests": 0, "faults_answered": 0, "streams_cut": 0,
-                         "pods_replaced": 0, "evictions": 0}  # fmt: skip
+        self.counters = {
+            "jobs_created": 0,
+            "pods_created": 0,
+            "services_created": 0,
+            "conflicts": 0,
+            "patches": 0,
+            "log_requests": 0,
+            "faults_answered": 0,
+            "streams_cut": 0,
+            "pods_replaced": 0,
+            "evictions": 0,
+        }
         self.deleted: list[str] = []
         self.failures: dict[tuple[str, int], int] = {}
         self.answer: dict[str, Any] | None = None
@@ -127,13 +148,19 @@ class RealCluster(ApiFaults, ApiWatch):
         self.jobs: dict[str, JobState] = {}  # Job uid -> its controller state
         self.procs: dict[str, PodProcess] = {}  # pod uid -> its process
         names = list(config.get("nodes") or ["node-0", "node-1"])
-        self.nodes: dict[str, dict[str, Any]] = {n: {"ready": True, "schedulable": True, "lost": False,
-                                                     "partitioned": False, "since": None} for n in names}  # fmt: skip
+        self.nodes: dict[str, dict[str, Any]] = {
+            n: {"ready": True, "schedulable": True, "lost": False, "partitioned": False, "since": None} for n in names
+        }
         self.root.mkdir(parents=True, exist_ok=True)
         self.network = Network(self.prefix)
         self.network.up(names)
-        self.kubelet = Kubelet(KubeletConfig(self.root, str(config["path"]), self.prefix), self.network, self._ended,
-                               self._started, self._readiness)  # fmt: skip
+        self.kubelet = Kubelet(
+            KubeletConfig(self.root, str(config["path"]), self.prefix),
+            self.network,
+            self._ended,
+            self._started,
+            self._readiness,
+        )
         self.dns = Dns(self.root, self.network.ns, self.kubelet.cgroups / "dns")
         self.dns.start()
         self._stop = threading.Event()
@@ -153,8 +180,14 @@ class RealCluster(ApiFaults, ApiWatch):
                 self.counters["conflicts"] += 1
                 return 409, _status(409, "AlreadyExists", f'{PLURALS.get(kind, kind)} "{name}" already exists')
             obj = json.loads(json.dumps(body))
-            obj["metadata"] = {**obj.get("metadata", {}), "name": name, "namespace": ns, "uid": str(uuid.uuid4()),
-                               "creationTimestamp": _now(), "resourceVersion": "1"}  # fmt: skip
+            obj["metadata"] = {
+                **obj.get("metadata", {}),
+                "name": name,
+                "namespace": ns,
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now(),
+                "resourceVersion": "1",
+            }
             obj.setdefault("apiVersion", API_VERSIONS.get(kind, "v1"))
             obj["kind"] = kind
             self.objects[(kind, ns, name)] = obj
@@ -180,11 +213,18 @@ class RealCluster(ApiFaults, ApiWatch):
         with self.lock:
             self.sync_watch()
             self.counters["lists"] += 1
-            items = [self.versioned(k, n, o["metadata"]["name"], self.view(k, o)) for (k, n, _), o in self.objects.items()
-                     if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)]  # fmt: skip
+            items = [
+                self.versioned(k, n, o["metadata"]["name"], self.view(k, o))
+                for (k, n, _), o in self.objects.items()
+                if k == kind and n == ns and matches(o["metadata"].get("labels") or {}, selector)
+            ]
             version = str(self.revision)
-        return {"apiVersion": API_VERSIONS.get(kind, "v1"), "kind": f"{kind}List",
-                "metadata": {"resourceVersion": version}, "items": items}  # fmt: skip
+        return {
+            "apiVersion": API_VERSIONS.get(kind, "v1"),
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": version},
+            "items": items,
+        }
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """A merge patch of ``metadata.labels``/``annotations`` and of ``spec`` (``suspend``)."""
@@ -194,8 +234,10 @@ class RealCluster(ApiFaults, ApiWatch):
                 return 404, _status(404, "NotFound", f'{PLURALS.get(kind, kind)} "{name}" not found')
             self.counters["patches"] += 1
             for key in ("annotations", "labels"):
-                obj["metadata"][key] = {**(obj["metadata"].get(key) or {}),
-                                        **((body.get("metadata") or {}).get(key) or {})}  # fmt: skip
+                obj["metadata"][key] = {
+                    **(obj["metadata"].get(key) or {}),
+                    **((body.get("metadata") or {}).get(key) or {}),
+                }
             for key, value in (body.get("spec") or {}).items():
                 if value is None:
                     obj["spec"].pop(key, None)
@@ -203,16 +245,28 @@ class RealCluster(ApiFaults, ApiWatch):
                     obj["spec"][key] = value
             return 200, self.view(kind, obj)
 
-    def delete(self, kind: str, ns: str, name: str | None, selector: str | None, field: str | None = None,
-               body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    def delete(
+        self,
+        kind: str,
+        ns: str,
+        name: str | None,
+        selector: str | None,
+        field: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         body = body or {}
         only = field.partition("metadata.name=")[2] if field else None
         grace = body.get("gracePeriodSeconds")
         foreground = body.get("propagationPolicy") == "Foreground"
         with self.lock:
-            doomed = [key for key, o in self.objects.items() if key[0] == kind and key[1] == ns
-                      and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
-                      and (only is None or key[2] == only)]  # fmt: skip
+            doomed = [
+                key
+                for key, o in self.objects.items()
+                if key[0] == kind
+                and key[1] == ns
+                and (key[2] == name if name is not None else matches(o["metadata"].get("labels") or {}, selector))
+                and (only is None or key[2] == only)
+            ]
             for key in doomed:
                 self._delete(key, grace=grace, foreground=foreground)
         return _status(200, "", "deleted", status="Success")
@@ -273,10 +327,17 @@ class RealCluster(ApiFaults, ApiWatch):
             self.arm_watch_faults(body)
             running = None
             if "delete_pod" in body:
-                running = next((key for key, o in self.objects.items() if key[0] == "Pod"
-                                and int((o["metadata"].get("annotations") or {}).get(INDEX, 0)) == int(body["delete_pod"])
-                                and o["status"].get("phase") == "Running"
-                                and "deletionTimestamp" not in o["metadata"]), None)  # fmt: skip
+                running = next(
+                    (
+                        key
+                        for key, o in self.objects.items()
+                        if key[0] == "Pod"
+                        and int((o["metadata"].get("annotations") or {}).get(INDEX, 0)) == int(body["delete_pod"])
+                        and o["status"].get("phase") == "Running"
+                        and "deletionTimestamp" not in o["metadata"]
+                    ),
+                    None,
+                )
             if running is not None:
                 self._delete(running)
         return {"ok": True, "pod": running[2] if running else None}
@@ -303,8 +364,13 @@ class RealCluster(ApiFaults, ApiWatch):
             node = self.nodes.get(str(name))
             if node is None:
                 return {"ok": False, "error": f"no node {name!r}; nodes: {sorted(self.nodes)}"}
-            on_node = [key for key, o in self.objects.items() if key[0] == "Pod" and o["spec"].get("nodeName") == name
-                       and o["status"].get("phase") not in ("Succeeded", "Failed")]  # fmt: skip
+            on_node = [
+                key
+                for key, o in self.objects.items()
+                if key[0] == "Pod"
+                and o["spec"].get("nodeName") == name
+                and o["status"].get("phase") not in ("Succeeded", "Failed")
+            ]
             if action == "drain":
                 node["schedulable"] = False
                 for key in on_node:
@@ -352,10 +418,15 @@ class RealCluster(ApiFaults, ApiWatch):
 
     def _terminated(self, pod: dict[str, Any], proc: PodProcess) -> None:
         code = proc.exit_code if proc.exit_code is not None else 137
-        state = {"terminated": {"exitCode": code, "reason": proc.reason or "Error",
-                                "startedAt": rfc3339(proc.started_at or time.time()),
-                                "finishedAt": rfc3339(proc.finished_at or time.time()),
-                                "containerID": f"onemachine://{proc.uid}"}}  # fmt: skip
+        state = {
+            "terminated": {
+                "exitCode": code,
+                "reason": proc.reason or "Error",
+                "startedAt": rfc3339(proc.started_at or time.time()),
+                "finishedAt": rfc3339(proc.finished_at or time.time()),
+                "containerID": f"onemachine://{proc.uid}",
+            }
+        }
         if proc.message:
             state["terminated"]["message"] = proc.message
         status = pod["status"]
@@ -368,8 +439,15 @@ class RealCluster(ApiFaults, ApiWatch):
         self._event(pod, reason, f"container {proc.container} exited {code} ({proc.reason})")
 
     def _container(self, proc: PodProcess, state: dict[str, Any], ready: bool) -> dict[str, Any]:
-        return {"name": proc.container, "image": "onemachine", "imageID": "", "ready": ready, "restartCount": 0,
-                "started": "running" in state, "state": state}  # fmt: skip
+        return {
+            "name": proc.container,
+            "image": "onemachine",
+            "imageID": "",
+            "ready": ready,
+            "restartCount": 0,
+            "started": "running" in state,
+            "state": state,
+        }
 
     # -- the controllers -----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -387,8 +465,11 @@ class RealCluster(ApiFaults, ApiWatch):
                 if key[0] == "Job" and key in self.objects:
                     self._job(job)
             self._collect_garbage()
-            pending = [o for (k, _, _), o in self.objects.items() if k == "Pod" and not o["spec"].get("nodeName")
-                       and "deletionTimestamp" not in o["metadata"]]  # fmt: skip
+            pending = [
+                o
+                for (k, _, _), o in self.objects.items()
+                if k == "Pod" and not o["spec"].get("nodeName") and "deletionTimestamp" not in o["metadata"]
+            ]
             placed = [(pod, self._schedule(pod)) for pod in pending]
         for pod, node in placed:
             if node is not None:
@@ -403,21 +484,37 @@ class RealCluster(ApiFaults, ApiWatch):
                 node["ready"] = False
                 if node["lost"]:  # the pods of a gone node: DisruptionTarget, then Failed (PodGC)
                     for key, pod in list(self.objects.items()):
-                        if key[0] == "Pod" and pod["spec"].get("nodeName") == name \
-                                and pod["status"].get("phase") not in ("Succeeded", "Failed"):  # fmt: skip
-                            self._condition(pod, "DisruptionTarget", "DeletionByTaintManager",
-                                            f"Taint manager: deleting due to NoExecute taint (node {name} lost)")  # fmt: skip
+                        if (
+                            key[0] == "Pod"
+                            and pod["spec"].get("nodeName") == name
+                            and pod["status"].get("phase") not in ("Succeeded", "Failed")
+                        ):
+                            self._condition(
+                                pod,
+                                "DisruptionTarget",
+                                "DeletionByTaintManager",
+                                f"Taint manager: deleting due to NoExecute taint (node {name} lost)",
+                            )
                             pod["status"]["phase"] = "Failed"
                             proc = self.procs.get(pod["metadata"]["uid"])
-                            state = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": _now(),
-                                                    "startedAt": _now()}}  # fmt: skip
+                            state = {
+                                "terminated": {
+                                    "exitCode": 137,
+                                    "reason": "Error",
+                                    "finishedAt": _now(),
+                                    "startedAt": _now(),
+                                }
+                            }
                             if proc is not None:
                                 pod["status"]["containerStatuses"] = [self._container(proc, state, False)]
                             self._event(pod, "NodeNotReady", f"node {name} is not ready")
 
     def _schedule(self, pod: dict[str, Any]) -> str | None:
-        ready = [n for n, s in self.nodes.items() if s["ready"] and s["schedulable"] and not s["lost"]
-                 and not s["partitioned"]]  # fmt: skip
+        ready = [
+            n
+            for n, s in self.nodes.items()
+            if s["ready"] and s["schedulable"] and not s["lost"] and not s["partitioned"]
+        ]
         wanted = pod["spec"].get("nodeName") or (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
         if wanted:
             ready = [n for n in ready if n == wanted]
@@ -444,9 +541,16 @@ class RealCluster(ApiFaults, ApiWatch):
             proc = self.kubelet.start(snapshot, node, float(self.nodes[node].get("pull_s", 0)))
         except Exception as e:
             with self.lock:
-                pod["status"]["containerStatuses"] = [{"name": "main", "image": "onemachine", "imageID": "",
-                    "ready": False, "restartCount": 0,
-                    "state": {"waiting": {"reason": "CreateContainerError", "message": str(e)}}}]  # fmt: skip
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": "main",
+                        "image": "onemachine",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "CreateContainerError", "message": str(e)}},
+                    }
+                ]
             return
         with self.lock:
             self.procs[proc.uid] = proc
@@ -476,8 +580,13 @@ class RealCluster(ApiFaults, ApiWatch):
         """A delayed container started (its node's slow "pull" is over)."""
         with self.lock:
             pod = self.objects.get(("Pod", proc.ns, proc.name))
-            if pod is not None and pod["metadata"]["uid"] == proc.uid and self.procs.get(proc.uid) is proc \
-                    and not proc.ended.is_set() and pod["status"].get("phase") == "Pending":  # fmt: skip
+            if (
+                pod is not None
+                and pod["metadata"]["uid"] == proc.uid
+                and self.procs.get(proc.uid) is proc
+                and not proc.ended.is_set()
+                and pod["status"].get("phase") == "Pending"
+            ):
                 self._running(pod, proc)
 
     def _running(self, pod: dict[str, Any], proc: PodProcess) -> None:
@@ -498,13 +607,19 @@ class RealCluster(ApiFaults, ApiWatch):
             for status in pod["status"].get("containerStatuses") or []:
                 status["ready"] = ready
             for t in ("ContainersReady", "Ready"):
-                self._condition(pod, t, None if ready else "ContainersNotReady",
-                                None if ready else f"containers with unready status: [{proc.container}]", status=ready)  # fmt: skip
+                self._condition(
+                    pod,
+                    t,
+                    None if ready else "ContainersNotReady",
+                    None if ready else f"containers with unready status: [{proc.container}]",
+                    status=ready,
+                )
             if not ready:
                 self._event(pod, "Unhealthy", "Readiness probe failed")
 
-    def _condition(self, pod: dict[str, Any], kind: str, reason: str | None, message: str | None,
-                   status: bool = True) -> None:  # fmt: skip
+    def _condition(
+        self, pod: dict[str, Any], kind: str, reason: str | None, message: str | None, status: bool = True
+    ) -> None:
         conditions = pod["status"].setdefault("conditions", [])
         entry = {"type": kind, "status": "True" if status else "False", "lastTransitionTime": _now()}
         if reason:
@@ -512,8 +627,11 @@ class RealCluster(ApiFaults, ApiWatch):
         pod["status"]["conditions"] = [c for c in conditions if c["type"] != kind] + [entry]
 
     def _owned(self, uid: str, kind: str = "Pod") -> list[dict[str, Any]]:
-        return [o for (k, _, _), o in self.objects.items() if k == kind
-                and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]  # fmt: skip
+        return [
+            o
+            for (k, _, _), o in self.objects.items()
+            if k == kind and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+        ]
 
     def _job(self, job: dict[str, Any]) -> None:
         """The Job controller, one pass over one Job (under the lock)."""
@@ -585,9 +703,14 @@ class RealCluster(ApiFaults, ApiWatch):
             return
         if action == "FailJob":
             rule = "podFailurePolicy"
-            self._finish(job, st, "Failed", "PodFailurePolicy",
-                         f"Pod {pod['metadata']['namespace']}/{pod['metadata']['name']} has condition "
-                         f"or exit code matched by {rule} (exit code {_exit_code(pod)})")  # fmt: skip
+            self._finish(
+                job,
+                st,
+                "Failed",
+                "PodFailurePolicy",
+                f"Pod {pod['metadata']['namespace']}/{pod['metadata']['name']} has condition "
+                f"or exit code matched by {rule} (exit code {_exit_code(pod)})",
+            )
             return
         if "backoffLimitPerIndex" in spec:
             st.per_index[index] = st.per_index.get(index, 0) + 1
@@ -648,46 +771,80 @@ class RealCluster(ApiFaults, ApiWatch):
         meta = job["metadata"]
         template = job["spec"]["template"]
         name = f"{meta['name']}-{index}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=5))}"
-        labels = {**(template.get("metadata", {}).get("labels") or {}), "job-name": meta["name"],
-                  "batch.kubernetes.io/job-name": meta["name"], "controller-uid": meta["uid"],
-                  "batch.kubernetes.io/controller-uid": meta["uid"], INDEX: str(index)}  # fmt: skip
+        labels = {
+            **(template.get("metadata", {}).get("labels") or {}),
+            "job-name": meta["name"],
+            "batch.kubernetes.io/job-name": meta["name"],
+            "controller-uid": meta["uid"],
+            "batch.kubernetes.io/controller-uid": meta["uid"],
+            INDEX: str(index),
+        }
         annotations = {**(template.get("metadata", {}).get("annotations") or {}), INDEX: str(index)}
         if "backoffLimitPerIndex" in job["spec"]:
             annotations[FAILURE_COUNT] = str(failures)
         spec = json.loads(json.dumps(template["spec"]))
         if job["spec"].get("completionMode") == "Indexed":
             spec.setdefault("hostname", f"{meta['name']}-{index}")
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
-                 "controller": True, "blockOwnerDeletion": True}  # fmt: skip
-        body = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-                "metadata": {"name": name, "labels": labels, "annotations": annotations, "ownerReferences": [owner]}}  # fmt: skip
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "spec": spec,
+            "metadata": {"name": name, "labels": labels, "annotations": annotations, "ownerReferences": [owner]},
+        }
         self.create("Pod", meta["namespace"], body)
-        if any(int((o["metadata"].get("annotations") or {}).get(INDEX, -1)) == index for o in self._owned(meta["uid"])
-               if o["metadata"]["name"] != name):  # fmt: skip
+        if any(
+            int((o["metadata"].get("annotations") or {}).get(INDEX, -1)) == index
+            for o in self._owned(meta["uid"])
+            if o["metadata"]["name"] != name
+        ):
             self.counters["pods_replaced"] += 1
         self._event(job, "SuccessfulCreate", f"Created pod: {name}")
 
     def _job_status(self, job: dict[str, Any], st: JobState, pods: list[dict[str, Any]]) -> None:
-        running = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")
-                   and "deletionTimestamp" not in p["metadata"]]  # fmt: skip
-        status: dict[str, Any] = {"startTime": rfc3339(st.started), "active": len(running),
-                                  "ready": sum(_is_ready(p) for p in running),
-                                  "succeeded": len(st.succeeded), "failed": st.failed,
-                                  "terminating": sum("deletionTimestamp" in p["metadata"] for p in pods)}  # fmt: skip
+        running = [
+            p
+            for p in pods
+            if p["status"].get("phase") in ("Pending", "Running") and "deletionTimestamp" not in p["metadata"]
+        ]
+        status: dict[str, Any] = {
+            "startTime": rfc3339(st.started),
+            "active": len(running),
+            "ready": sum(_is_ready(p) for p in running),
+            "succeeded": len(st.succeeded),
+            "failed": st.failed,
+            "terminating": sum("deletionTimestamp" in p["metadata"] for p in pods),
+        }
         if job["spec"].get("completionMode") == "Indexed":
             status["completedIndexes"] = _ranges(st.succeeded)
             if "backoffLimitPerIndex" in job["spec"]:
                 status["failedIndexes"] = _ranges(st.failed_indexes)
         conditions = []
         if st.suspended:
-            conditions.append({"type": "Suspended", "status": "True", "reason": "JobSuspended",
-                               "message": "Job suspended", "lastTransitionTime": rfc3339(st.suspended_at)})  # fmt: skip
+            conditions.append(
+                {
+                    "type": "Suspended",
+                    "status": "True",
+                    "reason": "JobSuspended",
+                    "message": "Job suspended",
+                    "lastTransitionTime": rfc3339(st.suspended_at),
+                }
+            )
         if st.condition is not None:
             kind, reason, message = st.condition
             stamp = rfc3339(st.finished or time.time())
             target = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
-            conditions += [{"type": target, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp},
-                           {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp}]  # fmt: skip
+            conditions += [
+                {"type": target, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp},
+                {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": stamp},
+            ]
             if kind == "Complete":
                 status["completionTime"] = stamp
         status["conditions"] = conditions
@@ -701,8 +858,11 @@ class RealCluster(ApiFaults, ApiWatch):
             if refs and not any(r.get("uid") in uids for r in refs):
                 self._delete(key)
             elif key[0] == "Job" and "deletionTimestamp" in obj["metadata"]:
-                dependents = [o for o in self.objects.values()
-                              if any(r.get("uid") == obj["metadata"]["uid"] for r in o["metadata"].get("ownerReferences") or [])]  # fmt: skip
+                dependents = [
+                    o
+                    for o in self.objects.values()
+                    if any(r.get("uid") == obj["metadata"]["uid"] for r in o["metadata"].get("ownerReferences") or [])
+                ]
                 for dep in dependents:
                     self._delete((dep["kind"], key[1], dep["metadata"]["name"]))
                 if not [d for d in dependents if (d["kind"], key[1], d["metadata"]["name"]) in self.objects]:
@@ -735,12 +895,28 @@ class RealCluster(ApiFaults, ApiWatch):
     def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
         meta = obj["metadata"]
         name = f"{meta['name']}.{uuid.uuid4().hex[:12]}"
-        event = {"apiVersion": "v1", "kind": "Event", "type": "Warning" if reason in _WARNINGS else "Normal",
-                 "reason": reason, "message": message, "count": 1, "firstTimestamp": _now(), "lastTimestamp": _now(),
-                 "involvedObject": {"kind": obj.get("kind"), "name": meta["name"], "namespace": meta["namespace"],
-                                    "uid": meta["uid"]},
-                 "metadata": {"name": name, "namespace": meta["namespace"], "uid": str(uuid.uuid4()),
-                              "creationTimestamp": _now()}}  # fmt: skip
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "type": "Warning" if reason in _WARNINGS else "Normal",
+            "reason": reason,
+            "message": message,
+            "count": 1,
+            "firstTimestamp": _now(),
+            "lastTimestamp": _now(),
+            "involvedObject": {
+                "kind": obj.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "metadata": {
+                "name": name,
+                "namespace": meta["namespace"],
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now(),
+            },
+        }
         self.objects[("Event", meta["namespace"], name)] = event
 
     # -- stopping ------------------------------------------------------------------------------------
@@ -754,8 +930,18 @@ class RealCluster(ApiFaults, ApiWatch):
         remove_cgroups(self.kubelet.cgroups)
 
 
-_WARNINGS = {"BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy", "Evicted", "Failed", "OOMKilling",
-             "NodeNotReady", "MaxFailedIndexesExceeded", "FailedIndexes", "Unhealthy"}  # fmt: skip
+_WARNINGS = {
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "PodFailurePolicy",
+    "Evicted",
+    "Failed",
+    "OOMKilling",
+    "NodeNotReady",
+    "MaxFailedIndexesExceeded",
+    "FailedIndexes",
+    "Unhealthy",
+}
 
 
 def _is_ready(pod: dict[str, Any]) -> bool:

@@ -32,8 +32,12 @@ def missing() -> str | None:
     """Why this machine cannot run the cluster, or None."""
     if sys.platform != "linux" or os.geteuid() != 0:
         return "the one-machine cluster needs root on Linux (network, PID and mount namespaces)"
-    for tool, package in (("ip", "iproute2"), ("nsenter", "util-linux"), ("bwrap", "bubblewrap"),
-                          ("dnsmasq", "dnsmasq-base")):  # fmt: skip
+    for tool, package in (
+        ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+        ("bwrap", "bubblewrap"),
+        ("dnsmasq", "dnsmasq-base"),
+    ):
         if shutil.which(tool) is None:
             return f"{tool} is missing: apt-get install {package} (tools/system-deps.sh does it)"
     try:
@@ -75,8 +79,9 @@ class Cluster:
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One call of the API server (``path`` under the server's URL)."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.server.url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.server.url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as r:
                 return dict(json.loads(r.read()))
@@ -118,8 +123,13 @@ class Cluster:
 
     def pod_done(self, name: str, timeout: float = 90.0) -> dict[str, Any]:
         """The pod once it has ended (Succeeded or Failed)."""
-        return dict(self.wait(lambda: (p := self.get("pods", name)).get("status", {}).get("phase")
-                              in ("Succeeded", "Failed") and p, timeout, f"pod {name} to end"))  # fmt: skip
+        return dict(
+            self.wait(
+                lambda: (p := self.get("pods", name)).get("status", {}).get("phase") in ("Succeeded", "Failed") and p,
+                timeout,
+                f"pod {name} to end",
+            )
+        )
 
     def job_done(self, name: str, timeout: float = 120.0) -> dict[str, Any]:
         """The Job once it has a Complete or Failed condition."""
@@ -134,8 +144,11 @@ class Cluster:
     def exec_pod(self, argv: list[str], **fields: Any) -> dict[str, Any]:
         """Run ``argv`` as a bare pod's container (restartPolicy Never) and return it once ended."""
         name = fields.pop("name", f"probe-{os.urandom(3).hex()}")
-        spec = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "onemachine", "command": argv,
-                                                          **fields.pop("container", {})}], **fields}  # fmt: skip
+        spec = {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "onemachine", "command": argv, **fields.pop("container", {})}],
+            **fields,
+        }
         made = self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
         assert made.get("kind") == "Pod", made
         return self.pod_done(name)
@@ -143,5 +156,10 @@ class Cluster:
 
 def cluster_config(root: Path, prefix: str, nodes: int = 2) -> dict[str, Any]:
     venv = REPO / ".venv" / "bin"
-    return {"root": str(root), "prefix": prefix, "nodes": [f"node-{i}" for i in range(nodes)],
-            "path": f"{venv}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "node_grace_s": 2.0}  # fmt: skip
+    return {
+        "root": str(root),
+        "prefix": prefix,
+        "nodes": [f"node-{i}" for i in range(nodes)],
+        "path": f"{venv}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "node_grace_s": 2.0,
+    }

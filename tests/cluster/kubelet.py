@@ -199,14 +199,37 @@ class Dns:
         log = open(self.dir.parent / "dnsmasq.log", "wb")  # noqa: SIM115 - the child owns it
         self.cgroup.mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
-            ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs"),
-             "nsenter", f"--net=/run/netns/{self.netns}", "dnsmasq", "--keep-in-foreground",
-             "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces",
-             f"--listen-address={DNS_IP}", "--port=53", f"--local=/{DOMAIN}/", "--domain-needed", "--bogus-priv",
-             f"--hostsdir={self.dir}", "--user=root", "--group=root", "--pid-file=", "--log-facility=-",
-             "--local-ttl=1", "--neg-ttl=1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                "sh",
+                "-c",
+                'echo $$ > "$0" && exec "$@"',
+                str(self.cgroup / "cgroup.procs"),
+                "nsenter",
+                f"--net=/run/netns/{self.netns}",
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--no-poll",
+                "--bind-interfaces",
+                f"--listen-address={DNS_IP}",
+                "--port=53",
+                f"--local=/{DOMAIN}/",
+                "--domain-needed",
+                "--bogus-priv",
+                f"--hostsdir={self.dir}",
+                "--user=root",
+                "--group=root",
+                "--pid-file=",
+                "--log-facility=-",
+                "--local-ttl=1",
+                "--neg-ttl=1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 10
         while "0100F40A:0035" not in Path(f"/proc/{self.proc.pid}/net/udp").read_text().upper():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -306,9 +329,14 @@ class PodProcess:
 class Kubelet:
     """Runs pods for real (see the module docstring); one per cluster, for all its nodes."""
 
-    def __init__(self, config: KubeletConfig, network: Network, on_end: Callable[[PodProcess], None],
-                 on_start: Callable[[PodProcess], None] | None = None,
-                 on_ready: Callable[[PodProcess, bool], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: KubeletConfig,
+        network: Network,
+        on_end: Callable[[PodProcess], None],
+        on_start: Callable[[PodProcess], None] | None = None,
+        on_ready: Callable[[PodProcess, bool], None] | None = None,
+    ) -> None:
         self.config = config
         self.network = network
         self.on_end = on_end
@@ -326,12 +354,21 @@ class Kubelet:
         in order, each value ``$(VAR)``-expanded over those before it, downward-API values
         resolved."""
         meta, spec = pod["metadata"], pod["spec"]
-        env = {"PATH": self.config.path, "HOME": "/root", "HOSTNAME": spec.get("hostname") or meta["name"],
-               "XDG_STATE_HOME": "/tmp/.state"}  # fmt: skip
-        fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-                  "metadata.uid": meta["uid"], "status.podIP": ip, "status.hostIP": DNS_IP,
-                  "spec.nodeName": spec.get("nodeName", ""),
-                  "spec.serviceAccountName": spec.get("serviceAccountName", "default")}  # fmt: skip
+        env = {
+            "PATH": self.config.path,
+            "HOME": "/root",
+            "HOSTNAME": spec.get("hostname") or meta["name"],
+            "XDG_STATE_HOME": "/tmp/.state",
+        }
+        fields = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "status.podIP": ip,
+            "status.hostIP": DNS_IP,
+            "spec.nodeName": spec.get("nodeName", ""),
+            "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        }
         for key, value in (meta.get("annotations") or {}).items():
             fields[f"metadata.annotations['{key}']"] = value
         for key, value in (meta.get("labels") or {}).items():
@@ -396,9 +433,15 @@ class Kubelet:
         """/etc/hosts as kubelet writes it."""
         meta, spec = pod["metadata"], pod["spec"]
         host = spec.get("hostname") or meta["name"]
-        lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
-                 "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet", "fe00::0\tip6-mcastprefix",
-                 "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters"]  # fmt: skip
+        lines = [
+            "# Kubernetes-managed hosts file.",
+            "127.0.0.1\tlocalhost",
+            "::1\tlocalhost ip6-localhost ip6-loopback",
+            "fe00::0\tip6-localnet",
+            "fe00::0\tip6-mcastprefix",
+            "fe00::1\tip6-allnodes",
+            "fe00::2\tip6-allrouters",
+        ]
         if spec.get("subdomain"):
             lines.append(f"{ip}\t{host}.{spec['subdomain']}.{meta['namespace']}.svc.{DOMAIN}\t{host}")
         else:
@@ -406,8 +449,7 @@ class Kubelet:
         return "\n".join(lines) + "\n"
 
     def resolv_conf(self, namespace: str) -> str:
-        return (f"search {namespace}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\n"
-                f"nameserver {DNS_IP}\noptions ndots:5\n")  # fmt: skip
+        return f"search {namespace}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\nnameserver {DNS_IP}\noptions ndots:5\n"
 
     # lifecycle --------------------------------------------------------------------------------------
     def start(self, pod: dict[str, Any], node: str, pull_s: float = 0.0) -> PodProcess:
@@ -422,8 +464,17 @@ class Kubelet:
         podir = self.config.root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         podir.mkdir(parents=True, exist_ok=True)
         grace = spec.get("terminationGracePeriodSeconds", 30)
-        p = PodProcess(meta["namespace"], meta["name"], meta["uid"], node, slot, podir,
-                       container.get("name", "main"), float(grace), probe=container.get("readinessProbe"))  # fmt: skip
+        p = PodProcess(
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+            node,
+            slot,
+            podir,
+            container.get("name", "main"),
+            float(grace),
+            probe=container.get("readinessProbe"),
+        )
         self.pods[p.uid] = p
         p.log.touch()
         p.netns, p.ip = self.network.attach(node, slot)
@@ -449,15 +500,50 @@ class Kubelet:
         if limit:
             (p.cgroup / "memory.limit_in_bytes").write_text(str(quantity_bytes(limit)))
         hostname = spec.get("hostname") or meta["name"]
-        sandbox = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *image_binds(),
-                   "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", hostname, "--as-pid-1",
-                   "--die-with-parent", "--ro-bind", str(podir / "hosts"), "/etc/hosts",
-                   "--ro-bind", str(podir / "resolv.conf"), "/etc/resolv.conf",
-                   "--bind", str(p.message_path), message_path, *volumes,
-                   "--chdir", container.get("workingDir") or self.config.workdir, "--", *argv]  # fmt: skip
+        sandbox = [
+            "bwrap",
+            "--bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            *image_binds(),
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-ipc",
+            "--hostname",
+            hostname,
+            "--as-pid-1",
+            "--die-with-parent",
+            "--ro-bind",
+            str(podir / "hosts"),
+            "/etc/hosts",
+            "--ro-bind",
+            str(podir / "resolv.conf"),
+            "/etc/resolv.conf",
+            "--bind",
+            str(p.message_path),
+            message_path,
+            *volumes,
+            "--chdir",
+            container.get("workingDir") or self.config.workdir,
+            "--",
+            *argv,
+        ]
         # the shell joins the pod's cgroup, then becomes nsenter, which becomes bubblewrap
-        launcher = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(p.cgroup / "cgroup.procs"),
-                    "nsenter", f"--net=/run/netns/{p.netns}", *sandbox]  # fmt: skip
+        launcher = [
+            "sh",
+            "-c",
+            'echo $$ > "$0" && exec "$@"',
+            str(p.cgroup / "cgroup.procs"),
+            "nsenter",
+            f"--net=/run/netns/{p.netns}",
+            *sandbox,
+        ]
         if pull_s > 0:
             p.waiting = ("ContainerCreating", f"pulling the image (this node's pulls take {pull_s:g} s)")
             pull = threading.Timer(pull_s, self._exec, args=(p, launcher, env))
@@ -471,8 +557,14 @@ class Kubelet:
         with self._lock:  # never start a container whose pod is being deleted
             if p.deleting:
                 return
-            p.proc = subprocess.Popen(launcher, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            p.proc = subprocess.Popen(
+                launcher,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             p.started_at = time.time()
             p.waiting = None
         threading.Thread(target=self._follow, args=(p,), daemon=True, name=f"kubelet-{p.name}").start()
@@ -506,9 +598,26 @@ class Kubelet:
         if not argv or pid is None:
             return False
         try:  # inside the pod, as `kubectl exec` would be (its root and working directory too)
-            done = subprocess.run(["nsenter", f"--target={pid}", "--mount", "--uts", "--ipc", "--net", "--pid",
-                                   "--root", "--wd", "--", *argv], env=p.env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout, check=False)  # fmt: skip
+            done = subprocess.run(
+                [
+                    "nsenter",
+                    f"--target={pid}",
+                    "--mount",
+                    "--uts",
+                    "--ipc",
+                    "--net",
+                    "--pid",
+                    "--root",
+                    "--wd",
+                    "--",
+                    *argv,
+                ],
+                env=p.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0

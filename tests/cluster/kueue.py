@@ -106,8 +106,7 @@ class Kueue:
         return next((c for c in self.workload(name)["status"]["conditions"] if c["type"] == kind), None)
 
     def _workload(self, name: str) -> dict[str, Any]:
-        return self._workloads.setdefault(name, {"metadata": {"name": f"job-{name}"},
-                                                 "status": {"conditions": []}})  # fmt: skip
+        return self._workloads.setdefault(name, {"metadata": {"name": f"job-{name}"}, "status": {"conditions": []}})
 
     def _set(self, name: str, kind: str, status: bool, reason: str, message: str = "") -> None:
         conditions = self._workload(name)["status"]["conditions"]
@@ -115,16 +114,22 @@ class Kueue:
         value = "True" if status else "False"
         if old is not None and (old["status"], old["reason"]) == (value, reason):
             return
-        entry = {"type": kind, "status": value, "reason": reason, "message": message,
-                 "lastTransitionTime": _stamp(time.time())}  # fmt: skip
+        entry = {
+            "type": kind,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _stamp(time.time()),
+        }
         conditions[:] = [c for c in conditions if c["type"] != kind] + [entry]
 
     def queued(self, queue: str) -> list[dict[str, Any]]:
         """The Jobs of ``queue`` waiting for admission (suspended)."""
         return [j for j in self.cluster.items("jobs", f"{QUEUE_LABEL}={queue}") if j["spec"].get("suspend")]
 
-    def admit(self, name: str, node_selector: dict[str, str] | None = None,
-              tolerations: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    def admit(
+        self, name: str, node_selector: dict[str, str] | None = None, tolerations: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """Admit Job ``name``: inject the flavor's node selector and tolerations into its pod
         template, then unsuspend it (one update, as Kueue's job reconciler does)."""
         job = self.cluster.get("jobs", name)

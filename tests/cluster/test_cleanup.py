@@ -47,9 +47,17 @@ def test_a_sigkilled_api_server_leaves_nothing_after_the_cleanup(tmp_path: Path)
     server = start_server(tmp_path / "api", real=cluster_config(root, prefix))
     try:
         cluster = Cluster(server, root)
-        cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long"},
-                        "spec": {"restartPolicy": "Never", "containers": [
-                            {"name": "main", "image": "x", "command": ["sh", "-c", "echo up; sleep 300"]}]}})  # fmt: skip
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "long"},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "x", "command": ["sh", "-c", "echo up; sleep 300"]}],
+                },
+            }
+        )
         cluster.wait(lambda: "up" in cluster.log("long"), 60, "the pod to run")
         pids = processes(prefix)
         assert len(pids) >= 2  # dnsmasq and the pod's processes

@@ -48,14 +48,20 @@ def test_queued_admitted_with_a_node_selector_evicted_and_readmitted_resumes_fro
     pods = real_cluster.items("pods", rendered.label_selector)
     assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {"node-1"}
     assert all(toleration in p["spec"]["tolerations"] for p in pods)
-    assert any(line.startswith(f"torchstep: Job {name} admitted by Kueue (queue team-a), nodeSelector ")
-               and "'kubernetes.io/hostname': 'node-1'" in line for line in lines), lines  # fmt: skip
+    assert any(
+        line.startswith(f"torchstep: Job {name} admitted by Kueue (queue team-a), nodeSelector ")
+        and "'kubernetes.io/hostname': 'node-1'" in line
+        for line in lines
+    ), lines
 
     # evicted: suspended again, its pods deleted; the step waits in the queue again
     kueue.evict(name)
     real_cluster.wait(lambda: not real_cluster.items("pods", rendered.label_selector), 60, "the evicted pods to go")
-    real_cluster.wait(lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines), 30,
-                      "the watcher to say the Job was evicted")  # fmt: skip
+    real_cluster.wait(
+        lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines),
+        30,
+        "the watcher to say the Job was evicted",
+    )
     evicted = next(x for x in lines if "was evicted" in x)
     assert "preemption 1 of at most 10 (preemption_retries)" in evicted and "queued again" in evicted
     assert "nodeSelector" not in real_cluster.get("jobs", name)["spec"]["template"]["spec"]  # template restored
@@ -73,8 +79,9 @@ def test_queued_admitted_with_a_node_selector_evicted_and_readmitted_resumes_fro
     final = real_cluster.get("jobs", name)
     assert final["status"]["failed"] == 0
     assert {p["spec"]["nodeName"] for p in real_cluster.items("pods", rendered.label_selector)} == {"node-0"}
-    assert any(w.startswith("preempted 1 time (0 pod(s) with DisruptionTarget, 1 Kueue eviction(s))")
-               for w in result.warnings), result.warnings  # fmt: skip
+    assert any(
+        w.startswith("preempted 1 time (0 pod(s) with DisruptionTarget, 1 Kueue eviction(s))") for w in result.warnings
+    ), result.warnings
 
 
 def looped(ckpt: Path, steps: int) -> specs.AppDef:
@@ -105,8 +112,18 @@ def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_clus
         real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
         kueue.admit(name)
         # the early pod runs, waiting in the rendezvous: not Ready while its peer is not started
-        early = real_cluster.wait(lambda: next((p for p in real_cluster.items("pods", rendered.label_selector)
-                                                if p["status"].get("phase") == "Running"), None), 60, "a pod to run")  # fmt: skip
+        early = real_cluster.wait(
+            lambda: next(
+                (
+                    p
+                    for p in real_cluster.items("pods", rendered.label_selector)
+                    if p["status"].get("phase") == "Running"
+                ),
+                None,
+            ),
+            60,
+            "a pod to run",
+        )
         waited = 0
         while any(p["status"].get("phase") == "Pending" for p in real_cluster.items("pods", rendered.label_selector)):
             assert not ready(real_cluster.get("pods", early["metadata"]["name"])), "Ready before the gang formed"
@@ -116,8 +133,11 @@ def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_clus
         assert waited >= 4, "the late pod started before the early pod could be watched waiting"
         # both started: the rendezvous forms, both pods turn Ready, the Workload is PodsReady
         real_cluster.wait(lambda: real_cluster.get("jobs", name)["status"].get("ready") == 2, 60, "both pods Ready")
-        real_cluster.wait(lambda: (kueue.condition(name, "PodsReady") or {}).get("status") == "True", 10,
-                          "the Workload to be PodsReady")  # fmt: skip
+        real_cluster.wait(
+            lambda: (kueue.condition(name, "PodsReady") or {}).get("status") == "True",
+            10,
+            "the Workload to be PodsReady",
+        )
         assert kueue.condition(name, "PodsReady")["reason"] == "Started"
         runner.join(240)
         assert done and done[0].state == "SUCCEEDED", (done and done[0].summary(), lines)
@@ -146,8 +166,11 @@ def test_a_gang_that_cannot_form_is_evicted_by_wait_for_pods_ready_requeued_and_
         assert rendered.roles[0].workload["spec"]["backoffLimit"] == 0  # a counted failure would end the step
         real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
         kueue.admit(name)
-        evicted = real_cluster.wait(lambda: kueue.condition(name, "Evicted") if name in kueue.evictions else None, 60,
-                                    "waitForPodsReady to evict the Job")  # fmt: skip
+        evicted = real_cluster.wait(
+            lambda: kueue.condition(name, "Evicted") if name in kueue.evictions else None,
+            60,
+            "waitForPodsReady to evict the Job",
+        )
         assert (evicted["status"], evicted["reason"]) == ("True", "PodsReadyTimeout")
         assert evicted["message"] == f"Exceeded the PodsReady timeout ml/{name}"
         assert real_cluster.get("jobs", name)["spec"]["suspend"] is True
@@ -155,21 +178,29 @@ def test_a_gang_that_cannot_form_is_evicted_by_wait_for_pods_ready_requeued_and_
         assert (requeued["status"], requeued["reason"]) == ("False", "PodsReadyTimeout")
         assert kueue.workload(name)["status"]["requeueState"]["count"] == 1
         real_cluster.wait(lambda: not real_cluster.items("pods", rendered.label_selector), 60, "the evicted pods to go")
-        real_cluster.wait(lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines), 30,
-                          "the watcher to say the Job was evicted")  # fmt: skip
+        real_cluster.wait(
+            lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines),
+            30,
+            "the watcher to say the Job was evicted",
+        )
         # the backoff passes: requeued; admitted again onto node-0, where both pods start (a
         # machine loaded past the timeout may evict the healthy gang too: it is admitted again)
         for _ in range(3):
             evictions = len(kueue.evictions)
-            real_cluster.wait(lambda: (kueue.condition(name, "Requeued") or {}).get("reason") == "BackoffFinished", 60,
-                              "the requeuing backoff to pass")  # fmt: skip
+            real_cluster.wait(
+                lambda: (kueue.condition(name, "Requeued") or {}).get("reason") == "BackoffFinished",
+                60,
+                "the requeuing backoff to pass",
+            )
             kueue.admit(name, {"kubernetes.io/hostname": "node-0"})
             real_cluster.wait(lambda: done or len(kueue.evictions) > evictions, 240, "the step to end or be evicted")
             if done:
                 break
         runner.join(60)
-        pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"), ready(p))
-                for p in real_cluster.items("pods", rendered.label_selector)]  # fmt: skip
+        pods = [
+            (p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"), ready(p))
+            for p in real_cluster.items("pods", rendered.label_selector)
+        ]
         assert done, ("JobGang did not return", pods, kueue.workload(name), lines[-40:])
         result = done[0]
         assert result.state == "SUCCEEDED", (result.summary(), lines)
@@ -180,7 +211,9 @@ def test_a_gang_that_cannot_form_is_evicted_by_wait_for_pods_ready_requeued_and_
         assert job["status"]["failed"] == 0  # the evicted pods were never counted
         assert result.retryable is False and result.attempts == 1
         times = "time" if count == 1 else "times"
-        assert any(w.startswith(f"preempted {count} {times} (0 pod(s) with DisruptionTarget, {count} Kueue eviction(s))")
-                   for w in result.warnings), result.warnings  # fmt: skip
+        assert any(
+            w.startswith(f"preempted {count} {times} (0 pod(s) with DisruptionTarget, {count} Kueue eviction(s))")
+            for w in result.warnings
+        ), result.warnings
     finally:
         kueue.close()

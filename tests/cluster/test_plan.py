@@ -32,10 +32,16 @@ def run(cluster: Cluster, app: specs.AppDef, **cfg: Any) -> tuple[Any, list[str]
 
 def flaky(fail_times: int, policy: specs.RetryPolicy, non_retryable: bool = False, replicas: int = 2) -> specs.AppDef:
     """tests/apps/flaky.py: fails its first ``fail_times`` attempts in a pod (marker in its /tmp)."""
-    role = specs.Role("w", image="unused", entrypoint="python",
-                      args=[str(APPS / "flaky.py"), "/tmp/attempts", str(fail_times), str(non_retryable)],
-                      num_replicas=replicas, max_retries=2, retry_policy=policy,
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    role = specs.Role(
+        "w",
+        image="unused",
+        entrypoint="python",
+        args=[str(APPS / "flaky.py"), "/tmp/attempts", str(fail_times), str(non_retryable)],
+        num_replicas=replicas,
+        max_retries=2,
+        retry_policy=policy,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
     return specs.AppDef("flaky", roles=[role])
 
 
@@ -71,8 +77,10 @@ def test_rows_3_and_15_a_2x2_ddp_job_forms_one_world_across_two_pods_and_leaves_
     reports = sorted(line for line in lines if "allreduce rank=" in line)
     assert len(reports) == 4 and all("world=4 sum=10" in r for r in reports), lines
     assert job_condition(real_cluster, rendered) == ("Complete", "CompletionsReached")
-    ordered = sorted(pods(real_cluster, rendered), key=lambda p: p["metadata"]["annotations"][
-        "batch.kubernetes.io/job-completion-index"])  # fmt: skip
+    ordered = sorted(
+        pods(real_cluster, rendered),
+        key=lambda p: p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"],
+    )
     assert len(ordered) == 2 and ordered[0]["spec"]["nodeName"] != ordered[1]["spec"]["nodeName"]
     ip0, ip1 = (p["status"]["podIP"] for p in ordered)
     fqdn0 = rendered.roles[0].rank0_host
@@ -86,8 +94,11 @@ def test_rows_3_and_15_a_2x2_ddp_job_forms_one_world_across_two_pods_and_leaves_
         real_cluster.api(
             "DELETE", real_cluster.path(kind) + f"?labelSelector={selector}", {"propagationPolicy": "Foreground"}
         )
-    real_cluster.wait(lambda: not any(real_cluster.items(k, selector) for k in ("jobs", "pods", "services")),
-                      60, "every object of the run to go")  # fmt: skip
+    real_cluster.wait(
+        lambda: not any(real_cluster.items(k, selector) for k in ("jobs", "pods", "services")),
+        60,
+        "every object of the run to go",
+    )
 
 
 def test_row_5_a_worker_crashing_once_is_restarted_in_place_by_the_agent(real_cluster: Cluster) -> None:
@@ -129,8 +140,14 @@ def test_row_10_application_retries_leave_the_job_one_try(real_cluster: Cluster)
 
 
 def test_row_12_the_active_deadline_stops_the_agent_with_sigterm(real_cluster: Cluster) -> None:
-    role = specs.Role("s", image="unused", entrypoint="python", args=[str(APPS / "sleeper.py"), "120"],
-                      num_replicas=2, resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    role = specs.Role(
+        "s",
+        image="unused",
+        entrypoint="python",
+        args=[str(APPS / "sleeper.py"), "120"],
+        num_replicas=2,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
     t0 = time.monotonic()
     result, lines, rendered = run(real_cluster, specs.AppDef("sleepy", roles=[role]), active_deadline=8)
     assert time.monotonic() - t0 < 90
@@ -142,12 +159,19 @@ def test_row_12_the_active_deadline_stops_the_agent_with_sigterm(real_cluster: C
 
 
 def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_completes(real_cluster: Cluster) -> None:
-    role = specs.Role("t", image="unused", entrypoint="python",
-                      args=[str(Path(__file__).resolve().parent / "apps" / "steps.py"), "--steps", "40", "--stop-s", "2"],
-                      num_replicas=2, max_retries=2, retry_policy=specs.RetryPolicy.REPLICA,
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
-    rendered = torchstep.kubernetes.render_app(specs.AppDef("steps", roles=[role]), namespace="ml",
-                                               cfg={"run_id": f"r{uuid.uuid4().hex[:6]}"})  # fmt: skip
+    role = specs.Role(
+        "t",
+        image="unused",
+        entrypoint="python",
+        args=[str(Path(__file__).resolve().parent / "apps" / "steps.py"), "--steps", "40", "--stop-s", "2"],
+        num_replicas=2,
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.REPLICA,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
+    rendered = torchstep.kubernetes.render_app(
+        specs.AppDef("steps", roles=[role]), namespace="ml", cfg={"run_id": f"r{uuid.uuid4().hex[:6]}"}
+    )
     kube = OfficialClient.from_config(config_file=str(real_cluster.kubeconfig), in_cluster=False)
     lines: list[str] = []
     gang = JobGang(rendered, kube, on_line=lines.append, poll_interval=0.5, on_finish="keep")
@@ -156,9 +180,16 @@ def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_comp
     runner.start()
 
     def index_1() -> dict[str, Any] | None:
-        return next((p for p in pods(real_cluster, rendered) if p["status"]["phase"] == "Running"
-                     and "deletionTimestamp" not in p["metadata"]
-                     and p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"), None)  # fmt: skip
+        return next(
+            (
+                p
+                for p in pods(real_cluster, rendered)
+                if p["status"]["phase"] == "Running"
+                and "deletionTimestamp" not in p["metadata"]
+                and p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
+            ),
+            None,
+        )
 
     def steps_seen() -> int:
         return sum("step 3 world 2" in line for line in lines)
@@ -181,8 +212,12 @@ def test_rows_7_and_8_a_drained_then_killed_replica_is_replaced_and_the_job_comp
     assert terminated(killed)["exitCode"] == 137  # counted (the failure policy's Count rule), then replaced
     assert any(w.startswith("preempted 1 time (1 pod(s) with DisruptionTarget") for w in result.warnings)
     final = [p for p in pods(real_cluster, rendered) if p["status"]["phase"] == "Succeeded"]
-    counts = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]:
-              p["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] for p in final}  # fmt: skip
+    counts = {
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["metadata"]["annotations"][
+            "batch.kubernetes.io/job-index-failure-count"
+        ]
+        for p in final
+    }
     # pod 0 never replaced; index 1 replaced once per fault, but only the kill counted (a drain is a
     # preemption: the policy ignores DisruptionTarget, its own budget counts it)
     assert counts == {"0": "0", "1": "1"}
@@ -195,12 +230,21 @@ def test_row_13_rendered_mounts_and_shm_size_are_what_the_pod_sees(real_cluster:
     data = tmp_path / "data"
     data.mkdir()
     (data / "in.txt").write_text("dataset\n")
-    script = ("cat /data/in.txt; touch /data/x 2>/dev/null || echo data-read-only; echo kept > /ckpt/step && echo ckpt-rw;"
-              " df -k /dev/shm | tail -1")  # fmt: skip
-    role = specs.Role("m", image="unused", entrypoint="bash", args=["-c", script],
-                      mounts=[specs.BindMount(src_path=str(data), dst_path="/data", read_only=True),
-                              specs.VolumeMount(src="ckpt", dst_path="/ckpt")],
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    script = (
+        "cat /data/in.txt; touch /data/x 2>/dev/null || echo data-read-only; echo kept > /ckpt/step && echo ckpt-rw;"
+        " df -k /dev/shm | tail -1"
+    )
+    role = specs.Role(
+        "m",
+        image="unused",
+        entrypoint="bash",
+        args=["-c", script],
+        mounts=[
+            specs.BindMount(src_path=str(data), dst_path="/data", read_only=True),
+            specs.VolumeMount(src="ckpt", dst_path="/ckpt"),
+        ],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
     result, lines, rendered = run(real_cluster, specs.AppDef("mounts", roles=[role]), shm_size="64Mi")
     assert result.state == "SUCCEEDED", result.summary()
     text = "\n".join(lines)
@@ -218,8 +262,10 @@ def test_row_4_pod_1_waits_for_a_pod_0_whose_image_pull_is_slow(real_cluster: Cl
     assert result.state == "SUCCEEDED", result.summary()
     assert not [line for line in lines if "timed out" in line], lines
     assert job_condition(real_cluster, rendered) == ("Complete", "CompletionsReached")
-    by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
-                for p in pods(real_cluster, rendered)}  # fmt: skip
+    by_index = {
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+        for p in pods(real_cluster, rendered)
+    }
     assert by_index["0"]["spec"]["nodeName"] == "node-0"
     started = {i: terminated(p)["startedAt"] for i, p in by_index.items()}
     assert started["1"] < started["0"], started  # pod 1's agent ran first and waited

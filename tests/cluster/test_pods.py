@@ -25,8 +25,14 @@ def terminated(pod: dict) -> dict:
 
 
 def test_a_pod_has_its_own_pid_1_hostname_hosts_file_address_and_resolver(real_cluster: Cluster) -> None:
-    real_cluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sub"},
-                         "spec": {"clusterIP": "None", "selector": {"app": "box"}}})  # fmt: skip
+    real_cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "sub"},
+            "spec": {"clusterIP": "None", "selector": {"app": "box"}},
+        }
+    )
     pod = real_cluster.exec_pod(
         sh(
             "echo pid=$$$$; hostname; grep box /etc/hosts; cat /etc/resolv.conf; ip -o -4 addr show;"
@@ -51,19 +57,36 @@ def test_a_pod_has_its_own_pid_1_hostname_hosts_file_address_and_resolver(real_c
 
 
 def test_cluster_dns_answers_a_headless_services_pod_names_and_nothing_else(real_cluster: Cluster) -> None:
-    real_cluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "grp"},
-                         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                                  "selector": {"app": "grp"}}})  # fmt: skip
-    real_cluster.create({"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": "peer", "labels": {"app": "grp"}},
-                         "spec": {"hostname": "peer", "subdomain": "grp", "restartPolicy": "Never",
-                                  "containers": [{"name": "main", "image": "x", "command": ["sleep", "60"]}]}})  # fmt: skip
+    real_cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "grp"},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "grp"}},
+        }
+    )
+    real_cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "peer", "labels": {"app": "grp"}},
+            "spec": {
+                "hostname": "peer",
+                "subdomain": "grp",
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "x", "command": ["sleep", "60"]}],
+            },
+        }
+    )
     peer = real_cluster.wait(lambda: real_cluster.get("pods", "peer")["status"].get("podIP"), 30, "peer's IP")
     # another pod resolves the peer by FQDN, by the search path, and the Service name; an
     # outside name is refused (the resolver has no upstream: nothing leaves the cluster)
-    pod = real_cluster.exec_pod(sh(
-        "getent hosts peer.grp.ml.svc.cluster.local; getent hosts peer.grp; getent hosts grp.ml.svc.cluster.local;"
-        " getent hosts example.com || echo outside-unresolved"))  # fmt: skip
+    pod = real_cluster.exec_pod(
+        sh(
+            "getent hosts peer.grp.ml.svc.cluster.local; getent hosts peer.grp; getent hosts grp.ml.svc.cluster.local;"
+            " getent hosts example.com || echo outside-unresolved"
+        )
+    )
     out = log_text(real_cluster, pod["metadata"]["name"])
     assert out.count(peer) == 3, out
     assert "peer.grp.ml.svc.cluster.local" in out and "outside-unresolved" in out
@@ -71,16 +94,34 @@ def test_cluster_dns_answers_a_headless_services_pod_names_and_nothing_else(real
 
 
 def test_env_is_expanded_as_kubernetes_does_with_the_downward_api(real_cluster: Cluster) -> None:
-    env = [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)-y"}, {"name": "C", "value": "$$(A)"},
-           {"name": "D", "value": "$(UNDEFINED)"},
-           {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-           {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-           {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-           {"name": "IDX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['k/i']"}}}]  # fmt: skip
-    real_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "envy", "annotations": {"k/i": "3"}},
-                         "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x",
-                                  "command": ["sh", "-c", 'echo "$B|$C|$D|$NAME|$NS|$IP|$IDX|$(A)"'],
-                                  "env": env}]}})  # fmt: skip
+    env = [
+        {"name": "A", "value": "x"},
+        {"name": "B", "value": "$(A)-y"},
+        {"name": "C", "value": "$$(A)"},
+        {"name": "D", "value": "$(UNDEFINED)"},
+        {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "IDX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['k/i']"}}},
+    ]
+    real_cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "envy", "annotations": {"k/i": "3"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "command": ["sh", "-c", 'echo "$B|$C|$D|$NAME|$NS|$IP|$IDX|$(A)"'],
+                        "env": env,
+                    }
+                ],
+            },
+        }
+    )
     pod = real_cluster.pod_done("envy")
     assert log_text(real_cluster, "envy").strip() == f"x-y|$(A)|$(UNDEFINED)|envy|ml|{pod['status']['podIP']}|3|x"
 
@@ -96,18 +137,31 @@ def test_exceeding_the_memory_limit_is_oomkilled_137(real_cluster: Cluster) -> N
 
 
 def test_deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_period(real_cluster: Cluster) -> None:
-    stubborn = ("import signal, sys, time\n"
-                "signal.signal(signal.SIGTERM, lambda *a: print('got SIGTERM', flush=True))\n"
-                "print('ready', flush=True)\n"
-                "while True: time.sleep(0.1)\n")  # fmt: skip
-    polite = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(143)))\n"
-              "print('ready', flush=True)\n"
-              "while True: time.sleep(0.1)\n")  # fmt: skip
+    stubborn = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('got SIGTERM', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.1)\n"
+    )
+    polite = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(143)))\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.1)\n"
+    )
     for name, code in (("stubborn", stubborn), ("polite", polite)):
-        real_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
-                                      "containers": [{"name": "main", "image": "x", "command": ["python3", "-c", code]}]}})  # fmt: skip
+        real_cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "main", "image": "x", "command": ["python3", "-c", code]}],
+                },
+            }
+        )
     for name in ("stubborn", "polite"):
         real_cluster.wait(lambda n=name: "ready" in real_cluster.log(n), 60, f"{name} to start")
     t0 = time.monotonic()
@@ -122,8 +176,11 @@ def test_deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_period(real_c
     assert polite_s < 5 <= stubborn_s, (polite_s, stubborn_s)  # SIGKILL only after the grace period
     events = real_cluster.items("events")
     assert any(e["reason"] == "Killing" and e["involvedObject"]["name"] == "stubborn" for e in events)
-    exits = [e["message"] for e in events if e["involvedObject"]["name"] in ("stubborn", "polite")
-             and e["reason"] == "Failed"]  # fmt: skip
+    exits = [
+        e["message"]
+        for e in events
+        if e["involvedObject"]["name"] in ("stubborn", "polite") and e["reason"] == "Failed"
+    ]
     assert any("exited 137" in m for m in exits) and any("exited 143" in m for m in exits), exits
 
 
@@ -131,13 +188,20 @@ def test_volumes_are_mounted_at_their_paths_read_only_where_asked(real_cluster: 
     host = tmp_path / "host"
     host.mkdir()
     (host / "in.txt").write_text("from the node\n")
-    volumes = [{"name": "scratch", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}},
-               {"name": "data", "hostPath": {"path": str(host), "type": "Directory"}},
-               {"name": "ro", "hostPath": {"path": str(host), "type": "Directory"}},
-               {"name": "claim", "persistentVolumeClaim": {"claimName": "ckpt"}}]  # fmt: skip
-    mounts = [{"name": "scratch", "mountPath": "/scratch"}, {"name": "shm", "mountPath": "/dev/shm"},
-              {"name": "data", "mountPath": "/data"}, {"name": "ro", "mountPath": "/ro", "readOnly": True},
-              {"name": "claim", "mountPath": "/ckpt"}]  # fmt: skip
+    volumes = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}},
+        {"name": "data", "hostPath": {"path": str(host), "type": "Directory"}},
+        {"name": "ro", "hostPath": {"path": str(host), "type": "Directory"}},
+        {"name": "claim", "persistentVolumeClaim": {"claimName": "ckpt"}},
+    ]
+    mounts = [
+        {"name": "scratch", "mountPath": "/scratch"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "data", "mountPath": "/data"},
+        {"name": "ro", "mountPath": "/ro", "readOnly": True},
+        {"name": "claim", "mountPath": "/ckpt"},
+    ]
     script = (
         "cat /data/in.txt; echo written > /data/out.txt; touch /ro/x 2>/dev/null || echo ro-refused;"
         " df -k /dev/shm | tail -1; echo saved > /ckpt/step; touch /scratch/ok && echo scratch-ok"
@@ -150,27 +214,47 @@ def test_volumes_are_mounted_at_their_paths_read_only_where_asked(real_cluster: 
     shm_kib = int(next(line for line in out.splitlines() if "/dev/shm" in line or "tmpfs" in line).split()[1])
     assert shm_kib == 32 * 1024  # medium: Memory with its sizeLimit
     # the claim is one directory: a second pod reads what the first wrote there
-    second = real_cluster.exec_pod(sh("cat /ckpt/step"), name="vols2",
-                                   volumes=[volumes[-1]], container={"volumeMounts": [mounts[-1]]})  # fmt: skip
+    second = real_cluster.exec_pod(
+        sh("cat /ckpt/step"), name="vols2", volumes=[volumes[-1]], container={"volumeMounts": [mounts[-1]]}
+    )
     assert second["status"]["phase"] == "Succeeded" and log_text(real_cluster, "vols2") == "saved\n"
 
 
 def test_termination_message_and_log_as_kubelet_writes_them(real_cluster: Cluster) -> None:
-    big = real_cluster.exec_pod(sh("python3 -c \"print('m' * 6000, end='')\" > /dev/termination-log; echo one; exit 4"),
-                                name="big")  # fmt: skip
+    big = real_cluster.exec_pod(
+        sh("python3 -c \"print('m' * 6000, end='')\" > /dev/termination-log; echo one; exit 4"), name="big"
+    )
     assert terminated(big)["exitCode"] == 4 and terminated(big)["message"] == "m" * 4096  # capped as kubelet
-    fallback = real_cluster.exec_pod(sh("echo first; echo the cause >&2; exit 2"), name="fallback",
-                                     container={"terminationMessagePolicy": "FallbackToLogsOnError"})  # fmt: skip
+    fallback = real_cluster.exec_pod(
+        sh("echo first; echo the cause >&2; exit 2"),
+        name="fallback",
+        container={"terminationMessagePolicy": "FallbackToLogsOnError"},
+    )
     assert terminated(fallback)["message"] == "first\nthe cause\n"  # the log's tail when the file is empty
-    custom = real_cluster.exec_pod(sh("echo custom > /tmp/why"), name="custom",
-                                   container={"terminationMessagePath": "/tmp/why"})  # fmt: skip
+    custom = real_cluster.exec_pod(
+        sh("echo custom > /tmp/why"), name="custom", container={"terminationMessagePath": "/tmp/why"}
+    )
     assert terminated(custom)["message"] == "custom\n"
     stamped = real_cluster.log("big", "?timestamps=true").splitlines()
     assert len(stamped) == 1 and stamped[0].endswith("Z one") and stamped[0][:4].isdigit()
     # follow streams lines as they are written; sinceTime leaves out what came before
-    real_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ticker"},
-                         "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x",
-                                  "command": sh("for i in 1 2 3 4 5 6; do echo tick $$i; sleep 0.5; done")}]}})  # fmt: skip
+    real_cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "ticker"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "command": sh("for i in 1 2 3 4 5 6; do echo tick $$i; sleep 0.5; done"),
+                    }
+                ],
+            },
+        }
+    )
     real_cluster.wait(lambda: real_cluster.get("pods", "ticker")["status"].get("phase") == "Running", 30)
     followed = real_cluster.log("ticker", "?follow=true")
     assert followed.splitlines() == [f"tick {i}" for i in range(1, 7)]

@@ -26,15 +26,23 @@ def checkpointed(ckpt: Path, replicas: int = 1) -> specs.AppDef:
     """tests/cluster/apps/checkpointed.py with its checkpoint directory on a host mount; no
     retries at all (APPLICATION, 0: the Job's backoffLimit is 0, a counted failure ends it)."""
     ckpt.mkdir(mode=0o700, exist_ok=True)
-    role = specs.Role("t", image="unused", entrypoint="python", args=[str(CHECKPOINTED), "--steps", str(STEPS), "--stop-s", "2"],
-                      env={"TORCHSTEP_CHECKPOINT_DIR": "/ckpt"}, num_replicas=replicas, max_retries=0,
-                      mounts=[specs.BindMount(src_path=str(ckpt), dst_path="/ckpt")],
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=1024))  # fmt: skip
+    role = specs.Role(
+        "t",
+        image="unused",
+        entrypoint="python",
+        args=[str(CHECKPOINTED), "--steps", str(STEPS), "--stop-s", "2"],
+        env={"TORCHSTEP_CHECKPOINT_DIR": "/ckpt"},
+        num_replicas=replicas,
+        max_retries=0,
+        mounts=[specs.BindMount(src_path=str(ckpt), dst_path="/ckpt")],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
     return specs.AppDef("ckpt", roles=[role])
 
 
-def start(cluster: Cluster, app: specs.AppDef, poll_s: float = 0.5,
-          **cfg: Any) -> tuple[Any, list[str], list[Any], threading.Thread]:  # fmt: skip
+def start(
+    cluster: Cluster, app: specs.AppDef, poll_s: float = 0.5, **cfg: Any
+) -> tuple[Any, list[str], list[Any], threading.Thread]:
     """JobGang.run of ``app`` in a thread (the test acts on the cluster meanwhile); the
     official client watches, ``poll_s`` is only the log followers' reattach pace."""
     rendered = torchstep.kubernetes.render_app(app, namespace="ml", cfg={"run_id": f"r{uuid.uuid4().hex[:6]}", **cfg})
@@ -48,8 +56,14 @@ def start(cluster: Cluster, app: specs.AppDef, poll_s: float = 0.5,
 
 
 def running_pod(cluster: Cluster, rendered: Any) -> dict[str, Any] | None:
-    return next((p for p in cluster.items("pods", rendered.label_selector) if p["status"]["phase"] == "Running"
-                 and "deletionTimestamp" not in p["metadata"]), None)  # fmt: skip
+    return next(
+        (
+            p
+            for p in cluster.items("pods", rendered.label_selector)
+            if p["status"]["phase"] == "Running" and "deletionTimestamp" not in p["metadata"]
+        ),
+        None,
+    )
 
 
 @pytest.mark.slow
@@ -125,8 +139,17 @@ def test_preemptions_beyond_the_budget_end_the_step_preempted_and_delete_it(
     first = running_pod(real_cluster, rendered)
     assert first is not None
     real_cluster.server.node(first["spec"]["nodeName"], "drain", grace_s=0)
-    real_cluster.wait(lambda: not [p for p in real_cluster.items("pods", rendered.label_selector)
-                                   if p["metadata"]["uid"] == first["metadata"]["uid"]], 30, "the evicted pod to go")  # fmt: skip
+    real_cluster.wait(
+        lambda: (
+            not [
+                p
+                for p in real_cluster.items("pods", rendered.label_selector)
+                if p["metadata"]["uid"] == first["metadata"]["uid"]
+            ]
+        ),
+        30,
+        "the evicted pod to go",
+    )
     runner.join(120)
     assert done, "JobGang did not return"
     result = done[0]

@@ -125,8 +125,13 @@ def test_the_private_import_check_sees_one(tmp_path: Path) -> None:
 
 def test_no_file_refers_to_a_document_outside_the_repository() -> None:
     outside = "ARCHITECTURE" + ".md"  # the design notes that were never part of the repository
-    tracked = subprocess.run(["git", "ls-files", "-z", "adapters", "docs", "tests", "tools", "README.md"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")  # fmt: skip
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "adapters", "docs", "tests", "tools", "README.md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     assert len(tracked) > 100
     citing = []
     for name in filter(None, tracked):

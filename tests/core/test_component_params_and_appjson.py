@@ -86,7 +86,7 @@ def test_a_parameter_type_no_orchestrator_can_carry_is_named() -> None:
                         specs.DeviceMount("/dev/fuse", "/dev/fuse"),
                     ],
                     metadata={"torchstep": {"nproc_per_node": 2}, "kubernetes": {"nodeSelector": {"a": "b"}}},
-                )  # fmt: skip
+                )
             ],
             metadata={"torchstep.timeout": "60"},
         ),

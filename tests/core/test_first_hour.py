@@ -134,8 +134,10 @@ def test_a_component_file_without_a_function_says_so(user_dir: Path) -> None:
 def test_a_training_script_named_as_a_component_is_not_executed(user_dir: Path) -> None:
     marker = user_dir / "ran"
     (user_dir / "train2.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef main():\n    pass\n")
-    for ref, said in [("train.py:main", "train.py has no function 'main'"),
-                      ("train2.py:main", "train2.py:main is not a component")]:  # fmt: skip
+    for ref, said in [
+        ("train.py:main", "train.py has no function 'main'"),
+        ("train2.py:main", "train2.py:main is not a component"),
+    ]:
         p = run(user_dir, "torchstep", "run", ref)
         assert p.returncode == 2
         line = one_error_line(p, "torchstep run: error:")
@@ -310,11 +312,21 @@ def test_a_run_prints_no_omp_banner_and_no_numpy_warning_where_numpy_is_missing(
         '                      metadata={"torchstep": {"nproc_per_node": n}})\n'
         '    return specs.AppDef("two", roles=[role])\n'
     )
-    env = {**os.environ, "HOME": str(user_dir), "XDG_STATE_HOME": str(user_dir / "state"),
-           "PYTHONPATH": str(nonumpy.parent)}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(user_dir),
+        "XDG_STATE_HOME": str(user_dir / "state"),
+        "PYTHONPATH": str(nonumpy.parent),
+    }
     env.pop("OMP_NUM_THREADS", None)
-    p = subprocess.run([str(BIN / "torchstep"), "run", "comp.py:two"], cwd=user_dir, env=env, capture_output=True,
-                       text=True, timeout=240)  # fmt: skip
+    p = subprocess.run(
+        [str(BIN / "torchstep"), "run", "comp.py:two"],
+        cwd=user_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert out.count("[two/") == 2 and "hello" in out

@@ -207,9 +207,13 @@ def test_a_result_over_its_cap_cuts_tails_then_drops_outputs_with_warnings() -> 
     line = "x" * MAX_TAIL_LINE_BYTES
     ranks = [RankResult("w", i, i, "FAILED", 1, tail=[line] * 50) for i in range(64)]
     r = StepResult(
-        "a-1", "FAILED", 1, replicas=[ReplicaResult("w", 0, "FAILED", 1, ranks=ranks)], root_cause=ranks[0],
+        "a-1",
+        "FAILED",
+        1,
+        replicas=[ReplicaResult("w", 0, "FAILED", 1, ranks=ranks)],
+        root_cause=ranks[0],
         outputs={"blob": "y" * (MAX_RESULT_BYTES // 2)},
-    )  # fmt: skip
+    )
     data = r.to_dict()
     size = len(json.dumps(data))
     assert size <= MAX_RESULT_BYTES, size

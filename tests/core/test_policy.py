@@ -19,8 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def app(image="ghcr.io/acme/train:1", *, replicas=1, resource=None, **role_kw):
-    role = specs.Role("trainer", image=image, entrypoint="python", args=["-m", "train"], num_replicas=replicas,
-                      resource=resource or specs.Resource(cpu=2, gpu=0, memMB=1024), **role_kw)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image=image,
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        resource=resource or specs.Resource(cpu=2, gpu=0, memMB=1024),
+        **role_kw,
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -37,9 +44,18 @@ def refused(policy, a, target="kubernetes", cfg=None) -> PolicyError:
 
 STRANGER = [
     ("local", app(mounts=[specs.BindMount(src_path="/", dst_path="/host")]), {}, "app.roles[0].mounts[0].src_path"),
-    ("kubernetes", app(mounts=[specs.BindMount(src_path="/etc/", dst_path="/x")]), {}, "app.roles[0].mounts[0].src_path"),
-    ("local", app(mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]), {},
-     "app.roles[0].mounts[0].src_path"),
+    (
+        "kubernetes",
+        app(mounts=[specs.BindMount(src_path="/etc/", dst_path="/x")]),
+        {},
+        "app.roles[0].mounts[0].src_path",
+    ),
+    (
+        "local",
+        app(mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]),
+        {},
+        "app.roles[0].mounts[0].src_path",
+    ),
     ("local", app(env={"LD_PRELOAD": "/tmp/x.so"}), {}, "app.roles[0].env['LD_PRELOAD']"),
     ("local", app(env={"ld_preload": "/tmp/x.so"}), {}, "app.roles[0].env['ld_preload']"),
     ("local", app(env={"PYTHONPATH": "/tmp/evil"}), {}, "app.roles[0].env['PYTHONPATH']"),
@@ -47,36 +63,112 @@ STRANGER = [
     ("kubernetes", overlay({"hostPID": True}), {}, "app.roles[0].metadata['kubernetes']['hostPID']"),
     ("kubernetes", overlay({"hostNetwork": True}), {}, "app.roles[0].metadata['kubernetes']['hostNetwork']"),
     ("kubernetes", overlay({"spec": {"hostIPC": True}}), {}, "app.roles[0].metadata['kubernetes']['spec']['hostIPC']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "securityContext": {"privileged": True}}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['securityContext']['privileged']"),
-    ("kubernetes", overlay({"initContainers": [{"name": "i", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": True}}]}),
-     {}, "app.roles[0].metadata['kubernetes']['initContainers'][0]['securityContext']['allowPrivilegeEscalation']"),
-    ("kubernetes", overlay({"ephemeralContainers": [{"name": "e", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}),
-     {}, "app.roles[0].metadata['kubernetes']['ephemeralContainers'][0]['securityContext']['capabilities']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "securityContext": {"runAsUser": 0}}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['securityContext']['runAsUser']"),
-    ("kubernetes", overlay({"securityContext": {"runAsUser": 1000}}), {}, "app.roles[0].metadata['kubernetes']['securityContext']"),
-    ("kubernetes", overlay({"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}), {},
-     "app.roles[0].metadata['kubernetes']['spec']['volumes'][0]['hostPath']"),
-    ("kubernetes", overlay({"volumes": [{"name": "s", "secret": {"secretName": "admin-token"}}]}), {},
-     "app.roles[0].metadata['kubernetes']['volumes'][0]['secret']"),
-    ("kubernetes", overlay({"volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]}), {},
-     "app.roles[0].metadata['kubernetes']['volumes'][0]['nfs']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "envFrom": [{"secretRef": {"name": "db"}}]}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['envFrom']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['env'][0]['name']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "env": [
-        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "cloud-creds", "key": "k"}}}]}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['env'][0]['valueFrom']['secretKeyRef']"),
-    ("kubernetes", overlay({"containers": [{"name": "main", "ports": [{"containerPort": 22, "hostPort": 22}]}]}), {},
-     "app.roles[0].metadata['kubernetes']['containers'][0]['ports'][0]"),
-    ("kubernetes", overlay({"serviceAccountName": "cluster-admin"}), {}, "app.roles[0].metadata['kubernetes']['serviceAccountName']"),
+    (
+        "kubernetes",
+        overlay({"containers": [{"name": "main", "securityContext": {"privileged": True}}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['securityContext']['privileged']",
+    ),
+    (
+        "kubernetes",
+        overlay(
+            {
+                "initContainers": [
+                    {"name": "i", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": True}}
+                ]
+            }
+        ),
+        {},
+        "app.roles[0].metadata['kubernetes']['initContainers'][0]['securityContext']['allowPrivilegeEscalation']",
+    ),
+    (
+        "kubernetes",
+        overlay({"ephemeralContainers": [{"name": "e", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['ephemeralContainers'][0]['securityContext']['capabilities']",
+    ),
+    (
+        "kubernetes",
+        overlay({"containers": [{"name": "main", "securityContext": {"runAsUser": 0}}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['securityContext']['runAsUser']",
+    ),
+    (
+        "kubernetes",
+        overlay({"securityContext": {"runAsUser": 1000}}),
+        {},
+        "app.roles[0].metadata['kubernetes']['securityContext']",
+    ),
+    (
+        "kubernetes",
+        overlay({"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}),
+        {},
+        "app.roles[0].metadata['kubernetes']['spec']['volumes'][0]['hostPath']",
+    ),
+    (
+        "kubernetes",
+        overlay({"volumes": [{"name": "s", "secret": {"secretName": "admin-token"}}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['volumes'][0]['secret']",
+    ),
+    (
+        "kubernetes",
+        overlay({"volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['volumes'][0]['nfs']",
+    ),
+    (
+        "kubernetes",
+        overlay({"containers": [{"name": "main", "envFrom": [{"secretRef": {"name": "db"}}]}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['envFrom']",
+    ),
+    (
+        "kubernetes",
+        overlay({"containers": [{"name": "main", "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['env'][0]['name']",
+    ),
+    (
+        "kubernetes",
+        overlay(
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "cloud-creds", "key": "k"}}}],
+                    }
+                ]
+            }
+        ),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['env'][0]['valueFrom']['secretKeyRef']",
+    ),
+    (
+        "kubernetes",
+        overlay({"containers": [{"name": "main", "ports": [{"containerPort": 22, "hostPort": 22}]}]}),
+        {},
+        "app.roles[0].metadata['kubernetes']['containers'][0]['ports'][0]",
+    ),
+    (
+        "kubernetes",
+        overlay({"serviceAccountName": "cluster-admin"}),
+        {},
+        "app.roles[0].metadata['kubernetes']['serviceAccountName']",
+    ),
     ("kubernetes", overlay({"nodeName": "control-plane-0"}), {}, "app.roles[0].metadata['kubernetes']['nodeName']"),
-    ("kubernetes", overlay({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/main": "unconfined"}}}),
-     {"annotations": None}, "app.roles[0].metadata['kubernetes']['metadata']['annotations']"),
-    ("kubernetes", app(metadata={"torchstep": {"secret_env": {"AWS_KEY": "cloud-creds/key"}}}), {},
-     "app.roles[0].metadata['torchstep']['secret_env']['AWS_KEY']"),
+    (
+        "kubernetes",
+        overlay({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/main": "unconfined"}}}),
+        {"annotations": None},
+        "app.roles[0].metadata['kubernetes']['metadata']['annotations']",
+    ),
+    (
+        "kubernetes",
+        app(metadata={"torchstep": {"secret_env": {"AWS_KEY": "cloud-creds/key"}}}),
+        {},
+        "app.roles[0].metadata['torchstep']['secret_env']['AWS_KEY']",
+    ),
     ("kubernetes", app(), {"namespace": "kube-system"}, "cfg['namespace']"),
     ("kubernetes", app(), {"service_account": "admin"}, "cfg['service_account']"),
     ("kubernetes", app(), {"image_pull_secrets": "regcred"}, "cfg['image_pull_secrets']"),
@@ -88,7 +180,7 @@ STRANGER = [
     ("local", app(), {"checkpoint_dir": "/home/victim/ckpt"}, "cfg['checkpoint_dir']"),
     ("local", app(), {"gpus": "0;1;2;3"}, "cfg['gpus']"),
     ("local", app(), {"no_such_option": 1}, "cfg['no_such_option']"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("target", "a", "cfg", "field"), STRANGER, ids=[s[3] for s in STRANGER])
@@ -99,26 +191,56 @@ def test_default_refuses_what_a_stranger_sends_naming_the_field(target, a, cfg, 
 
 
 def test_a_plain_training_step_passes_the_default():
-    ok = app(replicas=2, env={"LOGLEVEL": "INFO", "OMP_NUM_THREADS": "4"},
-             mounts=[specs.VolumeMount(src="datasets", dst_path="/data", read_only=True)],
-             metadata={"torchstep": {"timeout": 3600}, "kubernetes": {
-                 "tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {"pool": "a100"},
-                 "volumes": [{"name": "cache", "emptyDir": {}}],
-                 "containers": [{"name": "main", "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
-                                 "securityContext": {"runAsUser": 1000, "allowPrivilegeEscalation": False,
-                                                     "capabilities": {"drop": ["ALL"]}}}]}})  # fmt: skip
+    ok = app(
+        replicas=2,
+        env={"LOGLEVEL": "INFO", "OMP_NUM_THREADS": "4"},
+        mounts=[specs.VolumeMount(src="datasets", dst_path="/data", read_only=True)],
+        metadata={
+            "torchstep": {"timeout": 3600},
+            "kubernetes": {
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                "nodeSelector": {"pool": "a100"},
+                "volumes": [{"name": "cache", "emptyDir": {}}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+                        "securityContext": {
+                            "runAsUser": 1000,
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }
+                ],
+            },
+        },
+    )
     DEFAULT.check(ok, "kubernetes", {"timeout": None, "active_deadline": 600, "queue": None})
-    DEFAULT.check(torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"]), "local",
-                  {"timeout": 60, "grace_period": "5", "inherit_env": False})  # fmt: skip
+    DEFAULT.check(
+        torchstep.materialize("dist.ddp", ["-j", "2x2", "--script", "train.py"]),
+        "local",
+        {"timeout": 60, "grace_period": "5", "inherit_env": False},
+    )
     assert DEFAULT.problems(ok, "kubernetes", {}) == []
 
 
 @pytest.mark.parametrize(
     ("src", "allowed"),
-    [("/data", True), ("/data/", True), ("/data/x/", True), ("//data/x", True), ("/data/./a/../b", True),
-     ("/data/../etc", False), ("/data2", False), ("/data2/x", False), ("/dat", False), ("/", False),
-     ("data/x", False), ("/data/x/../../etc/passwd", False)],
-)  # fmt: skip
+    [
+        ("/data", True),
+        ("/data/", True),
+        ("/data/x/", True),
+        ("//data/x", True),
+        ("/data/./a/../b", True),
+        ("/data/../etc", False),
+        ("/data2", False),
+        ("/data2/x", False),
+        ("/dat", False),
+        ("/", False),
+        ("data/x", False),
+        ("/data/x/../../etc/passwd", False),
+    ],
+)
 def test_host_paths_are_compared_normalised_and_whole(src, allowed):
     policy = Policy(bind_mounts=("/data/",), device_mounts=("/dev/nvidia0",))
     a = app(mounts=[specs.BindMount(src_path=src, dst_path="/d")])
@@ -150,12 +272,27 @@ def test_on_this_machine_a_symlink_under_an_allowed_prefix_does_not_lead_out(tmp
 
 @pytest.mark.parametrize(
     ("image", "allowed"),
-    [("ghcr.io/acme/train:1", True), ("ghcr.io/acme/team/x@sha256:" + "a" * 64, True), ("GHCR.io/acme/x", True),
-     ("python", True), ("python:3.11", True), ("docker.io/python:3.11", True), ("docker.io/library/python", True),
-     ("index.docker.io/library/python:3", True), ("ghcr.io/acmeevil/x", False), ("ghcr.io/acme/../evil/x", False),
-     ("ghcr.io/ACME/x", False), ("evil/python", False), ("pythonx", False), ("docker.io/evil/python", False),
-     ("ghcr.io.evil.com/acme/x", False), ("ghcr.io/acme", True), ("", False), ("localhost:5000/acme/x", False)],
-)  # fmt: skip
+    [
+        ("ghcr.io/acme/train:1", True),
+        ("ghcr.io/acme/team/x@sha256:" + "a" * 64, True),
+        ("GHCR.io/acme/x", True),
+        ("python", True),
+        ("python:3.11", True),
+        ("docker.io/python:3.11", True),
+        ("docker.io/library/python", True),
+        ("index.docker.io/library/python:3", True),
+        ("ghcr.io/acmeevil/x", False),
+        ("ghcr.io/acme/../evil/x", False),
+        ("ghcr.io/ACME/x", False),
+        ("evil/python", False),
+        ("pythonx", False),
+        ("docker.io/evil/python", False),
+        ("ghcr.io.evil.com/acme/x", False),
+        ("ghcr.io/acme", True),
+        ("", False),
+        ("localhost:5000/acme/x", False),
+    ],
+)
 def test_images_are_compared_as_the_runtime_resolves_them(image, allowed):
     policy = Policy(images=("ghcr.io/acme", "python"))
     assert (policy.problems(app(image=image), "kubernetes") == []) is allowed
@@ -176,8 +313,11 @@ def test_image_entries_pin_a_tag_or_cover_a_registry():
 
 def test_namespaces_service_accounts_and_secrets_are_names_or_patterns():
     policy = Policy(namespaces=("team-*",), service_accounts=("trainer",), secrets=("hf-token",))
-    policy.check(app(metadata={"torchstep": {"secret_env": {"HF_TOKEN": "hf-token/token"}}}), "kubernetes",
-                 {"namespace": "team-a", "service_account": "trainer", "image_pull_secrets": ["hf-token"]})  # fmt: skip
+    policy.check(
+        app(metadata={"torchstep": {"secret_env": {"HF_TOKEN": "hf-token/token"}}}),
+        "kubernetes",
+        {"namespace": "team-a", "service_account": "trainer", "image_pull_secrets": ["hf-token"]},
+    )
     assert refused(policy, app(), cfg={"namespace": "kube-system"}).field == "cfg['namespace']"
     assert refused(policy, app(), cfg={"service_account": "trainer2"}).field == "cfg['service_account']"
     assert "trainer" in refused(policy, overlay({"serviceAccountName": "default-admin"})).fix
@@ -202,8 +342,9 @@ def test_limits_per_role_count_every_way_of_asking():
         "app.roles[0].resource.memMB": app(resource=specs.Resource(cpu=1, gpu=0, memMB=8192)),
         "app.roles[0].metadata['kubernetes']['containers'][0]['resources']": app(
             resource=specs.Resource(cpu=1, gpu=0, memMB=1),
-            metadata={"kubernetes": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}}),
-    }  # fmt: skip
+            metadata={"kubernetes": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}},
+        ),
+    }
     for field, a in cases.items():
         assert refused(policy, a).field == field
 
@@ -239,9 +380,15 @@ def test_every_run_option_of_every_target_is_classified():
 def test_policy_errors_survive_pickling_and_bad_policies_say_what_is_wrong():
     err = pickle.loads(pickle.dumps(refused(DEFAULT, app(), cfg={"namespace": "kube-system"})))
     assert type(err) is PolicyError and err.field == "cfg['namespace']" and "kube-system" in str(err)
-    for kwargs, field in (({"overlay": "privileged"}, "overlay"), ({"gpu": -1}, "gpu"), ({"replicas": 1.5}, "replicas"),
-                          ({"images": "ghcr.io/acme"}, "images"), ({"bind_mounts": ("data",)}, "bind_mounts"),
-                          ({"options": ("namespace",)}, "options"), ({"targets": ("kfp",)}, "targets")):  # fmt: skip
+    for kwargs, field in (
+        ({"overlay": "privileged"}, "overlay"),
+        ({"gpu": -1}, "gpu"),
+        ({"replicas": 1.5}, "replicas"),
+        ({"images": "ghcr.io/acme"}, "images"),
+        ({"bind_mounts": ("data",)}, "bind_mounts"),
+        ({"options": ("namespace",)}, "options"),
+        ({"targets": ("kfp",)}, "targets"),
+    ):
         with pytest.raises(PolicyError) as e:
             Policy(**kwargs)
         assert e.value.field == field

@@ -20,8 +20,13 @@ STRICT = Policy(gpu=1, device_mounts=(), volume_mounts=("datasets",))
 def app(*, replicas=1, resource=None, **role_kw) -> specs.AppDef:
     role_kw.setdefault("entrypoint", "python")
     role_kw.setdefault("args", ["-m", "train"])
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", num_replicas=replicas,
-                      resource=resource or specs.Resource(cpu=2, gpu=0, memMB=1024), **role_kw)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        num_replicas=replicas,
+        resource=resource or specs.Resource(cpu=2, gpu=0, memMB=1024),
+        **role_kw,
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -44,8 +49,10 @@ OV = "app.roles[0].metadata['kubernetes']"
 
 
 # -- extended resources: an allow-list, and every GPU by any name counts --------------------
-@pytest.mark.parametrize("name, count", [("nvidia.com/mig-3g.40gb", 7), ("nvidia.com/gpu.shared", 8),
-                                         ("squat.ai/kvm", 1), ("smarter-devices/fuse", 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, count",
+    [("nvidia.com/mig-3g.40gb", 7), ("nvidia.com/gpu.shared", 8), ("squat.ai/kvm", 1), ("smarter-devices/fuse", 1)],
+)
 def test_extended_resources_that_are_gpus_or_devices_under_other_names_are_refused(name, count):
     a = app(resource=specs.Resource(cpu=1, gpu=0, memMB=256, devices={name: count}))
     for policy in (STRICT, DEFAULT):
@@ -63,8 +70,9 @@ def test_a_gpu_limit_counts_every_resource_the_policy_knows_to_be_a_gpu():
     a = app(resource=specs.Resource(cpu=1, gpu=0, memMB=256, devices={"nvidia.com/mig-3g.40gb": 7}))
     err = refused(mig, a)
     assert err.field == "app.roles[0].resource.gpu" and "7 GPU(s)" in err.problem
-    mig.check(app(resource=specs.Resource(cpu=1, gpu=0, memMB=256, devices={"nvidia.com/mig-1g.10gb": 1})),
-              "kubernetes", {})  # fmt: skip
+    mig.check(
+        app(resource=specs.Resource(cpu=1, gpu=0, memMB=256, devices={"nvidia.com/mig-1g.10gb": 1})), "kubernetes", {}
+    )
     # a deployment names its own accelerators
     Policy(extended_resources=("acme.com/npu",)).check(
         app(resource=specs.Resource(cpu=1, gpu=0, memMB=256, devices={"acme.com/npu": 4})), "kubernetes", {}
@@ -156,8 +164,9 @@ def test_pod_fields_go_through_an_allow_list():
     Policy(pod_fields=("runtimeClassName",)).check(overlay({"runtimeClassName": "gvisor"}), "kubernetes", {})
     # listing a field torchstep checks itself does not lift its check
     assert refused(Policy(pod_fields=("hostPID", "terminationGracePeriodSeconds")), overlay({"hostPID": True}))
-    assert refused(Policy(pod_fields=("terminationGracePeriodSeconds",)),
-                   overlay({"terminationGracePeriodSeconds": 2147483647}))  # fmt: skip
+    assert refused(
+        Policy(pod_fields=("terminationGracePeriodSeconds",)), overlay({"terminationGracePeriodSeconds": 2147483647})
+    )
 
 
 def test_probes_and_hooks_reach_the_pod_only_not_what_the_node_reaches():
@@ -166,8 +175,14 @@ def test_probes_and_hooks_reach_the_pod_only_not_what_the_node_reaches():
     assert err.field == f"{OV}['containers'][0]['livenessProbe']['httpGet']['host']"
     hook = {"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 6443}}}
     assert refused(DEFAULT, main(lifecycle=hook)).field.endswith("['lifecycle']['preStop']['tcpSocket']['host']")
-    DEFAULT.check(main(readinessProbe={"httpGet": {"path": "/healthz", "port": 8080}},
-                       lifecycle={"preStop": {"sleep": {"seconds": 5}}}), "kubernetes", {})  # fmt: skip
+    DEFAULT.check(
+        main(
+            readinessProbe={"httpGet": {"path": "/healthz", "port": 8080}},
+            lifecycle={"preStop": {"sleep": {"seconds": 5}}},
+        ),
+        "kubernetes",
+        {},
+    )
 
 
 # -- node-local profiles ---------------------------------------------------------------------
@@ -201,13 +216,36 @@ def test_a_device_mount_is_refused_on_kubernetes_as_privileged_is_and_the_render
 
 # -- the env denial ----------------------------------------------------------------------------
 LOADERS = [
-    "PYTHONWARNINGS", "PYTHONBREAKPOINT", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN",
-    "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "SHELLOPTS", "PS4", "PYTHONINSPECT", "BASH_ENV", "ENV",
-    "PYTHONSTARTUP", "PYTHONUSERBASE", "LD_AUDIT", "GCONV_PATH", "NCCL_CONF_FILE", "CUDA_INJECTION64_PATH",
-    "OMPI_MCA_mca_base_component_path", "TRITON_CACHE_DIR", "TRITON_LIBCUDA_PATH", "PET_RDZV_ENDPOINT",
-    "TORCHELASTIC_ERROR_FILE", "TORCHSTEP_RESULT_FILE", "NVIDIA_VISIBLE_DEVICES", "OPENSSL_CONF",
-    "BASH_FUNC_ls%%", "PYTHONPYCACHEPREFIX", "FI_PROVIDER_PATH",
-]  # fmt: skip
+    "PYTHONWARNINGS",
+    "PYTHONBREAKPOINT",
+    "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_PROFILER_PLUGIN",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TORCH_EXTENSIONS_DIR",
+    "SHELLOPTS",
+    "PS4",
+    "PYTHONINSPECT",
+    "BASH_ENV",
+    "ENV",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "LD_AUDIT",
+    "GCONV_PATH",
+    "NCCL_CONF_FILE",
+    "CUDA_INJECTION64_PATH",
+    "OMPI_MCA_mca_base_component_path",
+    "TRITON_CACHE_DIR",
+    "TRITON_LIBCUDA_PATH",
+    "PET_RDZV_ENDPOINT",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHSTEP_RESULT_FILE",
+    "NVIDIA_VISIBLE_DEVICES",
+    "OPENSSL_CONF",
+    "BASH_FUNC_ls%%",
+    "PYTHONPYCACHEPREFIX",
+    "FI_PROVIDER_PATH",
+]
 
 
 @pytest.mark.parametrize("name", LOADERS)
@@ -219,10 +257,20 @@ def test_variables_that_load_code_or_redirect_the_agent_are_denied_wherever_env_
 
 
 def test_ordinary_training_variables_still_pass():
-    ok = {"LOGLEVEL": "INFO", "OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0",
-          "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1",
-          "TORCHX_TRACKING_EXPERIMENT_NAME": "x", "NVIDIA_TF32_OVERRIDE": "0", "GIT_COMMIT": "abc",
-          "CUDA_LAUNCH_BLOCKING": "1", "TORCHSTEP_TEST_MARK": "m"}  # fmt: skip
+    ok = {
+        "LOGLEVEL": "INFO",
+        "OMP_NUM_THREADS": "4",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCHX_TRACKING_EXPERIMENT_NAME": "x",
+        "NVIDIA_TF32_OVERRIDE": "0",
+        "GIT_COMMIT": "abc",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "TORCHSTEP_TEST_MARK": "m",
+    }
     assert STRICT.problems(app(env=ok), "local") == []
 
 
@@ -246,8 +294,9 @@ def test_too_many_roles_are_refused_before_any_role_is_looked_at():
     problems = DEFAULT.problems(specs.AppDef("wide", roles=roles), "local")
     assert [(e.field, "10000 roles" in e.problem) for e in problems] == [("app.roles", True)]
     # in all, processes count across roles: 5 roles of 16 are 80 > 64
-    five = specs.AppDef("five", roles=[specs.Role(f"r{i}", image="x", entrypoint="sh", num_replicas=16)
-                                       for i in range(5)])  # fmt: skip
+    five = specs.AppDef(
+        "five", roles=[specs.Role(f"r{i}", image="x", entrypoint="sh", num_replicas=16) for i in range(5)]
+    )
     assert [e.field for e in DEFAULT.problems(five, "local")] == ["app.roles"]
 
 
@@ -270,8 +319,9 @@ def test_a_network_request_is_checked_by_size_then_policy_before_it_is_planned(m
     monkeypatch.setattr(planner, "build_plan", lambda a, t: planned.append(t) or real(a, t))
     wide = specs.AppDef("wide", roles=[specs.Role(f"r{i}", image="x", entrypoint="sh") for i in range(2000)])
     with pytest.raises(PolicyError, match=r"^app\.roles \(target 'local'\): 2000 roles"):
-        step_received({"app": app_to_dict(wide), "target": "local"}, field="conf", what="the DAG run",
-                      scheduler="airflow")  # fmt: skip
+        step_received(
+            {"app": app_to_dict(wide), "target": "local"}, field="conf", what="the DAG run", scheduler="airflow"
+        )
     assert planned == []  # refused before any planning
     # too large as sent: refused before it is even parsed
     parsed = []
@@ -299,14 +349,26 @@ def test_a_network_request_the_policy_allows_is_still_planned():
 # -- the policy file -----------------------------------------------------------------------------
 def test_the_new_fields_load_from_a_policy_file_and_bad_values_name_the_field(tmp_path):
     path = tmp_path / "policy.toml"
-    path.write_text('extended_resources = ["nvidia.com/mig-*"]\ntoken_audiences = ["vault"]\n'
-                    'roles = 2\nprocesses = 8\ngrace_period = 30.5\nconf_bytes = 1000000\n')  # fmt: skip
+    path.write_text(
+        'extended_resources = ["nvidia.com/mig-*"]\ntoken_audiences = ["vault"]\n'
+        "roles = 2\nprocesses = 8\ngrace_period = 30.5\nconf_bytes = 1000000\n"
+    )
     p = load(path)
     assert (p.extended_resources, p.token_audiences, p.roles, p.processes, p.grace_period) == (
-        ("nvidia.com/mig-*",), ("vault",), 2, 8, 30.5)  # fmt: skip
+        ("nvidia.com/mig-*",),
+        ("vault",),
+        2,
+        8,
+        30.5,
+    )
     assert p.pod_fields == DEFAULT.pod_fields  # a field not in the file keeps its default
-    for kwargs, field in (({"roles": -1}, "roles"), ({"nproc": 2.5}, "nproc"), ({"grace_period": "long"}, "grace_period"),
-                          ({"pod_fields": "tolerations"}, "pod_fields"), ({"token_audiences": [""]}, "token_audiences")):  # fmt: skip
+    for kwargs, field in (
+        ({"roles": -1}, "roles"),
+        ({"nproc": 2.5}, "nproc"),
+        ({"grace_period": "long"}, "grace_period"),
+        ({"pod_fields": "tolerations"}, "pod_fields"),
+        ({"token_audiences": [""]}, "token_audiences"),
+    ):
         with pytest.raises(PolicyError) as e:
             Policy(**kwargs)
         assert e.value.field == field

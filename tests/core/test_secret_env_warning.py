@@ -18,17 +18,34 @@ VALUE = "hf_live_value_0123456789"
 
 
 def app(env: dict[str, str], **md) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"], env=env,
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=512), metadata=md)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        env=env,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+        metadata=md,
+    )
     return specs.AppDef(f"app-{uuid.uuid4().hex[:6]}", roles=[role])  # a step of its own: warned once
 
 
 @pytest.mark.parametrize(
     ("name", "secret"),
-    [("HF_TOKEN", True), ("hf_token", True), ("GITHUB_TOKEN_RO", True), ("AWS_SECRET_ACCESS_KEY", True),
-     ("DB_PASSWORD", True), ("WANDB_API_KEY", True), ("KEY", False), ("MONKEY", False), ("LOGLEVEL", False),
-     ("TOKENIZERS_PARALLELISM", False), ("PATH", False)],
-)  # fmt: skip
+    [
+        ("HF_TOKEN", True),
+        ("hf_token", True),
+        ("GITHUB_TOKEN_RO", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("WANDB_API_KEY", True),
+        ("KEY", False),
+        ("MONKEY", False),
+        ("LOGLEVEL", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("PATH", False),
+    ],
+)
 def test_which_names_look_like_secrets(name, secret):
     assert looks_like_secret(name) is secret
 
@@ -62,8 +79,21 @@ def test_rendering_warns_once_per_step():
 
 def test_the_cli_explain_prints_it():
     def explain(*env: str) -> str:
-        argv = [sys.executable, "-m", "torchstep.cli", "explain", "dist.ddp", "--target", "kubernetes", "--", *env,
-                "-j", "1x1", "--script", "train.py"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "torchstep.cli",
+            "explain",
+            "dist.ddp",
+            "--target",
+            "kubernetes",
+            "--",
+            *env,
+            "-j",
+            "1x1",
+            "--script",
+            "train.py",
+        ]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return out.stdout

@@ -72,8 +72,16 @@ def plant(state_root: Path, url: str, *, owner: int | None = OTHER, mode: int = 
     directory = state_root / "torchx" / "airflow"
     directory.mkdir(parents=True, exist_ok=True)
     record = directory / f"{APP_ID}.json"
-    record.write_text(json.dumps({"endpoint": url, "dag_id": "torchstep-torchx", "dag_run_id": "planted-1",
-                                  "api": {"token_env": "VICTIM_TOKEN"}}))  # fmt: skip
+    record.write_text(
+        json.dumps(
+            {
+                "endpoint": url,
+                "dag_id": "torchstep-torchx",
+                "dag_run_id": "planted-1",
+                "api": {"token_env": "VICTIM_TOKEN"},
+            }
+        )
+    )
     record.chmod(mode)
     if owner is not None:
         for p in (state_root, state_root / "torchx", directory, record):
@@ -154,8 +162,11 @@ def test_a_state_directory_others_can_write_is_refused_on_every_use(tmp_path: Pa
     records.save("airflow", "mine-1", {"endpoint": "http://127.0.0.1:1"}, root=root)
     loose = {"state root": root, "torchx": root / "torchx", "backend": root / "torchx" / "airflow"}[which]
     loose.chmod(mode)
-    for call in (lambda: records.load("airflow", "mine-1", root=root), lambda: records.app_ids("airflow", root=root),
-                 lambda: records.save("airflow", "mine-2", {}, root=root)):  # fmt: skip
+    for call in (
+        lambda: records.load("airflow", "mine-1", root=root),
+        lambda: records.app_ids("airflow", root=root),
+        lambda: records.save("airflow", "mine-2", {}, root=root),
+    ):
         with pytest.raises(UnsafePathError) as err:
             call()
         assert err.value.path == str(loose) and "writable by" in str(err.value)
@@ -236,8 +247,7 @@ def test_every_schedulers_credential_option_is_checked_again_in_its_record() -> 
     from torchstep.schedulers.rules import CREDENTIAL_VARS
 
     tables = {}
-    for module in ("torchstep.schedulers.airflow", "torchstep.schedulers.prefect",
-                   "torchstep_kfp.torchx_scheduler"):  # fmt: skip
+    for module in ("torchstep.schedulers.airflow", "torchstep.schedulers.prefect", "torchstep_kfp.torchx_scheduler"):
         try:
             tables[module] = importlib.import_module(module).OPTIONS
         except ImportError:  # an adapter not installed (isolated installs)

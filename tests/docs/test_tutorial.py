@@ -72,8 +72,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "components", clone / "components")  # section 6 runs the clone's own components
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_", "VIRTUAL_ENV"))}
     env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "TMPDIR": str(tmp_path)})
-    proc = subprocess.run(["bash", "-c", script(TUTORIAL.read_text())], cwd=clone, env=env, capture_output=True,
-                          text=True, timeout=840)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", script(TUTORIAL.read_text())], cwd=clone, env=env, capture_output=True, text=True, timeout=840
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     blocks = {}
@@ -92,8 +93,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert re.search(r"roles\[0\]\.image\s+\| \.\s+\| WARNING", checks), checks[:4000]
     assert re.search(r"torchstep: hello-\S+ SUCCEEDED", checks), checks[-3000:]
 
-    airflow = by_command['export AIRFLOW_HOME="$PWD/airflow-home" AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" '
-                         "AIRFLOW__CORE__LOAD_EXAMPLES=False"]  # fmt: skip
+    airflow = by_command[
+        'export AIRFLOW_HOME="$PWD/airflow-home" AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" '
+        "AIRFLOW__CORE__LOAD_EXAMPLES=False"
+    ]
     for wrong in ("Detected recursive loop", "Failed to import", "ImportError"):
         assert wrong not in out, f"{wrong!r}:\n{out[-6000:]}"
     assert re.search(r"DagRun Finished: dag_id=hello, .*state=success", airflow), airflow[-4000:]

@@ -28,8 +28,9 @@ def test_torchx_run_local_cwd_runs_the_components(tmp_path: Path) -> None:
     torchx = str(Path(sys.executable).with_name("torchx"))
 
     def run(*argv: str) -> str:
-        proc = subprocess.run([torchx, "run", "-s", "local_cwd", *argv], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            [torchx, "run", "-s", "local_cwd", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stdout + proc.stderr
         return proc.stdout + proc.stderr
 
@@ -58,8 +59,16 @@ def test_a_rank_killed_mid_epoch_costs_one_restart_and_training_resumes_from_its
     data = str(tmp_path / "data")
     prepared = run("prepare", out=data)
     assert prepared.succeeded and prepared.outputs["dataset"]["classes"] == 4
-    trained = run("train", data=data, ckpt=str(tmp_path / "ckpt"), nnodes="2", nproc_per_node=2, epochs=4,
-                  kill_rank=1, kill_at_epoch=1)  # fmt: skip
+    trained = run(
+        "train",
+        data=data,
+        ckpt=str(tmp_path / "ckpt"),
+        nnodes="2",
+        nproc_per_node=2,
+        epochs=4,
+        kill_rank=1,
+        kill_at_epoch=1,
+    )
     assert trained.succeeded, torchstep.steps.failure_summary(trained)
     history = trained.outputs["history"]
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]  # every epoch once: the counter continued

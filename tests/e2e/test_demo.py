@@ -26,8 +26,14 @@ MAX_SILENCE_S = 15.0
 def run_demo(state: Path) -> tuple[int, list[tuple[float, str]], str]:
     """The quick demo with its output piped (not a terminal): every line with its arrival time."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PREFECT_"))}
-    proc = subprocess.Popen([sys.executable, "dags/demo.py", "--quick", "--state", str(state)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "dags/demo.py", "--quick", "--state", str(state)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stderr: list[str] = []
     reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
     reader.start()

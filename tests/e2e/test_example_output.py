@@ -24,8 +24,14 @@ def user_env(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_prefect_example_runs_quietly_on_its_temporary_server(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "dags/prefect/train_flow.py"], cwd=ROOT, env=user_env(tmp_path),
-                          capture_output=True, text=True, timeout=540)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "dags/prefect/train_flow.py"],
+        cwd=ROOT,
+        env=user_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "Starting temporary server" in out and "SUCCEEDED, loss" in out

@@ -19,10 +19,15 @@ from torchstep_kfp import apply_plan  # noqa: E402
 def app(**role_kw: Any) -> specs.AppDef:
     metadata = role_kw.pop("metadata", {})
     role = specs.Role(
-        "trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
         resource=role_kw.pop("resource", specs.Resource(cpu=2, gpu=1, memMB=4096)),
-        env={"LR": "0.1", "SHELLY": "$(touch x); `y` {{ ds }}"}, metadata=metadata, **role_kw,
-    )  # fmt: skip
+        env={"LR": "0.1", "SHELLY": "$(touch x); `y` {{ ds }}"},
+        metadata=metadata,
+        **role_kw,
+    )
     return specs.AppDef("train", roles=[role], metadata={"torchstep.timeout": "3600"})
 
 
@@ -43,11 +48,18 @@ def compile_with(tmp_path: Path, the_app: Any, **kw: Any) -> list[dict[str, Any]
 
 def test_every_plan_field_is_compiled_natively(tmp_path: Path) -> None:
     the_app = app(
-        max_retries=3, retry_policy=specs.RetryPolicy.APPLICATION,
+        max_retries=3,
+        retry_policy=specs.RetryPolicy.APPLICATION,
         mounts=[specs.VolumeMount(src="datasets", dst_path="/data")],
-        metadata={"torchstep": {"retry_delay": 30, "retry_backoff": 2, "max_retry_delay": 300,
-                                "secret_env": {"HF_TOKEN": "hf-secret/token"}}},
-    )  # fmt: skip
+        metadata={
+            "torchstep": {
+                "retry_delay": 30,
+                "retry_backoff": 2,
+                "max_retry_delay": 300,
+                "secret_env": {"HF_TOKEN": "hf-secret/token"},
+            }
+        },
+    )
     the_app.roles[0].resource = specs.Resource(
         cpu=2, gpu=1, memMB=4096, capabilities={"node.kubernetes.io/instance-type": "p4d.24xlarge"}
     )
@@ -57,8 +69,11 @@ def test_every_plan_field_is_compiled_natively(tmp_path: Path) -> None:
     assert task["taskInfo"]["name"] == "train"
     assert task["cachingOptions"] == {}  # caching off: training has side effects
     assert task["retryPolicy"] == {
-        "maxRetryCount": 3, "backoffDuration": "30s", "backoffFactor": 2.0, "backoffMaxDuration": "300s"
-    }  # fmt: skip
+        "maxRetryCount": 3,
+        "backoffDuration": "30s",
+        "backoffFactor": 2.0,
+        "backoffMaxDuration": "300s",
+    }
     (executor,) = spec["deploymentSpec"]["executors"].values()
     container = executor["container"]
     res = container["resources"]
@@ -115,8 +130,11 @@ def test_the_container_check_made_once_gives_the_ir_kfps_own_checks_give(tmp_pat
 
     from torchstep_kfp import tasks
 
-    the_app = app(max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION,
-                  mounts=[specs.VolumeMount(src="datasets", dst_path="/data")])  # fmt: skip
+    the_app = app(
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        mounts=[specs.VolumeMount(src="datasets", dst_path="/data")],
+    )
     fast = compile_with(tmp_path, the_app)
     monkeypatch.setattr(tasks, "_container_checked", lambda task: contextlib.nullcontext())
     plain = compile_with(tmp_path, the_app)

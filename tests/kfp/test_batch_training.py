@@ -23,16 +23,23 @@ EXAMPLE = ROOT / "dags" / "kfp" / "batch_training.py"
 def test_the_batch_pipeline_compiles_with_metrics_and_model_artifacts(tmp_path: Path) -> None:
     out = tmp_path / "batch.yaml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--compile", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--compile", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     import yaml
 
     spec = next(yaml.safe_load_all(out.read_text()))
     artifacts = spec["components"]["comp-train"]["outputDefinitions"]["artifacts"]
     assert {k: v["artifactType"]["schemaTitle"] for k, v in artifacts.items()} == {
-        "metrics": "system.Metrics", "model_artifact": "system.Model",
-    }  # fmt: skip
+        "metrics": "system.Metrics",
+        "model_artifact": "system.Model",
+    }
     assert set(spec["root"]["dag"]["tasks"]) == {"prepare", "train", "evaluate"}
 
 
@@ -46,8 +53,9 @@ def test_faults_are_survived_under_kfp_local(tmp_path: Path, monkeypatch: pytest
         spec = importlib.util.spec_from_file_location("kfp_batch_training", EXAMPLE)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)  # defined after local.init: the lightweight form
-        run = module.batch_training(workdir=str(tmp_path / "work"), samples=800, epochs=3, kill_rank=1,
-                                    kill_at_epoch=1, fail_once=True)  # fmt: skip
+        run = module.batch_training(
+            workdir=str(tmp_path / "work"), samples=800, epochs=3, kill_rank=1, kill_at_epoch=1, fail_once=True
+        )
     finally:
         local.config.LocalExecutionConfig.instance = None
     out = capfd.readouterr().out

@@ -27,9 +27,13 @@ def test_the_checkpoint_dir_in_the_step_cfg_reaches_the_ranks_and_training_resum
     ckpt = kfp_local / "ckpt {{$.inputs.parameters['x']}} $(id)"  # data, not a placeholder or shell text
     ckpt.mkdir(mode=0o700)
     (ckpt / "epoch-004").write_text("4")  # what an earlier try saved before its launcher died
-    role = specs.Role("trainer", image="python:3.11", entrypoint="python",
-                      args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
-                      metadata={"torchstep": {"nproc_per_node": 2}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="python:3.11",
+        entrypoint="python",
+        args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
+        metadata={"torchstep": {"nproc_per_node": 2}},
+    )
     train = component_from_app(specs.AppDef("resume", roles=[role]), cfg={"checkpoint_dir": str(ckpt)})
 
     @dsl.pipeline

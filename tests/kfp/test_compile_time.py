@@ -53,8 +53,10 @@ def test_each_call_is_planned_with_its_compile_time_constants(tmp_path: Path) ->
     assert [(m["constant"], m["mountPath"]) for m in executors[with_pvc]["pvcMount"]] == [("ckpt", "/ckpt")]
     assert "pvcMount" not in executors.get(without, {})
     tasks = spec["root"]["dag"]["tasks"]
-    carried = {t: json.loads(tasks[t]["inputs"]["parameters"][entry.COMPILED_INPUT]["runtimeValue"]["constant"])
-               for t in ("ckpt", "ckpt-2")}  # fmt: skip
+    carried = {
+        t: json.loads(tasks[t]["inputs"]["parameters"][entry.COMPILED_INPUT]["runtimeValue"]["constant"])
+        for t in ("ckpt", "ckpt-2")
+    }
     assert carried["ckpt"]["fixed"]["roles[0].mounts"] == ["volume ckpt -> /ckpt"]
     assert carried["ckpt"]["planned_with"]["tag"] == "withpvc" and carried["ckpt"]["planned_with"]["lr"] == 0.1
     assert "roles[0].mounts" not in carried["ckpt-2"]["fixed"]  # no mount (an unset field is left out)
@@ -126,9 +128,13 @@ def argv(tmp_path: Path, op: Any, compiled_with: Any, **inputs: Any) -> list[str
     given = {"torchstep_job_id": "job-1"}
     if compiled_with is not None:
         given[entry.COMPILED_INPUT] = json.dumps(compiled_with)
-    executor_input = {"inputs": {"parameterValues": given},
-                      "outputs": {"parameters": {"result": {"outputFile": str(tmp_path / "result")}},
-                                  "outputFile": str(tmp_path / "executor_output.json")}}  # fmt: skip
+    executor_input = {
+        "inputs": {"parameterValues": given},
+        "outputs": {
+            "parameters": {"result": {"outputFile": str(tmp_path / "result")}},
+            "outputFile": str(tmp_path / "executor_output.json"),
+        },
+    }
     out = ["--spec", args[args.index("--spec") + 1], "--executor_input", json.dumps(executor_input)]
     for name, value in inputs.items():
         out += ["--in", name, value if isinstance(value, str) else json.dumps(value)]
@@ -146,7 +152,9 @@ def test_the_entry_point_names_each_changed_field_and_the_input_that_changed_it(
     err = capsys.readouterr().err
     assert "roles[0].mounts" in err and "tag='withpvc' (compiled with 'nopvc')" in err and "lr=" not in err
     # the task compiled with the constant: the same run-time values are what it was made for
-    with_pvc = {"fixed": entry.fixed_of(op.plan_of_call({"tag": "withpvc"})[0], op.spec),
-                "planned_with": {**defaults, "tag": "withpvc"}}  # fmt: skip
+    with_pvc = {
+        "fixed": entry.fixed_of(op.plan_of_call({"tag": "withpvc"})[0], op.spec),
+        "planned_with": {**defaults, "tag": "withpvc"},
+    }
     assert entry.main(argv(tmp_path, op, with_pvc, tag="withpvc", marker=str(tmp_path / "m"))) == 0
     assert (tmp_path / "m").read_text() == "0.1\n"

@@ -104,22 +104,36 @@ def test_the_executor_runs_the_entry_point_with_every_input_as_a_placeholder(tmp
 def test_retries_env_secrets_pvcs_and_the_overlay_are_compiled_natively(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "s3cr3t-value-never-in-yaml")
     role = specs.Role(
-        "trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
         resource=specs.Resource(cpu=4, gpu=2, memMB=8192, capabilities={"node.kubernetes.io/instance-type": "g5"}),
-        env={"LOG_LEVEL": "info"}, max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION,
+        env={"LOG_LEVEL": "info"},
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.APPLICATION,
         mounts=[specs.VolumeMount(src="datasets", dst_path="/data")],
         metadata={
             "torchstep": {"retry_delay": 30, "retry_backoff": 2, "secret_env": {"HF_TOKEN": "hf-secret/token"}},
             "kubernetes": {
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                 "imagePullSecrets": [{"name": "regcred"}],
-                "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
-                            {"name": "creds", "secret": {"secretName": "gcs-creds"}}],
-                "containers": [{"name": "main", "volumeMounts": [{"name": "cache", "mountPath": "/cache"},
-                                                                 {"name": "creds", "mountPath": "/creds"}]}],
+                "volumes": [
+                    {"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
+                    {"name": "creds", "secret": {"secretName": "gcs-creds"}},
+                ],
+                "containers": [
+                    {
+                        "name": "main",
+                        "volumeMounts": [
+                            {"name": "cache", "mountPath": "/cache"},
+                            {"name": "creds", "mountPath": "/creds"},
+                        ],
+                    }
+                ],
             },
         },
-    )  # fmt: skip
+    )
     op = component_from_app(specs.AppDef("train", roles=[role], metadata={"torchstep.timeout": "7200"}))
 
     @dsl.pipeline(name="p")
@@ -223,10 +237,12 @@ def test_a_multi_node_app_compiles_to_a_launcher_step(tmp_path: Path) -> None:
         (lambda: component_from_app(_app(mounts=[specs.BindMount("/data", "/data")])), "roles[0].mounts[0]"),
         (lambda: component_from_app(_app(mounts=[specs.DeviceMount("/dev/fuse", "/dev/fuse")])), "roles[0].mounts[0]"),
         (lambda: component_from_app(_app(port_map={"tb": 6006})), "roles[0].port_map"),
-        (lambda: component_from_app(_app(metadata={"kubernetes": {"hostNetwork": True}})),
-         "roles[0].metadata['kubernetes']['hostNetwork']"),
+        (
+            lambda: component_from_app(_app(metadata={"kubernetes": {"hostNetwork": True}})),
+            "roles[0].metadata['kubernetes']['hostNetwork']",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_kfp_cannot_express_is_a_spec_error_naming_the_field(build: Any, field: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as e:
         op = build()
@@ -266,8 +282,11 @@ def test_kfp_dsl_compile_compiles_the_example_pipeline(tmp_path: Path) -> None:
     out = tmp_path / "train.yaml"
     proc = subprocess.run(
         [str(kfp_cli), "dsl", "compile", "--py", "dags/kfp/train_pipeline.py", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert proc.returncode == 0, proc.stderr
     spec, _ = yaml.safe_load_all(out.read_text())
     assert set(spec["root"]["dag"]["tasks"]) == {"prepare", "trainer", "evaluate"}

@@ -166,17 +166,24 @@ def test_a_bad_invocation_names_the_argument(tmp_path: Path, capsys: pytest.Capt
 
 # -- a real launcher process SIGKILLed and retried, against tests/kubehttp.py --------------------------
 def launcher(args: list[str], server, pod: str, out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "TORCHSTEP_NAMESPACE": "ml",
-           "TORCHSTEP_POD_NAME": pod, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(server.kubeconfig),
+        "TORCHSTEP_NAMESPACE": "ml",
+        "TORCHSTEP_POD_NAME": pod,
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.Popen([sys.executable, "-m", "torchstep_kfp.entry", *args], env=env,
-                            stdout=open(out, "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchstep_kfp.entry", *args], env=env, stdout=open(out, "wb"), stderr=subprocess.STDOUT
+    )
 
 
 def test_a_sigkilled_launcher_pod_retried_by_kfp_attaches_to_its_jobs(tmp_path: Path) -> None:
     ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.5}).summary()
-    server = start_server(tmp_path / "api", Scenario(replicas=2, run_s=6, lines=30, line_interval_s=0.15,
-                                                     messages=[ok, ok]))  # fmt: skip
+    server = start_server(
+        tmp_path / "api", Scenario(replicas=2, run_s=6, lines=30, line_interval_s=0.15, messages=[ok, ok])
+    )
     try:
         args = with_task_id(argv(tmp_path, replicas=2), "task-uuid-9")
         first = launcher(args, server, "pipeline-abc-launcher-1", tmp_path / "first.log")

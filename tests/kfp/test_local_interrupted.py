@@ -54,8 +54,12 @@ def test_a_stopped_kfp_local_pipeline_cancels_its_step_and_leaves_nothing_runnin
     driver.write_text(DRIVER)
     mark, token = uuid.uuid4().hex, f"TORCHSTEP_KFP_INTERRUPTED={uuid.uuid4().hex}"
     log_dir = tmp_path / "logs"
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), TMPDIR=str(tmp_path),
-               TORCHSTEP_KFP_INTERRUPTED=token.split("=", 1)[1])  # fmt: skip
+    env = dict(
+        os.environ,
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        TMPDIR=str(tmp_path),
+        TORCHSTEP_KFP_INTERRUPTED=token.split("=", 1)[1],
+    )
     argv = [sys.executable, str(driver), str(tmp_path / "root"), SLEEPER, mark, str(log_dir), str(GRACE_S)]
     with open(tmp_path / "console.txt", "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -204,8 +204,12 @@ def test_the_example_pipeline_trains_with_two_ddp_processes_and_evaluates(tmp_pa
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(
         [sys.executable, "dags/kfp/run_local.py", "--steps", "20", "--pipeline-root", str(root)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("pipeline output:")]
     assert "loss" in line and "model.pt" in line
@@ -263,10 +267,25 @@ def test_the_docker_form_spends_the_retry_budget_in_the_step(tmp_path: Path, mon
     spec = args[args.index("--spec") + 1]
     marker = tmp_path / "attempts"
     out = tmp_path / "out"
-    executor_input = {"outputs": {"parameters": {"result": {"outputFile": str(out / "result")}},
-                                  "outputFile": str(out / "executor_output.json")}}  # fmt: skip
-    argv = ["--spec", spec, "--executor_input", _json.dumps(executor_input), "--in", "marker", str(marker),
-            "--in", "fail_times", "1", "--kfp-local"]  # fmt: skip
+    executor_input = {
+        "outputs": {
+            "parameters": {"result": {"outputFile": str(out / "result")}},
+            "outputFile": str(out / "executor_output.json"),
+        }
+    }
+    argv = [
+        "--spec",
+        spec,
+        "--executor_input",
+        _json.dumps(executor_input),
+        "--in",
+        "marker",
+        str(marker),
+        "--in",
+        "fail_times",
+        "1",
+        "--kfp-local",
+    ]
     assert entry.main(argv) == 0
     assert marker.read_text().count("attempt") == 2
     assert _json.loads((out / "result").read_text())["outputs"] == {"attempts": 2}

@@ -16,8 +16,14 @@ ECHO = f"{Path(__file__).resolve().parents[1] / 'apps' / 'steps.py'}:echo"
 
 
 def app(replicas: int = 1, name: str = "train") -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, resource=specs.Resource(cpu=1, gpu=0, memMB=512))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+    )
     return specs.AppDef(name, roles=[role])
 
 
@@ -35,9 +41,14 @@ def test_run_options_are_checked_for_the_steps_own_target(target, cfg, field):
     refused(field, lambda: component_from_app(app(replicas=1 if target == "local" else 2), cfg=cfg))
 
 
-@pytest.mark.parametrize("make", [lambda: component_from_app(app(), caching="false"),
-                                  lambda: component_from_fn(ECHO, caching="false"),
-                                  lambda: component_from_app(app(), caching=1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: component_from_app(app(), caching="false"),
+        lambda: component_from_fn(ECHO, caching="false"),
+        lambda: component_from_app(app(), caching=1),
+    ],
+)
 def test_caching_takes_only_a_bool(make):
     # "false" is truthy: it used to turn caching ON for a training step
     assert "True or False" in str(refused("caching", make))

@@ -19,9 +19,13 @@ CKPT = f"{Path(__file__).resolve().parents[1] / 'apps' / 'steps.py'}:ckpt"
 def argv(tmp_path: Path, op: Any, **inputs: Any) -> list[str]:
     """The container's argv for these input values (what KFP's launcher passes)."""
     args = op.component.component_spec.implementation.container.args
-    executor_input = {"inputs": {"parameterValues": {"torchstep_job_id": "job-1"}},
-                      "outputs": {"parameters": {"result": {"outputFile": str(tmp_path / "result")}},
-                                  "outputFile": str(tmp_path / "executor_output.json")}}  # fmt: skip
+    executor_input = {
+        "inputs": {"parameterValues": {"torchstep_job_id": "job-1"}},
+        "outputs": {
+            "parameters": {"result": {"outputFile": str(tmp_path / "result")}},
+            "outputFile": str(tmp_path / "executor_output.json"),
+        },
+    }
     out = ["--spec", args[args.index("--spec") + 1], "--executor_input", json.dumps(executor_input)]
     for name, value in inputs.items():
         out += ["--in", name, value if isinstance(value, str) else json.dumps(value)]

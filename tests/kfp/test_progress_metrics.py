@@ -28,12 +28,12 @@ from torchstep_kfp.entry import ExecutorOutputSink, progress_metrics  # noqa: E4
                 "progress_rate": 4.0,
                 "progress_eta_s": 220.0,
             },
-        ),  # fmt: skip
+        ),
         ({"step": 7, "total": None, "rate": None, "eta_s": None}, {"progress_step": 7}),  # no total: no percent
         (
             {"step": 3, "total": 9, "rate": None, "eta_s": None},
             {"progress_step": 3, "progress_total": 9, "progress_percent": 33.33},
-        ),  # fmt: skip
+        ),
         ({"step": True, "total": 2}, {}),  # not a number
         ({"step": float("nan"), "total": 2}, {}),
         (None, {}),
@@ -44,8 +44,10 @@ def test_progress_metrics(progress: Any, expected: dict[str, float]) -> None:
 
 
 def _executor_input(tmp_path: Path, metrics: bool) -> dict[str, Any]:
-    outputs: dict[str, Any] = {"parameters": {"result": {"outputFile": str(tmp_path / "result")}},
-                               "outputFile": str(tmp_path / "executor_output.json")}  # fmt: skip
+    outputs: dict[str, Any] = {
+        "parameters": {"result": {"outputFile": str(tmp_path / "result")}},
+        "outputFile": str(tmp_path / "executor_output.json"),
+    }
     if metrics:
         outputs["artifacts"] = {
             "metrics": {"artifacts": [{"name": "m", "uri": str(tmp_path / "metrics"), "metadata": {}}]}
@@ -55,12 +57,23 @@ def _executor_input(tmp_path: Path, metrics: bool) -> dict[str, Any]:
 
 def test_a_rank_0_metric_of_the_same_name_wins_and_the_rest_is_added(tmp_path: Path) -> None:
     sink = ExecutorOutputSink({"metrics": True}, _executor_input(tmp_path, metrics=True))
-    result = StepResult("a", "SUCCEEDED", 0, outputs={"metrics": {"loss": 0.5, "progress_step": 99}},
-                        progress={"step": 10, "total": 20, "rate": 2.0, "eta_s": 5.0, "rank": 0})  # fmt: skip
+    result = StepResult(
+        "a",
+        "SUCCEEDED",
+        0,
+        outputs={"metrics": {"loss": 0.5, "progress_step": 99}},
+        progress={"step": 10, "total": 20, "rate": 2.0, "eta_s": 5.0, "rank": 0},
+    )
     publish(result, sink)
     art = sink.executor_output["artifacts"]["metrics"]["artifacts"][0]
-    assert art["metadata"] == {"loss": 0.5, "progress_step": 99, "progress_total": 20.0, "progress_percent": 50.0,
-                               "progress_rate": 2.0, "progress_eta_s": 5.0}  # fmt: skip
+    assert art["metadata"] == {
+        "loss": 0.5,
+        "progress_step": 99,
+        "progress_total": 20.0,
+        "progress_percent": 50.0,
+        "progress_rate": 2.0,
+        "progress_eta_s": 5.0,
+    }
     assert json.loads((tmp_path / "metrics").read_text()) == art["metadata"]  # the artifact's file too
 
 

@@ -72,9 +72,17 @@ class FakeKfp:
 
     def add_run(self, state: str, error: str | None = None, **fields: Any) -> str:
         run_id = self._id("0b6f")
-        self.runs[run_id] = {"run_id": run_id, "display_name": f"r-{run_id[:8]}", "experiment_id": "e",
-                             "storage_state": "AVAILABLE", "created_at": NOW, "scheduled_at": NOW,
-                             "state": state, "state_history": [{"update_time": NOW, "state": state}], **fields}  # fmt: skip
+        self.runs[run_id] = {
+            "run_id": run_id,
+            "display_name": f"r-{run_id[:8]}",
+            "experiment_id": "e",
+            "storage_state": "AVAILABLE",
+            "created_at": NOW,
+            "scheduled_at": NOW,
+            "state": state,
+            "state_history": [{"update_time": NOW, "state": state}],
+            **fields,
+        }
         if error:
             self.runs[run_id]["error"] = {"code": 2, "message": error, "details": []}
         return run_id
@@ -84,8 +92,15 @@ class FakeKfp:
         length = int(h.headers.get("Content-Length") or 0)
         body = json.loads(h.rfile.read(length)) if length else None
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.requests.append({"method": method, "path": url.path, "query": query, "body": body,
-                              "authorization": h.headers.get("Authorization")})  # fmt: skip
+        self.requests.append(
+            {
+                "method": method,
+                "path": url.path,
+                "query": query,
+                "body": body,
+                "authorization": h.headers.get("Authorization"),
+            }
+        )
         status, out = self._route(method, url.path, query, body, h.headers.get("Authorization"))
         data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
         h.send_response(status)
@@ -111,8 +126,13 @@ class FakeKfp:
             return 200, {"experiments": found, "total_size": len(found)} if found else {}
         if path == "/apis/v2beta1/experiments" and method == "POST":
             exp_id = self._id("e1a2")
-            self.experiments[exp_id] = {**body, "experiment_id": exp_id, "created_at": NOW,
-                                        "storage_state": "AVAILABLE", "last_run_created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
+            self.experiments[exp_id] = {
+                **body,
+                "experiment_id": exp_id,
+                "created_at": NOW,
+                "storage_state": "AVAILABLE",
+                "last_run_created_at": "1970-01-01T00:00:00Z",
+            }
             return 200, self.experiments[exp_id]
         if path == "/apis/v2beta1/runs" and method == "POST":
             run_id = self.add_run("PENDING")
@@ -137,8 +157,14 @@ class FakeKfp:
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private state directory (the records) and no KFP settings from the machine."""
-    for name in (ks.ENDPOINT_ENV, ks.UI_ENDPOINT_ENV, ks.EXPERIMENT_ENV, ks.TOKEN_ENV, "KFP_OTHER_TOKEN",
-                 "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME"):  # fmt: skip
+    for name in (
+        ks.ENDPOINT_ENV,
+        ks.UI_ENDPOINT_ENV,
+        ks.EXPERIMENT_ENV,
+        ks.TOKEN_ENV,
+        "KFP_OTHER_TOKEN",
+        "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -153,8 +179,13 @@ def fake(env: Path) -> Iterator[FakeKfp]:
 
 
 def echo_app(*args: str) -> specs.AppDef:
-    role = specs.Role("echo", image="ghcr.io/acme/torchstep:1", entrypoint="echo", args=list(args or ["hi"]),
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=512))  # fmt: skip
+    role = specs.Role(
+        "echo",
+        image="ghcr.io/acme/torchstep:1",
+        entrypoint="echo",
+        args=list(args or ["hi"]),
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+    )
     return specs.AppDef("echo", roles=[role])
 
 
@@ -191,8 +222,12 @@ def test_dryrun_prints_the_compiled_one_step_pipeline(env: Path, monkeypatch: py
     assert TOKEN not in text
     head = [line for line in text.splitlines() if line.startswith("# kfp ")]
     assert re.fullmatch(r"# kfp run: echo-[a-z0-9]{6}", head[0])
-    assert head[1:5] == ["# kfp experiment: nightly", "# kfp namespace: team-a",
-                         "# kfp endpoint: https://kfp.example.com", f"# kfp token: ${ks.TOKEN_ENV}"]  # fmt: skip
+    assert head[1:5] == [
+        "# kfp experiment: nightly",
+        "# kfp namespace: team-a",
+        "# kfp endpoint: https://kfp.example.com",
+        f"# kfp token: ${ks.TOKEN_ENV}",
+    ]
     pipeline, platform = yaml.safe_load_all(text)
     assert pipeline["pipelineInfo"]["name"] == "echo"
     task = only(pipeline["root"]["dag"]["tasks"])
@@ -245,11 +280,18 @@ def test_schedule_creates_the_run_and_a_record(fake: FakeKfp, monkeypatch: pytes
 
 @pytest.mark.parametrize(
     ("kfp_state", "expected"),
-    [("PENDING", AppState.PENDING), ("RUNNING", AppState.RUNNING), ("SUCCEEDED", AppState.SUCCEEDED),
-     ("SKIPPED", AppState.SUCCEEDED), ("FAILED", AppState.FAILED), ("CANCELING", AppState.CANCELLED),
-     ("CANCELED", AppState.CANCELLED), ("PAUSED", AppState.PENDING),
-     ("RUNTIME_STATE_UNSPECIFIED", AppState.UNKNOWN)],
-)  # fmt: skip
+    [
+        ("PENDING", AppState.PENDING),
+        ("RUNNING", AppState.RUNNING),
+        ("SUCCEEDED", AppState.SUCCEEDED),
+        ("SKIPPED", AppState.SUCCEEDED),
+        ("FAILED", AppState.FAILED),
+        ("CANCELING", AppState.CANCELLED),
+        ("CANCELED", AppState.CANCELLED),
+        ("PAUSED", AppState.PENDING),
+        ("RUNTIME_STATE_UNSPECIFIED", AppState.UNKNOWN),
+    ],
+)
 def test_describe_maps_each_kfp_state(
     fake: FakeKfp, monkeypatch: pytest.MonkeyPatch, kfp_state: str, expected: AppState
 ) -> None:
@@ -317,20 +359,33 @@ def test_another_process_uses_the_record_or_the_environment(fake: FakeKfp, monke
 def test_torchx_cli_run_status_and_log(fake: FakeKfp, env: Path) -> None:
     """The real `torchx` commands, each in its own process, through the entry point."""
     run_env = {**os.environ, ks.TOKEN_ENV: TOKEN}
-    cmd = [str(BIN / "torchx"), "run", "-s", "kfp", "-cfg", f"endpoint={fake.url},namespace=team-a",
-           "utils.echo", "--image", "ghcr.io/acme/torchstep:1", "--msg", "hi"]  # fmt: skip
+    cmd = [
+        str(BIN / "torchx"),
+        "run",
+        "-s",
+        "kfp",
+        "-cfg",
+        f"endpoint={fake.url},namespace=team-a",
+        "utils.echo",
+        "--image",
+        "ghcr.io/acme/torchstep:1",
+        "--msg",
+        "hi",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(r"kfp://torchx/0b6f\d{4}-[-0-9a-f]+", out.stdout.strip())  # only the handle on stdout
     handle = out.stdout.strip()
     app_id = handle.rsplit("/", 1)[1]
     fake.runs[app_id].update(state="FAILED", error={"code": 2, "message": "echo exited 1", "details": []})
-    status = subprocess.run([str(BIN / "torchx"), "status", handle], capture_output=True, text=True, env=run_env,
-                            timeout=120)  # fmt: skip
+    status = subprocess.run(
+        [str(BIN / "torchx"), "status", handle], capture_output=True, text=True, env=run_env, timeout=120
+    )
     assert status.returncode == 0, status.stderr
     assert "FAILED" in status.stdout + status.stderr and "echo exited 1" in status.stdout + status.stderr
-    log = subprocess.run([str(BIN / "torchx"), "log", f"{handle}/echo/0"], capture_output=True, text=True,
-                         env=run_env, timeout=120)  # fmt: skip
+    log = subprocess.run(
+        [str(BIN / "torchx"), "log", f"{handle}/echo/0"], capture_output=True, text=True, env=run_env, timeout=120
+    )
     assert log.returncode != 0
     assert f"kubectl logs -n team-a -l pipeline/runid={app_id} -c main" in log.stderr
     assert TOKEN not in out.stdout + out.stderr + status.stdout + status.stderr + log.stderr
@@ -347,14 +402,16 @@ def test_log_iter_says_where_the_logs_are(fake: FakeKfp, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize(
     ("given", "message"),
-    [({"endpoint": "kfp.example.com"}, r"cfg\['endpoint'\].*not an http\(s\) URL.*fix: -cfg endpoint="),
-     ({"endpoint": "https://ada:hunter2@kfp.example.com"}, r"cfg\['endpoint'\].*with credentials, not shown"),
-     ({"token_env": "eyJhbGciOi.J9.xyz"}, r"cfg\['token_env'\].*NAME of an environment variable.*not shown"),
-     ({"token_env": "KFP_OTHER_TOKEN"}, r"cfg\['token_env'\].*\$KFP_OTHER_TOKEN is not set.*fix: export"),
-     ({"token_env": "ghp_16C7e42F292c6912E7710c838347Ae178B4a"}, r"token_env.*named by token_env \(not shown\)"),
-     ({"namespace": "Team A"}, r"cfg\['namespace'\].*not a Kubernetes namespace.*fix:"),
-     ({"namspace": "team-a"}, r"cfg\['namspace'\].*not an option of the kfp scheduler.*fix: use one of")],
-)  # fmt: skip
+    [
+        ({"endpoint": "kfp.example.com"}, r"cfg\['endpoint'\].*not an http\(s\) URL.*fix: -cfg endpoint="),
+        ({"endpoint": "https://ada:hunter2@kfp.example.com"}, r"cfg\['endpoint'\].*with credentials, not shown"),
+        ({"token_env": "eyJhbGciOi.J9.xyz"}, r"cfg\['token_env'\].*NAME of an environment variable.*not shown"),
+        ({"token_env": "KFP_OTHER_TOKEN"}, r"cfg\['token_env'\].*\$KFP_OTHER_TOKEN is not set.*fix: export"),
+        ({"token_env": "ghp_16C7e42F292c6912E7710c838347Ae178B4a"}, r"token_env.*named by token_env \(not shown\)"),
+        ({"namespace": "Team A"}, r"cfg\['namespace'\].*not a Kubernetes namespace.*fix:"),
+        ({"namspace": "team-a"}, r"cfg\['namspace'\].*not an option of the kfp scheduler.*fix: use one of"),
+    ],
+)
 def test_bad_cfg_is_one_clear_line(env: Path, given: dict[str, Any], message: str) -> None:
     cfg = {"endpoint": "https://kfp.example.com", **given} if given else {}
     with pytest.raises(SpecError, match=message) as err:
@@ -375,14 +432,16 @@ def test_a_dry_run_needs_no_endpoint_a_submission_does(env: Path) -> None:
 
 @pytest.mark.parametrize(
     ("given", "field"),
-    [({"token_env": "KFP_OTHER_TOKEN"}, "cfg['token_env']"),
-     ({"service_account": "Pipeline_Runner"}, "cfg['service_account']"),
-     ({"pipeline_root": "gs://bucket/a b"}, "cfg['pipeline_root']"),
-     ({"experiment": "nightly\nrun"}, "cfg['experiment']"),
-     ({"launcher_image": "ghcr.io/a b:1"}, "cfg['launcher_image']"),
-     ({"image": ""}, "cfg['image']"),
-     ({"ui_endpoint": "ui.example.com"}, "cfg['ui_endpoint']")],
-)  # fmt: skip
+    [
+        ({"token_env": "KFP_OTHER_TOKEN"}, "cfg['token_env']"),
+        ({"service_account": "Pipeline_Runner"}, "cfg['service_account']"),
+        ({"pipeline_root": "gs://bucket/a b"}, "cfg['pipeline_root']"),
+        ({"experiment": "nightly\nrun"}, "cfg['experiment']"),
+        ({"launcher_image": "ghcr.io/a b:1"}, "cfg['launcher_image']"),
+        ({"image": ""}, "cfg['image']"),
+        ({"ui_endpoint": "ui.example.com"}, "cfg['ui_endpoint']"),
+    ],
+)
 def test_the_dry_run_makes_every_check_the_submission_makes(
     fake: FakeKfp, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], field: str
 ) -> None:
@@ -426,9 +485,12 @@ def test_fake_speaks_the_client_models(fake: FakeKfp, monkeypatch: pytest.Monkey
     import kfp_server_api.models as m
 
     _, app_id = submit(fake, monkeypatch)
-    models = [(fake.runs[app_id], m.V2beta1Run), (next(iter(fake.experiments.values())), m.V2beta1Experiment),
-              (fake.runs[app_id]["state_history"][0], m.V2beta1RuntimeStatus),
-              ({"multi_user": False, "pipeline_store": "database"}, m.V2beta1GetHealthzResponse)]  # fmt: skip
+    models = [
+        (fake.runs[app_id], m.V2beta1Run),
+        (next(iter(fake.experiments.values())), m.V2beta1Experiment),
+        (fake.runs[app_id]["state_history"][0], m.V2beta1RuntimeStatus),
+        ({"multi_user": False, "pipeline_store": "database"}, m.V2beta1GetHealthzResponse),
+    ]
     for data, model in models:
         assert set(data) <= set(model.attribute_map.values()), model.__name__
     assert fake.runs[app_id]["state"] in m.V2beta1RuntimeState.allowable_values

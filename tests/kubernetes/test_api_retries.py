@@ -72,8 +72,14 @@ class Flaky(FakeKube):
 
 
 def rendered(replicas: int = 2):
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        metadata={"torchstep": {"nproc_per_node": 1}},
+    )
     return render_app(specs.AppDef("train", roles=[role]), namespace="ml", cfg={"run_id": "run-42"})
 
 

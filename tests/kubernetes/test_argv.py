@@ -10,8 +10,26 @@ from torchstep.kubernetes import render_plan
 from torchstep.plan.agent_command import macro_values
 from torchx import specs
 
-FRAGMENTS = ["${app_id}", "${replica_id}", "$replica_id", "${rank0_env}", "$${app_id}", "$$", "$", "$(HOME)",
-             "$(TORCHSTEP_REPLICA_ID)", "$(TORCHSTEP_APP_ID)", "${img_root}", "(", ")", "'", '"', "\\", " ", "\n"]  # fmt: skip
+FRAGMENTS = [
+    "${app_id}",
+    "${replica_id}",
+    "$replica_id",
+    "${rank0_env}",
+    "$${app_id}",
+    "$$",
+    "$",
+    "$(HOME)",
+    "$(TORCHSTEP_REPLICA_ID)",
+    "$(TORCHSTEP_APP_ID)",
+    "${img_root}",
+    "(",
+    ")",
+    "'",
+    '"',
+    "\\",
+    " ",
+    "\n",
+]
 TEXT = st.lists(st.sampled_from(FRAGMENTS) | st.text("ab$(){}_ ", max_size=4), max_size=8).map("".join)
 
 

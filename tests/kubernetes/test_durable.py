@@ -81,10 +81,16 @@ def watcher(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     def start(server: KubeServer, name: str, store: Path | None = None) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(server.kubeconfig), str(tmp_path / f"{name}.log"),
-             str(tmp_path / f"{name}.json"), *([str(store)] if store else [])],
+            [
+                sys.executable,
+                str(script),
+                str(server.kubeconfig),
+                str(tmp_path / f"{name}.log"),
+                str(tmp_path / f"{name}.json"),
+                *([str(store)] if store else []),
+            ],
             stderr=open(tmp_path / f"{name}.err", "wb"),
-        )  # fmt: skip
+        )
         procs.append(proc)
         return proc
 
@@ -123,8 +129,11 @@ def ok(index: int) -> str:
 def test_a_sigkilled_watcher_run_again_attaches_and_its_logs_continue(server_for, watcher, tmp_path: Path) -> None:
     server = server_for(Scenario(replicas=2, run_s=8, lines=40, line_interval_s=0.15, messages=[ok(0), ok(1)]))
     first = watcher(server, "first")
-    wait_for(lambda: len(lines_of(tmp_path / "first.log")) >= 16 and cursor_saved(server), 90,
-             "the first watcher to stream and save its log position")  # fmt: skip
+    wait_for(
+        lambda: len(lines_of(tmp_path / "first.log")) >= 16 and cursor_saved(server),
+        90,
+        "the first watcher to stream and save its log position",
+    )
     first.send_signal(signal.SIGKILL)
     first.wait()
     seen_first = lines_of(tmp_path / "first.log")
@@ -175,8 +184,14 @@ def test_a_job_of_the_same_name_created_by_someone_else_is_refused_and_left_alon
     from torchx import specs
 
     server = server_for(Scenario(replicas=2, run_s=30))
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
-                      num_replicas=2, metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=2,
+        metadata={"torchstep": {"nproc_per_node": 1}},
+    )
     plan = torchstep.build_plan(specs.AppDef("train", roles=[role]), target="kubernetes")
     foreign = render_app(plan, cfg={"run_id": "durable-1", "namespace": "ml"}).roles[0].workload
     foreign["metadata"]["labels"] = {"team": "other"}
@@ -216,8 +231,12 @@ def test_the_fake_api_answers_the_official_client_as_the_api_server_does(server_
 
     server = server_for(Scenario(replicas=1, run_s=1, lines=3, line_interval_s=0.1))
     kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}},
-            "spec": {"containers": [{"name": "main", "image": "x"}]}}  # fmt: skip
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    }
     kube.create_namespaced_pod("ml", body=body)
     with pytest.raises(ApiException) as err:
         kube.create_namespaced_pod("ml", body=body)
@@ -227,8 +246,9 @@ def test_the_fake_api_answers_the_official_client_as_the_api_server_does(server_
     assert err.value.status == 404
     kube.patch_namespaced_pod("p", "ml", body={"metadata": {"annotations": {"k": "v"}}})
     assert kube.read_namespaced_pod_status("p", "ml").metadata.annotations == {"k": "v"}
-    stream = kube.read_namespaced_pod_log("p", "ml", container="main", follow=True, timestamps=True,
-                                          _preload_content=False)  # fmt: skip
+    stream = kube.read_namespaced_pod_log(
+        "p", "ml", container="main", follow=True, timestamps=True, _preload_content=False
+    )
     text = b"".join(stream.stream()).decode()
     assert [line.split(" ", 1)[1] for line in text.splitlines()] == [f"[role/0] line {k}" for k in range(3)]
     assert kube.read_namespaced_pod_status("p", "ml").status.phase == "Succeeded"
@@ -242,8 +262,14 @@ def _plan():
     import torchstep
     from torchx import specs
 
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
-                      num_replicas=2, metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=2,
+        metadata={"torchstep": {"nproc_per_node": 1}},
+    )
     return torchstep.build_plan(specs.AppDef("train", roles=[role]), target="kubernetes")
 
 
@@ -258,13 +284,23 @@ def test_a_forged_pod_with_replica_0s_labels_changes_neither_the_result_nor_the_
     kube = OfficialClient.from_config(config_file=str(server.kubeconfig), in_cluster=False)
     job = render_app(_plan(), cfg={"run_id": "durable-1", "namespace": "ml"}).roles[0].workload
     forged_result = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": -1.0}).summary()
-    kube.create_namespaced_pod("ml", body={
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "evil", "labels": job["spec"]["template"]["metadata"]["labels"],
-                     "annotations": {"batch.kubernetes.io/job-completion-index": "0", "kubehttp/message": forged_result,
-                                     "kubehttp/line": "[trainer/0] FORGED"}},
-        "spec": {"containers": [{"name": "main", "image": "x"}]},
-    })  # fmt: skip
+    kube.create_namespaced_pod(
+        "ml",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "evil",
+                "labels": job["spec"]["template"]["metadata"]["labels"],
+                "annotations": {
+                    "batch.kubernetes.io/job-completion-index": "0",
+                    "kubehttp/message": forged_result,
+                    "kubehttp/line": "[trainer/0] FORGED",
+                },
+            },
+            "spec": {"containers": [{"name": "main", "image": "x"}]},
+        },
+    )
     proc = watcher(server, "first")
     assert proc.wait(120) == 0, (tmp_path / "first.err").read_text()[-3000:]
     result = json.loads((tmp_path / "first.json").read_text())

@@ -124,11 +124,29 @@ def test_command_wraps_the_role_argv(rendered):
     c = rendered.roles[0].workload["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["torchstep-agent"]
     assert c["args"] == [
-        "--nnodes", "2", "--nproc-per-node", "1", "--role", "trainer", "--max-restarts", "3",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{FQDN}:29500", "--rdzv-id", NAME,
-        "--rdzv-conf", "join_timeout=900",
-        "--no-python", "python", "-m", "acme.train", "--out", "/ckpt/train-4e65d3fb/$(TORCHSTEP_REPLICA_ID)",
-    ]  # fmt: skip
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--role",
+        "trainer",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{FQDN}:29500",
+        "--rdzv-id",
+        NAME,
+        "--rdzv-conf",
+        "join_timeout=900",
+        "--no-python",
+        "python",
+        "-m",
+        "acme.train",
+        "--out",
+        "/ckpt/train-4e65d3fb/$(TORCHSTEP_REPLICA_ID)",
+    ]
     single = rendered.roles[1].pod["spec"]["containers"][0]
     assert single["args"][-5:] == ["--no-python", "python", "eval.py", "--replica", "0"]
 

@@ -26,15 +26,27 @@ def pod(code: int, message: str | None) -> Any:
     labels = dict(rendered().roles[0].workload["spec"]["template"]["metadata"]["labels"])
     term = ns(exit_code=code, message=message, finished_at="2026-11-24T00:00:09Z")
     return ns(
-        metadata=ns(name="p", labels=labels, annotations={COMPLETION_INDEX: "0"},
-                    creation_timestamp="2026-11-24T00:00:05Z"),
+        metadata=ns(
+            name="p", labels=labels, annotations={COMPLETION_INDEX: "0"}, creation_timestamp="2026-11-24T00:00:05Z"
+        ),
         status=ns(phase="Failed", conditions=[], container_statuses=[ns(name="main", state=ns(terminated=term))]),
-    )  # fmt: skip
+    )
 
 
 def summary(**over: Any) -> str:
-    data = {SUMMARY_KEY: 1, "app_id": "a-r", "state": "FAILED", "exit_code": 3, "retryable": True, "restarts": 0,
-            "duration_s": 1.0, "message": "w/0 failed", "root_cause": None, "outputs": {}, "warnings": []}  # fmt: skip
+    data = {
+        SUMMARY_KEY: 1,
+        "app_id": "a-r",
+        "state": "FAILED",
+        "exit_code": 3,
+        "retryable": True,
+        "restarts": 0,
+        "duration_s": 1.0,
+        "message": "w/0 failed",
+        "root_cause": None,
+        "outputs": {},
+        "warnings": [],
+    }
     data.update(over)
     return json.dumps(data)
 
@@ -60,7 +72,7 @@ def summary(**over: Any) -> str:
         "outputs-list",
         "huge-int",
         "state-dict",
-    ],  # fmt: skip
+    ],
 )
 def test_a_malformed_termination_message_is_a_warning_never_a_crash(message: str, refused: str) -> None:
     result = collect(rendered(), [pod(3, message)], "FAILED", 0.0)
@@ -72,8 +84,15 @@ def test_a_malformed_termination_message_is_a_warning_never_a_crash(message: str
 
 
 def test_a_valid_part_of_a_partly_malformed_summary_is_kept() -> None:
-    rc = {"role": "w", "rank": 1, "local_rank": 1, "replica_id": 0, "state": "FAILED", "exit_code": 3,
-          "line": "ValueError: bad lr"}  # fmt: skip
+    rc = {
+        "role": "w",
+        "rank": 1,
+        "local_rank": 1,
+        "replica_id": 0,
+        "state": "FAILED",
+        "exit_code": 3,
+        "line": "ValueError: bad lr",
+    }
     result = collect(rendered(), [pod(3, summary(restarts="x", root_cause=rc, outputs={"acc": 0.5}))], "FAILED", 0.0)
     assert result.root_cause is not None and result.root_cause.rank == 1
     assert "ValueError: bad lr" in failure_summary(result)

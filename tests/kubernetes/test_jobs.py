@@ -84,8 +84,12 @@ def test_results_are_merged_from_the_agents_summaries() -> None:
     from torchstep.result import RankResult
 
     root = RankResult("trainer", 3, 1, state="FAILED", exit_code=1, message="disk full", timestamp=5.0)
-    fake = FakeKube({0: Script(messages=[summary(outputs={"acc": 0.9})]),
-                     1: Script(codes=[1], messages=[summary("FAILED", 1, root_cause=root)])})  # fmt: skip
+    fake = FakeKube(
+        {
+            0: Script(messages=[summary(outputs={"acc": 0.9})]),
+            1: Script(codes=[1], messages=[summary("FAILED", 1, root_cause=root)]),
+        }
+    )
     _, result, _ = run(fake)
     assert result.state == "FAILED" and result.exit_code == 1 and result.retryable
     assert result.outputs == {"acc": 0.9}  # replica 0 holds global rank 0
@@ -170,11 +174,15 @@ def test_a_replacement_created_in_its_predecessors_second_is_the_latest() -> Non
     def pod(name: str, phase: str, code: int | None, finished: str | None, message: str | None = None):
         term = None if code is None else ns(exit_code=code, message=message, finished_at=finished)
         return ns(
-            metadata=ns(name=name, labels=dict(rendered(2).roles[0].workload["spec"]["template"]["metadata"]["labels"]),
-                        annotations={COMPLETION_INDEX: "0"}, creation_timestamp="2026-11-24T00:00:05Z",
-                        owner_references=[ns(kind="Job", uid="uid-job", controller=True)]),
+            metadata=ns(
+                name=name,
+                labels=dict(rendered(2).roles[0].workload["spec"]["template"]["metadata"]["labels"]),
+                annotations={COMPLETION_INDEX: "0"},
+                creation_timestamp="2026-11-24T00:00:05Z",
+                owner_references=[ns(kind="Job", uid="uid-job", controller=True)],
+            ),
             status=ns(phase=phase, conditions=[], container_statuses=[ns(name="main", state=ns(terminated=term))]),
-        )  # fmt: skip
+        )
 
     ok = summary(outputs={"loss": 0.1})
     cases = [  # listed newest first: the API's order is not a time order

@@ -21,9 +21,15 @@ TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 
 
 def app(replicas: int = 2, min_replicas: int | None = None, overlay: dict[str, Any] | None = None) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, min_replicas=min_replicas,
-                      metadata={"kubernetes": overlay} if overlay else {})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        min_replicas=min_replicas,
+        metadata={"kubernetes": overlay} if overlay else {},
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -56,9 +62,12 @@ def test_partial_admission_and_topology_pass_through_to_kueue() -> None:
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [("1", "which needs 2 to form its rendezvous"), ("five", "is not a whole number of pods in 1..4"),
-     ("9", "is not a whole number of pods in 1..4")],
-)  # fmt: skip
+    [
+        ("1", "which needs 2 to form its rendezvous"),
+        ("five", "is not a whole number of pods in 1..4"),
+        ("9", "is not a whole number of pods in 1..4"),
+    ],
+)
 def test_partial_admission_below_the_rendezvous_minimum_is_refused(value: str, problem: str) -> None:
     overlay = {"metadata": {"annotations": {MIN_PARALLELISM: value}}}
     with pytest.raises(SpecError, match=rf"roles\[0\]: annotation {MIN_PARALLELISM}") as err:

@@ -23,8 +23,14 @@ FORGED_LINES = ["[trainer/0] FORGED epoch 1", "[trainer/0] FORGED done"]
 
 
 def rendered(replicas: int = 2, run_id: str = "run-42"):
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, metadata={"torchstep": {"nproc_per_node": 1}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        metadata={"torchstep": {"nproc_per_node": 1}},
+    )
     return render_app(specs.AppDef("train", roles=[role]), namespace="ml", cfg={"run_id": run_id})
 
 
@@ -123,8 +129,17 @@ def test_the_uid_is_recorded_before_anything_else_and_a_failure_to_record_delete
 def test_a_refusal_after_creating_deletes_only_what_this_run_created_by_name() -> None:
     """Two roles: the first one's Job is created, the second's name is taken by a forged
     Job with the run's labels. The run stops; only its own Job is deleted, by name."""
-    roles = [specs.Role(n, image="i:1", entrypoint="python", args=["-m", n], num_replicas=2,
-                        metadata={"torchstep": {"nproc_per_node": 1}}) for n in ("a", "b")]  # fmt: skip
+    roles = [
+        specs.Role(
+            n,
+            image="i:1",
+            entrypoint="python",
+            args=["-m", n],
+            num_replicas=2,
+            metadata={"torchstep": {"nproc_per_node": 1}},
+        )
+        for n in ("a", "b")
+    ]
     ra = render_app(specs.AppDef("two", roles=roles), namespace="ml", cfg={"run_id": "r"})
     fake = FakeKube(genuine())
     forged = dict(ra.roles[1].workload)
@@ -140,8 +155,10 @@ def test_an_existing_service_not_owned_by_the_runs_job_is_refused() -> None:
     fake = FakeKube(genuine())
     ra = rendered()
     service = dict(ra.roles[0].service)
-    service["metadata"] = {**service["metadata"], "ownerReferences": [
-        {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": "uid-someone-else"}]}  # fmt: skip
+    service["metadata"] = {
+        **service["metadata"],
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": "uid-someone-else"}],
+    }
     fake.create_namespaced_service("ml", body=service)
     with pytest.raises(torchstep.SpecError) as err:
         JobGang(ra, fake, poll_interval=0.01).run()

@@ -22,8 +22,15 @@ IGNORE_DISRUPTED = {"action": "Ignore", "onPodConditions": [{"type": "Disruption
 
 
 def app(replicas: int = 2, policy: Any = specs.RetryPolicy.REPLICA, retries: int = 2) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, max_retries=retries, retry_policy=policy)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        max_retries=retries,
+        retry_policy=policy,
+    )
     return specs.AppDef("train", roles=[role])
 
 
@@ -39,9 +46,14 @@ class Disrupting(FakeKube):
         pods = super()._pod_list()
         for pod in pods:
             if any(pod.metadata.name.endswith(suffix) for suffix in self.disrupted):
-                pod.status.conditions = [types.SimpleNamespace(type="DisruptionTarget", status="True",
-                                                               reason="PreemptionByScheduler",
-                                                               message="preempted by a higher-priority pod")]  # fmt: skip
+                pod.status.conditions = [
+                    types.SimpleNamespace(
+                        type="DisruptionTarget",
+                        status="True",
+                        reason="PreemptionByScheduler",
+                        message="preempted by a higher-priority pod",
+                    )
+                ]
         return pods
 
 
@@ -77,8 +89,9 @@ def test_a_preempted_replica_is_replaced_and_the_step_succeeds_with_its_retries_
     assert result.state == "SUCCEEDED", result.summary()
     assert result.retryable is False  # succeeded: nothing to retry
     (note,) = [w for w in result.warnings if w.startswith("preempted")]
-    assert note.startswith("preempted 1 time (1 pod(s) with DisruptionTarget, 0 Kueue eviction(s)); "
-                           "preemption_retries=10")  # fmt: skip
+    assert note.startswith(
+        "preempted 1 time (1 pod(s) with DisruptionTarget, 0 Kueue eviction(s)); preemption_retries=10"
+    )
     said = [x for x in lines if "was preempted" in x]
     assert len(said) == 1 and "PreemptionByScheduler" in said[0] and "preemption 1 of at most 10" in said[0]
     assert "resuming from the step's checkpoint" in said[0]
@@ -110,12 +123,16 @@ class PreemptedBarePod(FakeKube):
         pods = super()._pod_list()
         if self.incarnation == 0:
             for pod in pods:
-                pod.status.conditions = [types.SimpleNamespace(type="DisruptionTarget", status="True",
-                                                               reason="EvictionByEvictionAPI", message="")]  # fmt: skip
+                pod.status.conditions = [
+                    types.SimpleNamespace(
+                        type="DisruptionTarget", status="True", reason="EvictionByEvictionAPI", message=""
+                    )
+                ]
         return pods
 
-    def delete_collection_namespaced_pod(self, namespace: str, label_selector: str, propagation_policy: Any = None,
-                                         field_selector: str | None = None) -> None:  # fmt: skip
+    def delete_collection_namespaced_pod(
+        self, namespace: str, label_selector: str, propagation_policy: Any = None, field_selector: str | None = None
+    ) -> None:
         super().delete_collection_namespaced_pod(namespace, label_selector, propagation_policy, field_selector)
         if field_selector is not None:  # the preempted pod, by name: gone once deleted
             name = field_selector.partition("=")[2]
@@ -141,8 +158,10 @@ def test_a_preempted_bare_pod_is_created_again_by_the_watcher_from_the_same_budg
     assert [o["metadata"]["name"] for o in fake.objects if o["kind"] == "Pod"] == [name]  # one pod, created again
     assert gang.owners.uid(name) == fake.objects[-1]["metadata"]["uid"]  # the new pod is the run's
     said = [x for x in lines if x.startswith("torchstep:")]
-    assert said[0].startswith(f"torchstep: pod {name} was preempted (DisruptionTarget: EvictionByEvictionAPI); "
-                              "torchstep creates it again, resuming from the step's checkpoint; preemption 1 of")  # fmt: skip
+    assert said[0].startswith(
+        f"torchstep: pod {name} was preempted (DisruptionTarget: EvictionByEvictionAPI); "
+        "torchstep creates it again, resuming from the step's checkpoint; preemption 1 of"
+    )
     assert said[1] == f"torchstep: pod {name} created again after its preemption"
     assert any(w.startswith("preempted 1 time (1 pod(s)") for w in result.warnings)
 

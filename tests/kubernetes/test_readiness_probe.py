@@ -16,8 +16,9 @@ from torchx import specs
 
 
 def app(replicas: int, **role: object) -> specs.AppDef:
-    return specs.AppDef("t", roles=[specs.Role("w", image="img", entrypoint="python", args=["t.py"],
-                                               num_replicas=replicas, **role)])  # type: ignore[arg-type]  # fmt: skip
+    return specs.AppDef(
+        "t", roles=[specs.Role("w", image="img", entrypoint="python", args=["t.py"], num_replicas=replicas, **role)]
+    )  # type: ignore[arg-type]
 
 
 def container(a: specs.AppDef, **cfg: object) -> dict:

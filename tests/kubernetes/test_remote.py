@@ -55,10 +55,18 @@ class Api:
 
 
 def handle(*workloads: tuple[str, str, str], budget: int = 1) -> dict[str, Any]:
-    return json.loads(json.dumps({  # a JSON round trip, as through Airflow's trigger kwargs
-        "namespace": "ml", "app_id": "a", "label_selector": SEL, "preemption_retries": budget, "queue": None,
-        "workloads": [{"kind": k, "name": n, "uid": u} for k, n, u in workloads],
-    }))  # fmt: skip
+    return json.loads(
+        json.dumps(
+            {  # a JSON round trip, as through Airflow's trigger kwargs
+                "namespace": "ml",
+                "app_id": "a",
+                "label_selector": SEL,
+                "preemption_retries": budget,
+                "queue": None,
+                "workloads": [{"kind": k, "name": n, "uid": u} for k, n, u in workloads],
+            }
+        )
+    )
 
 
 def job(uid: str, condition: str | None = None) -> dict[str, Any]:

@@ -51,8 +51,13 @@ def test_the_runner_role_grants_every_call_the_client_makes_and_the_viewer_none_
     calls = {n for n in vars(KubernetesClient) if not n.startswith("_") and n != "sanitize"}
     assert calls == set(NEEDS)  # a new client call needs a rule in docs/security.md
     runner, _, viewer, _ = rbac_objects()
-    granted = {(g, r, v) for rule in runner["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}  # fmt: skip
+    granted = {
+        (g, r, v)
+        for rule in runner["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert set(NEEDS.values()) <= granted
     writes = {"create", "patch", "update", "delete", "deletecollection"}
     assert not {v for rule in viewer["rules"] for v in rule["verbs"]} & writes

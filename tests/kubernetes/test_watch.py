@@ -23,8 +23,15 @@ LINES = 20
 
 
 def rendered(replicas: int = 2) -> Any:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, max_retries=2, retry_policy=specs.RetryPolicy.REPLICA)  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1.0",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.REPLICA,
+    )
     return render_app(specs.AppDef("train", roles=[role]), namespace="ml", cfg={"run_id": "run-w"})
 
 

@@ -48,17 +48,25 @@ class Client:
     def list_namespaced_job(self, namespace: str, **kw: Any) -> Any:
         return self.lists.pop(0)
 
-    def watch(self, kind: str, namespace: str, *, label_selector: str, resource_version: str | None,
-              timeout_seconds: int) -> Stream:  # fmt: skip
+    def watch(
+        self, kind: str, namespace: str, *, label_selector: str, resource_version: str | None, timeout_seconds: int
+    ) -> Stream:
         self.opened.append(resource_version)
         return self.streams.pop(0) if self.streams else Stream([], block=True)
 
 
 def follow(client: Client) -> tuple[Watcher, list[tuple[str, str, str]]]:
     seen: list[tuple[str, str, str]] = []
-    w = Watcher("Pod", client, "ml", "a=b", list_objects=lambda stop: client.list_namespaced_job("ml"),
-                on_list=lambda items: seen.extend(("LIST", o["metadata"]["name"], o["status"]["phase"]) for o in items),
-                on_event=lambda t, o: seen.append((t, o["metadata"]["name"], o["status"]["phase"])), budget_s=10)  # fmt: skip
+    w = Watcher(
+        "Pod",
+        client,
+        "ml",
+        "a=b",
+        list_objects=lambda stop: client.list_namespaced_job("ml"),
+        on_list=lambda items: seen.extend(("LIST", o["metadata"]["name"], o["status"]["phase"]) for o in items),
+        on_event=lambda t, o: seen.append((t, o["metadata"]["name"], o["status"]["phase"])),
+        budget_s=10,
+    )
     w.start()
     return w, seen
 
@@ -71,21 +79,30 @@ def until(check: Any, what: str) -> None:
 
 
 def test_events_in_order_resumed_from_the_last_version_after_a_timeout_and_a_broken_stream() -> None:
-    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}},
-                "raw_object": {"metadata": {"resourceVersion": "15"}}}  # fmt: skip
+    bookmark = {
+        "type": "BOOKMARK",
+        "object": {"metadata": {"resourceVersion": "15"}},
+        "raw_object": {"metadata": {"resourceVersion": "15"}},
+    }
     client = Client(
-        [Stream([event("ADDED", pod("p-1", "11")), event("MODIFIED", pod("p-0", "12", "Succeeded"))]),  # timeout
-         Stream([bookmark], then=ConnectionResetError("reset by peer")),  # broken after a bookmark
-         Stream([event("DELETED", pod("p-1", "16", "Failed"))])],
+        [
+            Stream([event("ADDED", pod("p-1", "11")), event("MODIFIED", pod("p-0", "12", "Succeeded"))]),  # timeout
+            Stream([bookmark], then=ConnectionResetError("reset by peer")),  # broken after a bookmark
+            Stream([event("DELETED", pod("p-1", "16", "Failed"))]),
+        ],
         [{"metadata": {"resourceVersion": "10"}, "items": [pod("p-0", "9")]}],
-    )  # fmt: skip
+    )
     w, seen = follow(client)
     until(lambda: len(client.opened) >= 4, "the fourth watch")
     w.stop()
     w.join(10)
     assert not w.alive and w.error is None
-    assert seen == [("LIST", "p-0", "Running"), ("ADDED", "p-1", "Running"), ("MODIFIED", "p-0", "Succeeded"),
-                    ("DELETED", "p-1", "Failed")]  # fmt: skip
+    assert seen == [
+        ("LIST", "p-0", "Running"),
+        ("ADDED", "p-1", "Running"),
+        ("MODIFIED", "p-0", "Succeeded"),
+        ("DELETED", "p-1", "Failed"),
+    ]
     assert client.opened[:4] == ["10", "12", "15", "16"]  # each from the last version seen
     assert w.relists == 0 and w.reconnects >= 3
 
@@ -93,9 +110,11 @@ def test_events_in_order_resumed_from_the_last_version_after_a_timeout_and_a_bro
 def test_410_gone_lists_again_and_watches_from_the_new_list() -> None:
     client = Client(
         [Stream([event("ADDED", pod("p-1", "11"))], then=ApiError(410, "Expired: too old resource version"))],
-        [{"metadata": {"resourceVersion": "10"}, "items": []},
-         {"metadata": {"resourceVersion": "40"}, "items": [pod("p-1", "39", "Succeeded")]}],
-    )  # fmt: skip
+        [
+            {"metadata": {"resourceVersion": "10"}, "items": []},
+            {"metadata": {"resourceVersion": "40"}, "items": [pod("p-1", "39", "Succeeded")]},
+        ],
+    )
     w, seen = follow(client)
     until(lambda: len(client.opened) >= 2, "the watch after the new list")
     w.stop()
@@ -105,8 +124,10 @@ def test_410_gone_lists_again_and_watches_from_the_new_list() -> None:
 
 
 def test_an_error_that_is_not_transient_stops_the_watcher_with_it() -> None:
-    client = Client([Stream([], then=ApiError(403, "Forbidden: cannot watch pods"))],
-                    [{"metadata": {"resourceVersion": "10"}, "items": []}])  # fmt: skip
+    client = Client(
+        [Stream([], then=ApiError(403, "Forbidden: cannot watch pods"))],
+        [{"metadata": {"resourceVersion": "10"}, "items": []}],
+    )
     w, _ = follow(client)
     w.join(10)
     assert not w.alive

@@ -46,18 +46,31 @@ def orchestrator_worker(tmp_path: Path, ckpt: Path, token: str, name: str, epoch
     script.write_text(STEP)
     out = open(tmp_path / f"{name}.out", "wb")
     return subprocess.Popen(
-        [sys.executable, str(script), RESUMABLE, str(ckpt), str(epochs), str(epoch_s), str(tmp_path / "logs"),
-         str(tmp_path / f"{name}.json")],
-        env={**os.environ, TOKEN_ENV: token}, stdout=out, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(script),
+            RESUMABLE,
+            str(ckpt),
+            str(epochs),
+            str(epoch_s),
+            str(tmp_path / "logs"),
+            str(tmp_path / f"{name}.json"),
+        ],
+        env={**os.environ, TOKEN_ENV: token},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_a_killed_worker_leaves_no_process_and_the_retry_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
     ckpt = tmp_path / "ckpt $(id) {{ ds }}"  # metacharacters are data: the path is passed as is
     first = orchestrator_worker(tmp_path, ckpt, token, "first", epochs=1000, epoch_s=0.3)
-    wait_for(lambda: latest_checkpoint(ckpt) and int(Path(latest_checkpoint(ckpt)).read_text()) >= 2, 120,
-             "the first try to save epoch 2")  # fmt: skip
+    wait_for(
+        lambda: latest_checkpoint(ckpt) and int(Path(latest_checkpoint(ckpt)).read_text()) >= 2,
+        120,
+        "the first try to save epoch 2",
+    )
     assert stat.S_IMODE(os.stat(ckpt).st_mode) == 0o700
     first.send_signal(signal.SIGKILL)  # the orchestrator's worker dies mid-step
     first.wait()
@@ -77,11 +90,17 @@ def test_a_killed_worker_leaves_no_process_and_the_retry_resumes_from_the_checkp
 def test_without_a_checkpoint_the_step_starts_at_the_beginning(tmp_path: Path) -> None:
     from torchx import specs
 
-    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE, "--epochs", "2"],
-                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="unused",
+        entrypoint="python",
+        args=[RESUMABLE, "--epochs", "2"],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+    )
     ckpt = tmp_path / "new" / "ckpt"
-    result = torchstep.run_local(specs.AppDef("fresh", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
-                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    result = torchstep.run_local(
+        specs.AppDef("fresh", roles=[role]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     assert result.state == "SUCCEEDED" and result.outputs == {"first_epoch": 0}
     assert sorted(os.listdir(ckpt)) == ["epoch-000", "epoch-001"]
 
@@ -120,12 +139,18 @@ def test_a_symlink_or_a_file_as_checkpoint_dir_is_refused_before_anything_starts
         ckpt.symlink_to(real)
     else:
         ckpt.write_text("not a directory")
-    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE],
-                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="unused",
+        entrypoint="python",
+        args=[RESUMABLE],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+    )
     t0 = time.monotonic()
     with pytest.raises(torchstep.SpecError) as err:
-        torchstep.run_local(specs.AppDef("x", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
-                            log_dir=str(tmp_path / "logs"))  # fmt: skip
+        torchstep.run_local(
+            specs.AppDef("x", roles=[role]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+        )
     assert "cfg['checkpoint_dir']" in str(err.value)
     assert ("symlink" if kind == "symlink" else "not a directory") in str(err.value)
     assert time.monotonic() - t0 < 30 and not os.listdir(real)
@@ -152,11 +177,17 @@ def test_another_users_checkpoint_dir_is_refused_before_anything_starts(
     else:  # the seam torchstep.files checks against: the caller's effective uid
         uid = os.geteuid() + 1
         monkeypatch.setattr("torchstep.files.os.geteuid", lambda: uid)
-    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE],
-                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="unused",
+        entrypoint="python",
+        args=[RESUMABLE],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+    )
     with pytest.raises(torchstep.SpecError) as err:
-        torchstep.run_local(specs.AppDef("x", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
-                            log_dir=str(tmp_path / "logs"))  # fmt: skip
+        torchstep.run_local(
+            specs.AppDef("x", roles=[role]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+        )
     assert "cfg['checkpoint_dir']" in str(err.value) and "owned by uid" in str(err.value)
     assert not os.listdir(ckpt)
 
@@ -165,11 +196,17 @@ def test_macros_in_the_checkpoint_dir_are_not_expanded(tmp_path: Path) -> None:
     """The path must be the same for every try: ``${app_id}`` (new per run) stays text."""
     from torchx import specs
 
-    role = specs.Role("trainer", image="unused", entrypoint="python", args=[RESUMABLE, "--epochs", "1"],
-                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="unused",
+        entrypoint="python",
+        args=[RESUMABLE, "--epochs", "1"],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+    )
     ckpt = tmp_path / "ckpt-${app_id}-$replica_id"
-    result = torchstep.run_local(specs.AppDef("lit", roles=[role]), cfg={"checkpoint_dir": str(ckpt)},
-                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    result = torchstep.run_local(
+        specs.AppDef("lit", roles=[role]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     assert result.state == "SUCCEEDED"
     assert os.listdir(tmp_path / "ckpt-${app_id}-$replica_id") == ["epoch-000"]
     assert sorted(os.listdir(tmp_path)) == ["ckpt-${app_id}-$replica_id", "logs"]

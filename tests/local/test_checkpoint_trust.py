@@ -40,8 +40,13 @@ torchstep.output("last", os.path.basename(torchstep.last_checkpoint() or ""))
 
 
 def app(args: list[str], entry: str = RESUMABLE) -> specs.AppDef:
-    role = specs.Role("trainer", image="unused", entrypoint="python", args=[entry, *args],
-                      resource=specs.Resource(cpu=-1, gpu=0, memMB=-1))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="unused",
+        entrypoint="python",
+        args=[entry, *args],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+    )
     return specs.AppDef("ckpt", roles=[role])
 
 
@@ -102,8 +107,9 @@ def test_an_existing_checkpoint_dir_keeps_its_mode_refused_if_others_can_write_i
         torchstep.run_local(app(["--epochs", "1"]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs"))
     assert f"chmod go-w {ckpt}" in str(err.value) and stat.S_IMODE(ckpt.stat().st_mode) == 0o775
     ckpt.chmod(0o755)  # readable by others: the user's choice, kept, and said
-    result = torchstep.run_local(app(["--epochs", "1"]), cfg={"checkpoint_dir": str(ckpt)},
-                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    result = torchstep.run_local(
+        app(["--epochs", "1"]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     assert result.state == "SUCCEEDED" and stat.S_IMODE(ckpt.stat().st_mode) == 0o755
     assert any("readable by others (mode 0755)" in w and "chmod 700" in w for w in result.warnings), result.warnings
     assert prepare_checkpoint_dir(tmp_path / "new") == [] and stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
@@ -116,8 +122,10 @@ def test_a_file_planted_by_another_user_is_never_the_last_checkpoint(tmp_path: P
     planted = plant(tmp_path, "epoch-999")
     seen: list[str] = []
     assert latest_checkpoint(tmp_path, warn=seen.append) == str(tmp_path / "epoch-001")
-    assert seen == [f"checkpoint {planted} skipped: owned by uid {OTHER}, not by you (uid 0): another user may have "
-                    f"planted it; fix: remove it (and check who can write {tmp_path})"]  # fmt: skip
+    assert seen == [
+        f"checkpoint {planted} skipped: owned by uid {OTHER}, not by you (uid 0): another user may have "
+        f"planted it; fix: remove it (and check who can write {tmp_path})"
+    ]
     os.chown(planted, 0, 0)
     planted.chmod(0o666)  # the caller's, but anyone who reaches it could have rewritten it
     tmp_path.chmod(0o701)
@@ -148,8 +156,9 @@ def test_last_checkpoint_checks_again_on_every_call_inside_a_running_worker(tmp_
 
     t = threading.Thread(target=attacker)
     t.start()
-    result = torchstep.run_local(app([str(marker)], entry=str(script)), cfg={"checkpoint_dir": str(ckpt)},
-                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    result = torchstep.run_local(
+        app([str(marker)], entry=str(script)), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     t.join()
     assert result.state == "SUCCEEDED", result.message
     assert result.outputs == {"last": "epoch-000"}  # the genuine one, not the planted newer one
@@ -160,12 +169,14 @@ def test_last_checkpoint_checks_again_on_every_call_inside_a_running_worker(tmp_
 @needs_root
 def test_a_retry_resumes_from_the_genuine_checkpoint_not_a_planted_newer_one(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    first = torchstep.run_local(app(["--epochs", "2"]), cfg={"checkpoint_dir": str(ckpt)},
-                                log_dir=str(tmp_path / "logs"))  # fmt: skip
+    first = torchstep.run_local(
+        app(["--epochs", "2"]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     assert first.state == "SUCCEEDED" and sorted(os.listdir(ckpt)) == ["epoch-000", "epoch-001"]
     plant(ckpt, "epoch-999")  # between the tries
-    second = torchstep.run_local(app(["--epochs", "3"]), cfg={"checkpoint_dir": str(ckpt)},
-                                 log_dir=str(tmp_path / "logs"))  # fmt: skip
+    second = torchstep.run_local(
+        app(["--epochs", "3"]), cfg={"checkpoint_dir": str(ckpt)}, log_dir=str(tmp_path / "logs")
+    )
     assert second.state == "SUCCEEDED" and second.outputs == {"first_epoch": 2}
     assert any(f"{ckpt}/epoch-999 skipped: owned by uid {OTHER}" in w for w in second.warnings), second.warnings
 

@@ -63,8 +63,12 @@ def test_the_summary_names_the_root_cause_by_its_last_meaningful_line(tmp_path: 
     # behind a shell line: `torchstep run` checks a script it can see before starting (test_first_hour)
     role = specs.Role("trainer", image="x", entrypoint="sh", args=["-c", f"exec python {missing}"])
     app = specs.AppDef("missing", roles=[role])
-    p = subprocess.run(cli("--app", write_app(tmp_path / "app.json", app), "--log-dir", str(log_dir)),
-                       capture_output=True, text=True, timeout=240)  # fmt: skip
+    p = subprocess.run(
+        cli("--app", write_app(tmp_path / "app.json", app), "--log-dir", str(log_dir)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     at = next(

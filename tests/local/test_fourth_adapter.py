@@ -64,9 +64,13 @@ class ToyFlow:
             outputs = self.outputs.setdefault((run_id, fn.__name__), {})
             for n in range(1, retries + 2):
                 self._local.context = types.SimpleNamespace(
-                    run_id=run_id, task_id=fn.__name__, try_number=n, outputs=outputs,
-                    log=(log if log is not None else []).append, on_kill=self.kills.append,
-                )  # fmt: skip
+                    run_id=run_id,
+                    task_id=fn.__name__,
+                    try_number=n,
+                    outputs=outputs,
+                    log=(log if log is not None else []).append,
+                    on_kill=self.kills.append,
+                )
                 try:
                     return fn(**bound.arguments)
                 except Exception as e:

@@ -68,9 +68,12 @@ def test_a_mount_source_with_shell_characters_is_refused_inside_interpreted_code
     src.mkdir()
     code = "cat /data/f.txt" if "python" not in entrypoint else "print(open('/data/f.txt').read())"
     r = specs.Role(
-        "trainer", image="x", entrypoint=entrypoint, args=["-c", code],
+        "trainer",
+        image="x",
+        entrypoint=entrypoint,
+        args=["-c", code],
         mounts=[specs.BindMount(src_path=str(src), dst_path="/data")],
-    )  # fmt: skip
+    )
     with pytest.raises(torchstep.SpecError) as err:
         torchstep.run_local(specs.AppDef("nasty", roles=[r]), log_dir=str(log_dir))
     assert err.value.field == "roles[0].mounts[0].src_path"
@@ -85,9 +88,12 @@ def test_a_plain_mount_source_is_still_rewritten_inside_a_shell_script(tmp_path:
     (src / "f.txt").write_text("ok")
     marker = tmp_path / "copied.txt"
     r = specs.Role(
-        "trainer", image="x", entrypoint="bash", args=["-c", f"cp /data/f.txt {marker}"],
+        "trainer",
+        image="x",
+        entrypoint="bash",
+        args=["-c", f"cp /data/f.txt {marker}"],
         mounts=[specs.BindMount(src_path=str(src), dst_path="/data")],
-    )  # fmt: skip
+    )
     result = torchstep.run_local(specs.AppDef("plain", roles=[r]), log_dir=str(log_dir))
     assert result.state == "SUCCEEDED", result.message
     assert marker.read_text() == "ok"
@@ -243,8 +249,11 @@ def test_ctrl_c_while_a_component_function_runs_is_interrupted_exit_130(tmp_path
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchstep.cli", "run", f"{comp}:slow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         wait_for(marker.exists, 60, "the component function to start")
         proc.send_signal(signal.SIGINT)
@@ -297,10 +306,11 @@ def test_the_agent_refuses_an_unwritable_result_file_or_log_dir_before_starting(
     flag = ["--result-file", str(a_file / "result.json")] if where == "result" else ["--log-dir", str(a_file)]
     started = tmp_path / "started"
     done = subprocess.run(
-        [sys.executable, "-m", "torchstep.agent", *flag, "--nproc-per-node", "1", "--no-python",
-         "touch", str(started)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "torchstep.agent", *flag, "--nproc-per-node", "1", "--no-python", "touch", str(started)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert ("--result-file" if where == "result" else "--log-dir") in done.stderr and "fix:" in done.stderr
     assert "Traceback" not in done.stderr

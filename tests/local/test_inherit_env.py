@@ -22,11 +22,24 @@ SECRET = "s3cr3t-caller-credential-7f1e"
 def app(token: str, *, replicas: int = 2, nproc: int = 2) -> specs.AppDef:
     digest = hashlib.sha256(SECRET.encode()).hexdigest()
     env = {"STEP_OWN": "from-the-appdef", TOKEN_ENV: token}  # the leak check follows the AppDef's env
-    probe = specs.Role("probe", image="unused", entrypoint="python", args=[PROBE, digest], num_replicas=replicas,
-                       resource=specs.Resource(cpu=-1, gpu=0, memMB=-1), env=env,
-                       metadata={"torchstep": {"nproc_per_node": nproc}})  # fmt: skip
-    shell = specs.Role("shell", image="unused", entrypoint="sh", args=["-c", "env; cat /proc/self/environ; echo"],
-                       resource=specs.Resource(cpu=-1, gpu=0, memMB=-1), env=env)  # fmt: skip
+    probe = specs.Role(
+        "probe",
+        image="unused",
+        entrypoint="python",
+        args=[PROBE, digest],
+        num_replicas=replicas,
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+        env=env,
+        metadata={"torchstep": {"nproc_per_node": nproc}},
+    )
+    shell = specs.Role(
+        "shell",
+        image="unused",
+        entrypoint="sh",
+        args=["-c", "env; cat /proc/self/environ; echo"],
+        resource=specs.Resource(cpu=-1, gpu=0, memMB=-1),
+        env=env,
+    )
     return specs.AppDef("envprobe", roles=[probe, shell])
 
 
@@ -78,8 +91,9 @@ def test_by_default_the_step_inherits_the_environment_and_the_probe_sees_it(call
 
 
 def test_secret_env_reads_nothing_from_the_caller_without_inheritance(caller_env, tmp_path):
-    role = specs.Role("w", image="unused", entrypoint="true",
-                      metadata={"torchstep": {"secret_env": {"GITHUB_TOKEN": "gh/token"}}})  # fmt: skip
+    role = specs.Role(
+        "w", image="unused", entrypoint="true", metadata={"torchstep": {"secret_env": {"GITHUB_TOKEN": "gh/token"}}}
+    )
     with pytest.raises(torchstep.SpecError, match=r"secret_env.*inherit_env=False.*fix: run on the kubernetes"):
         torchstep.run_local(specs.AppDef("s", roles=[role]), cfg={"inherit_env": False, "log_dir": str(tmp_path)})
     assert not list(tmp_path.iterdir())  # refused before anything was created

@@ -33,13 +33,17 @@ dist.destroy_process_group()
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``torchx`` in a scratch directory, with this test's own state directory."""
     (tmp_path / "train.py").write_text(TRAIN)
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
 
     def torchx(*args: str, timeout: float = 120, **more_env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TORCHX, *args], cwd=tmp_path, env={**env, **more_env}, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [TORCHX, *args], cwd=tmp_path, env={**env, **more_env}, capture_output=True, text=True, timeout=timeout
+        )
 
     return torchx
 
@@ -99,8 +103,11 @@ def test_a_2x2_ddp_job_runs_every_rank_and_logs_per_replica(cli) -> None:
     assert "train[0]:SUCCEEDED" in status and "train[1]:SUCCEEDED" in status
     everything = cli("log", f"{handle}/train").stdout
     assert sorted(line.split("rank ")[1][:6] for line in everything.splitlines() if "] rank " in line) == [
-        "0 of 4", "1 of 4", "2 of 4", "3 of 4",
-    ]  # fmt: skip
+        "0 of 4",
+        "1 of 4",
+        "2 of 4",
+        "3 of 4",
+    ]
     one = cli("log", f"{handle}/train/1").stdout
     assert one.count("] rank ") == 2  # replica 1's two ranks only
     # two ranks in one replica: each line keeps the rank that wrote it; no line of the agent's
@@ -110,14 +117,33 @@ def test_a_2x2_ddp_job_runs_every_rank_and_logs_per_replica(cli) -> None:
 
 def test_cancel_stops_every_process_and_the_app_ends_cancelled(cli) -> None:
     mark = f"torchx-local-{uuid.uuid4().hex[:8]}"
-    handle = handle_of(cli("run", "-s", "torchstep_local", "-cfg", "grace_period=3", "dist.ddp", "-j", "1x2",
-                           "--script", "train.py", "--env", f"SLEEP=600,TORCHSTEP_TEST_MARK={mark}"))  # fmt: skip
+    handle = handle_of(
+        cli(
+            "run",
+            "-s",
+            "torchstep_local",
+            "-cfg",
+            "grace_period=3",
+            "dist.ddp",
+            "-j",
+            "1x2",
+            "--script",
+            "train.py",
+            "--env",
+            f"SLEEP=600,TORCHSTEP_TEST_MARK={mark}",
+        )
+    )
     wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 3, 120, "agent and workers", 0.2)
     wait_for(lambda: "rank 1 of 2" in cli("log", f"{handle}/train/0").stdout, 120, "the workers to print", 0.5)
     assert state(cli, handle) == "RUNNING"
     # follow the log in another process while it runs: it must end when the app ends
-    follower = subprocess.Popen([TORCHX, "log", "-t", f"{handle}/train/0"], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ}, cwd=os.getcwd())  # fmt: skip
+    follower = subprocess.Popen(
+        [TORCHX, "log", "-t", f"{handle}/train/0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+        cwd=os.getcwd(),
+    )
     t0 = time.monotonic()
     out = cli("cancel", handle)
     assert out.returncode == 0, out.stderr
@@ -130,8 +156,20 @@ def test_cancel_stops_every_process_and_the_app_ends_cancelled(cli) -> None:
 
 def test_a_killed_supervisor_is_reported_failed_and_leaves_no_process(cli, tmp_path: Path) -> None:
     mark = f"torchx-local-{uuid.uuid4().hex[:8]}"
-    handle = handle_of(cli("run", "-s", "torchstep_local", "dist.ddp", "-j", "1x1", "--script", "train.py",
-                           "--env", f"SLEEP=600,TORCHSTEP_TEST_MARK={mark}"))  # fmt: skip
+    handle = handle_of(
+        cli(
+            "run",
+            "-s",
+            "torchstep_local",
+            "dist.ddp",
+            "-j",
+            "1x1",
+            "--script",
+            "train.py",
+            "--env",
+            f"SLEEP=600,TORCHSTEP_TEST_MARK={mark}",
+        )
+    )
     wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 2, 120, "agent and worker", 0.2)
     app_id = handle.rsplit("/", 1)[1]
     record = json.loads(

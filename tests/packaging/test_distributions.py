@@ -90,8 +90,12 @@ def test_every_pip_install_in_the_docs_names_a_real_distribution_and_extra() -> 
 def test_no_version_string_is_written_twice() -> None:
     """The version lives in pyproject.toml; code reads it from the installed metadata."""
     pattern = re.compile(rf"['\"]{re.escape(CORE_VERSION)}['\"]|__version__\s*=")
-    hits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.glob("adapters/*/src/**/*.py")
-            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]  # fmt: skip
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in ROOT.glob("adapters/*/src/**/*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []
 
 

@@ -28,8 +28,9 @@ def test_faults_are_survived_and_results_flow_downstream(tmp_path: Path, monkeyp
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     flow = example().batch_training
-    state = flow(workdir=str(tmp_path), samples=800, epochs=3, kill_rank=1, kill_at_epoch=1, fail_once=True,
-                 return_state=True)  # fmt: skip
+    state = flow(
+        workdir=str(tmp_path), samples=800, epochs=3, kill_rank=1, kill_at_epoch=1, fail_once=True, return_state=True
+    )
     assert state.is_completed()
     out = state.result()
     history = out["train"]["outputs"]["history"]

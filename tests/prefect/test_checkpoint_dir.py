@@ -24,8 +24,13 @@ def test_the_checkpoint_dir_in_the_task_cfg_reaches_the_ranks_and_training_resum
     ckpt = tmp_path / "ckpt {{ flow_run.id }} $(id)"  # data, not a template or shell text
     ckpt.mkdir(mode=0o700)
     (ckpt / "epoch-004").write_text("4")  # what an earlier try saved before its process died
-    role = specs.Role("trainer", image="", entrypoint="python", args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
-                      metadata={"torchstep": {"nproc_per_node": 2}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="",
+        entrypoint="python",
+        args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
+        metadata={"torchstep": {"nproc_per_node": 2}},
+    )
     train = app_task(specs.AppDef("resume", roles=[role]), cfg={"checkpoint_dir": str(ckpt)})
 
     @flow

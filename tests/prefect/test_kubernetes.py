@@ -29,12 +29,19 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 def nodes_app(max_retries: int = 2) -> specs.AppDef:
     role = specs.Role(
-        "trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"], num_replicas=2,
-        resource=specs.Resource(cpu=2, gpu=1, memMB=4096), max_retries=max_retries,
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=2,
+        resource=specs.Resource(cpu=2, gpu=1, memMB=4096),
+        max_retries=max_retries,
         retry_policy=specs.RetryPolicy.APPLICATION,
-        metadata={"torchstep": {"nproc_per_node": 2, "secret_env": {"HF_TOKEN": "hf/token"}},
-                  "kubernetes": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}},
-    )  # fmt: skip
+        metadata={
+            "torchstep": {"nproc_per_node": 2, "secret_env": {"HF_TOKEN": "hf/token"}},
+            "kubernetes": {"tolerations": [{"key": "gpu", "operator": "Exists"}]},
+        },
+    )
     return specs.AppDef("nodes", roles=[role])
 
 
@@ -75,8 +82,9 @@ def test_a_timeout_while_reattached_deletes_the_job_and_its_pods(monkeypatch) ->
 
     monkeypatch.setattr(tasks, "POLL_INTERVAL_S", 0.01)
     fake = DyingOnce({0: Script(), 1: Script()}, polls=10**6)  # never finishes by itself
-    train = app_task(nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake,
-                     timeout_seconds=3)  # fmt: skip
+    train = app_task(
+        nodes_app(max_retries=0), target="kubernetes", cfg={"namespace": "ml"}, client=fake, timeout_seconds=3
+    )
 
     runs: list = []
 
@@ -235,15 +243,20 @@ def test_a_sigkilled_flow_run_process_re_executed_attaches_to_its_job(tmp_path) 
     from prefect.settings import PREFECT_API_URL
 
     ok = StepResult(app_id="x", state="SUCCEEDED", exit_code=0, outputs={"loss": 0.75}).summary()
-    server = start_server(tmp_path / "api", Scenario(replicas=2, run_s=8, lines=30, line_interval_s=0.2,
-                                                     messages=[ok, ok]))  # fmt: skip
+    server = start_server(
+        tmp_path / "api", Scenario(replicas=2, run_s=8, lines=30, line_interval_s=0.2, messages=[ok, ok])
+    )
     script, id_file = tmp_path / "flow.py", tmp_path / "flow_run_id"
     script.write_text(FLOW_SCRIPT)
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONUNBUFFERED": "1"}
 
     def run(which: str, log: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(script), str(server.kubeconfig), str(id_file), which],
-                                env=env, stdout=open(tmp_path / log, "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, str(script), str(server.kubeconfig), str(id_file), which],
+            env=env,
+            stdout=open(tmp_path / log, "wb"),
+            stderr=subprocess.STDOUT,
+        )
 
     try:
         first = run("new", "first.log")

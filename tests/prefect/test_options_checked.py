@@ -11,8 +11,14 @@ from torchstep_prefect import app_task  # noqa: E402
 
 
 def app(replicas: int = 1) -> specs.AppDef:
-    role = specs.Role("trainer", image="ghcr.io/acme/train:1", entrypoint="python", args=["-m", "train"],
-                      num_replicas=replicas, resource=specs.Resource(cpu=1, gpu=0, memMB=512))  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="ghcr.io/acme/train:1",
+        entrypoint="python",
+        args=["-m", "train"],
+        num_replicas=replicas,
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+    )
     return specs.AppDef("train", roles=[role])
 
 

@@ -28,9 +28,12 @@ def test_ranks_table_says_where_each_rank_was() -> None:
 
 @pytest.mark.parametrize(
     ("progress", "percent"),
-    [({"step": 120, "total": 1000, "rate": 2.0, "eta_s": 440.0, "rank": 0, "time": 1.0}, 12.0),
-     ({"step": 7, "total": None, "rate": None, "eta_s": None, "rank": 0, "time": 1.0}, None), (None, None)],
-)  # fmt: skip
+    [
+        ({"step": 120, "total": 1000, "rate": 2.0, "eta_s": 440.0, "rank": 0, "time": 1.0}, 12.0),
+        ({"step": 7, "total": None, "rate": None, "eta_s": None, "rank": 0, "time": 1.0}, None),
+        (None, None),
+    ],
+)
 def test_progress_artifact(
     monkeypatch: pytest.MonkeyPatch, progress: dict[str, Any] | None, percent: float | None
 ) -> None:

@@ -31,19 +31,30 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false", "XDG_STATE_HOME": str(tmp_path / "state"),
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    })  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "XDG_STATE_HOME": str(tmp_path / "state"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+    )
     procs = []
     logs = []
     try:
         log = open(tmp_path / "server.log", "w")  # noqa: SIM115
         logs.append(log)
-        procs.append(subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
         def healthy() -> bool:
             try:
@@ -54,9 +65,15 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
         log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "served_flow.py"), "0 2 * * *"],
-                                      env={**env, "PREFECT_API_URL": api}, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE / "served_flow.py"), "0 2 * * *"],
+                env={**env, "PREFECT_API_URL": api},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
         def deployment() -> dict | None:
             r = httpx.get(f"{api}/deployments/name/nightly/nightly", timeout=5)
@@ -66,8 +83,11 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]
 
         def run(mark: str, seconds: float) -> str:
-            r = api_call("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
-                     json={"parameters": {"mark": mark, "seconds": seconds}})  # fmt: skip
+            r = api_call(
+                "POST",
+                f"{api}/deployments/{dep['id']}/create_flow_run",
+                json={"parameters": {"mark": mark, "seconds": seconds}},
+            )
             r.raise_for_status()
             return r.json()["id"]
 
@@ -78,8 +98,11 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         mark = f"serve-cancel-{uuid.uuid4().hex[:6]}"
         long = run(mark, 600)
         wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the long run's processes")
-        r = api_call("POST", f"{api}/flow_runs/{long}/set_state",
-                 json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})  # fmt: skip
+        r = api_call(
+            "POST",
+            f"{api}/flow_runs/{long}/set_state",
+            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+        )
         r.raise_for_status()
         t0 = time.monotonic()
         wait_for(lambda: state_of(api, long) in ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"), 120, "the cancel")
@@ -127,13 +150,22 @@ def test_ctrl_c_of_a_flow_in_a_terminal_stops_every_process_of_the_step(tmp_path
         "run(sys.argv[1])\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "XDG_STATE_HOME": str(tmp_path / "state"),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    })  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(script), mark], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+            "XDG_STATE_HOME": str(tmp_path / "state"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mark],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the step's processes")
         os.kill(proc.pid, signal.SIGINT)

@@ -41,8 +41,11 @@ def test_task_parameters_are_the_component_parameters_with_their_types() -> None
     echo = app_task(ECHO)
     props = parameter_schema(echo.fn).properties  # what the Prefect UI shows
     assert {k: props[k].get("type") for k in ("lr", "epochs", "name", "debug")} == {
-        "lr": "number", "epochs": "integer", "name": "string", "debug": "boolean",
-    }  # fmt: skip
+        "lr": "number",
+        "epochs": "integer",
+        "name": "string",
+        "debug": "boolean",
+    }
     assert props["lr"]["default"] == 0.1 and echo.name == "echo"
     assert props["tags"]["anyOf"][0]["type"] == "array" and props["lr"]["description"] == "learning rate"
 

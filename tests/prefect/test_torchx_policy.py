@@ -61,17 +61,29 @@ def test_a_strangers_flow_runs_fail_at_once_and_create_nothing(kube: FakeKube, t
     marker = tmp_path / f"ran-{uuid.uuid4().hex[:6]}"
     overlay = {"hostPID": True, "containers": [{"name": "main", "securityContext": {"privileged": True}}]}
     cases = [
-        ("app.roles[0].mounts[0].src_path", role(marker, mounts=[specs.BindMount(src_path="/", dst_path="/host")]),
-         "local", {}),
-        ("app.roles[0].mounts[0].src_path",
-         role(marker, mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]), "local", {}),
+        (
+            "app.roles[0].mounts[0].src_path",
+            role(marker, mounts=[specs.BindMount(src_path="/", dst_path="/host")]),
+            "local",
+            {},
+        ),
+        (
+            "app.roles[0].mounts[0].src_path",
+            role(marker, mounts=[specs.DeviceMount(src_path="/dev/mem", dst_path="/dev/mem")]),
+            "local",
+            {},
+        ),
         ("app.roles[0].env['LD_PRELOAD']", role(marker, env={"LD_PRELOAD": "/tmp/evil.so"}), "local", {}),
         ("cfg['inherit_env']", role(marker), "local", {"inherit_env": True}),
-        ("app.roles[0].metadata['kubernetes']['hostPID']", role(marker, metadata={"kubernetes": overlay}),
-         "kubernetes", {}),
+        (
+            "app.roles[0].metadata['kubernetes']['hostPID']",
+            role(marker, metadata={"kubernetes": overlay}),
+            "kubernetes",
+            {},
+        ),
         ("cfg['namespace']", role(marker), "kubernetes", {"namespace": "kube-system"}),
         ("cfg['service_account']", role(marker), "kubernetes", {"service_account": "admin"}),
-    ]  # fmt: skip
+    ]
     for field, r, target, cfg in cases:
         state = torchx_app(app=data(r), target=target, cfg=cfg, return_state=True)
         assert state.is_failed(), (field, state)
@@ -91,8 +103,7 @@ def test_the_same_harness_sees_what_an_allowed_flow_run_creates(kube: FakeKube, 
     state = torchx_app(app=data(role(marker)), target="local", return_state=True)
     assert state.is_completed(), state
     assert marker.exists()
-    torchx_app(app=data(role(tmp_path / "unused")), target="kubernetes", cfg={"active_deadline": 60},
-               return_state=True)  # fmt: skip
+    torchx_app(app=data(role(tmp_path / "unused")), target="kubernetes", cfg={"active_deadline": 60}, return_state=True)
     assert [o["kind"] for o in kube.objects] == ["Pod"]
 
 
@@ -115,9 +126,13 @@ def test_serve_refuses_to_start_with_a_bad_policy_file(tmp_path: Path) -> None:
     bad = tmp_path / "policy.toml"
     bad.write_text('namespace = ["ml"]\n')  # a typo: namespaces
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    out = subprocess.run([sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve", "--policy", str(bad)],
-                         env={**env, "PREFECT_API_URL": "http://127.0.0.1:9/api"}, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve", "--policy", str(bad)],
+        env={**env, "PREFECT_API_URL": "http://127.0.0.1:9/api"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "namespace: unknown key in the policy file" in out.stderr and "namespaces" in out.stderr
 
@@ -131,17 +146,28 @@ def test_serve_policy_reaches_every_flow_run_of_a_served_deployment(tmp_path: Pa
     policy = tmp_path / "policy.toml"
     policy.write_text('targets = ["kubernetes"]\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TORCHSTEP_POLICY"))}
-    env.update({
-        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
-        "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": os.pathsep.join(sys.path),
-    })  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+            "XDG_STATE_HOME": str(tmp_path / "state"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+    )
     procs = []
     logs = [open(tmp_path / "server.log", "wb"), open(tmp_path / "serve.log", "wb")]  # noqa: SIM115
     try:
-        procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                       str(port)], env=env, stdout=logs[0], stderr=subprocess.STDOUT,
-                                      start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                stdout=logs[0],
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
         def healthy() -> bool:
             try:
@@ -150,15 +176,28 @@ def test_serve_policy_reaches_every_flow_run_of_a_served_deployment(tmp_path: Pa
                 return False
 
         wait_for(healthy, 180, "the Prefect server", interval=0.5)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve", "--policy", str(policy)],
-            env={**env, "PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}, stdout=logs[1],
-            stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True))  # fmt: skip
-        dep = wait_for(lambda: _json(httpx.get(f"{api}/deployments/name/torchstep-torchx/torchx", timeout=5)), 120,
-                       "the served deployment", interval=0.5)  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve", "--policy", str(policy)],
+                env={**env, "PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+                start_new_session=True,
+            )
+        )
+        dep = wait_for(
+            lambda: _json(httpx.get(f"{api}/deployments/name/torchstep-torchx/torchx", timeout=5)),
+            120,
+            "the served deployment",
+            interval=0.5,
+        )
         marker = tmp_path / "ran"
-        r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run",
-                       json={"parameters": {"app": data(role(marker)), "target": "local"}}, timeout=10)  # fmt: skip
+        r = httpx.post(
+            f"{api}/deployments/{dep['id']}/create_flow_run",
+            json={"parameters": {"app": data(role(marker)), "target": "local"}},
+            timeout=10,
+        )
         assert r.status_code == 201, r.text
         run_id = r.json()["id"]
 

@@ -55,8 +55,9 @@ def test_runopts_list_every_option_with_its_default() -> None:
 
 def test_dryrun_prints_the_deployment_and_the_exact_flow_run_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREFECT_API_KEY", "pnu_do-not-print-me")
-    info = get_runner().dryrun_component("utils.echo", ["--msg", "hi"], "prefect",
-                                         cfg={"endpoint": ECHO_API + "/", "tags": ["a", "b"]})  # fmt: skip
+    info = get_runner().dryrun_component(
+        "utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": ECHO_API + "/", "tags": ["a", "b"]}
+    )
     text = str(info)
     assert "POST http://127.0.0.1:4200/api/deployments/{id of torchstep-torchx/torchx}/create_flow_run" in text
     assert "GET /deployments/name/torchstep-torchx/torchx" in text
@@ -70,9 +71,18 @@ def test_dryrun_prints_the_deployment_and_the_exact_flow_run_parameters(monkeypa
 
 
 def test_dryrun_kubernetes_target_passes_the_namespace_and_the_queue() -> None:
-    info = get_runner().dryrun_component("utils.echo", ["--msg", "hi"], "prefect",
-                                         cfg={"endpoint": ECHO_API, "target": "kubernetes", "namespace": "ml",
-                                              "queue": "gpu", "deployment": "torchstep-torchx/k8s"})  # fmt: skip
+    info = get_runner().dryrun_component(
+        "utils.echo",
+        ["--msg", "hi"],
+        "prefect",
+        cfg={
+            "endpoint": ECHO_API,
+            "target": "kubernetes",
+            "namespace": "ml",
+            "queue": "gpu",
+            "deployment": "torchstep-torchx/k8s",
+        },
+    )
     text = str(info)
     body = json.loads(text[text.index("{\n") :])
     assert body["parameters"]["target"] == "kubernetes" and body["parameters"]["cfg"] == {"namespace": "ml"}
@@ -108,10 +118,12 @@ def test_cfg_errors_name_the_option_and_the_fix(cfg: dict[str, Any], match: str)
 
 @pytest.mark.parametrize(
     ("cfg", "secret"),
-    [({"api_key_env": "pnu_0123456789abcdef"}, "pnu_0123456789abcdef"),
-     ({"auth_string_env": "admin:hunter2"}, "hunter2"),
-     ({"endpoint": "https://admin:hunter2@prefect.example/api"}, "hunter2")],
-)  # fmt: skip
+    [
+        ({"api_key_env": "pnu_0123456789abcdef"}, "pnu_0123456789abcdef"),
+        ({"auth_string_env": "admin:hunter2"}, "hunter2"),
+        ({"endpoint": "https://admin:hunter2@prefect.example/api"}, "hunter2"),
+    ],
+)
 def test_a_secret_given_in_cfg_is_refused_and_never_echoed(cfg: dict[str, Any], secret: str) -> None:
     app = AppDef("ok", roles=[Role("w", image="", entrypoint="echo")])
     with pytest.raises(SpecError) as err:
@@ -127,8 +139,9 @@ def test_credentials_come_from_the_named_variables_and_an_unset_one_is_an_error(
     monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:pass")  # as Prefect's client: Basic auth wins
     assert ts.PrefectAPI(ECHO_API, "TEAM_PREFECT_KEY").headers == {"Authorization": "Basic YWRtaW46cGFzcw=="}
     with pytest.raises(SpecError, match=r"cfg\['api_key_env'\]: the variable \$MISSING_KEY is not set"):
-        get_runner().run_component("utils.echo", ["--msg", "hi"], "prefect",
-                                   cfg={"endpoint": ECHO_API, "api_key_env": "MISSING_KEY"})  # fmt: skip
+        get_runner().run_component(
+            "utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": ECHO_API, "api_key_env": "MISSING_KEY"}
+        )
 
 
 def _no_api_url(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,8 +156,10 @@ def test_the_endpoint_defaults_to_the_active_prefect_profile_read_without_import
 ) -> None:
     _no_api_url(monkeypatch)
     profiles = tmp_path / "profiles.toml"
-    profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://team.example:4200/api"\n'
-                        '[profiles.other]\nPREFECT_API_URL = "http://other.example:4200/api"\n')  # fmt: skip
+    profiles.write_text(
+        'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://team.example:4200/api"\n'
+        '[profiles.other]\nPREFECT_API_URL = "http://other.example:4200/api"\n'
+    )
     monkeypatch.setenv("PREFECT_PROFILES_PATH", str(profiles))
     assert ts.default_endpoint() == "http://team.example:4200/api"
     monkeypatch.setenv("PREFECT_PROFILE", "other")  # Prefect's own override of the active profile
@@ -158,10 +173,15 @@ def test_the_endpoint_defaults_to_the_active_prefect_profile_read_without_import
 
 @pytest.mark.parametrize(
     ("cfg", "match"),
-    [({"endpoint": ECHO_API, "api_key_env": "TEAM_KEY"}, r"cfg\['api_key_env'\]: the variable \$TEAM_KEY is not set"),
-     ({"endpoint": ECHO_API, "auth_string_env": "TEAM_AUTH"}, r"cfg\['auth_string_env'\]: the variable \$TEAM_AUTH"),
-     ({}, r"cfg\['endpoint'\]: no Prefect API to submit to")],
-)  # fmt: skip
+    [
+        (
+            {"endpoint": ECHO_API, "api_key_env": "TEAM_KEY"},
+            r"cfg\['api_key_env'\]: the variable \$TEAM_KEY is not set",
+        ),
+        ({"endpoint": ECHO_API, "auth_string_env": "TEAM_AUTH"}, r"cfg\['auth_string_env'\]: the variable \$TEAM_AUTH"),
+        ({}, r"cfg\['endpoint'\]: no Prefect API to submit to"),
+    ],
+)
 def test_the_dry_run_makes_every_check_the_submission_makes(
     monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any], match: str
 ) -> None:
@@ -207,8 +227,11 @@ def test_describe_maps_prefect_states_to_torchx(
     monkeypatch: pytest.MonkeyPatch, kind: str, name: str, message: str, state: AppState, msg: str
 ) -> None:
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")  # no record: looked up by name
-    run = {"id": "0b5c3a5e-0000-4000-8000-000000000001", "state": {"type": kind, "name": name, "message": message},
-           "parameters": {"app": {"roles": [{"name": "trainer", "num_replicas": 2}]}}}  # fmt: skip
+    run = {
+        "id": "0b5c3a5e-0000-4000-8000-000000000001",
+        "state": {"type": kind, "name": name, "message": message},
+        "parameters": {"app": {"roles": [{"name": "trainer", "num_replicas": 2}]}},
+    }
     monkeypatch.setattr(ts.PrefectAPI, "flow_run", lambda self, ref: run if ref == "train-1a2b3c" else None)
     desc = ts.create_scheduler("t").describe("train-1a2b3c")
     assert desc is not None and desc.state == state and desc.msg == msg
@@ -225,18 +248,32 @@ def test_ui_url_of_prefect_cloud() -> None:
 
 def test_logs_are_split_by_role_and_the_run_lines_go_to_the_first_role(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
-    run = {"id": "r1", "state": {"type": "COMPLETED", "name": "Completed"},
-           "parameters": {"app": {"roles": [{"name": "ps"}, {"name": "worker", "num_replicas": 2}]}}}  # fmt: skip
-    logs = [{"id": str(i), "timestamp": f"2026-01-01T00:00:0{i}+00:00", "message": m}
-            for i, m in enumerate(["Beginning flow run", "[ps/0] ready", "[worker/1] step 1\n[worker/0] step 1",
-                                   "torchstep: worker replica 1 SUCCEEDED (exit 0)"])]  # fmt: skip
+    run = {
+        "id": "r1",
+        "state": {"type": "COMPLETED", "name": "Completed"},
+        "parameters": {"app": {"roles": [{"name": "ps"}, {"name": "worker", "num_replicas": 2}]}},
+    }
+    logs = [
+        {"id": str(i), "timestamp": f"2026-01-01T00:00:0{i}+00:00", "message": m}
+        for i, m in enumerate(
+            [
+                "Beginning flow run",
+                "[ps/0] ready",
+                "[worker/1] step 1\n[worker/0] step 1",
+                "torchstep: worker replica 1 SUCCEEDED (exit 0)",
+            ]
+        )
+    ]
     monkeypatch.setattr(ts.PrefectAPI, "flow_run", lambda self, ref: run)
     monkeypatch.setattr(ts.PrefectAPI, "logs", lambda self, run_id, after=None: logs)
     sched = ts.create_scheduler("t")
     assert list(sched.log_iter("x-1a2b3c", "ps")) == ["Beginning flow run\n", "[ps/0] ready\n"]
     # a launcher event names its replica's role: it is that role's line (the one rule, as on Airflow)
     assert list(sched.log_iter("x-1a2b3c", "worker")) == [
-        "[worker/1] step 1\n", "[worker/0] step 1\n", "torchstep: worker replica 1 SUCCEEDED (exit 0)\n"]  # fmt: skip
+        "[worker/1] step 1\n",
+        "[worker/0] step 1\n",
+        "torchstep: worker replica 1 SUCCEEDED (exit 0)\n",
+    ]
     assert list(sched.log_iter("x-1a2b3c", "worker", 1)) == []
     assert list(sched.log_iter("x-1a2b3c", "worker", regex="/0")) == ["[worker/0] step 1\n"]
     with pytest.raises(ValueError, match=r"no role 'trainer'; fix: use one of \['ps', 'worker'\]"):
@@ -264,17 +301,28 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(tmp / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
-        "XDG_STATE_HOME": str(tmp / "runner-state"), "PYTHONPATH": os.pathsep.join(sys.path),
-    })  # fmt: skip
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp / "home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+            "XDG_STATE_HOME": str(tmp / "runner-state"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+    )
     procs: list[subprocess.Popen[bytes]] = []
     with open(tmp / "server.log", "wb") as server_log, open(tmp / "serve.log", "wb") as serve_log:
         try:
-            procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                           str(port)], env=env, stdout=server_log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                    env=env,
+                    stdout=server_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
             def healthy() -> bool:
                 try:
@@ -283,12 +331,22 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     return False
 
             wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
-            procs.append(subprocess.Popen([sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve"],
-                                          env={**env, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
-                                          stdout=serve_log, stderr=subprocess.STDOUT, cwd=tmp,
-                                          start_new_session=True))  # fmt: skip
-            wait_for(lambda: httpx.get(f"{url}/deployments/name/torchstep-torchx/torchx", timeout=5).status_code == 200,
-                     120, "the served torchstep-torchx/torchx deployment", interval=0.5)  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "torchstep_prefect.torchx_flow", "serve"],
+                    env={**env, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
+                    stdout=serve_log,
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp,
+                    start_new_session=True,
+                )
+            )
+            wait_for(
+                lambda: httpx.get(f"{url}/deployments/name/torchstep-torchx/torchx", timeout=5).status_code == 200,
+                120,
+                "the served torchstep-torchx/torchx deployment",
+                interval=0.5,
+            )
             yield url
         finally:
             _stop(procs)
@@ -296,8 +354,14 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _torchx(*args: str, env: dict[str, str] | None = None) -> str:
     """``torchx ARGS`` in a process of its own; its stdout + stderr."""
-    out = subprocess.run([str(BIN / "torchx"), *args], env={**os.environ, **(env or {})}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(BIN / "torchx"), *args],
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout + out.stderr
 
@@ -383,10 +447,14 @@ def test_a_broken_appdef_fails_the_flow_run_at_once_naming_the_field(api: str, m
 @pytest.mark.slow
 def test_submission_errors_against_a_real_server_say_what_to_do(api: str) -> None:
     runner = get_runner()
-    with pytest.raises(SchedulerError, match=r"no deployment 'torchstep-torchx/nope' at .*fix: serve it "
-                       r"\(`python -m torchstep_prefect.torchx_flow serve --name torchx`"):  # fmt: skip
-        runner.run_component("utils.echo", ["--msg", "hi"], "prefect",
-                             cfg={"endpoint": api, "deployment": "torchstep-torchx/nope"})  # fmt: skip
+    with pytest.raises(
+        SchedulerError,
+        match=r"no deployment 'torchstep-torchx/nope' at .*fix: serve it "
+        r"\(`python -m torchstep_prefect.torchx_flow serve --name torchx`",
+    ):
+        runner.run_component(
+            "utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": api, "deployment": "torchstep-torchx/nope"}
+        )
     with pytest.raises(SchedulerError, match=r"not associated with a work pool.*fix: drop -cfg queue"):
         runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={"endpoint": api, "queue": "gpu"})
     assert runner.list("prefect") == []  # nothing was recorded for the refused submissions
@@ -395,17 +463,30 @@ def test_submission_errors_against_a_real_server_say_what_to_do(api: str) -> Non
 @pytest.mark.slow
 def test_a_work_pool_deployment_gets_the_queue_and_tags_and_a_waiting_run_cancels_at_once(api: str) -> None:
     pool = f"pool-{uuid.uuid4().hex[:6]}"
-    for path, body in ((f"{api}/work_pools/", {"name": pool, "type": "process"}),
-                       (f"{api}/work_pools/{pool}/queues", {"name": "gpu"})):  # fmt: skip
+    for path, body in (
+        (f"{api}/work_pools/", {"name": pool, "type": "process"}),
+        (f"{api}/work_pools/{pool}/queues", {"name": "gpu"}),
+    ):
         assert api_call("POST", path, json=body).status_code == 201
     flow_id = api_call("POST", f"{api}/flows/", json={"name": "torchstep-torchx"}).json()["id"]
-    r = api_call("POST", f"{api}/deployments/", json={
-        "name": pool, "flow_id": flow_id, "work_pool_name": pool, "entrypoint": "torchstep_prefect.torchx_flow.torchx_app",
-    })  # fmt: skip
+    r = api_call(
+        "POST",
+        f"{api}/deployments/",
+        json={
+            "name": pool,
+            "flow_id": flow_id,
+            "work_pool_name": pool,
+            "entrypoint": "torchstep_prefect.torchx_flow.torchx_app",
+        },
+    )
     assert r.status_code in (200, 201), r.text
     runner = get_runner()
-    handle = runner.run_component("utils.echo", ["--msg", "hi"], "prefect", cfg={
-        "endpoint": api, "deployment": f"torchstep-torchx/{pool}", "queue": "gpu", "tags": ["nightly"]})  # fmt: skip
+    handle = runner.run_component(
+        "utils.echo",
+        ["--msg", "hi"],
+        "prefect",
+        cfg={"endpoint": api, "deployment": f"torchstep-torchx/{pool}", "queue": "gpu", "tags": ["nightly"]},
+    )
     record = ts.records.load("prefect", handle.rsplit("/", 1)[1])
     run = api_call("GET", f"{api}/flow_runs/{record['flow_run_id']}").json()  # type: ignore[index]
     assert run["work_queue_name"] == "gpu" and "nightly" in run["tags"]

@@ -134,8 +134,14 @@ def test_a_non_retryable_error_whose_workers_ran_again_is_a_violation(tmp_path: 
     (run_dir / "soak" / "1" / "attempt_1").mkdir(parents=True)
     for d in (run_dir, run_dir / "soak", run_dir / "soak" / "1", run_dir / "soak" / "1" / "attempt_1"):
         d.chmod(0o700)
-    result = {"state": "FAILED", "exit_code": 82, "restarts": 1, "attempts": 1, "retryable": False,
-              "root_cause": {"rank": 3}}  # fmt: skip
+    result = {
+        "state": "FAILED",
+        "exit_code": 82,
+        "restarts": 1,
+        "attempts": 1,
+        "retryable": False,
+        "root_cause": {"rank": 3},
+    }
     obs = Observation(rc=82, duration_s=1, result=result, result_source="result.json", console="", run_dir=run_dir)
     (bad,) = invariants.check(Run(0, "local", "nonretryable", 3, 3), obs, 10)
     assert bad.invariant == invariants.NAMES["4"] and "soak/1/attempt_1" in bad.detail
@@ -151,8 +157,15 @@ def test_a_killed_agents_console_may_stop_short_but_never_differ(tmp_path: Path)
 
     def bad(console_lines: tuple[int, ...], agent_killed: bool) -> list[str]:
         console = "\n".join(f"[soak/3] soak rank=3 attempt=0 pid=9 line={n}" for n in console_lines)
-        obs = Observation(rc=0, duration_s=1, result=None, result_source="none", console=console,
-                          run_dir=tmp_path / "soak-abc", agent_killed=agent_killed)  # fmt: skip
+        obs = Observation(
+            rc=0,
+            duration_s=1,
+            result=None,
+            result_source="none",
+            console=console,
+            run_dir=tmp_path / "soak-abc",
+            agent_killed=agent_killed,
+        )
         return invariants.check_lines(obs, 2, complete=False)
 
     assert bad((0,), agent_killed=True) == []
@@ -170,11 +183,19 @@ def test_an_interrupt_reaches_the_kfp_driver_of_a_campaign_started_with_sigint_i
     import subprocess
 
     short = tempfile.mkdtemp(prefix="soakint", dir="/tmp")
-    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); from tools.soak.__main__ import main; "
-            "sys.exit(main(['--replay', 'kfp:cancel:6:2', '--report', '']))")  # fmt: skip
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); from tools.soak.__main__ import main; "
+        "sys.exit(main(['--replay', 'kfp:cancel:6:2', '--report', '']))"
+    )
     try:
-        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": short},
-                              capture_output=True, text=True, timeout=240)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": short},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
         shutil.rmtree(short, ignore_errors=True)
     assert done.returncode == 0, done.stdout + done.stderr

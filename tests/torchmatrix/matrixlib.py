@@ -65,8 +65,13 @@ class MatrixAgents(Agents):
         """Run ``torchstep.agent`` or ``torch.distributed.run`` (torchrun) of the row to its end."""
         module = "torchstep.agent" if launcher == "agent" else "torch.distributed.run"
         out.mkdir(parents=True, exist_ok=True)
-        return subprocess.run([self.row.python, "-m", module, *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.row.env({}, str(AGENT_SCRIPTS)))  # fmt: skip
+        return subprocess.run(
+            [self.row.python, "-m", module, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.row.env({}, str(AGENT_SCRIPTS)),
+        )
 
 
 class RowStore:

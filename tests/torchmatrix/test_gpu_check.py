@@ -23,8 +23,9 @@ def test_the_gpu_check_runs_dry_and_every_check_passes(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "performance.md").read_text()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHSTEP_", "PET_", "TORCHELASTIC_"))}
     env.update(PYTHON=sys.executable, GPU_WHEELS=str(tmp_path / "no-wheels"), OUT=str(tmp_path / "out"))
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--dry"], capture_output=True, text=True,
-                          env=env, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu.sh"), "--dry"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "installed into" in done.stdout and "torchstep-" in done.stdout  # the wheel, not the source tree
     report = json.loads((tmp_path / "out" / "gpu.json").read_text())

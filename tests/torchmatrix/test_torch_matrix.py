@@ -57,8 +57,9 @@ def test_start_forks_workers_from_the_zygote(agents: MatrixAgents, row: RowPytho
 
 def test_no_zygote_execs_each_worker(agents: MatrixAgents, row: RowPython) -> None:
     """``--no-zygote``: each worker is a fresh interpreter and says so in the settings line."""
-    a = agents.run(["--no-zygote", "--nproc-per-node", "2", PROBE, str(agents.tmp_path / "agent0" / "probe")],
-                   timeout=240)  # fmt: skip
+    a = agents.run(
+        ["--no-zygote", "--nproc-per-node", "2", PROBE, str(agents.tmp_path / "agent0" / "probe")], timeout=240
+    )
     assert a.returncode == 0, a.diagnostics()
     no_traceback(a)
     assert a.result["state"] == "SUCCEEDED"
@@ -79,8 +80,9 @@ def test_crash_is_restarted_within_the_budget(agents: MatrixAgents) -> None:
 def test_result_names_the_root_cause(agents: MatrixAgents) -> None:
     """The budget spent: the worker's exit code (torchrun says 1), the failing rank, its
     exception and traceback from the error file, its log."""
-    a = agents.run(["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "crash-always", "--code", "3"],
-                   timeout=240)  # fmt: skip
+    a = agents.run(
+        ["--nproc-per-node", "2", "--stop-timeout", "2", WORKER, "--mode", "crash-always", "--code", "3"], timeout=240
+    )
     assert a.returncode == 3, a.diagnostics()
     r = a.result
     assert (r["state"], r["exit_code"], r["restarts"], r["retryable"]) == ("FAILED", 3, 0, True)
@@ -100,8 +102,21 @@ def test_elastic_job_survives_a_lost_node(agents: MatrixAgents, row: RowPython, 
         marks = tmp_path / "marks"
         marks.mkdir()
         env = {"TORCHSTEP_RDZV_ENDPOINT": store.endpoint, "TORCHSTEP_RDZV_CONF": "is_host=false"}
-        args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
-                "--rdzv-id", "lostnode", TRAIN, "--dir", str(marks)]  # fmt: skip
+        args = [
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "lostnode",
+            TRAIN,
+            "--dir",
+            str(marks),
+        ]
         survivor = agents.start(args, env=env, name="survivor")
         victim = agents.start(args, env=env, name="victim")
 
@@ -149,8 +164,10 @@ def test_cancel_while_waiting_for_peers(agents: MatrixAgents) -> None:
 def test_expired_timer_kills_only_the_worker_and_restarts(agents: MatrixAgents) -> None:
     """torch's own ``timer.expires()``: the stuck rank is killed, the agent lives on
     (torchrun's stock file timer would kill the agent too) and restarts the group."""
-    a = agents.run(["--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "2", WORKER, "--mode",
-                    "timer-torch"], timeout=240)  # fmt: skip
+    a = agents.run(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--stop-timeout", "2", WORKER, "--mode", "timer-torch"],
+        timeout=240,
+    )
     assert a.returncode == 0, a.diagnostics()
     r = a.result
     assert (r["state"], r["restarts"]) == ("SUCCEEDED", 1)
@@ -169,8 +186,22 @@ def test_torchrun_flags_and_log_dir_as_under_torchrun(agents: MatrixAgents, tmp_
     seen = {}
     for launcher in ("torchrun", "agent"):
         out, logs = tmp_path / launcher, tmp_path / f"{launcher}-logs"
-        done = agents.launch(launcher, ["--standalone", "--nproc-per-node", "2", "--redirects", "3", "--log-dir",
-                                        str(logs), "-m", "envdump", str(out)], out)  # fmt: skip
+        done = agents.launch(
+            launcher,
+            [
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--redirects",
+                "3",
+                "--log-dir",
+                str(logs),
+                "-m",
+                "envdump",
+                str(out),
+            ],
+            out,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
         if launcher == "agent":

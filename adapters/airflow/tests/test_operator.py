@@ -209,8 +209,15 @@ def test_airflow_task_arguments_carry_the_same_timing() -> None:
     become the task's Airflow retry arguments: the first role of two owns the timing."""
 
     def role(name: str, **opts: float) -> specs.Role:
-        return specs.Role(name, image="img:1", entrypoint="python", args=["-c", "pass"], max_retries=2,
-                          retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": opts})  # fmt: skip
+        return specs.Role(
+            name,
+            image="img:1",
+            entrypoint="python",
+            args=["-c", "pass"],
+            max_retries=2,
+            retry_policy=specs.RetryPolicy.APPLICATION,
+            metadata={"torchstep": opts},
+        )
 
     two_roles = specs.AppDef(
         "two", [role("a", retry_delay=5, retry_backoff=2, max_retry_delay=8), role("b", retry_delay=1)]

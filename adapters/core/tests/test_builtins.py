@@ -56,8 +56,9 @@ def test_builtin_plans_or_says_what_to_do(name: str, target: str) -> None:
             assert head.endswith("— OK") and not plan.warnings, (head, plan.warnings)
         else:
             assert head.endswith(f"— {len(lacking)} warning(s)"), head
-            assert [w.field for w in plan.warnings] == lacking and all("torchstep[agent]" in (w.fix or "")
-                                                                       for w in plan.warnings)  # fmt: skip
+            assert [w.field for w in plan.warnings] == lacking and all(
+                "torchstep[agent]" in (w.fix or "") for w in plan.warnings
+            )
         return
     with pytest.raises(torchstep.SpecError) as err:
         torchstep.build_plan(app, target)

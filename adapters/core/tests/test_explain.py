@@ -128,8 +128,20 @@ def test_importing_torchstep_does_not_import_torch() -> None:
 
 # ---- the command line ---------------------------------------------------------------------------
 def test_cli_explain_ddp_on_kfp() -> None:
-    argv = [*CLI, "explain", "dist.ddp", "--target", "kfp", "--", "-j", "2x2", "--script", "train.py",
-            "--image", "ghcr.io/acme/train:1"]  # fmt: skip
+    argv = [
+        *CLI,
+        "explain",
+        "dist.ddp",
+        "--target",
+        "kfp",
+        "--",
+        "-j",
+        "2x2",
+        "--script",
+        "train.py",
+        "--image",
+        "ghcr.io/acme/train:1",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)

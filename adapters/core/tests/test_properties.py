@@ -383,8 +383,17 @@ def _policies() -> list[Any]:
 
     global _STRICT
     if _STRICT is None:
-        _STRICT = Policy(images=("ghcr.io/acme/",), bind_mounts=("/data",), volume_mounts=("ckpt",), replicas=2,
-                         gpu=1, cpu=2, memMB=100, secrets=("s",), options=("labels",))  # fmt: skip
+        _STRICT = Policy(
+            images=("ghcr.io/acme/",),
+            bind_mounts=("/data",),
+            volume_mounts=("ckpt",),
+            replicas=2,
+            gpu=1,
+            cpu=2,
+            memMB=100,
+            secrets=("s",),
+            options=("labels",),
+        )
     return [DEFAULT, _STRICT]
 
 
@@ -418,10 +427,15 @@ def test_the_policy_allows_or_refuses_any_value_in_any_field(path: str, value: A
 
 
 @BOUNDED
-@given(shape=st.sampled_from(range(len(OVERLAY_SHAPES))), value=ANY_VALUE, cfg_value=ANY_VALUE,
-       key=st.sampled_from(["namespace", "labels", "annotations", "log_dir", "inherit_env", "gpus", "nope"]))  # fmt: skip
-def test_the_policy_walks_any_overlay_and_any_cfg_value_without_crashing(shape: int, value: Any, cfg_value: Any,
-                                                                         key: str) -> None:  # fmt: skip
+@given(
+    shape=st.sampled_from(range(len(OVERLAY_SHAPES))),
+    value=ANY_VALUE,
+    cfg_value=ANY_VALUE,
+    key=st.sampled_from(["namespace", "labels", "annotations", "log_dir", "inherit_env", "gpus", "nope"]),
+)
+def test_the_policy_walks_any_overlay_and_any_cfg_value_without_crashing(
+    shape: int, value: Any, cfg_value: Any, key: str
+) -> None:
     app = valid_app()
     app.roles[0].metadata["kubernetes"] = OVERLAY_SHAPES[shape](value)
     for target in ("local", "kubernetes"):

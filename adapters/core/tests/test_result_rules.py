@@ -23,10 +23,20 @@ def rank(**kw: object) -> RankResult:
 
 
 def test_the_root_cause_line_is_the_ranks_last_meaningful_line() -> None:
-    chained = ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyError: 'x'", "",
-               "During handling of the above exception, another exception occurred:", "",
-               "Traceback (most recent call last):", '  File "a.py", line 3', "    raise RuntimeError('bad lr')",
-               "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^", "RuntimeError: bad lr", "W1125 11:53:21.620000 77 torch/x.py:1] bye"]  # fmt: skip
+    chained = [
+        "Traceback (most recent call last):",
+        '  File "a.py", line 1',
+        "KeyError: 'x'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "a.py", line 3',
+        "    raise RuntimeError('bad lr')",
+        "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        "RuntimeError: bad lr",
+        "W1125 11:53:21.620000 77 torch/x.py:1] bye",
+    ]
     assert last_meaningful_line(chained) == "RuntimeError: bad lr"
     assert last_meaningful_line(["a", "last words  ", "", "  "]) == "last words"
     assert last_meaningful_line([]) is None
@@ -65,8 +75,12 @@ def test_a_succeeded_result_is_never_retryable() -> None:
 
 
 def test_the_summary_carries_the_root_cause_line_its_log_and_the_warnings() -> None:
-    root = rank(message="exited with code 2", reason="worker_failed", log_file="/l/attempt_0/rank3.log",
-                tail=["python: can't open file '/w/missing.py': [Errno 2] No such file or directory"])  # fmt: skip
+    root = rank(
+        message="exited with code 2",
+        reason="worker_failed",
+        log_file="/l/attempt_0/rank3.log",
+        tail=["python: can't open file '/w/missing.py': [Errno 2] No such file or directory"],
+    )
     warnings = ["log truncated: /l/attempt_0/rank3.log: No space left on device"]
     back = StepResult.from_summary(StepResult("a-1", "FAILED", 2, root_cause=root, warnings=warnings).summary())
     assert back is not None and back.root_cause is not None

@@ -9,11 +9,28 @@ from torchstep.result import SUMMARY_MAX_BYTES, RankResult, ReplicaResult, StepR
 
 
 def failed(outputs: dict, message: str = "disk full") -> StepResult:
-    root = RankResult(role="trainer", rank=1, local_rank=1, state="FAILED", exit_code=3, message=message,
-                      traceback="Traceback ...\n" * 500, timestamp=12.5, reason="worker_failed", replica_id=0)  # fmt: skip
-    return StepResult(app_id="train-1a2b", state="FAILED", exit_code=3, restarts=2, root_cause=root,
-                      replicas=[ReplicaResult(role="trainer", replica_id=0, ranks=[root])], outputs=outputs,
-                      message=f"rank 1 failed: {message}")  # fmt: skip
+    root = RankResult(
+        role="trainer",
+        rank=1,
+        local_rank=1,
+        state="FAILED",
+        exit_code=3,
+        message=message,
+        traceback="Traceback ...\n" * 500,
+        timestamp=12.5,
+        reason="worker_failed",
+        replica_id=0,
+    )
+    return StepResult(
+        app_id="train-1a2b",
+        state="FAILED",
+        exit_code=3,
+        restarts=2,
+        root_cause=root,
+        replicas=[ReplicaResult(role="trainer", replica_id=0, ranks=[root])],
+        outputs=outputs,
+        message=f"rank 1 failed: {message}",
+    )
 
 
 def test_round_trip_keeps_what_an_orchestrator_needs() -> None:
@@ -63,9 +80,17 @@ def test_from_dict_gives_back_the_types_of_the_schema() -> None:
     assert isinstance(doubled, dict) and doubled["exit_code"] == 3.0 and isinstance(doubled["exit_code"], float)
     back = StepResult.from_dict(doubled)
     assert back == original and back.root_cause is not None
-    for value, kind in ((back.exit_code, int), (back.restarts, int), (back.attempts, int), (back.schema, int),
-                        (back.replicas[0].replica_id, int), (back.ranks[0].rank, int), (back.ranks[0].local_rank, int),
-                        (back.root_cause.exit_code, int), (back.retryable, bool)):  # fmt: skip
+    for value, kind in (
+        (back.exit_code, int),
+        (back.restarts, int),
+        (back.attempts, int),
+        (back.schema, int),
+        (back.replicas[0].replica_id, int),
+        (back.ranks[0].rank, int),
+        (back.ranks[0].local_rank, int),
+        (back.root_cause.exit_code, int),
+        (back.retryable, bool),
+    ):
         assert type(value) is kind, (value, kind)
     # a JSON writer that drops ".0" (Go's protojson on a KFP cluster): floats stay floats
     dropped = {**original.to_dict(), "duration_s": 4, "started_at": 1700000000}

@@ -152,8 +152,9 @@ def test_a_create_whose_answer_was_lost_is_retried_without_a_second_object(api: 
     # Airflow: the caller chose the name; the retry gets 409 and the existing object is ours
     api.script = [DROP]
     client = RestClient(api.url, retry=FAST)
-    got = client.call("POST", "/things", {"name": "run-1"}, idempotent=True,
-                      on_conflict=lambda: client.call("GET", "/things/run-1"))  # fmt: skip
+    got = client.call(
+        "POST", "/things", {"name": "run-1"}, idempotent=True, on_conflict=lambda: client.call("GET", "/things/run-1")
+    )
     assert got == {"name": "run-1", "n": 1} and list(api.things) == ["run-1"]
     assert [r[:2] for r in api.requests] == [("POST", "/things"), ("POST", "/things"), ("GET", "/things/run-1")]
 
@@ -172,8 +173,9 @@ def test_a_conflict_on_the_first_try_is_an_error_not_someone_elses_object(api: A
     api.things["run-1"] = {"name": "run-1", "n": 1}
     called: list[int] = []
     with pytest.raises(SchedulerError, match=r"POST /things: HTTP 409: run-1 exists"):
-        RestClient(api.url, retry=FAST).call("POST", "/things", {"name": "run-1"}, idempotent=True,
-                                             on_conflict=lambda: called.append(1))  # fmt: skip
+        RestClient(api.url, retry=FAST).call(
+            "POST", "/things", {"name": "run-1"}, idempotent=True, on_conflict=lambda: called.append(1)
+        )
     assert not called
 
 
@@ -213,8 +215,9 @@ def test_errors_name_the_call_and_never_the_credentials(api: Api) -> None:
     api.script = [(401, {}, {"detail": "bad token"})]
     with pytest.raises(SchedulerError) as err:
         client.call("GET", "/things/a")
-    assert str(err.value) == (f"demo: the Demo API at {api.url} refused the credentials (GET /things/a: HTTP 401); "
-                              "fix: export DEMO_TOKEN")  # fmt: skip
+    assert str(err.value) == (
+        f"demo: the Demo API at {api.url} refused the credentials (GET /things/a: HTTP 401); fix: export DEMO_TOKEN"
+    )
     api.script = [(200, {"Content-Type": "text/html"}, "<html>Sign in</html>")]
     with pytest.raises(
         SchedulerError, match=r"answer is not JSON .*login page.*fix: point the endpoint at the Demo API"

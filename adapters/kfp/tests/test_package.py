@@ -49,8 +49,14 @@ def test_apply_plan_compiles_with_whatever_kfp_this_environment_has(tmp_path):
         compiler.Compiler().compile(pipeline, str(tmp_path / "p.yaml"))
         return next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
 
-    role = specs.Role("t", image="img:1", entrypoint="true", resource=specs.Resource(cpu=1, gpu=0, memMB=512),
-                      max_retries=2, retry_policy=specs.RetryPolicy.APPLICATION)  # fmt: skip
+    role = specs.Role(
+        "t",
+        image="img:1",
+        entrypoint="true",
+        resource=specs.Resource(cpu=1, gpu=0, memMB=512),
+        max_retries=2,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+    )
     spec = compile_app(specs.AppDef("a", roles=[role]))
     (task,) = spec["root"]["dag"]["tasks"].values()
     assert task["retryPolicy"]["maxRetryCount"] == 2 and task["cachingOptions"] == {}

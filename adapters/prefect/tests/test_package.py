@@ -34,8 +34,15 @@ def test_app_task_builds_a_prefect_task_with_whatever_prefect_this_environment_h
 
     echo = app_task("utils.echo")
     assert parameter_schema(echo.fn).properties["msg"]["type"] == "string"
-    role = specs.Role("t", image="img:1", entrypoint="true", max_retries=2, resource=specs.Resource(cpu=2, gpu=0, memMB=512),
-                      retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": {"retry_delay": 5}})  # fmt: skip
+    role = specs.Role(
+        "t",
+        image="img:1",
+        entrypoint="true",
+        max_retries=2,
+        resource=specs.Resource(cpu=2, gpu=0, memMB=512),
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"retry_delay": 5}},
+    )
     t = app_task(specs.AppDef("a", roles=[role]))
     assert t.retries == 2 and t.retry_delay_seconds == [5.0, 5.0]
     refuse = StepFailed("bad input", {"retryable": False})

@@ -25,9 +25,15 @@ def render(text: str) -> str:
 
 def hostile_result() -> StepResult:
     rc = RankResult(
-        "w", 1, 1, "FAILED", 1, replica_id=0, message="exited with code 1",
+        "w",
+        1,
+        1,
+        "FAILED",
+        1,
+        replica_id=0,
+        message="exited with code 1",
         tail=[f"ValueError: {LINK} {IMAGE} {HTML} {AUTOLINK} **bold** | cell \x1b]0;owned\x07"],
-    )  # fmt: skip
+    )
     outputs = {
         "k`ey` [x](https://evil.example) | more": f"{LINK} {IMAGE}",
         "html": HTML,

@@ -10,9 +10,15 @@ from torchx import specs
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 RESUMABLE = os.path.join(TESTS, "local", "scripts", "resumable.py")
 
-role = specs.Role("trainer", image="", entrypoint="python", args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
-                  metadata={"torchstep": {"nproc_per_node": 2}})  # fmt: skip
+role = specs.Role(
+    "trainer",
+    image="",
+    entrypoint="python",
+    args=[RESUMABLE, "--epochs", "7", "--epoch-s", "0"],
+    metadata={"torchstep": {"nproc_per_node": 2}},
+)
 
 with DAG("torchstep_checkpoint", schedule=None, params={"ckpt": ""}, tags=["torchstep-test"]) as checkpoint:
-    AppDefOperator(task_id="train", app=specs.AppDef("resume", roles=[role]),
-                   cfg={"checkpoint_dir": "{{ params.ckpt }}"})  # fmt: skip
+    AppDefOperator(
+        task_id="train", app=specs.AppDef("resume", roles=[role]), cfg={"checkpoint_dir": "{{ params.ckpt }}"}
+    )

@@ -21,8 +21,9 @@ HANG_TIMEOUT_S = 60  # the ranks start within it on a loaded machine
 def main(mode: str, root: str) -> None:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     cfg = {"timeout": HANG_TIMEOUT_S} if mode == "hang" else None
-    step = component_from_fn(STEP, defaults={"mode": mode, "lines": LINES, "replicas": 1,
-                                             "max_retries": 0 if mode == "hang" else 1}, cfg=cfg)  # fmt: skip
+    step = component_from_fn(
+        STEP, defaults={"mode": mode, "lines": LINES, "replicas": 1, "max_retries": 0 if mode == "hang" else 1}, cfg=cfg
+    )
 
     @dsl.pipeline
     def pipeline() -> dict:

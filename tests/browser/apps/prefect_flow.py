@@ -36,8 +36,10 @@ def main(hang_timeout_s: float) -> None:
 
     state = pipeline(return_state=True)
     tasks = state.result(raise_on_failure=False) if state.is_completed() else None  # the flow's own failure: None
-    print("FLOW_RUN " + json.dumps({"id": str(state.state_details.flow_run_id), "state": state.name, "tasks": tasks}),
-          flush=True)  # fmt: skip
+    print(
+        "FLOW_RUN " + json.dumps({"id": str(state.state_details.flow_run_id), "state": state.name, "tasks": tasks}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

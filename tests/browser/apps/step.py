@@ -23,7 +23,14 @@ def ranks(mode: str = "ok", lines: int = 300, max_retries: int = 1, replicas: in
         max_retries: the step's APPLICATION retries (the orchestrator's)
         replicas: 2 (2 ranks each) or 1 (4 ranks)
     """
-    role = specs.Role("trainer", image="python:3.11", entrypoint=sys.executable, args=[RANKS, mode, str(lines)],
-                      num_replicas=replicas, max_retries=max_retries, retry_policy=specs.RetryPolicy.APPLICATION,
-                      metadata={"torchstep": {"nproc_per_node": 4 // replicas, "retry_delay": 1}})  # fmt: skip
+    role = specs.Role(
+        "trainer",
+        image="python:3.11",
+        entrypoint=sys.executable,
+        args=[RANKS, mode, str(lines)],
+        num_replicas=replicas,
+        max_retries=max_retries,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"nproc_per_node": 4 // replicas, "retry_delay": 1}},
+    )
     return specs.AppDef(f"ranks-{mode}", roles=[role])

@@ -17,5 +17,9 @@ HANG_TIMEOUT = datetime.timedelta(seconds=90)
 with DAG("torchstep_browser", schedule=None, tags=["torchstep-test"]):
     AppDefOperator(task_id="succeeds", app=STEP, app_args={"mode": "ok", "lines": LINES})
     AppDefOperator(task_id="fails_on_rank_3", app=STEP, app_args={"mode": "fail", "lines": LINES})
-    AppDefOperator(task_id="hangs", app=STEP, app_args={"mode": "hang", "lines": LINES, "max_retries": 0},
-                   execution_timeout=HANG_TIMEOUT)  # fmt: skip
+    AppDefOperator(
+        task_id="hangs",
+        app=STEP,
+        app_args={"mode": "hang", "lines": LINES, "max_retries": 0},
+        execution_timeout=HANG_TIMEOUT,
+    )

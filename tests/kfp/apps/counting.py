@@ -24,6 +24,11 @@ def counting(steps: int = 4) -> specs.AppDef:
     Args:
         steps: how many steps to report
     """
-    role = specs.Role("counter", image="python:3.11", entrypoint=sys.executable, args=["-c", CODE, str(steps)],
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=256))  # fmt: skip
+    role = specs.Role(
+        "counter",
+        image="python:3.11",
+        entrypoint=sys.executable,
+        args=["-c", CODE, str(steps)],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=256),
+    )
     return specs.AppDef("counting", roles=[role])
