@@ -288,8 +288,11 @@ class OfficialClient:
         if kind not in ("Pod", "Job"):
             raise ValueError(f"watch: kind {kind!r}; fix: Pod or Job")
         fn = self.core.list_namespaced_pod if kind == "Pod" else self.batch.list_namespaced_job
-        kwargs: dict[str, Any] = {"label_selector": label_selector, "timeout_seconds": timeout_seconds,
-                                  "allow_watch_bookmarks": True}  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "label_selector": label_selector,
+            "timeout_seconds": timeout_seconds,
+            "allow_watch_bookmarks": True,
+        }
         if resource_version is not None:
             kwargs["resource_version"] = resource_version
         return OfficialWatch(fn, namespace, kwargs)

@@ -465,10 +465,19 @@ class JobGang:
 
         watched = ["Pod"] + (["Job"] if "Job" in kinds.values() else [])
         self.watchers = [
-            Watcher(kind, client, self.ns, sel, list_objects=lister(kind), on_list=partial(self._listed, kind),
-                    on_event=partial(self._watched, kind), budget_s=self.api_retry_budget_s, logger=self.log)
+            Watcher(
+                kind,
+                client,
+                self.ns,
+                sel,
+                list_objects=lister(kind),
+                on_list=partial(self._listed, kind),
+                on_event=partial(self._watched, kind),
+                budget_s=self.api_retry_budget_s,
+                logger=self.log,
+            )
             for kind in watched
-        ]  # fmt: skip
+        ]
         for w in self.watchers:
             w.start()
         try:
