@@ -102,8 +102,15 @@ def prepare(
     """
     args = ["components/apps/data.py", "--out", out, "--samples", str(samples), "--seed", str(seed)]
     args += ["--fail-once"] if fail_once else []
-    role = specs.Role("prepare", image=image, entrypoint="python", args=args, max_retries=max_retries,
-                      retry_policy=specs.RetryPolicy.APPLICATION, metadata={"torchstep": {"retry_delay": 1}})  # fmt: skip
+    role = specs.Role(
+        "prepare",
+        image=image,
+        entrypoint="python",
+        args=args,
+        max_retries=max_retries,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        metadata={"torchstep": {"retry_delay": 1}},
+    )
     return specs.AppDef("prepare", roles=[role])
 
 
@@ -142,8 +149,21 @@ def train(
         image: container image, or a directory (the working directory on the local target)
     """
     lo, _, hi = nnodes.partition(":")
-    args = ["components/apps/train_elastic.py", "--data", data, "--ckpt", ckpt, "--epochs", str(epochs),
-            "--lr", str(lr), "--kill-rank", str(kill_rank), "--kill-at-epoch", str(kill_at_epoch)]  # fmt: skip
+    args = [
+        "components/apps/train_elastic.py",
+        "--data",
+        data,
+        "--ckpt",
+        ckpt,
+        "--epochs",
+        str(epochs),
+        "--lr",
+        str(lr),
+        "--kill-rank",
+        str(kill_rank),
+        "--kill-at-epoch",
+        str(kill_at_epoch),
+    ]
     args += ["--model-dir", model_dir] if model_dir else []
     args += ["--fail-once"] if fail_once else []
     args += ["--non-retryable"] if non_retryable else []

@@ -110,13 +110,20 @@ def main() -> None:
             stats = torch.tensor([F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item()])
         dist.all_reduce(stats)
         stats /= world
-        record = {"epoch": epoch, "loss": round(stats[0].item(), 5), "accuracy": round(stats[1].item(), 5),
-                  "world": world, "restart": restart}  # fmt: skip
+        record = {
+            "epoch": epoch,
+            "loss": round(stats[0].item(), 5),
+            "accuracy": round(stats[1].item(), 5),
+            "world": world,
+            "restart": restart,
+        }
         history.append(record)
         if rank == 0:
             tmp = f"{last}.tmp"
-            torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
-                        "history": history}, tmp)  # fmt: skip
+            torch.save(
+                {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "history": history},
+                tmp,
+            )
             os.replace(tmp, last)
             print(f"epoch {epoch}: {json.dumps(record)}", flush=True)
             for key in ("epoch", "loss", "accuracy"):
