@@ -17,6 +17,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -41,6 +42,11 @@ def wait_forever(directory: str) -> None:
 def slow_step(directory: str) -> None:
     ready(directory)
     time.sleep(600)
+
+
+def _talk_until(done: threading.Event) -> None:
+    while not done.wait(1.0):
+        print(f"importing rank={RANK}", flush=True)
 
 
 def collectives(a: argparse.Namespace) -> None:
@@ -79,8 +85,14 @@ def main() -> None:
     a = p.parse_args()
     print(f"start rank={RANK} pid={os.getpid()}", flush=True)
     if a.mode == "collectives" and a.record:
+        # an exec'd rank imports torch itself: seconds on a loaded machine, which must not count
+        # against --hang-timeout here (the test is about the silent loop): it says so meanwhile
+        importing = threading.Event()
+        threading.Thread(target=_talk_until, args=(importing,), daemon=True).start()
         import torch.distributed  # noqa: F401  # as a script's imports at its top: before main() runs
         import torchstep
+
+        importing.set()
 
         print(f"imported rank={RANK}", flush=True)
         torchstep.record(collectives)(a)
