@@ -67,7 +67,7 @@ from torchstep.kubernetes.retry import (
     call_api,
     transient,
 )
-from torchstep.kubernetes.runobjects import deletions, job_state
+from torchstep.kubernetes.runobjects import BARE_POD, deletions, job_state, pod_state, verdict
 from torchstep.kubernetes.watch import Watcher, WatchingClient
 from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, StepResult
 
@@ -493,15 +493,12 @@ class JobGang:
                 for i, r in enumerate(self.rendered.roles):
                     if states[i] == "gone":  # deleted by someone else: read it (404 ends the run, as ever)
                         states[i] = self._workload_state(r.kind, r.name, self._cancel)
-                if self.preemptions.exhausted:
-                    return PREEMPTED
-                if self.preemptions.bare_pod is not None:
-                    self._replace_bare_pod(self.preemptions.bare_pod)
+                decided = verdict(states, self.preemptions)
+                if decided == BARE_POD:
+                    self._replace_bare_pod(self.preemptions.bare_pod or "")
                     continue
-                if FAILED in states:
-                    return FAILED
-                if all(s == SUCCEEDED for s in states):
-                    return SUCCEEDED
+                if decided is not None:
+                    return decided
                 self.save_cursor()
                 self._changed.wait(self.cursor_interval)
         except Interrupted:
@@ -521,7 +518,7 @@ class JobGang:
         if obj is None:
             return None
         if self._kinds.get(name) == "Pod":
-            return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(obj, "status", "phase"))
+            return pod_state(obj)
         return job_state(obj)
 
     def _listed(self, kind: str, items: Any) -> None:
@@ -585,18 +582,15 @@ class JobGang:
                 self.preemptions.observe_pods(self._follow_new_pods(self._cancel), kinds)
             except Interrupted:
                 return CANCELLED
-            if self.preemptions.exhausted:
-                return PREEMPTED
-            if self.preemptions.bare_pod is not None:
+            decided = verdict(states, self.preemptions)
+            if decided == BARE_POD:
                 try:
-                    self._replace_bare_pod(self.preemptions.bare_pod)
+                    self._replace_bare_pod(self.preemptions.bare_pod or "")
                 except Interrupted:
                     return CANCELLED
                 continue
-            if FAILED in states:
-                return FAILED
-            if all(s == SUCCEEDED for s in states):
-                return SUCCEEDED
+            if decided is not None:
+                return decided
             self.save_cursor()
             self._cancel.wait(self.poll)
 
@@ -678,7 +672,7 @@ class JobGang:
         self.preemptions.observe_pods([pod], {name: "Pod"})
         if self.preemptions.bare_pod == name:
             return None
-        return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
+        return pod_state(pod)
 
     # -- logs ---------------------------------------------------------------------------------
     def _pods(self, stop: threading.Event | None = None) -> list[Any]:

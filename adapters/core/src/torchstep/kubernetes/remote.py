@@ -35,8 +35,8 @@ from torchstep.errors import SpecError
 from torchstep.kubernetes.apiobj import get, http_status, uid_of
 from torchstep.kubernetes.ownership import Owners
 from torchstep.kubernetes.preemption import Preemptions
-from torchstep.kubernetes.runobjects import deletions, job_state
-from torchstep.result import FAILED, PREEMPTED, RUNNING, SUCCEEDED
+from torchstep.kubernetes.runobjects import BARE_POD, deletions, job_state, pod_state, verdict
+from torchstep.result import RUNNING
 
 if TYPE_CHECKING:
     from torchstep.kubernetes.client import KubernetesClient
@@ -46,8 +46,6 @@ __all__ = ["BARE_POD", "GONE", "RemoteRun", "handle_of"]
 
 #: A workload of the run is gone (deleted, or replaced by another object of its name).
 GONE = "GONE"
-#: A bare Pod of the run was preempted and must be created again by a watcher.
-BARE_POD = "BARE_POD"
 #: The keys of a handle (:func:`handle_of`), all JSON values.
 HANDLE_KEYS = ("namespace", "app_id", "label_selector", "workloads", "preemption_retries", "queue")
 
@@ -144,18 +142,11 @@ class RemoteRun:
                 raise
             if uid_of(obj) != w["uid"]:  # someone else's object under the run's name
                 return self._said(GONE, name)
-            states.append(_job_state(obj, name, self.preemptions) if kind == "Job" else _pod_state(obj))
+            states.append(_job_state(obj, name, self.preemptions) if kind == "Job" else pod_state(obj))
         listed = self.client.list_namespaced_pod(self.ns, label_selector=self.handle["label_selector"])
         self.preemptions.observe_pods([p for p in get(listed, "items") or [] if self.owners.owns(p)], kinds)
-        if self.preemptions.exhausted:
-            return self._said(PREEMPTED, None)
-        if self.preemptions.bare_pod is not None:
-            return self._said(BARE_POD, self.preemptions.bare_pod)
-        if FAILED in states:
-            return self._said(FAILED, None)
-        if all(s == SUCCEEDED for s in states):
-            return self._said(SUCCEEDED, None)
-        return self._said(RUNNING, None)
+        decided = verdict(states, self.preemptions)
+        return self._said(decided or RUNNING, self.preemptions.bare_pod if decided == BARE_POD else None)
 
     def delete(self) -> None:
         """Delete every object of the run by its label selector (Jobs and Pods with
@@ -188,10 +179,6 @@ def _job_state(job: Any, name: str, preemptions: Preemptions) -> str | None:
     """A Job's state as :class:`~torchstep.kubernetes.JobGang` reads it (its conditions)."""
     preemptions.observe_job(name, job)
     return job_state(job)
-
-
-def _pod_state(pod: Any) -> str | None:
-    return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
 
 
 def _drop(text: str) -> None:

@@ -1,16 +1,21 @@
 """What the watcher (:class:`~torchstep.kubernetes.JobGang`) and a run read from elsewhere
-(:class:`~torchstep.kubernetes.remote.RemoteRun`) both do with a run's objects: read a Job's
-state from its conditions, and delete everything the run's label selector finds."""
+(:class:`~torchstep.kubernetes.remote.RemoteRun`) both do with a run's objects: read a
+workload's state, decide what the states and preemptions of a run mean, and delete
+everything the run's label selector finds."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchstep.kubernetes.apiobj import get
-from torchstep.result import FAILED, SUCCEEDED
+from torchstep.kubernetes.preemption import Preemptions
+from torchstep.result import FAILED, PREEMPTED, SUCCEEDED
 
-__all__ = ["deletions", "job_state"]
+__all__ = ["BARE_POD", "deletions", "job_state", "pod_state", "verdict"]
+
+#: A bare Pod of the run was preempted and must be created again by a watcher.
+BARE_POD = "BARE_POD"
 
 
 def job_state(job: Any) -> str | None:
@@ -32,6 +37,41 @@ def job_state(job: Any) -> str | None:
             return SUCCEEDED
         if get(c, "status") == "True" and get(c, "type") in ("Failed", "FailureTarget"):
             return FAILED
+    return None
+
+
+def pod_state(pod: Any) -> str | None:
+    """A bare Pod's state from its phase: ``SUCCEEDED``, ``FAILED``, or ``None`` while it runs.
+
+    Example::
+
+        >>> pod_state({"status": {"phase": "Failed"}})
+        'FAILED'
+    """
+    return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
+
+
+def verdict(states: Sequence[str | None], preemptions: Preemptions) -> str | None:
+    """What a run's workload states and its preemptions decide, in the watcher's order: the
+    preemption budget spent (``PREEMPTED``), a preempted bare Pod to run again
+    (:data:`BARE_POD`), a workload failed (``FAILED``), every one succeeded (``SUCCEEDED``);
+    ``None`` while it runs.
+
+    Args:
+        states: each workload's state (:func:`job_state`, :func:`pod_state`).
+        preemptions: the run's preemptions seen so far.
+
+    Returns:
+        The decision, or ``None``.
+    """
+    if preemptions.exhausted:
+        return PREEMPTED
+    if preemptions.bare_pod is not None:
+        return BARE_POD
+    if FAILED in states:
+        return FAILED
+    if all(s == SUCCEEDED for s in states):
+        return SUCCEEDED
     return None
 
 
