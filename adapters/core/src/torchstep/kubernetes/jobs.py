@@ -76,6 +76,8 @@ from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, S
 ON_FINISH = ("delete", "delete_succeeded", "keep")
 #: How often a dropped log stream of a running pod is reattached before giving up on it.
 MAX_REATTACH = 100
+#: Reads again, once the run has ended, of a finished pod's log that failed to read (0.2 s apart).
+STOP_REREADS = 5
 #: Seconds added to a log stream's ``since_seconds`` (the time since the last line seen,
 #: measured on the watcher's clock but applied by the node's): clocks that differ by less
 #: than this re-read a little; by more, the gap is seen and the whole log read again.
@@ -725,6 +727,7 @@ class JobGang:
         timestamps of the lines already seen tell where to continue)."""
         with self._emit_lock:
             cursor = self._cursors.setdefault(name, Cursor.resumed(self._resume.get(name)))
+        rereads = 0
         for attempt in range(MAX_REATTACH + 1):
             if attempt:
                 cursor.reattach()
@@ -741,11 +744,19 @@ class JobGang:
             except Exception as e:  # a log stream must never fail the step
                 self.log.warning("torchstep: log stream of pod %s dropped: %s", name, e)
                 failed = transient(e)  # a finished pod's log that failed to read is read again
-            if (terminal and not failed) or self._stop_logs.is_set():
+            if terminal and not failed:
                 return
-            if attempt:  # a stream that ends at once again and again must not spin
+            stopping = self._stop_logs.is_set()
+            if stopping and not (terminal and failed):
+                return  # stopping: only a finished pod's log that failed to read is read again
+            if stopping:
+                rereads += 1
+                if rereads > STOP_REREADS:
+                    break
+                time.sleep(0.2)
+            elif attempt:  # a stream that ends at once again and again must not spin
                 self._stop_logs.wait(min(self.poll, 1.0))
-        self.log.warning("torchstep: gave up following pod %s after %d reattachments", name, MAX_REATTACH)
+        self.log.warning("torchstep: gave up following pod %s after %d reattachments", name, attempt)
 
     def _stream(self, name: str, cursor: Cursor, terminal: bool, since: int | None) -> bool:
         """Deliver one log stream of pod ``name``; ``False`` (nothing delivered) when it was
