@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from torchstep.agent.hang import NCCL_FR_NAMES
 
 BENCH = Path(__file__).resolve().parent
 WORKER = str(BENCH / "scripts" / "gpu_stuck.py")
@@ -37,7 +40,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="flight-", dir=out))
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("TORCHSTEP_", "PET_", "TORCHELASTIC_", "TORCH_NCCL_"))
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHSTEP_", "PET_", "TORCHELASTIC_", "TORCH_NCCL_", "TORCH_FR_"))
     }
     env["PYTHONUNBUFFERED"] = "1"
     if a.dry:
@@ -80,17 +85,20 @@ def main() -> int:
     def verdict(name: str, problems: list[str]) -> None:
         found[name] = "pass" if not problems else "; ".join(problems[:3])
 
-    want = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
-    }
+    # each setting under the name this torch reads (torchstep.agent.hang.NCCL_FR_NAMES), so no
+    # rank warns that one is deprecated (2.11: "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE
+    # is deprecated; use TORCH_FR_BUFFER_SIZE instead")
+    stderr = (work / "stderr").read_text(errors="replace")
+    names = {old: {old, new} for _, old, new, _ in NCCL_FR_NAMES}
+    warned = set(re.findall(r"Environment variable (TORCH_\w+) is deprecated", stderr))
+    deprecated = sorted(warned & set(names))
+    present = {k for k, both in names.items() if both & set(seen)}
     verdict(
         "the agent turns NCCL's flight recorder on (only where there is a GPU)",
-        ([f"set: {sorted(want & set(seen))}"] if want & set(seen) else [])
+        ([f"set: {sorted(present)}"] if present else [])
         if a.dry
-        else [f"missing {k}" for k in sorted(want - set(seen))],
+        else [f"missing {k}" for k in sorted(set(names) - present)]
+        + [f"torch warns: {x} is deprecated" for x in deprecated],
     )
     stack = rank.get("stack") or []
     verdict(

@@ -37,7 +37,7 @@ if not dry:
 
 
 def on_term(signum: int, frame: object) -> None:
-    prefix = seen.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    prefix = seen.get("TORCH_FR_DUMP_TEMP_FILE") or seen.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     deadline = time.monotonic() + 10
     while prefix and time.monotonic() < deadline and not os.path.exists(f"{prefix}{rank}"):
         time.sleep(0.1)

@@ -229,6 +229,29 @@ def test_nccl_env_respects_what_the_user_set(tmp_path: Path) -> None:
     assert not hang.gpu_present({"CUDA_VISIBLE_DEVICES": "-1"})
 
 
+def test_nccl_env_uses_the_names_each_torch_reads(tmp_path: Path) -> None:
+    """torch 2.11 reads TORCH_FR_BUFFER_SIZE / TORCH_FR_DUMP_TEMP_FILE and warns on every rank at
+    the old names (seen on the GPU machine's 2.11.0+cu130); 2.15 renames the dump on timeout too;
+    2.4-2.10 read only the old names, where a new one would turn the recorder off."""
+    d = str(tmp_path)
+    assert set(hang.nccl_env({}, d, "2.4.1+cu121")) == set(hang.nccl_env({}, d))
+    assert set(hang.nccl_env({}, d, "2.11.0+cu130")) == {
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    }
+    new = hang.nccl_env({}, d, "2.15.0")
+    assert new["TORCH_FR_DUMP_ON_TIMEOUT"] == "1" and new["TORCH_FR_DUMP_TEMP_FILE"] == f"{d}/nccl_trace_rank_"
+    # what the user set, under either name, is theirs: neither name is added
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(
+        hang.nccl_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, d, "2.15.0")
+    )
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(
+        hang.nccl_env({"TORCH_FR_BUFFER_SIZE": "0"}, d, "2.4.1")
+    )
+
+
 def test_nccl_dumps_are_found_and_the_pipes_asked(tmp_path: Path) -> None:
     (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80dump")
     (tmp_path / "nccl_trace_rank_0").write_bytes(b"\x80dump")

@@ -34,6 +34,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+import torch
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -322,7 +323,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             if self._hang is not None:  # only then: a touch a second per rank for nothing otherwise
                 record.collectives_file = env[ENV_COLLECTIVES_FILE] = os.path.join(control, f"collectives.{local_rank}")
             if self._nccl:
-                env.update(nccl_env(env, attempt_dir))
+                env.update(nccl_env(env, attempt_dir, torch.__version__))
         if self._heartbeats is not None:
             self._heartbeats.reset({lr: w.heartbeat_file for lr, w in attempt.workers.items()})
         self._progress.reset({w.global_rank: w.progress_file for w in attempt.workers.values()})

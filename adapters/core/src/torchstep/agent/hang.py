@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -140,29 +141,52 @@ def gpu_present(environ: dict[str, str] | os._Environ[str]) -> bool:
     return bool(visible) or os.path.exists("/dev/nvidiactl")
 
 
-def nccl_env(worker_env: dict[str, str], dump_dir: str) -> dict[str, str]:
-    """NCCL flight recorder variables for one worker (only those it does not set itself):
-    a trace buffer, a dump when a collective times out, the dump files in ``dump_dir``
-    (``nccl_trace_rank_<rank>``), and a pipe the agent writes to for a dump when it stops
-    the group (:func:`request_nccl_dumps`).
+#: The flight recorder's settings: (what, torch's old name, its new name, the first torch that
+#: reads the new one). torch 2.11 renamed two (``TORCH_FR_*``) and warns on every rank at the old
+#: name; 2.15 a third; 2.4-2.10 read only the old names (each checked in the torch-matrix venvs'
+#: libraries). A name a torch does not read turns the recorder off: new names only where known.
+NCCL_FR_NAMES: tuple[tuple[str, str, str, tuple[int, int]], ...] = (
+    ("buffer", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", (2, 11)),
+    ("dump_on_timeout", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT", (2, 15)),
+    ("dump_file", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", (2, 11)),
+    ("pipe", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (0, 0)),
+)
+
+
+def nccl_env(worker_env: dict[str, str], dump_dir: str, torch_version: str = "") -> dict[str, str]:
+    """NCCL flight recorder variables for one worker (only those it does not set itself, by
+    either name): a trace buffer, a dump when a collective times out, the dump files in
+    ``dump_dir`` (``nccl_trace_rank_<rank>``), and a pipe the agent writes to for a dump when
+    it stops the group (:func:`request_nccl_dumps`). Each under the name ``torch_version``
+    reads without a deprecation warning (:data:`NCCL_FR_NAMES`).
 
     Args:
         worker_env: the worker's environment as torch built it.
         dump_dir: where the dumps go (the attempt's log directory).
+        torch_version: the workers' ``torch.__version__`` ("" : the old names, which every
+            supported torch reads).
 
     Returns:
         The variables to add.
 
-    >>> sorted(nccl_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "/logs/attempt_0"))
+    >>> sorted(nccl_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "/logs/attempt_0", "2.4.1+cu121"))
     ['TORCH_NCCL_DEBUG_INFO_PIPE_FILE', 'TORCH_NCCL_DEBUG_INFO_TEMP_FILE', 'TORCH_NCCL_DUMP_ON_TIMEOUT']
+    >>> sorted(nccl_env({}, "/logs/attempt_0", "2.11.0+cu130"))[:2]
+    ['TORCH_FR_BUFFER_SIZE', 'TORCH_FR_DUMP_TEMP_FILE']
     """
-    wanted = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": NCCL_TRACE_ENTRIES,
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(dump_dir, NCCL_DUMP_PREFIX),
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(dump_dir, "nccl_pipe_rank_"),
+    release = tuple(int(n) for n in re.findall(r"\d+", torch_version.split("+")[0])[:2])
+    values = {
+        "buffer": NCCL_TRACE_ENTRIES,
+        "dump_on_timeout": "1",
+        "dump_file": os.path.join(dump_dir, NCCL_DUMP_PREFIX),
+        "pipe": os.path.join(dump_dir, "nccl_pipe_rank_"),
     }
-    return {k: v for k, v in wanted.items() if k not in worker_env}
+    out = {}
+    for what, old, new, since in NCCL_FR_NAMES:
+        if old in worker_env or new in worker_env:
+            continue
+        out[new if release and release >= since else old] = values[what]
+    return out
 
 
 def request_nccl_dumps(dump_dir: str) -> int:
