@@ -23,11 +23,21 @@ own controllers cannot run here). What a Job in a LocalQueue sees of Kueue, and 
 
 Each Job's Workload is a plain dict here (``workload(name)``: ``status.conditions`` with
 ``QuotaReserved``, ``Admitted``, ``PodsReady`` (reasons ``WaitForStart`` / ``Started``),
-``Evicted``, ``Requeued``, and ``requeueState``), not an API object.
+``Evicted``, ``Requeued``, ``requeueState`` and ``schedulingStats``), not an API object.
+
+- **recoveryTimeout** (``WaitForPodsReady.recovery_timeout_s``; Kueue's default: the value of
+  ``timeout``, 0 turns it off): a Job that was ``PodsReady`` and has a pod not Ready any more
+  (a pod lost and its replacement not started, a gang that does not form again) gets
+  ``PodsReady=False`` with reason ``WaitForRecovery`` (message ``At least one pod has failed,
+  waiting for recovery``); Ready again within ``recoveryTimeout`` of that transition, it is
+  ``PodsReady=True`` with reason ``Recovered``; past it, it is evicted as for the first
+  timeout (``Evicted``/``Requeued`` reason ``PodsReadyTimeout``, the same message and
+  requeuing backoff), and ``status.schedulingStats.evictions`` counts it under
+  ``underlyingCause`` ``WaitForRecovery`` (``WaitForStart`` for the first timeout), as
+  Kueue's workload controller does (``admittedNotReadyWorkload``, ``reconcileNotReadyTimeout``).
 
 What is not played: quotas, flavors, cohorts, priorities, partial admission's parallelism
-change, ``recoveryTimeout`` (a gang that was ready and is not any more), ``blockAdmission``,
-``backoffLimitCount`` (deactivation). The tests drive admission and preemption explicitly,
+change, ``blockAdmission``, ``backoffLimitCount`` (deactivation). The tests drive admission and preemption explicitly,
 so each transition happens when the test says (deterministic under load); the
 waitForPodsReady timer runs on its own, as Kueue's does.
 """
@@ -45,6 +55,9 @@ from cluster.harness import Cluster
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PODS_READY_TIMEOUT = "PodsReadyTimeout"  # Kueue's WorkloadEvictedByPodsReadyTimeout
+WAIT_FOR_START = "WaitForStart"  # PodsReady=False: not all pods ready since the admission
+WAIT_FOR_RECOVERY = "WaitForRecovery"  # PodsReady=False: they were, and one is not any more
+RECOVERED = "Recovered"  # PodsReady=True again after WaitForRecovery
 
 
 @dataclass(frozen=True)
@@ -55,11 +68,19 @@ class WaitForPodsReady:
         timeout_s: ``timeout`` (Kueue's default: 5 minutes).
         backoff_base_s: ``requeuingStrategy.backoffBaseSeconds`` (Kueue's default: 60).
         backoff_max_s: ``requeuingStrategy.backoffMaxSeconds`` (Kueue's default: 3600).
+        recovery_timeout_s: ``recoveryTimeout``; ``None``: Kueue's default, ``timeout_s``;
+            ``0``: off (a gang that was ready is never evicted for losing a pod).
     """
 
     timeout_s: float = 300.0
     backoff_base_s: float = 60.0
     backoff_max_s: float = 3600.0
+    recovery_timeout_s: float | None = None
+
+    @property
+    def recovery_s(self) -> float:
+        """The recoveryTimeout in effect (0: off)."""
+        return self.timeout_s if self.recovery_timeout_s is None else self.recovery_timeout_s
 
 
 def _stamp(t: float) -> str:
@@ -83,6 +104,7 @@ class Kueue:
         self.wait_for_pods_ready = wait_for_pods_ready
         self._workloads: dict[str, dict[str, Any]] = {}  # Job name -> its Workload (a plain dict)
         self._admitted_at: dict[str, float] = {}
+        self._recovering_since: dict[str, float] = {}  # Job name -> when PodsReady became WaitForRecovery
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,7 +178,8 @@ class Kueue:
             self._admitted_at[name] = time.time()
             for kind in ("QuotaReserved", "Admitted"):
                 self._set(name, kind, True, kind, "admitted by the test's ClusterQueue")
-            self._set(name, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded")
+            self._recovering_since.pop(name, None)
+            self._set(name, "PodsReady", False, WAIT_FOR_START, "Not all pods are ready or succeeded")
             if self._condition(name, "Evicted") is not None:  # as Kueue's SetQuotaReservation
                 self._set(name, "Evicted", False, "QuotaReserved", "Previously: evicted")
         return out
@@ -176,6 +199,7 @@ class Kueue:
         assert out.get("kind") == "Job", out
         with self._lock:
             self._admitted_at.pop(name, None)
+            self._recovering_since.pop(name, None)
             self._set(name, "Evicted", True, reason, message)
             for kind in ("QuotaReserved", "Admitted"):
                 self._set(name, kind, False, "Pending", message)
@@ -192,31 +216,66 @@ class Kueue:
             self._requeue()
 
     def _check(self, name: str) -> None:
-        """One look at admitted Job ``name``: PodsReady, or evicted past the timeout."""
+        """One look at admitted Job ``name``: PodsReady (``Started``, or ``Recovered`` after
+        ``WaitForRecovery``), or evicted past the timeout or the recoveryTimeout."""
         config = self.wait_for_pods_ready
         assert config is not None
         job = self.cluster.get("jobs", name)
         if job.get("kind") != "Job":
             return
         spec, status = job["spec"], job.get("status") or {}
+        if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in status.get("conditions") or []):
+            with self._lock:  # a finished Workload is never evicted
+                self._admitted_at.pop(name, None)
+            return
         wanted = min(int(spec.get("parallelism", 1)), int(spec.get("completions") or spec.get("parallelism", 1)))
+        now = time.time()
         with self._lock:
             since = self._admitted_at.get(name)
             if since is None:
                 return
+            podsready = self._condition(name, "PodsReady") or {}
             if int(status.get("ready") or 0) + int(status.get("succeeded") or 0) >= wanted:
-                self._set(name, "PodsReady", True, "Started", "All pods reached readiness and the workload is running")
+                recovered = podsready.get("reason") in (WAIT_FOR_RECOVERY, RECOVERED)
+                self._recovering_since.pop(name, None)
+                self._set(
+                    name,
+                    "PodsReady",
+                    True,
+                    RECOVERED if recovered else "Started",
+                    "All pods reached readiness and the workload is running",
+                )
                 return
-            started = (self._condition(name, "PodsReady") or {}).get("status") == "True"
-            if started or time.time() - since < config.timeout_s:
-                return  # once started, only recoveryTimeout (not played) would evict
+            if podsready.get("status") == "True" or podsready.get("reason") == WAIT_FOR_RECOVERY:
+                # it was running: a pod not ready any more is waited for up to recoveryTimeout
+                if name not in self._recovering_since:
+                    self._recovering_since[name] = now
+                    self._set(
+                        name, "PodsReady", False, WAIT_FOR_RECOVERY, "At least one pod has failed, waiting for recovery"
+                    )
+                cause = WAIT_FOR_RECOVERY
+                if config.recovery_s <= 0 or now - self._recovering_since[name] < config.recovery_s:
+                    return
+            else:
+                cause = WAIT_FOR_START
+                if now - since < config.timeout_s:
+                    return
         message = f"Exceeded the PodsReady timeout {job['metadata']['namespace']}/{name}"
         with self._lock:  # the requeuing backoff first: nothing may admit it again before it passed
-            state = self._workload(name)["status"].setdefault("requeueState", {"count": 0})
+            wl_status = self._workload(name)["status"]
+            state = wl_status.setdefault("requeueState", {"count": 0})
             state["count"] += 1
             backoff = min(config.backoff_base_s * 2 ** (state["count"] - 1), config.backoff_max_s)
             state["requeueAt"] = time.time() + backoff
             self._set(name, "Requeued", False, PODS_READY_TIMEOUT, message)
+            evictions = wl_status.setdefault("schedulingStats", {}).setdefault("evictions", [])
+            entry = next(
+                (e for e in evictions if (e["reason"], e["underlyingCause"]) == (PODS_READY_TIMEOUT, cause)), None
+            )
+            if entry is None:
+                evictions.append({"reason": PODS_READY_TIMEOUT, "underlyingCause": cause, "count": 1})
+            else:
+                entry["count"] += 1
         self.evict(name, PODS_READY_TIMEOUT, message)
 
     def _condition(self, name: str, kind: str) -> dict[str, Any] | None:

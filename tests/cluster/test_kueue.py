@@ -13,7 +13,7 @@ import pytest
 from torchx import specs
 
 from cluster.harness import Cluster
-from cluster.kueue import QUEUE_LABEL, Kueue, WaitForPodsReady
+from cluster.kueue import PODS_READY_TIMEOUT, QUEUE_LABEL, WAIT_FOR_RECOVERY, Kueue, WaitForPodsReady
 from cluster.test_preemption import STEPS, checkpointed, start
 
 
@@ -213,6 +213,154 @@ def test_a_gang_that_cannot_form_is_evicted_by_wait_for_pods_ready_requeued_and_
         times = "time" if count == 1 else "times"
         assert any(
             w.startswith(f"preempted {count} {times} (0 pod(s) with DisruptionTarget, {count} Kueue eviction(s))")
+            for w in result.warnings
+        ), result.warnings
+    finally:
+        kueue.close()
+
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def elastic(ckpt: Path, steps: int) -> specs.AppDef:
+    """A 2-replica :func:`looped` step that trains on at one replica (``--nnodes 1:2``): a
+    replica lost is a membership change for the other, never a failure."""
+    app = looped(ckpt, steps)
+    return specs.AppDef(app.name, roles=[dataclasses.replace(app.roles[0], min_replicas=1)])
+
+
+def running_gang(cluster: Cluster, kueue: Kueue, steps: int, ckpt: Path, config: WaitForPodsReady) -> tuple[Any, ...]:
+    """An :func:`elastic` step queued, admitted and ``PodsReady`` (``Started``), its two pods
+    on the two nodes; returns what :func:`start` does and the running pod of index 1."""
+    rendered, lines, done, runner = start(cluster, elastic(ckpt, steps), queue="team-a")
+    name = rendered.roles[0].name
+    assert rendered.roles[0].workload["spec"]["backoffLimit"] == 0  # a counted failure would end the step
+    cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
+    kueue.admit(name)
+    cluster.wait(
+        lambda: (kueue.condition(name, "PodsReady") or {}).get("status") == "True",
+        config.timeout_s,
+        "the gang to form and the Workload to be PodsReady",
+    )
+    assert kueue.condition(name, "PodsReady")["reason"] == "Started"
+    pods = {p["metadata"]["annotations"][INDEX]: p for p in cluster.items("pods", rendered.label_selector)}
+    assert pods["0"]["spec"]["nodeName"] != pods["1"]["spec"]["nodeName"], "the scheduler spreads the gang"
+    return rendered, lines, done, runner, pods["1"]
+
+
+@pytest.mark.slow
+def test_a_gang_that_lost_a_pod_and_recovers_within_the_recovery_timeout_stays_admitted(
+    real_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Kueue behaviours covered: ``waitForPodsReady.recoveryTimeout``: a Job that was
+    ``PodsReady`` and lost a pod (its node drained: ``DisruptionTarget``, replaced by the Job
+    controller, uncounted) is ``PodsReady=False`` (``WaitForRecovery``) until the replacement
+    is Ready, i.e. has joined the gang; within the timeout it is ``PodsReady=True``
+    (``Recovered``) and never evicted. The step says one preemption, spends no retry."""
+    config = WaitForPodsReady(timeout_s=120, backoff_base_s=1, recovery_timeout_s=120)
+    kueue = Kueue(real_cluster, config)
+    try:
+        rendered, lines, done, runner, lost = running_gang(real_cluster, kueue, 160, tmp_path / "ckpt", config)
+        name = rendered.roles[0].name
+        real_cluster.server.node(lost["spec"]["nodeName"], "drain")  # the replacement starts on the other node
+        runner.join(300)
+        assert done, ("JobGang did not return", kueue.workload(name), lines[-40:])
+        result = done[0]
+        assert result.state == "SUCCEEDED", (result.summary(), lines)
+        podsready = kueue.condition(name, "PodsReady")
+        assert (podsready["status"], podsready["reason"]) == ("True", "Recovered"), kueue.workload(name)
+        assert kueue.evictions == [] and kueue.condition(name, "Evicted") is None
+        assert not any("was evicted" in x for x in lines)
+        assert real_cluster.get("jobs", name)["status"]["failed"] == 0
+        replacement = next(
+            p
+            for p in real_cluster.items("pods", rendered.label_selector)
+            if p["metadata"]["annotations"][INDEX] == "1" and p["metadata"]["uid"] != lost["metadata"]["uid"]
+        )
+        assert replacement["spec"]["nodeName"] != lost["spec"]["nodeName"]
+        assert any("resumed from step-" in x for x in lines), lines  # the replacement's worker group
+        assert result.retryable is False and result.attempts == 1
+        assert any(
+            w.startswith("preempted 1 time (1 pod(s) with DisruptionTarget, 0 Kueue eviction(s))")
+            for w in result.warnings
+        ), result.warnings
+    finally:
+        kueue.close()
+
+
+@pytest.mark.slow
+def test_a_gang_that_does_not_recover_within_the_recovery_timeout_is_evicted_requeued_and_spends_no_retry(
+    real_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Kueue behaviours covered: ``waitForPodsReady.recoveryTimeout``: a Job that was
+    ``PodsReady`` and lost a pod whose replacement cannot start (the only schedulable node's
+    image pull never ends) stays ``PodsReady=False`` (``WaitForRecovery``); past
+    ``recoveryTimeout`` it is evicted as for the first timeout (``Evicted`` and
+    ``Requeued=False`` with reason ``PodsReadyTimeout``, the requeuing backoff,
+    ``schedulingStats.evictions`` under ``underlyingCause`` ``WaitForRecovery``); requeued
+    and admitted again where both pods start, it resumes from its checkpoint and succeeds.
+    Neither the lost pod nor the eviction spends a retry: two preemptions."""
+    config = WaitForPodsReady(timeout_s=120, backoff_base_s=1, recovery_timeout_s=15)
+    kueue = Kueue(real_cluster, config)
+    try:
+        ckpt = tmp_path / "ckpt"
+        rendered, lines, done, runner, lost = running_gang(real_cluster, kueue, 200, ckpt, config)
+        name = rendered.roles[0].name
+        drained = lost["spec"]["nodeName"]
+        other = next(n for n in ("node-0", "node-1") if n != drained)
+        real_cluster.server.node(other, "slow-pulls", seconds=3600)  # the replacement never starts
+        real_cluster.server.node(drained, "drain")
+        recovering = real_cluster.wait(
+            lambda: (c := kueue.condition(name, "PodsReady")) and c["reason"] == WAIT_FOR_RECOVERY and c,
+            60,
+            "the Workload to wait for recovery",
+        )
+        assert recovering["status"] == "False" and name not in kueue.evictions
+        evicted = real_cluster.wait(
+            lambda: kueue.condition(name, "Evicted") if name in kueue.evictions else None,
+            90,
+            "recoveryTimeout to evict the Job",
+        )
+        assert (evicted["status"], evicted["reason"]) == ("True", PODS_READY_TIMEOUT)
+        assert evicted["message"] == f"Exceeded the PodsReady timeout ml/{name}"
+        requeued = kueue.condition(name, "Requeued")
+        assert (requeued["status"], requeued["reason"]) == ("False", PODS_READY_TIMEOUT)
+        stats = kueue.workload(name)["status"]["schedulingStats"]["evictions"]
+        assert stats == [{"reason": PODS_READY_TIMEOUT, "underlyingCause": WAIT_FOR_RECOVERY, "count": 1}]
+        assert real_cluster.get("jobs", name)["spec"]["suspend"] is True
+        real_cluster.wait(lambda: not real_cluster.items("pods", rendered.label_selector), 60, "the evicted pods to go")
+        real_cluster.wait(
+            lambda: any("was evicted (suspended again, its pods deleted)" in x for x in lines),
+            30,
+            "the watcher to say the Job was evicted",
+        )
+        assert not done, done and done[0].summary()
+        # the nodes healed: requeued after the backoff, admitted again, both pods start (a
+        # machine loaded past a timeout may evict the healthy gang too: it is admitted again)
+        real_cluster.server.node(other, "slow-pulls", seconds=0)
+        real_cluster.server.node(drained, "heal")
+        for _ in range(3):
+            evictions = len(kueue.evictions)
+            real_cluster.wait(
+                lambda: (kueue.condition(name, "Requeued") or {}).get("reason") == "BackoffFinished",
+                60,
+                "the requeuing backoff to pass",
+            )
+            kueue.admit(name)
+            real_cluster.wait(lambda: done or len(kueue.evictions) > evictions, 300, "the step to end or be evicted")
+            if done:
+                break
+        runner.join(60)
+        assert done, ("JobGang did not return", kueue.workload(name), lines[-40:])
+        result = done[0]
+        assert result.state == "SUCCEEDED", (result.summary(), lines)
+        resumed = [x for x in lines if "resumed from step-" in x]
+        assert resumed and max(int(x.rsplit("step-", 1)[1]) for x in resumed) >= 3, lines
+        assert real_cluster.get("jobs", name)["status"]["failed"] == 0  # neither the drain nor the eviction counted
+        count = len(kueue.evictions)  # 1, unless the loaded machine needed more than a timeout
+        assert result.retryable is False and result.attempts == 1
+        assert any(
+            w.startswith(f"preempted {count + 1} times (1 pod(s) with DisruptionTarget, {count} Kueue eviction(s))")
             for w in result.warnings
         ), result.warnings
     finally:
