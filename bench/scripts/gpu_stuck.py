@@ -19,7 +19,7 @@ import torch.distributed as dist
 out = sys.argv[1]
 dry = os.environ.get("TORCHSTEP_GPU_DRY") == "1"
 rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-seen = {k: v for k, v in os.environ.items() if k.startswith("TORCH_NCCL_")}
+seen = {k: v for k, v in os.environ.items() if k.startswith(("TORCH_NCCL_", "TORCH_FR_"))}
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "env": seen}, f)
 

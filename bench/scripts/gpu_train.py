@@ -71,7 +71,7 @@ for i in range(steps):
     opt.zero_grad()
     loss.backward()  # DDP's gradient all-reduce (NCCL on a GPU)
     opt.step()
-    losses.append(float(loss))  # waits for the device
+    losses.append(float(loss.detach()))  # waits for the device
     if i == 0:
         info["first_step"] = time.time()
         note(info)
