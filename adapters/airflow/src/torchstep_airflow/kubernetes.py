@@ -45,13 +45,15 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException
-from torchstep import NON_RETRYABLE_EXIT_CODE, RunError, SpecError, StepPlan, StepResult
+from torchstep import NON_RETRYABLE_EXIT_CODE, RunError, SpecError, StepPlan, StepResult, StepState
 from torchstep.adapter import FAILED, SUCCEEDED, open_step, run_tries
 from torchstep.adapter.kubernetes import (
     CONTAINER_NAME,
     OfficialClient,
+    Preemptions,
     RemoteRun,
     RenderedApp,
+    disruption,
     handle_of,
     impostor_warning,
     record_uid,
@@ -428,17 +430,113 @@ class PodStep:
         kwargs = {**task.kubernetes_kwargs, "deferrable": task.deferrable}  # KPO's own deferral
         self.operator = pod_operator(task.task_id, rendered, kwargs, durable=task.durable)
         self._context, self._event, self._log = context, event, task.log
+        #: This execution's preemptions against the run option ``preemption_retries``.
+        self.preemptions = Preemptions(rendered.options.preemption_retries, rendered.options.queue, self.say)
 
     def run(self) -> StepResult:
-        """Run (or resume, after a deferral) the pod operator; the agent's step result."""
+        """Run (or resume, after a deferral) the pod operator; the agent's step result.
+
+        A pod that Kubernetes took away (the ``DisruptionTarget`` condition: a drain, an
+        eviction, a preemption) is not the step's failure: it is deleted and created again
+        under the same name, up to the run option ``preemption_retries`` (the watcher's rule
+        for a bare Pod, :class:`~torchstep.adapter.kubernetes.Preemptions`), so Airflow's
+        ``retries`` are never spent on it; one more ends the step ``PREEMPTED``, not retryable.
+
+        Returns:
+            The step result (its ``warnings`` say any preemption).
+
+        Raises:
+            AirflowException: the pod operator's failure when the pod was not disrupted.
+            RunError: the pod finished without a result, or a preempted pod would not go.
+        """
         op, context, event = self.operator, self._context, self._event
         if event is not None:
-            self.result = _from_pod(
-                op, self.rendered, lambda: _nested(op, op.trigger_reentry, context, event), self._log
-            )
+            call = lambda: _nested(op, op.trigger_reentry, context, event)  # noqa: E731
         else:
-            self.result = _from_pod(op, self.rendered, lambda: _nested(op, op.execute, context), self._log)
-        return self.result
+            call = lambda: _nested(op, op.execute, context)  # noqa: E731
+        while True:
+            try:
+                result: StepResult | None = _from_pod(op, self.rendered, call, self._log)
+                error: Exception | None = None
+            except Exception as e:  # the operator's failure: unless the pod was disrupted, it stands
+                result, error = None, e
+            if not self._preempted(result):
+                if error is not None:
+                    raise error
+                assert result is not None
+                self.result = self._noted(result)
+                return self.result
+            if self.preemptions.exhausted:
+                self.result = self._noted(
+                    StepResult(
+                        app_id=self.rendered.app_id,
+                        state=StepState.PREEMPTED,
+                        exit_code=result.exit_code if result is not None else None,
+                        retryable=False,
+                        message=self.preemptions.exhausted_message(),
+                    )
+                )
+                return self.result
+            self._replace()
+            call = lambda: _nested(op, op.execute, context)  # noqa: E731
+
+    def _preempted(self, result: StepResult | None) -> bool:
+        """Whether this execution's pod ended because Kubernetes disrupted it (read from the
+        pod the operator saw last and from the API, by uid); counts it once.
+
+        A succeeded step, a non-retryable failure (exit 82 wins over a disruption, as in the
+        rendered Jobs' ``podFailurePolicy``) or a task being killed is never a preemption."""
+        op = self.operator
+        if op._killed or (result is not None and (result.succeeded or result.exit_code == NON_RETRYABLE_EXIT_CODE)):
+            return False
+        name, uid = self.rendered.roles[0].name, op.pod_uid
+        seen = [op.final_pod]
+        try:
+            seen.append(op.client.read_namespaced_pod(name, self.rendered.namespace))
+        except Exception:  # gone already (or unreadable): what the operator saw last decides
+            pass
+        before = self.preemptions.count
+        ours = [p for p in seen if p is not None and uid is not None and uid_of(p) == uid and disruption(p)]
+        self.preemptions.observe_pods(ours[:1], {name: "Pod"})
+        return self.preemptions.count > before
+
+    def _replace(self) -> None:
+        """Delete the preempted pod, wait until it is gone (its grace period, plus 120 s),
+        and make the operator create it again on its next ``execute``."""
+        op, name, ns = self.operator, self.rendered.roles[0].name, self.rendered.namespace
+        try:
+            op.client.delete_namespaced_pod(name, ns)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                raise
+        grace = float(self.rendered.roles[0].pod["spec"].get("terminationGracePeriodSeconds", 30))
+        deadline = time.monotonic() + grace + 120
+        while True:
+            try:
+                pod = op.client.read_namespaced_pod(name, ns)
+            except Exception as e:
+                if getattr(e, "status", None) == 404:
+                    break
+                raise
+            if uid_of(pod) != op.pod_uid:
+                break  # someone else's pod under the name: find_pod ignores it, the creation says so
+            if time.monotonic() > deadline:
+                raise RunError(
+                    f"Pod {ns}/{name}",
+                    "the preempted pod is still there after its grace period; "
+                    "fix: check the node it ran on (kubectl describe pod)",
+                )
+            time.sleep(1.0)
+        # a fresh execution of the same pod request: it creates (and records) a new pod
+        op.pod = op.remote_pod = op.final_pod = op.step_result = op.pod_uid = None
+        self._log.info("torchstep: pod %s created again after its preemption", name)
+
+    def _noted(self, result: StepResult) -> StepResult:
+        """``result`` with the preemptions said in its ``warnings`` (as the Job path's)."""
+        note = self.preemptions.note()
+        if note is not None and note not in result.warnings:
+            result.warnings.append(note)
+        return result
 
     def cancel(self) -> None:
         """Stop the pod (KubernetesPodOperator's ``on_kill``)."""

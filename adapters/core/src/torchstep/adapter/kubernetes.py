@@ -19,6 +19,7 @@ from torchstep.kubernetes import CONTAINER_NAME, OfficialClient, RenderedApp, re
 from torchstep.kubernetes.apiobj import termination, uid_of
 from torchstep.kubernetes.hostpod import host_pod
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
+from torchstep.kubernetes.preemption import Preemptions, disruption
 from torchstep.kubernetes.remote import BARE_POD, GONE, RemoteRun, handle_of
 
 __all__ = [
@@ -26,8 +27,10 @@ __all__ = [
     "CONTAINER_NAME",
     "GONE",
     "OfficialClient",
+    "Preemptions",
     "RemoteRun",
     "RenderedApp",
+    "disruption",
     "handle_of",
     "host_pod",
     "impostor_warning",
