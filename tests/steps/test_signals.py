@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from torchstep.result import StepResult
@@ -64,3 +68,63 @@ def test_outside_the_main_thread_nothing_is_installed() -> None:
     t.start()
     t.join(10)
     assert seen == [before, []]
+
+
+# -- a Ctrl-C that also ends the runner (kfp.local: driver -> sh -> the step's process) ---------
+STEP = """
+import signal, sys, threading, time
+from torchstep.childproc import stop_when_ancestors_die
+from torchstep.steps.signals import stop_on_signals
+
+stop_when_ancestors_die(poll_s=0.05)
+cancel = threading.Event()
+received = []
+try:
+    with stop_on_signals(cancel, (signal.SIGTERM, signal.SIGINT)) as received:
+        print("ready", flush=True)
+        cancel.wait(60)
+        time.sleep(3)  # the step's processes stopping within their grace period
+        print("graceful", received, flush=True)
+except KeyboardInterrupt:
+    print("killed at once", received, flush=True)
+"""
+RUNNER = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"))
+time.sleep(120)
+"""
+
+
+def _step_under_a_runner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / "step.out"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, STEP, str(out)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "ready" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.05)
+    return runner, out
+
+
+def _last_line(out: Path) -> str:
+    deadline = time.monotonic() + 60
+    while len(lines := out.read_text().splitlines()) < 2:
+        assert time.monotonic() < deadline, out.read_text()
+        time.sleep(0.1)
+    return lines[-1]
+
+
+def test_a_ctrl_c_that_also_ends_the_runner_stops_the_step_gracefully(tmp_path: Path) -> None:
+    """Ctrl-C reaches the runner and the step together; the runner's end must not add a second
+    signal (the ancestors watch's own SIGTERM), which kills every process at once: exit 137
+    instead of 143 (a soak failure under load, kfp:cancel)."""
+    runner, out = _step_under_a_runner(tmp_path)
+    os.killpg(runner.pid, signal.SIGINT)
+    runner.wait(30)
+    assert _last_line(out) == f"graceful [{int(signal.SIGINT)}]"
+
+
+def test_a_runner_killed_alone_still_stops_the_step(tmp_path: Path) -> None:
+    runner, out = _step_under_a_runner(tmp_path)
+    runner.kill()  # SIGKILL: no signal reaches the step; its watch stops it
+    runner.wait(30)
+    assert _last_line(out) == f"graceful [{int(signal.SIGTERM)}]"

@@ -36,12 +36,23 @@ def close_stdin_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
+#: Set once this process is stopping on a signal (:func:`torchstep.steps.stop_on_signals` sets
+#: it on the first one). The ancestors watch then sends no SIGTERM of its own: a step takes a
+#: second signal for "kill every process at once", so a Ctrl-C that also ends the runner
+#: (kfp.local's pipeline process and its ``sh``) would end the step 137, not a graceful 143.
+STOPPING = threading.Event()
+#: How long the ancestors watch lets a signal that arrived with the ancestors' end reach the
+#: main thread's handler before it sends its own SIGTERM (a loaded machine runs it late).
+SIGNAL_SETTLE_S = 2.0
+
+
 def stop_when_ancestors_die(
     *, name: str = "torchstep-ancestors-watch", poll_s: float = 0.5, output: int | None = None
 ) -> None:
     """Stop this process (SIGTERM to itself: a step stops every process of it within its
     grace period) when its parent or grandparent dies — or, with ``output``, when nobody
-    reads the pipe on that file descriptor any more. For a step started as ``parent → sh
+    reads the pipe on that file descriptor any more — unless a signal has already begun
+    the stop (:data:`STOPPING`, awaited :data:`SIGNAL_SETTLE_S`). For a step started as ``parent → sh
     → python`` by a runner that does not stop it when the runner itself is killed or
     interrupted (kfp.local's pipeline process: interrupted, it stops reading the step's
     output and may live on); Linux only (``/proc``).
@@ -81,7 +92,9 @@ def stop_when_ancestors_die(
             if unread and output is not None:
                 discard_output(output)  # its last messages go nowhere: it exits as cancelled, not of EPIPE
             if unread or os.getppid() != parent or any(dead(p) for p in watched):
-                os.kill(os.getpid(), signal.SIGTERM)
+                # the same Ctrl-C may be on its way to this process: its handler stops the step
+                if not STOPPING.wait(SIGNAL_SETTLE_S):
+                    os.kill(os.getpid(), signal.SIGTERM)
                 return
 
     threading.Thread(target=watch, name=name, daemon=True).start()

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from torchstep.childproc import STOPPING
+
 if TYPE_CHECKING:
     from torchstep.result import StepResult
     from torchstep.steps.kubernetes import KubernetesStep
@@ -77,6 +79,7 @@ def stop_on_signals(
         received.append(signum)
         if len(received) > 1:
             raise KeyboardInterrupt  # a second signal: no more grace
+        STOPPING.set()  # the ancestors watch adds no signal of its own to this one
         cancel.set()
 
     try:
