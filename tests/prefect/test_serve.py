@@ -1,7 +1,8 @@
 """``flow.serve(cron=...)`` against a real Prefect server (``prefect server start`` on a
 loopback port, its own PREFECT_HOME and SQLite): the deployment exists with its schedule, a
 run triggered through the API completes, and a long run cancelled through the API ends
-Cancelled with no process of the step left (agents, workers, children, daemons)."""
+Cancelled with no process of the step left (agents, workers, children, daemons). Ctrl-C of
+a flow run in a terminal stops every process of its step. One server serves the module."""
 
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,43 +28,64 @@ def state_of(api: str, run_id: str) -> str:
     return api_call("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"]
 
 
-@pytest.mark.slow
-def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """``prefect server start`` on a free loopback port with its own PREFECT_HOME and SQLite,
+    once for the module (its start is most of a test's cost): its API URL, and the
+    environment its clients start from (without PREFECT_API_URL)."""
+    home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         {
-            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_HOME": str(home / "home"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_UI_ENABLED": "false",
-            "XDG_STATE_HOME": str(tmp_path / "state"),
-            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+            "XDG_STATE_HOME": str(home / "state"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
             "PYTHONPATH": os.pathsep.join(sys.path),
         }
     )
+    with open(home / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+
+            def healthy() -> bool:
+                assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
+                try:
+                    return httpx.get(f"{api}/health", timeout=2).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
+            yield api, env
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(
+    server: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    api, env = server
+    env = {**env, "XDG_STATE_HOME": str(tmp_path / "state")}
     procs = []
     logs = []
     try:
-        log = open(tmp_path / "server.log", "w")  # noqa: SIM115
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{api}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
         log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
         logs.append(log)
         procs.append(
@@ -116,8 +139,8 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
         mark = f"serve-ctrl-c-{uuid.uuid4().hex[:6]}"
         last = run(mark, 600)
         wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 6, 240, "the last run's processes")
-        os.killpg(procs[1].pid, signal.SIGINT)
-        procs[1].wait(timeout=90)
+        os.killpg(procs[0].pid, signal.SIGINT)
+        procs[0].wait(timeout=90)
         wait_for(lambda: not procs_with_env(f"TORCHSTEP_TEST_MARK={mark}"), 30, "no process after Ctrl-C")
         assert state_of(api, last) in ("CRASHED", "CANCELLED")  # Prefect 3.7's runner marks it Crashed
     finally:
@@ -135,8 +158,12 @@ def test_a_served_flow_runs_from_the_api_and_a_cancelled_run_leaves_no_process(t
             log.close()
 
 
-def test_ctrl_c_of_a_flow_in_a_terminal_stops_every_process_of_the_step(tmp_path: Path) -> None:
-    """KeyboardInterrupt in the flow's process: the step stops everything before it exits."""
+def test_ctrl_c_of_a_flow_in_a_terminal_stops_every_process_of_the_step(
+    server: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """KeyboardInterrupt in the flow's process: the step stops everything before it exits
+    (the flow reports to the module's server, not to a temporary one of its own)."""
+    api, server_env = server
     mark = f"ctrl-c-{uuid.uuid4().hex[:6]}"
     script = tmp_path / "run.py"
     script.write_text(
@@ -149,16 +176,7 @@ def test_ctrl_c_of_a_flow_in_a_terminal_stops_every_process_of_the_step(tmp_path
         "    sleeper(mark=mark, seconds=600, replicas=2)\n"
         "run(sys.argv[1])\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        {
-            "PREFECT_HOME": str(tmp_path / "home"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-            "XDG_STATE_HOME": str(tmp_path / "state"),
-            "PYTHONPATH": os.pathsep.join(sys.path),
-        }
-    )
+    env = {**server_env, "PREFECT_API_URL": api, "XDG_STATE_HOME": str(tmp_path / "state")}
     proc = subprocess.Popen(
         [sys.executable, str(script), mark],
         env=env,
