@@ -365,3 +365,29 @@ def test_a_gang_that_does_not_recover_within_the_recovery_timeout_is_evicted_req
         ), result.warnings
     finally:
         kueue.close()
+
+
+@pytest.mark.slow
+def test_the_time_in_the_queue_is_not_counted_against_the_steps_timeout(real_cluster: Cluster, tmp_path: Path) -> None:
+    """Kueue behaviours covered: a Job stays suspended until admitted; Kubernetes counts its
+    ``activeDeadlineSeconds`` from the (last) resume, i.e. from admission. A step whose
+    timeout is 45 s waits 50 s in the queue, then is admitted, runs and succeeds: the wait
+    was not counted (docs/kubernetes.md, "Timeouts and the queue")."""
+    kueue = Kueue(real_cluster)
+    app = checkpointed(tmp_path / "ckpt")
+    role = app.roles[0]
+    args = list(role.args)
+    args[args.index("--steps") + 1] = "4"
+    app = specs.AppDef(app.name, roles=[dataclasses.replace(role, args=args)], metadata={"torchstep.timeout": "45"})
+    rendered, lines, done, runner = start(real_cluster, app, pod=False, queue="team-a")
+    name = rendered.roles[0].name
+    assert rendered.roles[0].workload["spec"]["activeDeadlineSeconds"] == 45
+    real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
+    time.sleep(50)  # longer than the step's timeout, in the queue
+    assert not done and not real_cluster.items("pods", rendered.label_selector)
+    kueue.admit(name)
+    runner.join(120)
+    assert done, ("JobGang did not return", lines[-40:])
+    assert done[0].state == "SUCCEEDED", (done[0].summary(), lines)
+    conditions = {c["type"]: c.get("reason") for c in real_cluster.get("jobs", name)["status"]["conditions"]}
+    assert "Failed" not in conditions and conditions.get("Complete") == "CompletionsReached", conditions

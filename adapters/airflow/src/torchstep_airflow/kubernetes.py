@@ -253,6 +253,9 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
     Every step it opens goes through ``task.use_step`` (so ``on_kill`` stops it)."""
     kwargs = task.kubernetes_kwargs
     rendered = render(task, plan, attempt_of(context).run_id)
+    note = queue_timeout_note(task.cfg.get("queue"), task.execution_timeout)
+    if note is not None:
+        task.log.warning("%s", note)
     resumed = event is not None and bool(event.get("resumed_jobs"))
     if is_single_pod(rendered) and task.own_retries == 0 and not resumed:  # the generic DAG retries inside
         return task.use_step(PodStep(task, plan, rendered, context, event)).run()
@@ -302,6 +305,33 @@ def run_kubernetes(task: Any, plan: StepPlan, context: Any, event: dict[str, Any
     from torchstep_airflow.durable import run_durable
 
     return run_durable(open_try, context, task.log, defer)
+
+
+def queue_timeout_note(queue: str | None, execution_timeout: Any) -> str | None:
+    """What a task that waits in a Kueue queue is told about its ``execution_timeout``.
+
+    Airflow's ``execution_timeout`` counts wall time from the start of the try, so the wait
+    for admission counts against it; the step's own timeout (the Jobs' or the Pod's
+    ``activeDeadlineSeconds``) counts from admission. With a queue, torchstep derives no
+    ``execution_timeout`` (:func:`torchstep_airflow.settings.task_settings`); one the DAG
+    author set is kept, and said once per try.
+
+    Args:
+        queue: the run option ``queue`` (``None``: no queue, nothing to say).
+        execution_timeout: the task's ``execution_timeout`` (``None``: none).
+
+    Returns:
+        The warning line, or ``None``.
+    """
+    if not queue or execution_timeout is None:
+        return None
+    seconds = execution_timeout.total_seconds() if hasattr(execution_timeout, "total_seconds") else execution_timeout
+    return (
+        f"torchstep: execution_timeout ({seconds:g} s) counts wall time, the wait in Kueue's queue {queue} "
+        "included: a step still queued when it runs out is stopped (its objects deleted) and Airflow retries "
+        "or fails the task; the step's own timeout counts from admission (activeDeadlineSeconds). "
+        "Fix: leave execution_timeout unset (torchstep then sets none for a queued step) or allow for the queue"
+    )
 
 
 def job_client(kwargs: Mapping[str, Any]) -> OfficialClient:

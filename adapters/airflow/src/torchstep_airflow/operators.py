@@ -22,7 +22,14 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from torchstep import RunError, SpecError
 from torchstep.adapter import INLINED_INTO, warn_inlined, warn_note
 
-from torchstep_airflow.settings import UserSettings, attempt_of, check_run_settings, run_id_of, task_settings
+from torchstep_airflow.settings import (
+    UserSettings,
+    attempt_of,
+    check_run_settings,
+    queued,
+    run_id_of,
+    task_settings,
+)
 
 if TYPE_CHECKING:
     from torchstep import StepPlan, StepResult
@@ -166,12 +173,17 @@ class AppDefOperator(BaseOperator):
                 return {"parsed": None, "note": None, "app": None}, []
             # the pod spec becomes the task's rendered fields
             note = warn_inlined(plan, INLINED_INTO[self.target]) if self.target == "kubernetes" else None
-            parsed = task_settings(plan, self._user, self.target)
+            parsed = task_settings(plan, self._user, self.target, queued(self.target, self.cfg))
             images = [role.image for role in plan.roles] if self.target == "local" else []
             return {"parsed": parsed, "note": note, "app": plan.app_name}, images
 
         component, args = self._component()
-        key = {"args": args, "target": self.target, "user": list(vars(self._user).values())}
+        key = {
+            "args": args,
+            "target": self.target,
+            "user": list(vars(self._user).values()),
+            "queued": queued(self.target, self.cfg),
+        }
         outcome = remember(f"airflow:{type(self).__qualname__}", component, key, compute, _CODE_FILES)
         if outcome["note"]:  # kept: say it again (once per process, as warn_inlined does)
             warn_note(outcome["note"], outcome["app"])

@@ -52,8 +52,13 @@ def _seconds(value: timedelta | float | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def task_settings(plan: StepPlan, user: UserSettings, target: str) -> dict[str, Any]:
+def task_settings(plan: StepPlan, user: UserSettings, target: str, queued: bool = False) -> dict[str, Any]:
     """The BaseOperator keyword arguments the plan implies (only those it sets).
+
+    ``queued``: the step's Jobs wait in a Kueue queue (the kubernetes run option ``queue``).
+    Then no ``execution_timeout`` is derived from the step timeout: Airflow's counts wall
+    time, the wait for admission included, while the step's own timeout (the Jobs'
+    ``activeDeadlineSeconds``) counts from admission (docs/kubernetes.md, "Kueue").
 
     Raises :class:`~torchstep.SpecError` when the task's own settings would add a second
     retry layer or contradict the AppDef.
@@ -79,7 +84,7 @@ def task_settings(plan: StepPlan, user: UserSettings, target: str) -> dict[str, 
             out["retry_exponential_backoff"] = step.backoff
         if step.max_delay_s is not None:
             out["max_retry_delay"] = timedelta(seconds=step.max_delay_s)
-    if plan.timeout_s is not None and user.execution_timeout is None:
+    if plan.timeout_s is not None and user.execution_timeout is None and not queued:
         out["execution_timeout"] = timedelta(seconds=plan.timeout_s + TIMEOUT_MARGIN_S)
     return out
 
@@ -94,7 +99,7 @@ def check_run_settings(
     task's ``retries`` at parse time, so a difference is an error (the fix: set the value
     on the task) rather than a silently dropped field.
     """
-    wanted = task_settings(plan, user, target)
+    wanted = task_settings(plan, user, target, queued(target, getattr(task, "cfg", None)))
     if parsed is not None:
         diff = sorted(k for k in wanted.keys() | parsed.keys() if wanted.get(k) != parsed.get(k))
         have = {k: parsed.get(k) for k in diff}
@@ -111,6 +116,19 @@ def check_run_settings(
             "(templated app_args change the retry settings, which Airflow fixes when it parses the DAG)",
             fix=f"set {want} on the task explicitly",
         )
+
+
+def queued(target: str, cfg: Any) -> bool:
+    """Whether a task of ``target`` with run options ``cfg`` waits in a Kueue queue.
+
+    Args:
+        target: the task's target.
+        cfg: its run options (``AppDefOperator(cfg=...)``).
+
+    Returns:
+        ``True`` for the kubernetes target with the ``queue`` option set.
+    """
+    return target == "kubernetes" and isinstance(cfg, dict) and bool(cfg.get("queue"))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -229,7 +229,8 @@ class StepComponent(ContainerComponent):
             # this call's image (not for the SubprocessRunner's form: it runs in this Python)
             if runner != "subprocess" and not several_pods(plan) and task.container_spec is not None:
                 task.container_spec.image = plan.roles[self.role].image
-            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=several_pods(plan))
+            queued = bool((self.spec.get("cfg") or {}).get("queue"))
+            apply_plan(task, plan, role=self.role, caching=self.caching, launcher=several_pods(plan), queued=queued)
         return task
 
     def plan_of_call(self, kwargs: Mapping[str, Any]) -> tuple[StepPlan, dict[str, Any]]:

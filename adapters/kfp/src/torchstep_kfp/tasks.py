@@ -66,7 +66,9 @@ def plan_of(app: Any) -> StepPlan:
     return build_plan(materialize(app), TARGET)
 
 
-def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = False, launcher: bool = False) -> Any:
+def apply_plan(
+    task: Any, app: Any, *, role: int | str = 0, caching: bool = False, launcher: bool = False, queued: bool = False
+) -> Any:
     """Set every setting of ``role`` (its index or name) of ``app`` on ``task`` (a
     ``kfp.dsl.PipelineTask``); returns ``task``. See the module docstring for the map.
 
@@ -80,6 +82,9 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
         role: the role whose settings are set: its index or name.
         caching: KFP's caching of the task (off by default: training has side effects).
         launcher: ``task`` is the launcher step of a multi-pod AppDef (see above).
+        queued: the launcher's Jobs wait in a Kueue queue (the run option ``queue``): the
+            launcher pod gets no timeout, since its ``activeDeadlineSeconds`` would count the
+            wait for admission; the step timeout stays on the Jobs, counted from admission.
 
     Returns:
         ``task``, its settings set.
@@ -93,7 +98,7 @@ def apply_plan(task: Any, app: Any, *, role: int | str = 0, caching: bool = Fals
     warn_inlined(plan, INLINED_INTO[TARGET])
     with _container_checked(task):
         if launcher:
-            return _launcher(task, plan, caching)
+            return _launcher(task, plan, caching, queued)
         return _apply_role(task, plan, r, caching)
 
 
@@ -146,7 +151,7 @@ def _apply_role(task: Any, plan: StepPlan, r: RolePlan, caching: bool) -> Any:
     return task
 
 
-def _launcher(task: Any, plan: StepPlan, caching: bool) -> Any:
+def _launcher(task: Any, plan: StepPlan, caching: bool, queued: bool = False) -> Any:
     task.set_cpu_request(LAUNCHER_CPU)
     task.set_memory_request(LAUNCHER_MEMORY)
     task.set_memory_limit(LAUNCHER_MEMORY)
@@ -162,7 +167,7 @@ def _launcher(task: Any, plan: StepPlan, caching: bool) -> Any:
             "a multi-pod step needs kfp-kubernetes (the launcher reads its namespace)",
             fix='pip install "torchstep-kfp[kubernetes]"',
         ) from None
-    if plan.timeout_s is not None:
+    if plan.timeout_s is not None and not queued:  # queued: the Jobs' deadline counts from admission
         kubernetes.set_timeout(task, int(plan.timeout_s))
     kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
     kubernetes.use_field_path_as_env(task, env_name=NAMESPACE_ENV, field_path="metadata.namespace")
