@@ -30,10 +30,26 @@ def real_cluster(tmp_path: Path) -> Iterator[Cluster]:
     root = tmp_path / "cluster"
     server = start_server(tmp_path / "api", real=cluster_config(root, prefix))
     try:
-        yield Cluster(server, root)
+        yield Cluster(server, root, prefix=prefix)
     finally:
         server.stop()
         cleanup(prefix, root)  # what a crashed or killed server left
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for every test of a module (as ``real_cluster``): for tests whose runs
+    name their objects apart and delete them, so each does not pay for a cluster's start."""
+    require_cluster()
+    prefix = new_prefix()
+    tmp = tmp_path_factory.mktemp("cluster")
+    root = tmp / "cluster"
+    server = start_server(tmp / "api", real=cluster_config(root, prefix))
+    try:
+        yield Cluster(server, root, prefix=prefix)
+    finally:
+        server.stop()
+        cleanup(prefix, root)
 
 
 @pytest.fixture(scope="session")

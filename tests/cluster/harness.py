@@ -67,10 +67,24 @@ def require_cluster() -> None:
 class Cluster:
     """A running one-machine cluster, as a test sees it."""
 
-    def __init__(self, server: KubeServer, root: Path, namespace: str = "ml") -> None:
+    def __init__(self, server: KubeServer, root: Path, namespace: str = "ml", prefix: str = "") -> None:
         self.server = server
         self.root = root
         self.namespace = namespace
+        self.prefix = prefix  # the cluster's name prefix (its namespaces and cgroups)
+
+    def pod_processes(self) -> set[int]:
+        """The live processes of every pod of the cluster (each pod's cgroup; dnsmasq's is not
+        a pod's): empty once every pod's processes have ended."""
+        if not self.prefix:
+            raise ValueError("Cluster(prefix=...) is needed to find the pods' processes")
+        pids: set[int] = set()
+        for procs in (memory_cgroup_root() / f"{self.prefix}pods").glob("p[0-9]*/cgroup.procs"):
+            try:
+                pids |= {int(pid) for pid in procs.read_text().split()}
+            except OSError:  # the pod's group went meanwhile: its processes had ended
+                continue
+        return {pid for pid in pids if _alive(pid)}
 
     @property
     def kubeconfig(self) -> Path:
@@ -152,6 +166,14 @@ class Cluster:
         made = self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
         assert made.get("kind") == "Pod", made
         return self.pod_done(name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def cluster_config(root: Path, prefix: str, nodes: int = 2) -> dict[str, Any]:
