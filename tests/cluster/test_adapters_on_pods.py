@@ -303,3 +303,66 @@ def test_a_sigkilled_launcher_run_again_reattaches_to_the_same_job_and_prints_ea
     assert (tmp_path / "out" / "sum").read_text() == "10"
     print(f"reattached: the second launcher skipped {len(before)} lines, printed {len(again)}")
     nothing_left(kube_env)
+
+
+def start_flow_process(cluster: Cluster, log: Path, run_id_file: Path, *args: str) -> "subprocess.Popen[bytes]":
+    """A flow-run process of tests/cluster/apps/prefect_flow.py against the module's Prefect
+    API server (``args``: steps, interval and, to execute it again, the flow run's id)."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "FLOW_RUN_ID_FILE": str(run_id_file),
+        "PYTHONUNBUFFERED": "1",
+    }
+    with open(log, "wb") as f:
+        return subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve().parent / "apps" / "prefect_flow.py"), *args],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+
+def test_a_sigkilled_prefect_flow_run_executed_again_reattaches_to_the_same_job(
+    kube_env: Cluster, prefect_harness: None, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    steps = 60
+    run_id_file = tmp_path / "flow_run_id"
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    with Seen(kube_env) as seen:
+        first = start_flow_process(kube_env, first_log, run_id_file, str(steps), "0.5")
+        try:
+            kube_env.wait(
+                lambda: first.poll() is None and len({r // 2 for r, _ in saved_lines(kube_env)}) == 2,
+                240,
+                "the first flow-run process to save a log position past both pods' training lines",
+            )
+        finally:
+            first.send_signal(signal.SIGKILL)  # the flow-run pod is gone: nothing cleans up
+            first.wait()
+        before = saved_lines(kube_env)
+        (job_uid,) = seen.jobs
+        flow_run_id = run_id_file.read_text()
+        with get_client(sync_client=True) as client:  # as Prefect marks a run whose process vanished
+            client.set_flow_run_state(flow_run_id, Crashed(message="the flow-run process was killed"), force=True)
+        second = start_flow_process(kube_env, second_log, run_id_file, str(steps), "0.5", flow_run_id)
+        assert second.wait(300) == 0, second_log.read_text()[-4000:]
+    first_text, second_text = first_log.read_text(), second_log.read_text()
+    assert "attaching" in second_text, second_text[-4000:]
+    assert set(seen.jobs) == {job_uid} and seen.complete == {job_uid} and len(seen.pods) == 2
+    once, again = rank_lines(first_text), rank_lines(second_text)
+    assert len(again) == len(set(again)) and len(once) == len(set(once))
+    assert before <= set(once) and not before & set(again), sorted(before & set(again))
+    assert set(once) | set(again) == {(r, s) for r in range(4) for s in range(steps)}
+    result = json.loads(second_text.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"sum": 10, "world": 4}
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.is_completed()
+    print(f"Prefect flow run re-executed: skipped {len(before)} lines, printed {len(again)}")
+    nothing_left(kube_env)
