@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,18 +46,29 @@ def test_a_stuck_rank_fails_the_group_within_the_bound_and_is_named(agents: Agen
 
 
 def test_ranks_without_a_stack_are_still_failed_and_say_why(agents: Agents, tmp_path: Path) -> None:
-    """Exec'd workers that never touched the torchstep API have no handler; the group is
-    failed all the same, every rank named (no outlier can be told)."""
+    """Exec'd workers whose Python skips site (``python -S``: no sitecustomize, where an
+    exec'd worker's handler comes from) have no handler; the group is failed all the same,
+    every rank named (no outlier can be told)."""
     agent, ready = start_loader(
-        agents, tmp_path, "--hang-timeout", "2", nproc=2, mode="silent", env={"TORCHSTEP_ZYGOTE": "0"}
+        agents,
+        tmp_path,
+        "--hang-timeout",
+        "2",
+        *("--no-python", sys.executable, "-S"),
+        nproc=2,
+        mode="silent",
+        env={"TORCHSTEP_ZYGOTE": "0"},
     )
     assert agent.wait(120) == 137, agent.diagnostics()
     res = agent.result
     ranks = res["replicas"][0]["ranks"]
     assert [r["reason"] for r in ranks] == ["hang_timeout", "hang_timeout"]
     for r in ranks:
-        assert r["stack"] == ["no stack: no stack handler (started by exec, without the torchstep worker API)"]
-    assert "ranks 0, 1 gave no stack: no stack handler" in res["message"]
+        assert r["stack"] == [
+            "no stack: no stack handler: the worker runs with -S (its Python skips PYTHONPATH or site, "
+            "where torchstep's handler comes from)"
+        ]
+    assert "ranks 0, 1 gave no stack: no stack handler: the worker runs with -S" in res["message"]
     took = res["root_cause"]["timestamp"] - max(ready_times(ready))
     assert 1.5 <= took <= 2 + 2 + SLACK_S, took
 

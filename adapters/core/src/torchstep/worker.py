@@ -108,6 +108,9 @@ _last_heartbeat = 0.0
 _progress_first: tuple[float, float] | None = None  # (step, unix time) of the first progress() call
 _progress_written = 0.0
 _stacks_file: Any = None  # the open file faulthandler writes to (kept open for the worker's life)
+# the stacks file was there already: whether its handler is this process's (the exec wrapper's
+# sitecustomize installed it) — decided once, not on every heartbeat()
+_stacks_found: bool | None = None
 # install_collective_hook(): the file a returning collective touches, and when it last did
 _collectives_file: str | None = None
 _collective_touched = 0.0
@@ -304,8 +307,9 @@ def install_stack_dump() -> bool:
     writing to ``TORCHSTEP_STACKS_FILE`` (set by the agent); the file's first line names this
     process, which tells the agent the handler is there (it never sends the signal to a
     process without it). The agent's worker zygote calls it for every worker it forks; a
-    worker the agent exec'd gets it from :func:`record`, :func:`heartbeat` or :func:`progress`.
-    Idempotent; without the agent it does nothing.
+    Python worker the agent exec'd has it from the exec wrapper's ``sitecustomize`` (then
+    this finds it and returns True), else from :func:`record`, :func:`heartbeat` or
+    :func:`progress`. Idempotent; without the agent it does nothing.
 
     Returns:
         Whether the handler is installed (now or before).
@@ -314,18 +318,29 @@ def install_stack_dump() -> bool:
 
         torchstep.worker.install_stack_dump()   # first thing in a script not using @torchstep.record
     """
-    global _stacks_file
+    global _stacks_file, _stacks_found
     path = _env(ENV_STACKS_FILE)
     if path is None:
         return False
     if _stacks_file is not None:  # here, or in the worker this process was forked from
         return True
+    if _stacks_found is not None:
+        return _stacks_found
     try:
         # O_EXCL: the file is the rank's main process's; a subprocess that inherited the
         # variable leaves it alone
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
-        return False
+        try:
+            existing = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                first = os.read(existing, 128).split(b"\n", 1)[0]
+            finally:
+                os.close(existing)
+        except OSError:
+            first = b""
+        _stacks_found = first == f"torchstep stacks of pid {os.getpid()}".encode()
+        return _stacks_found
     except OSError as e:  # the agent then says "no stack handler"
         print(f"torchstep: no stack dump handler: {e}", file=sys.stderr)
         return False

@@ -15,6 +15,14 @@ interpreter), it does not exec: the zygote forks the worker with torch already i
 group and exits as the worker did. Anything else falls back to ``exec`` at once, without
 waiting: another command, a zygote that is gone (its socket refuses the connection or no
 longer exists: only the zygote holds the listening end) or that declines the worker.
+
+A Python worker it execs gets the agent's stack handler even when its script never imports
+torchstep: ``_site/`` beside this file goes first on its ``PYTHONPATH``, whose
+``sitecustomize`` registers ``faulthandler`` for the stacks signal, puts ``PYTHONPATH`` and
+``sys.path`` back as they were and runs the image's own ``sitecustomize``
+(:func:`site_env`). Not for a command that is not Python (a shell script: the agent says "no
+Python stack"), nor for ``python -I``/``-E``/``-S`` (they skip ``PYTHONPATH`` or ``site``:
+the agent names the flag).
 """
 
 import os
@@ -64,11 +72,112 @@ def main(argv: list[str]) -> None:
         request = python_request(cmd)
         if request is not None and _opens(request):
             _run_in_zygote(zygote, request)  # returns only when the zygote cannot be used
+    os.environ.update(site_env(cmd, os.environ))
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         sys.stderr.write(f"torchstep: cannot execute {cmd[0]!r}: {e}\n")
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+
+
+#: The directory whose ``sitecustomize`` gives an exec'd Python worker the stack handler.
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+#: What ``PYTHONPATH`` was before :func:`site_env` (``set:<value>`` or ``unset``): the
+#: sitecustomize puts it back.
+ORIGINAL_PYTHONPATH = "TORCHSTEP_SITE_PYTHONPATH"
+#: Python options that take the next word (or the rest of their word) as their value.
+_VALUE_OPTIONS = "WXQ"
+_VALUE_LONG = ("--check-hash-based-pycs",)
+
+
+def _which(command: str) -> "str | None":
+    if os.sep in command:
+        return command
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(d or ".", command)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def _is_python_name(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith("python") and all(c.isdigit() or c == "." for c in name[6:])
+
+
+def python_flags(argv: list) -> "list | None":
+    """The isolating options (``-I``, ``-E``, ``-S``) of a Python command line, or None when
+    ``argv`` is not one: its program is named ``python[X[.Y]]`` (itself or what it links
+    to), or is a script whose ``#!`` line names one (then that line's options count).
+
+    >>> python_flags(["python3", "-u", "train.py"])
+    []
+    >>> python_flags(["/usr/bin/python3.11", "-IS", "-c", "print(1)"])
+    ['-I', '-S']
+    >>> python_flags(["bash", "run.sh"]) is None
+    True
+    """
+    path = _which(argv[0]) if argv else None
+    if path is None:
+        return None
+    words = list(argv[1:])
+    if not (_is_python_name(path) or _is_python_name(os.path.realpath(path))):
+        try:
+            with open(path, "rb") as f:
+                first = f.read(256).split(b"\n", 1)[0]
+        except OSError:
+            return None
+        if not first.startswith(b"#!"):
+            return None
+        shebang = first[2:].decode("utf-8", "replace").split()
+        at = next((i for i, w in enumerate(shebang) if _is_python_name(w)), None)
+        if at is None:
+            return None
+        words = shebang[at + 1 :]  # the script's own arguments come after the script: not options
+    found = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "-" or not w.startswith("-") or w == "--":
+            break
+        if w.startswith("--"):
+            i += 2 if w in _VALUE_LONG else 1
+            continue
+        letters = w[1:]
+        for j, c in enumerate(letters):
+            if c in "IES" and f"-{c}" not in found:
+                found.append(f"-{c}")
+            if c in "mc":  # the rest is the module or the command
+                return found
+            if c in _VALUE_OPTIONS:
+                i += 0 if letters[j + 1 :] else 1  # the value is the rest of the word, or the next one
+                break
+        i += 1
+    return found
+
+
+def site_env(cmd: list, environ: "dict | os._Environ") -> dict:
+    """The variables that give the Python worker ``cmd`` the stack handler when it is exec'd
+    (nothing when the agent set no stacks file, ``cmd`` is not Python, or its Python skips
+    ``PYTHONPATH`` or ``site``).
+
+    Args:
+        cmd: the worker's command line.
+        environ: its environment.
+
+    Returns:
+        ``PYTHONPATH`` with :data:`SITE_DIR` first, and :data:`ORIGINAL_PYTHONPATH`.
+    """
+    if not environ.get("TORCHSTEP_STACKS_FILE") or not os.path.isdir(SITE_DIR):
+        return {}
+    flags = python_flags(cmd)
+    if flags is None or flags:
+        return {}
+    original = environ.get("PYTHONPATH")
+    return {
+        "PYTHONPATH": SITE_DIR + (os.pathsep + original if original else ""),
+        ORIGINAL_PYTHONPATH: "unset" if original is None else "set:" + original,
+    }
 
 
 def same_python(command: str) -> bool:

@@ -6,9 +6,12 @@ first calls :func:`collect`: each live worker whose stacks file says its handler
 installed (``torchstep.worker.install_stack_dump``: the zygote installs it in every worker
 it forks) gets :data:`~torchstep.contract.STACKS_SIGNAL`; ``faulthandler`` writes all its
 threads' stacks to that file from a C signal handler, so a rank inside a collective or any
-native call answers too. The whole group gets at most ``timeout`` seconds (2 s); a rank
-that does not answer (the signal blocked, the process stopped) or has no handler (exec'd
-without the torchstep worker API) gets a line saying so.
+native call answers too. A Python worker the agent exec'd gets the same handler from the
+exec wrapper's ``sitecustomize`` (``torchstep.agent._exec.site_env``), whether or not its
+script imports torchstep. The whole group gets at most ``timeout`` seconds (2 s); a rank
+that does not answer (the signal blocked, the process stopped) or has no handler (not a
+Python process; ``python -I``/``-E``/``-S``) gets a line saying so
+(:func:`no_handler_reason`).
 
 Each dump is parsed (:func:`parse_dump`): the main thread's innermost frames, the innermost
 frame of the user's code, and the ``torch.distributed`` call it is in, if any.
@@ -223,6 +226,50 @@ def _read_from(path: str, offset: int) -> str:
     return ""
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def no_handler_reason(pid: int) -> str:
+    """Why worker ``pid`` has no stack handler, from its command line: not a Python process
+    (a shell script, a binary), or a Python that skips ``PYTHONPATH`` or ``site``, where the
+    exec'd worker's handler comes from (``-I``, ``-E``, ``-S``).
+
+    Args:
+        pid: the process the agent started for the rank.
+
+    Returns:
+        The line the rank gets (``RankStack.where``), e.g. ``"no Python stack: the worker is
+        not a Python process (bash run.sh)"``.
+    """
+    from torchstep.agent._exec import python_flags
+
+    argv = _cmdline(pid)
+    if "--" in argv and any(os.path.basename(a) == "_exec.py" for a in argv[: argv.index("--")]):
+        argv = argv[argv.index("--") + 1 :]  # still the exec wrapper (or the zygote's): its command
+    else:
+        with contextlib.suppress(OSError):
+            exe = os.readlink(f"/proc/{pid}/exe")
+            if argv and os.path.basename(exe).startswith("python"):
+                argv = [exe, *argv[1:]]  # the interpreter itself, whatever argv[0] says
+    if not argv:
+        return "no stack handler (its command line cannot be read)"
+    flags = python_flags(argv)
+    if flags is None:
+        what = " ".join(os.path.basename(a) for a in argv[:2])
+        return f"no Python stack: the worker is not a Python process ({what})"
+    if flags:
+        return (
+            f"no stack handler: the worker runs with {'/'.join(flags)} (its Python skips PYTHONPATH or site, "
+            "where torchstep's handler comes from)"
+        )
+    return "no stack handler (none installed yet: the worker was still starting, or could not create its stacks file)"
+
+
 def collect(targets: list[StackTarget], *, timeout: float = COLLECT_TIMEOUT_S) -> dict[int, RankStack]:
     """Ask every target for its stacks at once and wait at most ``timeout`` s for all.
 
@@ -246,7 +293,7 @@ def collect(targets: list[StackTarget], *, timeout: float = COLLECT_TIMEOUT_S) -
         st = out[t.rank] = RankStack(t.rank, pid=t.pid)
         worker = _header_pid(t.path)
         if worker is None or (worker != t.pid and wrapper_of(worker) != t.pid):
-            st.where = "no stack handler (started by exec, without the torchstep worker API)"
+            st.where = no_handler_reason(t.pid)
             continue
         st.pid = worker
         if not _alive(worker):
