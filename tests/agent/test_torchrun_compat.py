@@ -28,7 +28,18 @@ def launch(launcher: str, flags: list[str], target: list[str], out: Path, env: d
     return done, ranks
 
 
-def both(tmp_path: Path, flags: list[str], target_of, env: dict[str, str] | None = None):
+def both(tmp_path: Path, flags: list[str], target_of, env: dict[str, str] | None = None, *, together: bool = False):
+    """Each launcher once over the same flags and script; ``together``: both at once, for a
+    case that spends its time waiting (each picks its own free port: ``--standalone``)."""
+    if together:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            futures = {
+                launcher: pool.submit(launch, launcher, flags, target_of(tmp_path / launcher), tmp_path / launcher, env)
+                for launcher in ("torchrun", "agent")
+            }
+            return {launcher: f.result() for launcher, f in futures.items()}
     runs = {}
     for launcher in ("torchrun", "agent"):
         out = tmp_path / launcher
@@ -69,12 +80,22 @@ CASES = {
 }
 
 
+#: Cases that only wait (an elastic standalone group of one waits out the rendezvous's
+#: last call, 30 s, idle): both launchers run at once.
+WAITING = {"elastic 1:2 standalone"}
+#: The case whose command line is the plain console's (``--nproc-per-node 2``, no console
+#: flag): its console is compared too, as test_the_console_looks_like_torchruns would.
+PLAIN_CONSOLE = "static 2 procs"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_exit_status_and_worker_environment(tmp_path: Path, case: str) -> None:
     flags, target_of, env = CASES[case]
-    runs = both(tmp_path, flags, target_of, env)
+    runs = both(tmp_path, flags, target_of, env, together=case in WAITING)
     (t_done, t_ranks), (a_done, a_ranks) = runs["torchrun"], runs["agent"]
+    if case == PLAIN_CONSOLE:
+        assert_same_console(t_done, a_done)
     assert (t_done.returncode == 0) == (a_done.returncode == 0), (t_done.stderr[-1500:], a_done.stderr[-1500:])
     assert sorted(t_ranks) == sorted(a_ranks)
     assert comparable(a_ranks) == comparable(t_ranks)
@@ -100,17 +121,22 @@ def worker_lines(text: str) -> list[str]:
     return sorted(re.findall(r"(?:\[[^\]\s]*\]:)?(?:out|err) rank \d+", text))
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize(
-    "flags", [[], ["--tee", "3"], ["--tee", "1"], ["--local-ranks-filter", "1"], ["--redirects", "3"]]
-)
-def test_the_console_looks_like_torchruns(tmp_path: Path, flags: list[str]) -> None:
-    runs = both(tmp_path, ["--nproc-per-node", "2", *flags], lambda out: [ENVDUMP, str(out)])
-    (t_done, _), (a_done, _) = runs["torchrun"], runs["agent"]
+def assert_same_console(t_done: subprocess.CompletedProcess, a_done: subprocess.CompletedProcess) -> None:
+    """The workers' lines on the same streams with the same prefixes, and one settings line."""
     assert worker_lines(a_done.stdout) == worker_lines(t_done.stdout)  # same lines, same prefixes, same stream
     assert worker_lines(a_done.stderr) == worker_lines(t_done.stderr)
     settings = [x for x in a_done.stderr.splitlines() if "torchstep-agent" in x and "effective settings" in x]
     assert len(settings) == 1  # one line of our own settings, like torchrun's quiet start
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("flags", [["--tee", "3"], ["--tee", "1"], ["--local-ranks-filter", "1"]])
+def test_the_console_looks_like_torchruns(tmp_path: Path, flags: list[str]) -> None:
+    """Each console flag. Compared where the same command line already runs: the plain
+    console (no flag) in the "static 2 procs" case of test_same_exit_status_and_worker_environment,
+    ``--redirects 3`` in test_log_dir_has_torchruns_layout (with ``--log-dir``)."""
+    runs = both(tmp_path, ["--nproc-per-node", "2", *flags], lambda out: [ENVDUMP, str(out)])
+    assert_same_console(runs["torchrun"][0], runs["agent"][0])
 
 
 @pytest.mark.timeout(600)
@@ -207,8 +233,9 @@ def test_sigterm_stops_both_alike(tmp_path: Path) -> None:
 def test_log_dir_has_torchruns_layout(tmp_path: Path) -> None:
     """``--log-dir`` (with ``--redirects 3``, where torchrun writes files):
     ``<log_dir>/<run_id>_<random>/attempt_0/<local_rank>/{stdout,stderr}.log`` on both; the
-    agent adds only its own ``agent.log`` and ``result.json`` at the top."""
+    agent adds only its own ``agent.log`` and ``result.json`` at the top; the consoles match."""
     layouts = {}
+    runs = {}
     for launcher in ("torchrun", "agent"):
         logs = tmp_path / f"{launcher}-logs"
         out = tmp_path / launcher
@@ -216,6 +243,7 @@ def test_log_dir_has_torchruns_layout(tmp_path: Path) -> None:
             launcher, ["--nproc-per-node", "2", "--redirects", "3", "--log-dir", str(logs)], [ENVDUMP, str(out)], out
         )
         assert done.returncode == 0, done.stderr[-2000:]
+        runs[launcher] = done
         (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
         layouts[launcher] = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.log"))
         assert "err rank 1" in (run_dir / "attempt_0" / "1" / "stderr.log").read_text()
@@ -225,3 +253,4 @@ def test_log_dir_has_torchruns_layout(tmp_path: Path) -> None:
         == ["attempt_0/0/stderr.log", "attempt_0/0/stdout.log", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"]
     )
     assert sorted(p.name for p in (tmp_path / "agent-logs").iterdir() if p.is_file()) == ["agent.log", "result.json"]
+    assert_same_console(runs["torchrun"], runs["agent"])
