@@ -24,6 +24,7 @@ import sys
 import time
 
 PAD = "x" * 64  # a line of ~90 bytes, like a log record
+STARTED = time.time()  # the worker's silence before its first line (bench/train_throughput.py --hang-timeout)
 
 
 def emit(rank: int, start: int, count: int) -> None:
@@ -60,6 +61,8 @@ def train(a: argparse.Namespace, rank: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(a.batch, a.hidden)
     printed = 0
+    first_line: float | None = None  # wall clock of the first line this rank printed
+    slowest = 0.0  # the slowest training step (s)
 
     def step() -> None:
         opt.zero_grad()
@@ -67,7 +70,7 @@ def train(a: argparse.Namespace, rank: int) -> None:
         opt.step()
 
     def window(steps: int, log: bool, seconds: float = 0.0) -> tuple[int, float]:
-        nonlocal printed
+        nonlocal printed, first_line, slowest
         t0 = time.perf_counter()
         base = printed
         n = 0
@@ -77,11 +80,15 @@ def train(a: argparse.Namespace, rank: int) -> None:
                 dist.all_reduce(done, op=dist.ReduceOp.MAX)
                 if done.item():
                     break
+            before = time.perf_counter()
             step()
+            slowest = max(slowest, time.perf_counter() - before)
             n += 1
             if log:  # catch up with the wall clock: --rate lines/s whatever the step time
                 owed = int(a.rate * (time.perf_counter() - t0)) - (printed - base)
                 if owed > 0:
+                    if first_line is None:
+                        first_line = time.time()
                     emit(rank, printed, owed)
                     printed += owed
         dist.barrier()
@@ -99,7 +106,8 @@ def train(a: argparse.Namespace, rank: int) -> None:
             n, secs = window(a.steps, kind == "log")
             results.append({"kind": kind, "steps": n, "seconds": secs})
     sys.stdout.flush()
-    dump(a.out, rank, {"lines": printed, "windows": results})
+    silent = (first_line or time.time()) - STARTED
+    dump(a.out, rank, {"lines": printed, "windows": results, "silent_s": silent, "slowest_step_s": slowest})
     dist.destroy_process_group()
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.soak import campaign, report
+from tools.soak import campaign, faults, report
 from tools.soak.model import Run
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -39,7 +39,20 @@ def main(argv: list[str] | None = None) -> int:
         "--report", default=str(ROOT / "docs" / "reliability.md"), help="the page a full campaign writes ('' for none)"
     )
     p.add_argument("--keep", action="store_true", help="keep every run's directory")
+    p.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=float(os.environ.get(faults.HANG_ENV) or 0),
+        metavar="S",
+        help="run every agent with --hang-timeout S (env SOAK_HANG_TIMEOUT; default off) and count its stops",
+    )
     a = p.parse_args(argv)
+    if a.hang_timeout < 0:
+        p.error(f"--hang-timeout must be > 0 seconds (0: off), got {a.hang_timeout:g}")
+    if a.hang_timeout:
+        os.environ[faults.HANG_ENV] = f"{a.hang_timeout:g}"  # read by every surface's run (faults.tail_env)
+    else:
+        os.environ.pop(faults.HANG_ENV, None)
     seed = a.seed if a.seed is not None else int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(10**6))
     print(f"SOAK_SEED={seed}", flush=True)
     if a.replay:
@@ -53,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - started
     broken = sum(1 for o in outcomes if o.violations)
     print(f"soak: {len(outcomes) - broken} of {len(outcomes)} runs held every invariant in {wall:.0f} s (seed {seed})")
+    if a.hang_timeout:
+        stopped = [o for o in outcomes if faults.hang_stops(o.observation.result, o.observation.console)]
+        real = [o for o in stopped if o.run.fault == "stop"]
+        print(
+            f"soak: --hang-timeout {a.hang_timeout:g}s stopped {len(stopped)} of {len(outcomes)} runs: "
+            f"{len(real)} under the injected hang (stop), {len(stopped) - len(real)} false positives"
+            + "".join(f"\n    false positive: run {o.run.index} {o.run.key}" for o in stopped if o.run.fault != "stop")
+        )
     if a.report and a.only is None and not a.replay:
         Path(a.report).write_text(report.render(outcomes, seed, a.faults, wall))
         print(f"soak: wrote {a.report}")

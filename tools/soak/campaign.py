@@ -8,6 +8,7 @@ faulty rank are drawn for every run.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 import random
@@ -45,8 +46,22 @@ SURFACES: dict[str, ModuleType] = _discover()
 
 def expect_of(surface: str, fault: str) -> faults.Expect:
     """The outcome ``fault`` must give on ``surface``."""
+    if fault == "stop" and faults.hang_timeout_s() is not None:
+        return STOP_UNDER_HANG_TIMEOUT
     own = getattr(SURFACES[surface], "EXPECT", {})
     return own[fault] if fault in own else faults.FAULTS[fault][1]
+
+
+#: ``stop`` when the agents run with ``--hang-timeout`` (``python -m tools.soak --hang-timeout``):
+#: the stopped rank is a real hang, which the hang stop ends as a timer would (the stopped
+#: rank's agent and its peer, whose ranks wait in all_reduce, each fail their group once).
+STOP_UNDER_HANG_TIMEOUT = dataclasses.replace(
+    faults.FAULTS["stop_timer"][1],
+    guarantee=(
+        "a rank SIGSTOPs with no timer, the agents run with --hang-timeout: the hang stop takes the "
+        "stacks and fails the group, which restarts and SUCCEEDS"
+    ),
+)
 
 
 def pairs(surfaces: list[str]) -> list[tuple[str, str]]:
@@ -173,9 +188,11 @@ def execute(
             bad += [Violation(run, invariants.NAMES.get(k, k), d) for k, d in extra(run, obs)]
         outcomes.append(Outcome(run, obs, bad))
         verdict = "held" if not bad else f"{len(bad)} VIOLATION(S)"
+        hung = faults.hang_stops(obs.result, obs.console)
         say(
             f"soak run {run.index} {run.key}: rc {obs.rc}, "
             f"{(obs.result or {}).get('state', 'no result')}, {time.monotonic() - started:.1f} s: {verdict}"
+            + (f" ({hung} rank(s) stopped by --hang-timeout)" if hung else "")
         )
         for note in obs.notes:
             say(f"    note: {note}")

@@ -30,9 +30,38 @@ STOP_TIMEOUT_S = 35
 DEADLINE_MARGIN_S = 45
 
 
+#: The variable ``python -m tools.soak --hang-timeout S`` sets: every agent of the campaign then
+#: runs with ``--hang-timeout S`` (``TORCHSTEP_HANG_TIMEOUT`` in the job's environment).
+HANG_ENV = "SOAK_HANG_TIMEOUT"
+
+
+def hang_timeout_s() -> float | None:
+    """The agents' ``--hang-timeout`` in this campaign (``SOAK_HANG_TIMEOUT``), or None: off."""
+    value = os.environ.get(HANG_ENV, "")
+    return float(value) if value else None
+
+
 def timeout_of(fault: str) -> int:
-    """The run's own ``timeout`` (cfg) under ``fault``."""
-    return STOP_TIMEOUT_S if fault == "stop" else RUN_TIMEOUT_S
+    """The run's own ``timeout`` (cfg) under ``fault``. Under ``stop`` with ``--hang-timeout``
+    the run's timeout is the usual one: the hang stop is what ends the stopped rank."""
+    return STOP_TIMEOUT_S if fault == "stop" and hang_timeout_s() is None else RUN_TIMEOUT_S
+
+
+def hang_stops(result: dict | None, console: str = "") -> int:
+    """How many times the agents of a run stopped a group for ``--hang-timeout``: the replicas
+    whose ranks (reason ``hang_timeout``) or restart history (their message) say so in the
+    step result, or, where the console holds the agents' own lines, their "where the ranks
+    were (no progress for ..." lines, whichever counts more."""
+    in_result = 0
+    if isinstance(result, dict):
+        for rep in result.get("replicas") or []:
+            if not isinstance(rep, dict):
+                continue
+            ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
+            if any(r.get("reason") == "hang_timeout" for r in ranks) or "hang_timeout" in str(rep.get("message")):
+                in_result += 1
+    in_console = console.count("where the ranks were (no progress for ")
+    return max(in_result, in_console)
 
 
 @dataclass(frozen=True)
@@ -289,19 +318,22 @@ def tail_env(fault: str) -> dict[str, str]:
     """The run's environment a fault class needs beside the job's: under ``cancel`` the job
     stays alive after its last line, so that a cancel through an orchestrator's CLI (seconds
     to start) always finds the step running; under ``rdzv_stall`` the agents' watchdog is
-    shorter (``TORCHSTEP_WATCHDOG_TIMEOUT``).
+    shorter (``TORCHSTEP_WATCHDOG_TIMEOUT``); with ``--hang-timeout`` every agent gets it
+    (``TORCHSTEP_HANG_TIMEOUT``).
 
     Args:
         fault: a key of FAULTS.
 
     Returns:
-        ``SOAK_TAIL_S`` / ``TORCHSTEP_WATCHDOG_TIMEOUT``, or nothing.
+        ``SOAK_TAIL_S`` / ``TORCHSTEP_WATCHDOG_TIMEOUT`` / ``TORCHSTEP_HANG_TIMEOUT``, or nothing.
     """
+    hang = hang_timeout_s()
+    env = {"TORCHSTEP_HANG_TIMEOUT": f"{hang:g}"} if hang is not None else {}
     if fault == "cancel":
-        return {"SOAK_TAIL_S": "60"}
+        env["SOAK_TAIL_S"] = "60"
     if fault == "rdzv_stall":
-        return {"TORCHSTEP_WATCHDOG_TIMEOUT": str(STALL_WATCHDOG_S)}
-    return {}
+        env["TORCHSTEP_WATCHDOG_TIMEOUT"] = str(STALL_WATCHDOG_S)
+    return env
 
 
 def progress_of(progress: Path, rank: int) -> tuple[int, int] | None:
