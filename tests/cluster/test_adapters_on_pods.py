@@ -2,12 +2,13 @@
 item 2): KFP's launcher step under kfp.local and Prefect's ``app_task(target="kubernetes")``
 each run a 2x2 gloo gang (2 pods x 2 ranks that all-reduce) to success through the default
 client of ``$KUBECONFIG``, as a Prefect worker or a launcher does; the task's timeout deletes
-the Jobs and leaves no pod process; and a launcher SIGKILLed while the pods train is run again
-(KFP's retry: the same task id) and reattaches to the same Job, printing every line once.
+the Jobs and leaves no pod process; and a watcher SIGKILLed while the pods train — a KFP
+launcher (run again with the same task id: KFP's retry) or a Prefect flow-run process (its
+flow run executed again) — reattaches to the same Job and resumes its log at the saved cursor.
 
-The launcher runs on this machine, not in a pod: the pods' network namespaces cannot reach the
-test's API server (it listens on the machine's loopback), and the launcher needs nothing of a
-pod but its environment (``TORCHSTEP_NAMESPACE``, the kubeconfig an in-cluster config gives).
+The watchers run on this machine, not in pods: the pods' network namespaces cannot reach the
+test's API server (it listens on the machine's loopback), and a watcher needs nothing of a pod
+but its environment (``TORCHSTEP_NAMESPACE``, the kubeconfig an in-cluster config gives).
 One cluster serves the module (``module_cluster``): every run names its objects apart and
 deletes them; each test checks that nothing of its run is left, processes included.
 """
