@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,4 +367,73 @@ def test_a_sigkilled_prefect_flow_run_executed_again_reattaches_to_the_same_job(
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).state.is_completed()
     print(f"Prefect flow run re-executed: skipped {len(before)} lines, printed {len(again)}")
+    nothing_left(kube_env)
+
+
+# -- Airflow: AppDefOperator(target="kubernetes") in dag.test() -------------------------------------------
+AIRFLOW_DAG = """
+from airflow.sdk import DAG
+from torchstep_airflow import AppDefOperator
+
+with DAG("torchstep_gang_on_pods", schedule=None) as dag:
+    AppDefOperator(
+        task_id="train", app={gang!r}, app_args={{"steps": 3}}, target="kubernetes", cfg={{"namespace": "ml"}}
+    )
+"""
+
+
+def airflow_home(tmp_path: Path) -> dict[str, str]:
+    """A migrated Airflow home with the DAG of a 2x2 gang on the kubernetes target, and the
+    environment of its processes: the cluster as Airflow's default kubernetes connection.
+    The database is the session's migrated template when tests/airflow's fixtures built one
+    (``airflow db migrate`` costs a minute of CPU on a loaded machine), else migrated here."""
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    (home / "dags" / "gang_dag.py").write_text(AIRFLOW_DAG.format(gang=GANG))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__UNIT_TEST_MODE="False",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": "ml"}}
+    env["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(connection)
+    shared = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
+    template = Path(shared) / "airflow-sqlite" if shared else None
+    if template is not None and (template / ".complete").exists():
+        shutil.copy2(template / "airflow.db", home / "airflow.db")
+    else:
+        airflow = str(Path(sys.executable).parent / "airflow")
+        done = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    return env
+
+
+def test_airflow_appdefoperator_runs_a_2x2_gang_on_real_pods_in_dag_test(kube_env: Cluster, tmp_path: Path) -> None:
+    pytest.importorskip("airflow.providers.cncf.kubernetes")
+    env = airflow_home(tmp_path)
+    driver = REPO / "tests" / "airflow" / "dag_test_driver.py"
+    dag_file = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "gang_dag.py"
+    with Seen(kube_env) as seen:
+        done = subprocess.run(
+            [sys.executable, str(driver), str(dag_file), "torchstep_gang_on_pods", "{}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=400,
+        )
+    text = done.stdout
+    marks = [x for x in text.splitlines() if x.startswith("DAG_TEST_SUMMARY ")]
+    assert done.returncode == 0 and marks, text[-4000:]
+    summary = json.loads(marks[-1].split(" ", 1)[1])
+    task = summary["tasks"]["train"]
+    assert summary["state"] == "success" and task["state"] == "success", text[-4000:]
+    result = task["xcom"]
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"sum": 10, "world": 4}
+    assert sorted(rank_lines(text)) == [(r, s) for r in range(4) for s in range(3)], text[-4000:]
+    assert len(seen.jobs) == 1 and seen.complete == set(seen.jobs) and len(seen.pods) == 2
     nothing_left(kube_env)
