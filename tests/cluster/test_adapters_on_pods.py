@@ -1,8 +1,9 @@
 """The orchestrators' Kubernetes paths on the real pods of the one-machine cluster (issue 35
-item 2): KFP's launcher step under kfp.local and Prefect's ``app_task(target="kubernetes")``
-each run a 2x2 gloo gang (2 pods x 2 ranks that all-reduce) to success through the default
-client of ``$KUBECONFIG``, as a Prefect worker or a launcher does; the task's timeout deletes
-the Jobs and leaves no pod process; and a watcher SIGKILLed while the pods train — a KFP
+item 2): KFP's launcher step under kfp.local, Prefect's ``app_task(target="kubernetes")`` and
+Airflow's ``AppDefOperator(target="kubernetes")`` in ``dag.test()`` each run a 2x2 gloo gang
+(2 pods x 2 ranks that all-reduce) to success through the default client of ``$KUBECONFIG``
+(Airflow: its default kubernetes connection), as a worker or a launcher does; Prefect's task
+timeout deletes the Jobs and leaves no pod process; and a watcher SIGKILLed while the pods train — a KFP
 launcher (run again with the same task id: KFP's retry) or a Prefect flow-run process (its
 flow run executed again) — reattaches to the same Job and resumes its log at the saved cursor.
 
