@@ -1,7 +1,9 @@
 """dags/airflow/batch_training.py in real ``dag.test()`` runs (small sizes, faults injected):
 prepare is retried by Airflow exactly once, the killed rank costs one agent restart round
 and training resumes at its epoch, results reach downstream, the model beats chance, the
-model Asset schedules ``evaluate_on_new_model``; a non-retryable error fails at once."""
+model Asset schedules ``evaluate_on_new_model``. A non-retryable error failing the run at
+once (train's one try, its root cause) is asserted by tests/e2e/test_demo.py, whose
+non-retryable scenario is this DAG's ``dag.test()`` with the same conf."""
 
 import importlib.util
 from pathlib import Path
@@ -39,15 +41,6 @@ def test_faults_are_survived_and_the_model_reaches_downstream(dag_tester, tmp_pa
     # the DAG scheduled on the model Asset evaluates it
     again = dag_tester.run("evaluate_on_new_model", {"data": str(tmp_path / "data"), "model": trained["model"]})
     assert again["state"] == "success" and again["tasks"]["evaluate"]["xcom"]["outputs"]["accuracy"] > 0.65
-
-
-def test_a_non_retryable_error_fails_train_at_once(dag_tester, tmp_path: Path) -> None:
-    run = dag_tester.run(
-        "batch_training", {"workdir": str(tmp_path), "samples": 400, "epochs": 2, "non_retryable": True}
-    )
-    assert run["state"] == "failed"
-    assert run["tasks"]["train"]["state"] == "failed" and run["tasks"]["train"]["try_number"] == 1
-    assert "retrying cannot help" in run["output"]
 
 
 def test_the_model_asset_schedules_the_evaluation_dag() -> None:
