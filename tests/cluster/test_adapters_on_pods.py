@@ -142,12 +142,19 @@ def test_kfp_launcher_step_runs_a_2x2_gang_on_real_pods_under_kfp_local(
 # -- Prefect: app_task(target="kubernetes") ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prefect_harness() -> Iterator[None]:
-    """A temporary Prefect API server for the module (as tests/prefect's session harness)."""
+    """A temporary Prefect API server for the module (as tests/prefect's session harness), or
+    that harness's own when it already runs in this process (a server start costs ~10 s, a
+    minute on a loaded machine)."""
     pytest.importorskip("prefect")
     # before Prefect reads its settings: a private home, no analytics, a startup timeout for 2 cores
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+    from prefect.settings import PREFECT_API_URL
+
+    if str(PREFECT_API_URL.value() or "").startswith("http://127.0.0.1:"):  # tests/prefect's harness, running
+        yield
+        return
     os.environ.pop("PREFECT_API_URL", None)
     from prefect.testing.utilities import prefect_test_harness
 
