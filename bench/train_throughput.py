@@ -115,6 +115,10 @@ def main_hang(runs: int, steps: int, hang_s: float) -> int:
         values = [r[key] for r in rs if r[key]]
         return median(values) if values else float("nan")
 
+    def span(rs: list[dict], key: str) -> str:
+        values = [r[key] for r in rs if r[key]]
+        return f"{min(values):.1f}-{max(values):.1f}" if values else "none"
+
     ratio_p, ratio_l = med(on, "plain") / med(off, "plain"), med(on, "log") / med(off, "log")
     silent = max(r["silent_s"] for r in on + off)
     slowest = max(r["slowest_step_s"] for r in on + off)
@@ -132,8 +136,8 @@ training steps with it on.
 - **hang stops: {stops}** ({"no false positive" if not stops else "FALSE POSITIVES"}); runs that did not
   succeed: {len(failed)}
 - throughput with it on / off: **{ratio_p:.3f}x plain, {ratio_l:.3f}x at {RATE:,} lines/s per rank**
-  (medians; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after, on 2 cores shared
-  with other work: a few percent either way is noise)
+  (medians; plain steps/s on {span(on, "plain")}, off {span(off, "plain")}; load average
+  {load_before[0]:.1f} before, {load_after[0]:.1f} after, on 2 cores shared with other work)
 - slowest training step {slowest * 1000:.0f} ms; longest silence {silent:.1f} s (the worker's start
   to its first line: import, rendezvous, 20 warm-up and {steps} plain steps print nothing, and DDP's
   gradient all-reduce runs in C++, which the collective hook does not see): `--hang-timeout` must
