@@ -6,6 +6,8 @@ blocked  like silent, with the agent's stacks signal blocked (no dump can come)
 print    no torch; prints a line every 0.3 s for --seconds, then exits 0
 progress no torch; torchstep.progress(i, --steps) every 0.3 s, no output, then exits 0
 timer    rank --rank is stuck in slow_step() under torchstep.expires(after=2); the others wait
+peer_prints  gloo group; rank --rank prints a line every 0.3 s for --seconds (a slow log
+         flood), the others wait for it in all_reduce without a word; then every rank exits 0
 collectives  gloo group; every rank calls all_reduce in a loop for --seconds without a word
          (writes <--dir>/ran.<rank>: calls and seconds), then as loader; --record: under
          @torchstep.record (what gives an exec'd worker the collective hook)
@@ -56,6 +58,7 @@ def collectives(a: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     print(f"joined rank={RANK}", flush=True)  # the last line: silent from here
     t = torch.ones(4)
+    dist.all_reduce(torch.zeros(1))  # every rank here: their clocks start together (within scheduling)
     start = time.monotonic()
     calls = 0
     while True:  # rank 0 says when the time is up: every rank leaves the loop after the same call
@@ -110,6 +113,20 @@ def main() -> None:
         dist.all_reduce(t)
     elif a.mode == "collectives":
         collectives(a)
+    elif a.mode == "peer_prints":
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        if RANK == a.rank:
+            end, i = time.monotonic() + a.seconds, 0
+            while time.monotonic() < end:
+                print(f"line {i} of rank {RANK}", flush=True)
+                i += 1
+                time.sleep(0.3)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        print(f"done rank={RANK} sum={int(t.item())}", flush=True)
     elif a.mode == "silent":
         wait_forever(a.dir)
     elif a.mode == "blocked":

@@ -470,6 +470,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         )
         if self._liveness is not None:
             self._liveness.start()
+            if self._hang is not None:  # no rank of any node progressed: the group's hang
+                self._hang.peers = self._liveness
 
     def _on_silent(self, silence: Any) -> None:
         # the monitor's thread: the main loop acts on it at its next tick

@@ -3,7 +3,8 @@ watches of a running group besides exits.
 
 * :class:`HangWatch`: the group made no progress for ``--hang-timeout`` s when no rank's
   log grew and no rank called ``torchstep.heartbeat()`` / ``torchstep.progress()`` (their
-  files' times) — counted from the group's start;
+  files' times) — counted from the group's start; on several nodes, no rank of any node
+  (their agents share a progress count in the rendezvous store);
 * :class:`ProgressWatch`: the lowest rank's ``torchstep.progress()`` report, logged every
   :data:`PROGRESS_LOG_INTERVAL_S` (on the console and in ``agent.log``) and kept for the result;
 * :func:`nccl_env`: the flight recorder's variables for a worker on a GPU machine.
@@ -48,6 +49,11 @@ class HangWatch:
         self._seen: dict[str, tuple[int, int]] = {}
         self._moved = time.monotonic()
         self._polled = 0.0
+        #: The other nodes' progress (:class:`torchstep.agent.liveness.LivenessMonitor`, where
+        #: there is one): a node's ranks that wait in a collective for a peer node whose ranks
+        #: still print or progress are not hung (seen in the soak: a replica flooding its log).
+        self.peers: Any = None
+        self._peers_seen = -1
 
     def reset(self, files: list[str]) -> None:
         """A new group started: watch ``files`` (logs, heartbeat and progress files) from now."""
@@ -65,6 +71,13 @@ class HangWatch:
                 stamp = _stamp(f)
                 if stamp != self._seen.get(f):
                     self._seen[f] = stamp
+                    self._moved = now
+            if self.peers is not None:
+                if self._moved == now:
+                    self.peers.note_progress()
+                shared = self.peers.group_progress
+                if shared != self._peers_seen:  # some node's ranks moved (this one's too: no harm)
+                    self._peers_seen = shared
                     self._moved = now
         return now - self._moved
 

@@ -216,6 +216,9 @@ class LivenessMonitor:
         self._ports: dict[str, int] = {}
         self._probed: dict[Any, float] = {}
         self._threads: list[threading.Thread] = []
+        self._progress_pending = False
+        #: The run's progress count (every agent's :meth:`note_progress`), as last read; -1: unknown.
+        self.group_progress = -1
 
     @classmethod
     def create(cls, handler: Any, endpoint: str, **kwargs: Any) -> LivenessMonitor | None:
@@ -263,6 +266,12 @@ class LivenessMonitor:
             self._listener.close()
         for thread in self._threads:
             thread.join(timeout=0.1 if thread.name.endswith("reader") else 2.0)
+
+    def note_progress(self) -> None:
+        """This node's ranks made progress (``--hang-timeout``'s kind): counted in the run's
+        shared progress count on the reader's next tick, so that every other agent sees it
+        (:attr:`group_progress`). Never blocks: the main loop calls it."""
+        self._progress_pending = True
 
     @property
     def cut_off(self) -> Silence | None:
@@ -324,7 +333,18 @@ class LivenessMonitor:
                 self._judge(self._holder.state)
             except Exception as e:  # a bug here must not stop the watching
                 log.warning("liveness: %s: %s", type(e).__name__, e)
+            try:
+                self._share_progress()
+            except Exception as e:  # the next tick tries again (the reader's own call: the watcher sees a stall)
+                log.debug("liveness: sharing progress failed: %s: %s", type(e).__name__, e)
             self._stop.wait(self.tick_s)
+
+    def _share_progress(self) -> None:
+        """One round trip: this node's progress since the last tick added, the run's count read."""
+        delta, self._progress_pending = (1 if self._progress_pending else 0), False
+        key = f"torchstep.progress.{self._run_id}"
+        store = self._store
+        self.group_progress = int(self._call(lambda: store.add(key, delta)))
 
     def _judge(self, state: Any) -> None:
         if state.closed:
