@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 from netlib import free_port
-from proclib import kill_all, procs_with_env, wait_for
+from prefectlib import start_server
+from proclib import kill_all, procs_with_env
 
 from browser.pages import Browser, where_ranks_were
 
@@ -33,7 +34,6 @@ from browser.pages import Browser, where_ranks_were
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("browser-prefect")]
 
 FLOW = Path(__file__).resolve().parent / "apps" / "prefect_flow.py"
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 #: Long enough for all four ranks to reach their hang on a loaded machine (30 s fired before
 #: the workers started under a load average of 24).
 HANG_TIMEOUT_S = 90
@@ -42,7 +42,7 @@ HANG_TIMEOUT_S = 90
 @pytest.fixture(scope="module")
 def prefect(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Prefect server with its UI and the finished flow run of ``prefect_flow.py``."""
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     tmp = tmp_path_factory.mktemp("prefect")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -58,24 +58,8 @@ def prefect(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Itera
         }
     )
     marker = f"PREFECT_HOME={tmp / 'home'}"
-    with open(tmp / "server.log", "wb") as log:
-        server = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
-
-        def healthy() -> bool:
-            assert server.poll() is None, (tmp / "server.log").read_text()[-3000:]
-            try:
-                return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 300, "the Prefect server to start", interval=0.5)
+        start_server(env, port, tmp / "server.log", timeout_s=300)
         out = subprocess.run(
             [sys.executable, str(FLOW), str(HANG_TIMEOUT_S)],
             env={**env, "PREFECT_API_URL": f"{url}/api"},

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from netlib import api_call, free_port
+from prefectlib import start_server, stop_server
 from proclib import procs_with_env, wait_for
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("prefect")
 
 HERE = Path(__file__).resolve().parent
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
 def state_of(api: str, run_id: str) -> str:
@@ -47,34 +47,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
             "PYTHONPATH": os.pathsep.join(sys.path),
         }
     )
-    with open(home / "server.log", "w") as log:
-        proc = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-
-            def healthy() -> bool:
-                assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-                try:
-                    return httpx.get(f"{api}/health", timeout=2).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_for(healthy, 180, "the Prefect server to start", interval=0.5)
-            yield api, env
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    proc = start_server(env, port, home / "server.log")
+    try:
+        yield api, env
+    finally:
+        stop_server(proc)
 
 
 @pytest.mark.slow
