@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torchstep
+from statestore import TaskStateStore as Store
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
@@ -38,19 +39,6 @@ from torchstep_airflow.operators import AppDefOperator  # noqa: E402
 from torchstep_airflow.triggers import JobGangTrigger  # noqa: E402
 
 NS = "ml"
-
-
-class Store:
-    """Airflow's task state store (``context["task_state_store"]``)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
 
 
 class TI:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torchstep
 from kubefake import ApiError, FakeKube, Script, _plain, _ts
+from statestore import TaskStateStore as Store
 from torchstep.kubernetes import LABEL_APP_ID
 from torchstep.kubernetes.jobs import CURSOR_KEY
 from torchx import specs
@@ -35,19 +36,6 @@ NS = "ml"
 
 
 # -- fakes ---------------------------------------------------------------------------------------
-class Store:
-    """Airflow's task state store (``context["task_state_store"]``): get/set of JSON values."""
-
-    def __init__(self, values: dict[str, Any] | None = None) -> None:
-        self.values: dict[str, Any] = dict(values or {})
-        self.writes: list[tuple[str, Any]] = []
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
-        self.writes.append((key, value))
 
 
 class TI:

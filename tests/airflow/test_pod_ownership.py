@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kpo_fakes import FakeHook
+from statestore import TaskStateStore as Store
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
@@ -119,17 +120,6 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
     for name in ("hook", "client", "pod_manager"):
         monkeypatch.setattr(KubernetesPodOperator, name, property(lambda self: c))
     return c
-
-
-class Store:
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
 
 
 class TI:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kpo_fakes import FakeHook
+from statestore import TaskStateStore as Store
 from torchx import specs
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
@@ -135,17 +136,6 @@ class TI:
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcom[key] = value
-
-
-class Store:
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
 
 
 def context() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torchstep
 from kubefake import FakeKube, Script
+from statestore import TaskStateStore as Store
 from torchstep.kubernetes import JobGang, render_app
 from torchstep.kubernetes.jobs import CURSOR_ANNOTATION, CURSOR_KEY
 from torchstep.result import FAILED, RUNNING, SUCCEEDED, StepResult
@@ -28,19 +29,6 @@ def app(replicas: int = 2) -> specs.AppDef:
 
 def rendered(run_id: str = "run-42"):
     return render_app(app(), namespace="ml", cfg={"run_id": run_id})
-
-
-class Store:
-    """A task state store (Airflow's has this interface)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, object] = {}
-
-    def get(self, key: str) -> object:
-        return self.values.get(key)
-
-    def set(self, key: str, value: object) -> None:
-        self.values[key] = value
 
 
 def scripts(n: int = 2, lines: int = 8) -> dict[int, Script]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torchstep
 from kubefake import FakeKube, Script
+from statestore import TaskStateStore as Store
 from torchstep.kubernetes import JobGang, render_app
 from torchstep.kubernetes.ownership import UIDS_KEY
 from torchstep.result import SUCCEEDED, StepResult
@@ -32,19 +33,6 @@ def rendered(replicas: int = 2, run_id: str = "run-42"):
         metadata={"torchstep": {"nproc_per_node": 1}},
     )
     return render_app(specs.AppDef("train", roles=[role]), namespace="ml", cfg={"run_id": run_id})
-
-
-class Store:
-    """A task state store (Airflow's has this interface)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, object] = {}
-
-    def get(self, key: str, default: object = None) -> object:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: object) -> None:
-        self.values[key] = value
 
 
 def genuine(replicas: int = 2) -> dict[int, Script]:
