@@ -223,7 +223,11 @@ def gpu_section() -> str:
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_bench import section
 
-    return section(json.loads(gpu.read_text()))
+    text = section(json.loads(gpu.read_text()))
+    notes = ROOT / "bench" / "results" / "gpu_notes.md"  # what the run means (written by hand)
+    if notes.exists():
+        text = text.rstrip("\n") + "\n\n" + notes.read_text().strip() + "\n"
+    return text
 
 
 def main() -> int:
