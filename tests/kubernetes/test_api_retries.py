@@ -260,3 +260,17 @@ def test_a_500_on_a_pod_status_read_does_not_stop_following_a_running_pod(server
     assert sorted(x for x in lines if x.startswith("[trainer/")) == sorted(
         f"[trainer/{i}] line {k}" for i in (0, 1) for k in range(20)
     )
+
+
+def test_the_default_client_reads_kubeconfig_as_it_is_when_made(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubernetes package reads $KUBECONFIG once, when first imported: a long-lived process
+    (a Prefect or Airflow worker, a test run) that sets it later must still get that cluster,
+    not ~/.kube/config (a CI failure of the real-pod Prefect tests)."""
+    import kubernetes.config  # imported before the variable is set, as in a worker
+    from torchstep.kubernetes import OfficialClient
+
+    monkeypatch.setenv("HOME", str(server.kubeconfig.parent))  # no ~/.kube/config to fall back on
+    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig))
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", "~/.kube/config")
+    client = OfficialClient.from_config(in_cluster=False)
+    assert client.list_namespaced_pod("ml", label_selector="").items == []  # it reached this server

@@ -345,6 +345,10 @@ class OfficialClient:
         if in_cluster or (in_cluster is None and os.environ.get("KUBERNETES_SERVICE_HOST")):
             config.load_incluster_config()
         else:
+            # $KUBECONFIG as it is now: the package reads it once, when first imported, so a
+            # process that set it later (a worker given a cluster per task) would get ~/.kube/config
+            if config_file is None:
+                config_file = os.environ.get("KUBECONFIG") or None
             config.load_kube_config(config_file=config_file, context=context)
         api = client.ApiClient()
         return cls(
