@@ -75,22 +75,57 @@ class Seen:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="seen")
 
+        # Jobs through the watch API: a Job completed and deleted at once between two polls
+        # (a loaded machine) is still seen complete, in its DELETED event's final state
+        self._jobs_thread = threading.Thread(target=self._watch_jobs, daemon=True, name="seen-jobs")
+
     def __enter__(self) -> "Seen":
+        self._jobs_thread.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(30)
+        self._jobs_thread.join(30)
+
+    def _note_job(self, job: dict[str, Any]) -> None:
+        self.jobs[job["metadata"]["uid"]] = job["metadata"]["name"]
+        conditions = job.get("status", {}).get("conditions") or []
+        if any(c["type"] == "Complete" and c["status"] == "True" for c in conditions):
+            self.complete.add(job["metadata"]["uid"])
+
+    def _watch_jobs(self) -> None:
+        import urllib.parse
+        import urllib.request
+
+        path, selector = self.cluster.path("jobs"), urllib.parse.quote(MANAGED)
+        version = None
+        while not self._stop.is_set():
+            try:
+                if version is None:  # list, then watch from the list's version
+                    listed = self.cluster.api("GET", f"{path}?labelSelector={selector}")
+                    for job in listed["items"]:
+                        self._note_job(job)
+                    version = listed["metadata"]["resourceVersion"]
+                query = f"watch=true&labelSelector={selector}&resourceVersion={version}&timeoutSeconds=2"
+                with urllib.request.urlopen(f"{self.cluster.server.url}{path}?{query}", timeout=30) as r:
+                    for line in r:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":  # 410 Gone: list again
+                            version = None
+                            break
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            self._note_job(event["object"])
+            except Exception:  # a dropped watch: resume from the last version
+                self._stop.wait(0.2)
 
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
             try:
                 for job in self.cluster.items("jobs", MANAGED):
-                    self.jobs[job["metadata"]["uid"]] = job["metadata"]["name"]
-                    conditions = job.get("status", {}).get("conditions") or []
-                    if any(c["type"] == "Complete" and c["status"] == "True" for c in conditions):
-                        self.complete.add(job["metadata"]["uid"])
+                    self._note_job(job)
                 for pod in self.cluster.items("pods", MANAGED):
                     self.pods[pod["metadata"]["uid"]] = pod["metadata"]["name"]
                 self.processes = max(self.processes, len(self.cluster.pod_processes()))
