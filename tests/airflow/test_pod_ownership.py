@@ -15,7 +15,7 @@ import types
 from typing import Any
 
 import pytest
-from kpo_fakes import FakeHook
+from kpo_fakes import FakePodManager
 from statestore import TaskStateStore as Store
 from torchx import specs
 
@@ -50,7 +50,7 @@ def matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
-class Cluster(FakeHook):
+class Cluster(FakePodManager):
     """The namespace: pods by name, each finished with the result in its XCom file."""
 
     def __init__(self) -> None:
@@ -84,9 +84,6 @@ class Cluster(FakeHook):
         self.created.append(pod.metadata.name)
         return self.put(pod, f"uid-{len(self.created)}", result(0.25))  # the API answers with the uid
 
-    def read_pod(self, pod: Any) -> Any:
-        return self.pods[pod.metadata.name]
-
     def await_pod_start(self, pod: Any, **kwargs: Any) -> None:
         assert pod.metadata.name in self.pods
 
@@ -94,21 +91,9 @@ class Cluster(FakeHook):
         self.logs_read.append(pod.metadata.name)
         return []
 
-    def await_container_completion(self, pod: Any, **kwargs: Any) -> None:
-        pass
-
-    def await_xcom_sidecar_container_start(self, pod: Any) -> None:
-        pass
-
     def extract_xcom(self, pod: Any) -> str:
         self.xcom_read.append(pod.metadata.name)
         return json.dumps(self.results[pod.metadata.name])
-
-    def await_pod_completion(self, pod: Any, istio_enabled: bool = False, container_name: str = "main") -> Any:
-        return self.pods[pod.metadata.name]
-
-    def read_pod_events(self, pod: Any) -> Any:
-        return ns(items=[])
 
     def delete_pod(self, pod: Any) -> None:
         self.deleted.append(pod.metadata.name)

@@ -19,7 +19,7 @@ import types
 from typing import Any
 
 import pytest
-from kpo_fakes import FakeHook
+from kpo_fakes import FakePodManager
 from statestore import TaskStateStore as Store
 from torchx import specs
 
@@ -37,7 +37,7 @@ def ns(**kw: Any) -> types.SimpleNamespace:
     return types.SimpleNamespace(**kw)
 
 
-class Cluster(FakeHook):
+class Cluster(FakePodManager):
     """The namespace: each created pod ends as ``script`` says for its turn: ``ok`` (exit 0,
     SUCCEEDED), ``evicted`` (``DisruptionTarget``, the agent SIGTERMed: exit 143, CANCELLED),
     ``failed`` (exit 1, FAILED, no condition), ``evicted-82`` (``DisruptionTarget``, but the
@@ -71,29 +71,8 @@ class Cluster(FakeHook):
         ).to_dict()
         return stored
 
-    def read_pod(self, pod: Any) -> Any:
-        return self.pods[pod.metadata.name]
-
-    def await_pod_start(self, pod: Any, **kwargs: Any) -> None:
-        pass
-
-    def fetch_requested_container_logs(self, pod: Any, **kwargs: Any) -> list[Any]:
-        return []
-
-    def await_container_completion(self, pod: Any, **kwargs: Any) -> None:
-        pass
-
-    def await_xcom_sidecar_container_start(self, pod: Any) -> None:
-        pass
-
     def extract_xcom(self, pod: Any) -> str:
         return json.dumps(self.results[self.pods[pod.metadata.name].metadata.uid])
-
-    def await_pod_completion(self, pod: Any, istio_enabled: bool = False, container_name: str = "main") -> Any:
-        return self.pods[pod.metadata.name]
-
-    def read_pod_events(self, pod: Any) -> Any:
-        return ns(items=[])
 
     def delete_pod(self, pod: Any) -> None:  # KubernetesPodOperator's on_finish_action
         self._delete(pod.metadata.name)
