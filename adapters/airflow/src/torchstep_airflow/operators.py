@@ -20,16 +20,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from torchstep import RunError, SpecError
-from torchstep.adapter import INLINED_INTO, warn_inlined, warn_note
+from torchstep.adapter import INLINED_INTO, waits_in_queue, warn_inlined, warn_note
 
-from torchstep_airflow.settings import (
-    UserSettings,
-    attempt_of,
-    check_run_settings,
-    queued,
-    run_id_of,
-    task_settings,
-)
+from torchstep_airflow.settings import UserSettings, attempt_of, check_run_settings, run_id_of, task_settings
 
 if TYPE_CHECKING:
     from torchstep import StepPlan, StepResult
@@ -173,7 +166,7 @@ class AppDefOperator(BaseOperator):
                 return {"parsed": None, "note": None, "app": None}, []
             # the pod spec becomes the task's rendered fields
             note = warn_inlined(plan, INLINED_INTO[self.target]) if self.target == "kubernetes" else None
-            parsed = task_settings(plan, self._user, self.target, queued(self.target, self.cfg))
+            parsed = task_settings(plan, self._user, self.target, waits_in_queue(self.target, self.cfg))
             images = [role.image for role in plan.roles] if self.target == "local" else []
             return {"parsed": parsed, "note": note, "app": plan.app_name}, images
 
@@ -182,7 +175,7 @@ class AppDefOperator(BaseOperator):
             "args": args,
             "target": self.target,
             "user": list(vars(self._user).values()),
-            "queued": queued(self.target, self.cfg),
+            "queued": waits_in_queue(self.target, self.cfg),
         }
         outcome = remember(f"airflow:{type(self).__qualname__}", component, key, compute, _CODE_FILES)
         if outcome["note"]:  # kept: say it again (once per process, as warn_inlined does)

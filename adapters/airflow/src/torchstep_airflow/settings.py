@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from torchstep import SpecError
+from torchstep.adapter import waits_in_queue
 
 if TYPE_CHECKING:  # the planner and the steps seam load on use: a DAG file's re-parse needs neither
     from torchstep import StepPlan
@@ -99,7 +100,7 @@ def check_run_settings(
     task's ``retries`` at parse time, so a difference is an error (the fix: set the value
     on the task) rather than a silently dropped field.
     """
-    wanted = task_settings(plan, user, target, queued(target, getattr(task, "cfg", None)))
+    wanted = task_settings(plan, user, target, waits_in_queue(target, getattr(task, "cfg", None)))
     if parsed is not None:
         diff = sorted(k for k in wanted.keys() | parsed.keys() if wanted.get(k) != parsed.get(k))
         have = {k: parsed.get(k) for k in diff}
@@ -116,19 +117,6 @@ def check_run_settings(
             "(templated app_args change the retry settings, which Airflow fixes when it parses the DAG)",
             fix=f"set {want} on the task explicitly",
         )
-
-
-def queued(target: str, cfg: Any) -> bool:
-    """Whether a task of ``target`` with run options ``cfg`` waits in a Kueue queue.
-
-    Args:
-        target: the task's target.
-        cfg: its run options (``AppDefOperator(cfg=...)``).
-
-    Returns:
-        ``True`` for the kubernetes target with the ``queue`` option set.
-    """
-    return target == "kubernetes" and isinstance(cfg, dict) and bool(cfg.get("queue"))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 
 from kfp.dsl.container_component_class import ContainerComponent
 from torchstep import SpecError, StepPlan
-from torchstep.adapter import INLINED_INTO, several_pods, warn_inlined
+from torchstep.adapter import INLINED_INTO, several_pods, waits_in_queue, warn_inlined
 from torchstep.adapter.names import python_identifier
 
 from torchstep_kfp import entry
@@ -229,7 +229,7 @@ class StepComponent(ContainerComponent):
             # this call's image (not for the SubprocessRunner's form: it runs in this Python)
             if runner != "subprocess" and not several_pods(plan) and task.container_spec is not None:
                 task.container_spec.image = plan.roles[self.role].image
-            queued = bool((self.spec.get("cfg") or {}).get("queue"))
+            queued = waits_in_queue("kubernetes", self.spec.get("cfg"))
             apply_plan(task, plan, role=self.role, caching=self.caching, launcher=several_pods(plan), queued=queued)
         return task
 

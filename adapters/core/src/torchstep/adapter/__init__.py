@@ -15,7 +15,7 @@ on first use, so a DAG file that imports an adapter stays cheap to parse. By ide
   :class:`Sink`, and the file helpers a sink writes with.
 - **Names** — :mod:`torchstep.adapter.names`: orchestrator-safe identifiers and DNS names.
 - **Fixed fields and secrets** — what an orchestrator fixes before run time and checks again
-  (``step_fixed``, ``check_fixed``, ``several_pods``), Secrets inlined into a compiled artifact
+  (``step_fixed``, ``check_fixed``, ``several_pods``, ``waits_in_queue``), Secrets inlined into a compiled artifact
   (``warn_inlined``).
 - **Untrusted AppDefs** — the policy of an AppDef from a run's conf (``Policy``,
   ``resolve_policy``, ``untrusted_cfg``, ``step_received``), Markdown escaping.
@@ -84,6 +84,7 @@ _NAMES = {
     "check_fixed": "torchstep.plan.fixed",
     "several_pods": "torchstep.plan.fixed",
     "step_fixed": "torchstep.plan.fixed",
+    "waits_in_queue": "torchstep.plan.fixed",
     "INLINED_INTO": "torchstep.plan.secrets",
     "warn_inlined": "torchstep.plan.secrets",
     "warn_note": "torchstep.plan.secrets",
@@ -156,6 +157,7 @@ __all__ = [
     "unknown_parameter",
     "unpublished",
     "untrusted_cfg",
+    "waits_in_queue",
     "warn_inlined",
     "warn_note",
     "without_nulls",
@@ -187,7 +189,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchstep.components.plan_store import remember
     from torchstep.files import write_private
     from torchstep.outputs import copy_out, is_uri, unpublished, without_nulls, write_out
-    from torchstep.plan.fixed import check_fixed, several_pods, step_fixed
+    from torchstep.plan.fixed import check_fixed, several_pods, step_fixed, waits_in_queue
     from torchstep.plan.secrets import INLINED_INTO, warn_inlined, warn_note
     from torchstep.policy import ENV_POLICY, Policy, PolicyError, untrusted_cfg
     from torchstep.result import FAILED, PENDING, RUNNING, SUCCEEDED, root_cause_line

@@ -113,6 +113,25 @@ def several_pods(plan: StepPlan) -> bool:
     return len(plan.roles) > 1 or any(r.num_replicas > 1 or r.min_replicas != r.num_replicas for r in plan.roles)
 
 
+def waits_in_queue(target: str, cfg: Any) -> bool:
+    """Whether a step's Kubernetes objects wait for Kueue's admission: the kubernetes target
+    with the run option ``queue``. Its own timeout (the Jobs' ``activeDeadlineSeconds``)
+    counts from admission, so an orchestrator derives no timeout of its own from it (Airflow's
+    ``execution_timeout``, a KFP launcher pod's deadline): that one would count the wait.
+
+    Args:
+        target: the step's target.
+        cfg: its run options (anything else than a mapping: none).
+
+    Returns:
+        ``True`` for the kubernetes target with ``queue`` set.
+
+    >>> waits_in_queue("kubernetes", {"queue": "team-a"}), waits_in_queue("local", {"queue": "team-a"})
+    (True, False)
+    """
+    return target == "kubernetes" and isinstance(cfg, Mapping) and bool(cfg.get("queue"))
+
+
 def step_fixed(plan: StepPlan, *, role: int = 0) -> dict[str, Any]:
     """What a task of one step fixes before run time: the step's shape (``one_container`` or
     ``several_pods``), retries and timeout, and for a one-container step the fields of its
