@@ -61,6 +61,7 @@ from torchstep.adapter.kubernetes import (
     render_app,
     termination,
     uid_of,
+    wait_until_gone,
 )
 
 from torchstep_airflow.settings import attempt_of
@@ -539,24 +540,22 @@ class PodStep:
         except Exception as e:
             if getattr(e, "status", None) != 404:
                 raise
-        grace = float(self.rendered.roles[0].pod["spec"].get("terminationGracePeriodSeconds", 30))
-        deadline = time.monotonic() + grace + 120
-        while True:
-            try:
-                pod = op.client.read_namespaced_pod(name, ns)
-            except Exception as e:
-                if getattr(e, "status", None) == 404:
-                    break
-                raise
-            if uid_of(pod) != op.pod_uid:
-                break  # someone else's pod under the name: find_pod ignores it, the creation says so
-            if time.monotonic() > deadline:
-                raise RunError(
-                    f"Pod {ns}/{name}",
-                    "the preempted pod is still there after its grace period; "
-                    "fix: check the node it ran on (kubectl describe pod)",
-                )
-            time.sleep(1.0)
+        uid = op.pod_uid
+
+        def ours() -> Any:  # someone else's pod under the name: find_pod ignores it, the creation says so
+            pod = op.client.read_namespaced_pod(name, ns)
+            return pod if uid_of(pod) == uid else None
+
+        def pause(seconds: float) -> bool:  # the task being killed stops the wait
+            time.sleep(seconds)
+            return bool(op._killed)
+
+        wait_until_gone(
+            ours,
+            f"Pod {ns}/{name}",
+            float(self.rendered.roles[0].pod["spec"].get("terminationGracePeriodSeconds", 30)),
+            pause,
+        )
         # a fresh execution of the same pod request: it creates (and records) a new pod
         op.pod = op.remote_pod = op.final_pod = op.step_result = op.pod_uid = None
         self._log.info("torchstep: pod %s created again after its preemption", name)

@@ -21,6 +21,7 @@ from torchstep.kubernetes.hostpod import host_pod
 from torchstep.kubernetes.ownership import impostor_warning, record_uid, recorded_uids
 from torchstep.kubernetes.preemption import Preemptions, disruption
 from torchstep.kubernetes.remote import BARE_POD, GONE, RemoteRun, handle_of
+from torchstep.kubernetes.runobjects import wait_until_gone
 
 __all__ = [
     "BARE_POD",
@@ -39,4 +40,5 @@ __all__ = [
     "render_app",
     "termination",
     "uid_of",
+    "wait_until_gone",
 ]

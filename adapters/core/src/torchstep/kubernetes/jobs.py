@@ -67,7 +67,7 @@ from torchstep.kubernetes.retry import (
     call_api,
     transient,
 )
-from torchstep.kubernetes.runobjects import BARE_POD, deletions, job_state, pod_state, verdict
+from torchstep.kubernetes.runobjects import BARE_POD, deletions, job_state, pod_state, verdict, wait_until_gone
 from torchstep.kubernetes.watch import Watcher, WatchingClient
 from torchstep.result import CANCELLED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, StepResult
 
@@ -611,29 +611,16 @@ class JobGang:
             ),
             stop=self._cancel,
         )
-        grace = float(role.workload["spec"].get("terminationGracePeriodSeconds", 30))
-        deadline = time.monotonic() + grace + 120  # its processes first get the grace period
-        while True:
-            try:
-                self._api(
-                    f"read Pod {self.ns}/{name}",
-                    lambda: self.client.read_namespaced_pod_status(name, self.ns),
-                    stop=self._cancel,
-                )
-            except Interrupted:
-                raise
-            except Exception as e:
-                if http_status(e.error if isinstance(e, ApiRetriesExhausted) else e) == 404:
-                    break
-                raise
-            if time.monotonic() > deadline:
-                raise RunError(
-                    f"Pod {self.ns}/{name}",
-                    "the preempted pod is still there after its grace period; "
-                    "fix: check the node it ran on (kubectl describe pod)",
-                )
-            if self._cancel.wait(min(self.poll, 1.0)):
-                raise Interrupted(f"waiting for pod {name} to go")
+        wait_until_gone(
+            lambda: self._api(
+                f"read Pod {self.ns}/{name}",
+                lambda: self.client.read_namespaced_pod_status(name, self.ns),
+                stop=self._cancel,
+            ),
+            f"Pod {self.ns}/{name}",
+            float(role.workload["spec"].get("terminationGracePeriodSeconds", 30)),
+            lambda s: self._cancel.wait(min(self.poll, s)),
+        )
         for t in list(self._threads):  # the old pod's log follower reads its last lines first
             if t.name == f"log-{name}":
                 t.join(timeout=10.0)

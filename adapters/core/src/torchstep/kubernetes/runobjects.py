@@ -5,17 +5,22 @@ everything the run's label selector finds."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchstep.kubernetes.apiobj import get
+from torchstep.errors import RunError
+from torchstep.kubernetes.apiobj import get, http_status
 from torchstep.kubernetes.preemption import Preemptions
+from torchstep.kubernetes.retry import ApiRetriesExhausted, Interrupted
 from torchstep.result import FAILED, PREEMPTED, SUCCEEDED
 
-__all__ = ["BARE_POD", "deletions", "job_state", "pod_state", "verdict"]
+__all__ = ["BARE_POD", "GONE_MARGIN_S", "deletions", "job_state", "pod_state", "verdict", "wait_until_gone"]
 
 #: A bare Pod of the run was preempted and must be created again by a watcher.
 BARE_POD = "BARE_POD"
+#: Seconds a deleted preempted pod may outlive its grace period before the watcher gives up.
+GONE_MARGIN_S = 120.0
 
 
 def job_state(job: Any) -> str | None:
@@ -29,8 +34,8 @@ def job_state(job: Any) -> str | None:
 
     Example::
 
-        >>> job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
-        'SUCCEEDED'
+        >>> job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == "SUCCEEDED"
+        True
     """
     for c in get(job, "status", "conditions") or []:
         if get(c, "status") == "True" and get(c, "type") in ("Complete", "SuccessCriteriaMet"):
@@ -45,8 +50,8 @@ def pod_state(pod: Any) -> str | None:
 
     Example::
 
-        >>> pod_state({"status": {"phase": "Failed"}})
-        'FAILED'
+        >>> pod_state({"status": {"phase": "Failed"}}) == "FAILED"
+        True
     """
     return {"Succeeded": SUCCEEDED, "Failed": FAILED}.get(get(pod, "status", "phase"))
 
@@ -115,3 +120,36 @@ def deletions(client: Any, namespace: str, selector: str) -> list[tuple[str, Cal
         ("services", services),
         ("networkpolicies", network_policies),
     ]
+
+
+def wait_until_gone(read: Callable[[], Any], what: str, grace_s: float, wait: Callable[[float], bool]) -> None:
+    """Wait until a deleted preempted pod is gone: ``read()`` answers 404 (or returns
+    ``None``: the name is another pod's now), within its grace period plus
+    :data:`GONE_MARGIN_S` — what a watcher does before it creates the pod again.
+
+    Args:
+        read: reads the pod (raises the API's error; ``None``: not ours any more).
+        what: the pod, for the error (``Pod <ns>/<name>``).
+        grace_s: its ``terminationGracePeriodSeconds``.
+        wait: waits the given seconds between two reads; ``True``: stop waiting (cancelled).
+
+    Raises:
+        RunError: the pod is still there after the deadline.
+        Interrupted: ``wait`` said stop.
+    """
+    deadline = time.monotonic() + grace_s + GONE_MARGIN_S  # its processes first get the grace period
+    while True:
+        try:
+            if read() is None:
+                return
+        except Exception as e:
+            if http_status(e.error if isinstance(e, ApiRetriesExhausted) else e) == 404:
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise RunError(
+                what,
+                "the preempted pod is still there after its grace period; fix: check the node it ran on (kubectl describe pod)",
+            )
+        if wait(1.0):
+            raise Interrupted(f"waiting for {what} to go")
