@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +21,19 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers() -> Iterator[None]:
+    """Each test leaves SIGINT and SIGTERM as it found them. A test that builds torchx's
+    LocalScheduler in the main thread installs torchx's handlers, which raise its
+    ``SignalException``; a later test of the same worker that plays Ctrl-C
+    (``_thread.interrupt_main``) would otherwise get that instead of KeyboardInterrupt."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        if signal.getsignal(s) is not handler and handler is not None:
+            signal.signal(s, handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
