@@ -84,12 +84,15 @@ def test_queued_admitted_with_a_node_selector_evicted_and_readmitted_resumes_fro
     ), result.warnings
 
 
-def looped(ckpt: Path, steps: int) -> specs.AppDef:
-    """A 2-replica :func:`checkpointed` step of ``steps`` quarter-second steps."""
+def looped(ckpt: Path, steps: int, hold: bool = False) -> specs.AppDef:
+    """A 2-replica :func:`checkpointed` step of ``steps`` quarter-second steps; with ``hold``,
+    its ranks then wait for ``ckpt / "release"`` (the test creates it) before they end."""
     app = checkpointed(ckpt, replicas=2)
     role = app.roles[0]
     args = list(role.args)
     args[args.index("--steps") + 1] = str(steps)
+    if hold:
+        args += ["--hold", "/ckpt/release"]
     return specs.AppDef(app.name, roles=[dataclasses.replace(role, args=args)])
 
 
@@ -107,7 +110,9 @@ def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_clus
     kueue = Kueue(real_cluster, WaitForPodsReady(timeout_s=90, backoff_base_s=1))
     try:
         real_cluster.server.node("node-1", "slow-pulls", seconds=8)  # one replica starts 8 s late
-        rendered, lines, done, runner = start(real_cluster, looped(tmp_path / "ckpt", 48), queue="team-a")
+        # the ranks hold after their steps until the test has seen the gang Ready: a loaded
+        # machine may take longer to start both than the steps take to run
+        rendered, lines, done, runner = start(real_cluster, looped(tmp_path / "ckpt", 8, hold=True), queue="team-a")
         name = rendered.roles[0].name
         real_cluster.wait(lambda: any("queued" in x for x in lines), 60, "the step to be queued")
         kueue.admit(name)
@@ -132,18 +137,25 @@ def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_clus
             time.sleep(0.5)
         assert waited >= 4, "the late pod started before the early pod could be watched waiting"
         # both started: the rendezvous forms, both pods turn Ready, the Workload is PodsReady
-        real_cluster.wait(lambda: real_cluster.get("jobs", name)["status"].get("ready") == 2, 60, "both pods Ready")
+        real_cluster.wait(
+            lambda: real_cluster.get("jobs", name)["status"].get("ready") == 2 or done,
+            120,
+            "both pods Ready",
+        )
+        assert not done, ("the step ended before both its pods were Ready", done[0].summary(), lines)
         real_cluster.wait(
             lambda: (kueue.condition(name, "PodsReady") or {}).get("status") == "True",
             10,
             "the Workload to be PodsReady",
         )
         assert kueue.condition(name, "PodsReady")["reason"] == "Started"
+        (tmp_path / "ckpt" / "release").touch()
         runner.join(240)
         assert done and done[0].state == "SUCCEEDED", (done and done[0].summary(), lines)
         assert kueue.evictions == [] and kueue.condition(name, "Evicted") is None
         assert not any("was evicted" in x for x in lines)
     finally:
+        (tmp_path / "ckpt" / "release").touch()  # a failed check leaves no step holding
         kueue.close()
 
 

@@ -27,6 +27,7 @@ def main() -> None:
             f.write(str(step))
         os.rename(tmp, tmp[: -len(".tmp")])
         print(f"step {step} saved", flush=True)
+    loop_args.hold(args)
     print(f"done at step {args.steps - 1}", flush=True)
 
 
