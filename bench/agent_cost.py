@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import machine, median
+from agent_bench import figure_id, machine, median, row_command
 from figures import full, record
 from figures import runs as mode_runs
 from throughput_bench import NAMES, check, command, finish, run, update_section
@@ -114,12 +114,12 @@ def main() -> int:
         else f"every line once in console and files in {a.runs} run(s)"
         for n in NAMES
     }
-    cmd = f"python bench/agent_cost.py --runs {a.runs} --seconds {a.seconds:g}"
+    cmd = row_command(f"python bench/agent_cost.py --runs {a.runs} --seconds {a.seconds:g}")
     span = f"{settle:.0f} s to {a.seconds:.0f} s of training"
     ratio = median(cpu[ours]) / median(cpu[peer])
     print(f"launcher CPU s per minute of training, torchstep-agent / torchrun: {ratio:.2f} (goal <= 1.0)")
     record(
-        "11a",
+        figure_id("11a"),
         f"launcher's own CPU seconds per minute of DDP training, every rank printing {RATE:,} lines/s",
         cpu[ours],
         cpu[peer],
@@ -134,7 +134,7 @@ def main() -> int:
         f"torchrun {median(growth[peer]):+.1f} MiB"
     )
     record(
-        "11b",
+        figure_id("11b"),
         f"launcher's RSS growth from {span} at {RATE:,} lines/s per rank",
         growth[ours],
         growth[peer],
@@ -153,7 +153,7 @@ def main() -> int:
         for r in res[n]
     )
     update_section(
-        "agent_cost",
+        figure_id("agent_cost"),
         f"""
 ## The launcher's own cost
 

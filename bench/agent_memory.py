@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import AGENT, TORCHRUN, clean_env, median
+from agent_bench import AGENT, TORCHRUN, clean_env, figure_id, median, row_command
 from figures import record
 from figures import runs as mode_runs
 
@@ -57,14 +57,14 @@ def main() -> int:
                 rss[name].append(peak_rss_mib(commands[name]))
     print(", ".join(f"{n}: median {median(v):.0f} MiB" for n, v in rss.items()))
     record(
-        "8",
+        figure_id("8"),
         "peak RSS of the launcher process (workers excluded), 2-worker gloo job",
         rss["torchstep-agent"],
         rss["torchrun"],
         peer_name="torchrun",
         goal=1.1,
         unit="MiB",
-        command=f"python bench/agent_memory.py --runs {runs}",
+        command=row_command(f"python bench/agent_memory.py --runs {runs}"),
     )
     return 0
 

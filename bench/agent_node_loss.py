@@ -21,7 +21,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import AGENT, SCRIPTS, TORCHRUN, clean_env, machine, median, update_section
+from agent_bench import (
+    AGENT,
+    SCRIPTS,
+    TORCH_PYTHON,
+    TORCHRUN,
+    clean_env,
+    figure_id,
+    machine,
+    median,
+    row_command,
+    update_section,
+)
 from figures import record
 from figures import runs as mode_runs
 
@@ -124,7 +135,7 @@ def main() -> int:
     failed = {"torchrun": 0, "torchstep-agent": 0}
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        store = subprocess.Popen([sys.executable, STORE, str(port_file)], env=clean_env(), start_new_session=True)
+        store = subprocess.Popen([TORCH_PYTHON, STORE, str(port_file)], env=clean_env(), start_new_session=True)
         try:
             port = wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 60)
             endpoint = f"127.0.0.1:{port}"
@@ -147,14 +158,14 @@ def main() -> int:
     )
     print(rows)
     record(
-        "3",
+        figure_id("3"),
         "node loss under --nnodes 1:2: SIGKILL of a node -> survivor's next all-reduce",
         times["torchstep-agent"],
         times["torchrun"],
         peer_name="torchrun",
         goal=5.0,
         goal_on="ours",
-        command=f"python bench/agent_node_loss.py --runs {runs}",
+        command=row_command(f"python bench/agent_node_loss.py --runs {runs}"),
         note=f"failed: torchstep {failed['torchstep-agent']}, torchrun {failed['torchrun']} of {runs}",
     )
     print(
@@ -162,7 +173,7 @@ def main() -> int:
         f"(goal: under 5 s)"
     )
     update_section(
-        "agent_node_loss",
+        figure_id("agent_node_loss"),
         f"""
 ## Node loss
 

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import machine, median
+from agent_bench import figure_id, machine, median, row_command
 from figures import full, record
 from figures import runs as mode_runs
 from throughput_bench import NAMES, check, command, finish, run, update_section, worker_info
@@ -70,10 +70,10 @@ def main() -> int:
         else f"every line once in console and files in {a.runs} runs"
         for n in NAMES
     }
-    cmd = f"python bench/log_throughput.py --runs {a.runs} --lines {a.lines}"
+    cmd = row_command(f"python bench/log_throughput.py --runs {a.runs} --lines {a.lines}")
     print(f"log throughput ratio torchstep-agent / torchrun: {ratio:.2f} (goal >= 1.0)")
     record(
-        "10",
+        figure_id("10"),
         "log throughput: lines/s per rank intact in the console and the rank files, 2 ranks printing flat out",
         rate[ours],
         rate[peer],
@@ -90,7 +90,7 @@ def main() -> int:
         for n in NAMES
     )
     update_section(
-        "log_throughput",
+        figure_id("log_throughput"),
         f"""
 ## Log throughput
 

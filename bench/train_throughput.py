@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from agent_bench import machine, median
+from agent_bench import figure_id, machine, median, row_command
 from figures import full, record
 from figures import runs as mode_runs
 from throughput_bench import NAMES, check, command, finish, run, update_section, worker_info
@@ -122,10 +122,10 @@ def main_hang(runs: int, steps: int, hang_s: float) -> int:
     ratio_p, ratio_l = med(on, "plain") / med(off, "plain"), med(on, "log") / med(off, "log")
     silent = max(r["silent_s"] for r in on + off)
     slowest = max(r["slowest_step_s"] for r in on + off)
-    cmd = f"python bench/train_throughput.py --hang-timeout {hang_s:g} --runs {runs} --steps {steps}"
+    cmd = row_command(f"python bench/train_throughput.py --hang-timeout {hang_s:g} --runs {runs} --steps {steps}")
     print(f"--hang-timeout {hang_s:g}s: {stops} hang stops in {len(on)} runs; throughput on/off {ratio_p:.3f} plain")
     update_section(
-        "train_throughput_hang",
+        figure_id("train_throughput_hang"),
         f"""
 ## Training throughput with `--hang-timeout`
 
@@ -189,10 +189,10 @@ def main() -> int:
         else f"every line once in console and files in {a.runs} runs"
         for n in NAMES
     }
-    cmd = f"python bench/train_throughput.py --runs {a.runs} --steps {a.steps}"
+    cmd = row_command(f"python bench/train_throughput.py --runs {a.runs} --steps {a.steps}")
     print(f"training steps/s ratio torchstep-agent / torchrun: {ratio_p:.3f} (goal >= 0.99)")
     record(
-        "9a",
+        figure_id("9a"),
         f"DDP training steps/s (gloo, 2 ranks, ~{step_ms:.0f} ms/step), after warm-up",
         plain[ours],
         plain[peer],
@@ -207,7 +207,7 @@ def main() -> int:
         f"training steps/s at {RATE} lines/s per rank, ratio torchstep-agent / torchrun: {ratio_l:.3f} (goal >= 0.97)"
     )
     record(
-        "9b",
+        figure_id("9b"),
         f"DDP training steps/s with every rank printing {RATE:,} lines/s; not one line lost",
         logged[ours],
         logged[peer],
@@ -226,7 +226,7 @@ def main() -> int:
     )
     spread = statistics.pstdev(plain[peer]) / median(plain[peer]) if len(plain[peer]) > 1 else 0.0
     update_section(
-        "train_throughput",
+        figure_id("train_throughput"),
         f"""
 ## Training throughput
 

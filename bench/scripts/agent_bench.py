@@ -73,6 +73,11 @@ def figure_id(fig: str) -> str:
     return f"{fig}@{TORCH_ROW}" if TORCH_ROW else fig
 
 
+def row_command(command: str) -> str:
+    """``command`` as it reruns this figure: with ``BENCH_TORCH_ROW=<row>`` first for a row."""
+    return f"BENCH_TORCH_ROW={TORCH_ROW} {command}" if TORCH_ROW else command
+
+
 HEADER = """# Embedded agent benchmarks
 
 Written by `bench/agent_startup.py`, `bench/agent_recovery.py` and
