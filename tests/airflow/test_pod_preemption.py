@@ -41,7 +41,10 @@ class Cluster(FakePodManager):
     """The namespace: each created pod ends as ``script`` says for its turn: ``ok`` (exit 0,
     SUCCEEDED), ``evicted`` (``DisruptionTarget``, the agent SIGTERMed: exit 143, CANCELLED),
     ``failed`` (exit 1, FAILED, no condition), ``evicted-82`` (``DisruptionTarget``, but the
-    worker had raised NonRetryableError: exit 82)."""
+    worker had raised NonRetryableError: exit 82), ``gone`` (evicted with ``DisruptionTarget``
+    and deleted at once, while the operator waits: its reads answer 404, only a watch from an
+    earlier resourceVersion replays how it ended), ``deleted`` (the same without the
+    condition: someone deleted it)."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = script
@@ -49,6 +52,12 @@ class Cluster(FakePodManager):
         self.results: dict[str, dict[str, Any]] = {}
         self.created: list[tuple[str, str]] = []  # (name, uid)
         self.deleted: list[str] = []  # uids
+        self.history: list[dict[str, Any]] = []  # watch events, each with its resourceVersion
+        self.version = 0
+
+    def _bump(self) -> str:
+        self.version += 1
+        return str(self.version)
 
     # pod manager
     def create_pod(self, pod: Any) -> Any:
@@ -58,6 +67,7 @@ class Cluster(FakePodManager):
         self.created.append((pod.metadata.name, uid))
         stored = copy.deepcopy(pod)
         stored.metadata.uid = uid
+        stored.metadata.resource_version = self._bump()
         code, state = {"ok": (0, SUCCEEDED), "failed": (1, FAILED), "evicted-82": (82, FAILED)}.get(
             turn, (143, CANCELLED)
         )
@@ -65,23 +75,78 @@ class Cluster(FakePodManager):
         conditions = [ns(type="DisruptionTarget", status="True", **EVICTED)] if turn.startswith("evicted") else []
         phase = "Succeeded" if code == 0 else "Failed"
         stored.status = ns(phase=phase, container_statuses=[main], start_time=None, conditions=conditions)
+        if turn in ("gone", "deleted"):  # running when created; it vanishes during the wait
+            running = ns(name="main", state=ns(terminated=None, running=ns(started_at=None), waiting=None))
+            stored.status = ns(phase="Running", container_statuses=[running], start_time=None, conditions=[])
         self.pods[stored.metadata.name] = stored
         self.results[uid] = StepResult(
             app_id="train-1", state=state, exit_code=code, retryable=code != 82, outputs={"turn": turn}
         ).to_dict()
         return stored
 
+    def fetch_requested_container_logs(self, pod: Any, **kwargs: Any) -> list[Any]:
+        stored = self._stored(pod)
+        turn = self.script[len(self.created) - 1]
+        if turn not in ("gone", "deleted"):
+            return []
+        # evicted (DisruptionTarget) or deleted while its log is followed: the log ends, every
+        # later read answers 404, only a watch from an earlier resourceVersion replays it
+        gone = {"metadata": {"name": stored.metadata.name, "namespace": "ml", "uid": stored.metadata.uid}}
+        if turn == "gone":
+            condition = {"type": "DisruptionTarget", "status": "True", **EVICTED}
+            gone["status"] = {"phase": "Failed", "conditions": [condition]}
+            self.history.append({"type": "MODIFIED", "object": copy.deepcopy(gone), "rv": self._bump()})
+        self.history.append({"type": "DELETED", "object": gone, "rv": self._bump()})
+        self._delete(pod.metadata.name)
+        return []
+
+    def _stored(self, pod: Any) -> Any:
+        if pod.metadata.name not in self.pods:
+            raise ApiException(status=404, reason="Not Found")
+        return self.pods[pod.metadata.name]
+
+    def read_pod(self, pod: Any) -> Any:
+        return self._stored(pod)
+
+    def await_xcom_sidecar_container_start(self, pod: Any) -> None:
+        self._stored(pod)
+
+    def await_pod_completion(self, pod: Any, istio_enabled: bool = False, container_name: str = "main") -> Any:
+        return self._stored(pod)
+
+    def get_pod(self, name: str, namespace: str) -> Any:  # the hook's read after a deferral
+        return self.read_namespaced_pod(name, namespace)
+
+    def read_namespaced_pod_log(self, **kwargs: Any) -> list[bytes]:
+        return []
+
     def extract_xcom(self, pod: Any) -> str:
-        return json.dumps(self.results[self.pods[pod.metadata.name].metadata.uid])
+        return json.dumps(self.results[self._stored(pod).metadata.uid])
 
     def delete_pod(self, pod: Any) -> None:  # KubernetesPodOperator's on_finish_action
         self._delete(pod.metadata.name)
 
     # core v1 client
-    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
-        return ns(items=list(self.pods.values()))
+    def list_namespaced_pod(self, namespace: str, label_selector: str, watch: bool = False, **kw: Any) -> Any:
+        if not watch:
+            return ns(items=list(self.pods.values()))
+        since = int(kw["resource_version"])  # kubernetes.watch reads the events as JSON lines
+        lines = [
+            json.dumps(
+                {
+                    "type": e["type"],
+                    "object": {**e["object"], "metadata": {**e["object"]["metadata"], "resourceVersion": e["rv"]}},
+                }
+            ).encode()
+            + b"\n"
+            for e in self.history
+            if int(e["rv"]) > since
+        ]
+        return ns(stream=lambda **_: iter(lines), release_conn=lambda: None, close=lambda: None, shutdown=lambda: None)
 
     def patch_namespaced_pod(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        if name not in self.pods:
+            raise ApiException(status=404, reason="Not Found")
         self.pods[name].metadata.labels.update(body["metadata"]["labels"])
 
     def read_namespaced_pod(self, name: str, namespace: str) -> Any:
@@ -122,13 +187,14 @@ def context() -> dict[str, Any]:
     return {"ti": ti, "run_id": ti.run_id, "dag": ns(parent_dag=None), "task": None, "task_state_store": Store()}
 
 
-def operator(**cfg: Any) -> AppDefOperator:
+def operator(deferrable: bool = False, **cfg: Any) -> AppDefOperator:
     role = specs.Role("trainer", image="ghcr.io/acme/train:1.0", entrypoint="python", args=["-m", "train"])
     return AppDefOperator(
         task_id="fit",
         app=specs.AppDef("train", roles=[role]),
         target="kubernetes",
         cfg={"namespace": "ml", **cfg},
+        deferrable=deferrable,
         retries=3,  # Airflow's: a preemption must not spend them
     )
 
@@ -181,3 +247,53 @@ def test_a_non_retryable_exit_of_a_disrupted_pod_stops_every_retry_layer(monkeyp
     with pytest.raises(AirflowFailException):
         operator().execute(context())
     assert len(c.created) == 1  # exit 82 wins over the disruption, as in the Jobs' podFailurePolicy
+
+
+def test_a_pod_evicted_and_deleted_before_the_operator_reads_it_counts_as_a_preemption(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = cluster(monkeypatch, "gone", "ok")
+    out = operator().execute(context())  # no exception: no Airflow retry spent on it
+    assert out["state"] == SUCCEEDED and out["outputs"] == {"turn": "ok"}
+    assert [n for n, _ in c.created] == [c.created[0][0]] * 2  # created again under its name
+    assert any(w.startswith("preempted 1 time") for w in out["warnings"]), out["warnings"]
+    log = capsys.readouterr()
+    assert "was preempted (DisruptionTarget: EvictionByEvictionAPI" in log.out + log.err
+
+
+def test_a_pod_deleted_without_disruption_is_still_the_steps_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = cluster(monkeypatch, "deleted", "ok")
+    with pytest.raises(ApiException) as raised:  # the operator's own error for a vanished pod
+        operator().execute(context())
+    assert raised.value.status == 404  # not AirflowFailException: Airflow's retries own it
+    assert len(c.created) == 1
+
+
+def resume(event_of: Any, deferred: Any, ctx: dict[str, Any], **cfg: Any) -> Any:
+    """What Airflow does when the trigger fires: a fresh operator in a worker, resumed with
+    the deferral's keywords and the trigger's event."""
+    kwargs = {**(deferred.kwargs or {}), "event": event_of(deferred)}
+    return operator(**cfg, deferrable=True).resume_execution(deferred.method_name, kwargs, ctx)
+
+
+def test_preemptions_counted_before_a_deferral_still_count_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    c = cluster(monkeypatch, "evicted", "evicted", "ok")
+    ctx = context()
+
+    def failed(deferred: Any) -> dict[str, Any]:
+        name = deferred.trigger.pod_name
+        return {"status": "failed", "name": name, "namespace": "ml", "message": "pod failed"}
+
+    with pytest.raises(TaskDeferred) as first:
+        operator(preemption_retries=1, deferrable=True).execute(ctx)
+    with pytest.raises(TaskDeferred) as second:  # preemption 1 of 1: created again, deferred again
+        resume(failed, first.value, ctx, preemption_retries=1)
+    assert len(c.created) == 2
+    with pytest.raises(AirflowFailException, match="not retryable"):  # preemption 2 of 1: over the budget
+        resume(failed, second.value, ctx, preemption_retries=1)
+    assert len(c.created) == 2
+    result = ctx["ti"].xcom["return_value"]
+    assert result["state"] == "PREEMPTED"
+    assert result["message"].startswith("preempted 2 times, more than preemption_retries=1 allows")

@@ -38,8 +38,8 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -69,6 +69,12 @@ from torchstep_airflow.settings import attempt_of
 TARGET = "kubernetes"
 #: Where the agent writes the step result in a KubernetesPodOperator pod (its XCom file).
 XCOM_RESULT_FILE = "/airflow/xcom/return.json"
+#: The keyword under which a deferred pod run carries torchstep's state of the try through
+#: the deferral (Airflow's ``next_kwargs``, kept with the task instance: it survives the
+#: worker): the pod's uid and resourceVersion and the pods counted as preempted.
+DEFERRAL_KWARG = "torchstep_pod"
+#: Seconds a watch may take to replay how a pod that is already gone ended.
+GONE_WATCH_S = 5
 #: KubernetesPodOperator arguments torchstep sets from the rendered pod.
 OWNED_POD_ARGS = frozenset(
     {
@@ -122,7 +128,22 @@ class StepPodOperator(KubernetesPodOperator):
     result: StepResult | None = None  # a stopped pod leaves no result here (see AppDefOperator)
     final_pod: Any = None
     pod_uid: str | None = None  # the uid of the pod this execution created or reattached to
+    pod_version: str | None = None  # that pod's resourceVersion when created or found
+    carry: Callable[[], dict[str, Any]] | None = None  # what a deferral keeps (PodStep's state)
     _ignored: frozenset[str] = frozenset()
+
+    def defer(
+        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
+    ) -> NoReturn:
+        """KubernetesPodOperator's deferral, with torchstep's state of the try (``carry``)
+        in the resume's keywords (:data:`DEFERRAL_KWARG`), so the preemptions counted so far
+        and the pod's uid survive the wait in the triggerer.
+
+        Raises:
+            TaskDeferred: always.
+        """
+        extra = {DEFERRAL_KWARG: self.carry()} if self.carry is not None else {}
+        super().defer(trigger=trigger, method_name=method_name, kwargs={**(kwargs or {}), **extra}, timeout=timeout)
 
     def cancel(self) -> None:
         """Stop the step (the pod): what a core step's ``cancel`` is to ``AppDefOperator``."""
@@ -145,6 +166,7 @@ class StepPodOperator(KubernetesPodOperator):
                 return pod
         created = self.pod_manager.create_pod(pod=pod_request_obj)
         self.pod_uid = uid_of(created)
+        self.pod_version = getattr(created.metadata, "resource_version", None)
         store = _store(context)
         if self.pod_uid is None:
             raise RunError(
@@ -180,6 +202,7 @@ class StepPodOperator(KubernetesPodOperator):
         pod = ours[0] if len(ours) == 1 else self.process_duplicate_label_pods(ours)
         self.log_matching_pod(pod=pod, context=context)
         self.pod_uid = uid_of(pod)
+        self.pod_version = getattr(pod.metadata, "resource_version", None)
         return pod
 
 
@@ -460,9 +483,20 @@ class PodStep:
         self.rendered = rendered
         kwargs = {**task.kubernetes_kwargs, "deferrable": task.deferrable}  # KPO's own deferral
         self.operator = pod_operator(task.task_id, rendered, kwargs, durable=task.durable)
+        self.operator.carry = self._carried
+        carried = None
+        if event is not None:  # what the try's earlier executions kept through the deferral
+            event = dict(event)
+            carried = event.pop(DEFERRAL_KWARG, None)
         self._context, self._event, self._log = context, event, task.log
-        #: This execution's preemptions against the run option ``preemption_retries``.
+        #: This try's preemptions against the run option ``preemption_retries`` (carried
+        #: through deferrals: :data:`DEFERRAL_KWARG`).
         self.preemptions = Preemptions(rendered.options.preemption_retries, rendered.options.queue, self.say)
+        self._seen_version: str | None = None  # the pod's resourceVersion the operator saw last
+        if carried:
+            self.operator.pod_uid = carried.get("uid")
+            self._seen_version = carried.get("resource_version")
+            self.preemptions.pods.update(carried.get("preempted") or {})
 
     def run(self) -> StepResult:
         """Run (or resume, after a deferral) the pod operator; the agent's step result.
@@ -521,15 +555,75 @@ class PodStep:
         if op._killed or (result is not None and (result.succeeded or result.exit_code == NON_RETRYABLE_EXIT_CODE)):
             return False
         name, uid = self.rendered.roles[0].name, op.pod_uid
-        seen = [op.final_pod]
+        seen = [op.final_pod, op.remote_pod]
+        gone = False
         try:
             seen.append(op.client.read_namespaced_pod(name, self.rendered.namespace))
-        except Exception:  # gone already (or unreadable): what the operator saw last decides
-            pass
-        before = self.preemptions.count
+        except Exception as e:  # gone already (or unreadable): what the operator saw last decides
+            gone = getattr(e, "status", None) == 404
         ours = [p for p in seen if p is not None and uid is not None and uid_of(p) == uid and disruption(p)]
+        if not ours and gone and uid is not None:  # evicted and deleted before anyone read it
+            last = self._last_state(uid)
+            if last is not None and disruption(last):
+                ours = [last]
+        before = self.preemptions.count
         self.preemptions.observe_pods(ours[:1], {name: "Pod"})
         return self.preemptions.count > before
+
+    def _last_state(self, uid: str) -> Any:
+        """How pod ``uid``, already gone, ended: its ``DELETED`` event (which carries its
+        last conditions, ``DisruptionTarget`` included) in a watch from the last
+        resourceVersion the operator saw; ``None`` when that cannot be told (no version
+        seen, or the API no longer keeps it)."""
+        version = self._seen()
+        if version is None:
+            return None
+        op, name = self.operator, self.rendered.roles[0].name
+        client = OfficialClient(core=op.client, batch=None)
+        last = None
+        watch = client.watch(
+            "Pod",
+            self.rendered.namespace,
+            label_selector=self.rendered.label_selector,
+            resource_version=version,
+            timeout_seconds=GONE_WATCH_S,
+        )
+        try:
+            for event in watch:
+                obj = event.get("object")
+                if uid_of(obj) == uid:
+                    last = obj
+                    if event.get("type") == "DELETED":
+                        break
+        except Exception as e:  # e.g. 410 Gone: the history is compacted; the failure stands
+            self._log.warning("torchstep: could not tell how pod %s ended (%s); counted as its failure", name, e)
+            return None
+        finally:
+            watch.close()
+        return last
+
+    def _seen(self) -> str | None:
+        """The latest resourceVersion of this try's pod the operator (or the try's
+        execution before a deferral) has seen."""
+        op, uid = self.operator, self.operator.pod_uid
+        versions = [self._seen_version, op.pod_version]
+        for pod in (op.pod, op.remote_pod, op.final_pod):
+            if pod is not None and uid is not None and uid_of(pod) == uid:
+                versions.append(getattr(pod.metadata, "resource_version", None))
+        known = [v for v in versions if v]
+        if not known:
+            return None
+        # resourceVersions are opaque strings; an API server's are integers in practice
+        return max(known, key=lambda v: (v.isdigit(), int(v) if v.isdigit() else 0))
+
+    def _carried(self) -> dict[str, Any]:
+        """What this try keeps through a deferral (:data:`DEFERRAL_KWARG`)."""
+        self._seen_version = self._seen()
+        return {
+            "uid": self.operator.pod_uid,
+            "resource_version": self._seen_version,
+            "preempted": dict(self.preemptions.pods),
+        }
 
     def _replace(self) -> None:
         """Delete the preempted pod, wait until it is gone (its grace period, plus 120 s),
@@ -557,7 +651,8 @@ class PodStep:
             pause,
         )
         # a fresh execution of the same pod request: it creates (and records) a new pod
-        op.pod = op.remote_pod = op.final_pod = op.step_result = op.pod_uid = None
+        op.pod = op.remote_pod = op.final_pod = op.step_result = op.pod_uid = op.pod_version = None
+        self._seen_version = None
         self._log.info("torchstep: pod %s created again after its preemption", name)
 
     def _noted(self, result: StepResult) -> StepResult:

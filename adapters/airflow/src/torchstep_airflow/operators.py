@@ -216,17 +216,19 @@ class AppDefOperator(BaseOperator):
         )
         return self._run(plan, context)
 
-    def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    def trigger_reentry(self, context: Any, event: dict[str, Any], **carried: Any) -> dict[str, Any]:
         """Resume a deferred KubernetesPodOperator run (a 1-replica app, ``deferrable=True``).
 
         Args:
             context: the task's Airflow context.
             event: the KubernetesPodTrigger's event.
+            carried: what the try kept through the deferral
+                (``torchstep_airflow.kubernetes.DEFERRAL_KWARG``: its pod, its preemptions).
 
         Returns:
             The step result (XCom ``return_value``).
         """
-        return self._run(self._checked_plan(check=False), context, event)
+        return self._run(self._checked_plan(check=False), context, {**event, **carried})
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Resume a deferred Job run (several replicas or roles, ``deferrable=True``): reattach
