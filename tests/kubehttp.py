@@ -87,7 +87,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from apifaults import ApiFaults  # tests/ is this script's directory (and on pytest's path)
+import kubeexec  # tests/ is this script's directory (and on pytest's path)
+from apifaults import ApiFaults
 from apiwatch import ApiWatch, matches
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -489,8 +490,19 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         return True
 
+    def _exec(self) -> bool:
+        """Serve a pod's ``exec`` subresource (``tests/kubeexec.py``); ``False``: not one."""
+        where = kubeexec.exec_path(self.path)
+        if where is None:
+            return False
+        if not hasattr(self.cluster, "procs"):  # scripted pods have no processes to enter
+            self._send(400, _status(400, "BadRequest", "exec needs the one-machine cluster (--real)"))
+        else:
+            kubeexec.serve(self, *where)
+        return True
+
     def do_GET(self) -> None:
-        if self._faulted():
+        if self._faulted() or self._exec():
             return
         if self.path.startswith("/debug/state"):
             c = self.cluster
@@ -534,7 +546,7 @@ class Handler(BaseHTTPRequestHandler):
             if not hasattr(self.cluster, "node"):
                 return self._send(404, _status(404, "NotFound", "nodes exist only with --real"))
             return self._send(200, self.cluster.node(self._body()))
-        if self._faulted():
+        if self._faulted() or self._exec():
             return
         route = self._route()
         if route is None or route[2] is not None:
