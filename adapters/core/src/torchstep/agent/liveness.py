@@ -58,7 +58,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from torchstep.agent import compat
 
-__all__ = ["CUT_OFF", "PEER_SILENT", "LivenessMonitor", "Silence", "probe"]
+__all__ = ["CUT_OFF", "PEER_SILENT", "LivenessMonitor", "Silence", "probe", "resolve"]
 
 log = logging.getLogger("torchstep.agent")
 
@@ -94,24 +94,46 @@ class Silence:
     at: float
 
 
-def probe(host: str, port: int, timeout_s: float) -> str:
+def resolve(host: str) -> list[tuple[int, tuple[Any, ...]]]:
+    """``host``'s addresses as :func:`probe` takes them, looked up now; empty when the name
+    does not resolve.
+
+    A monitor looks its peers and the store up while the network works: a node cut off is
+    usually cut off from its DNS server too (a pod from the cluster's DNS), where a lookup
+    waits for the resolver's timeouts (10 s measured on a partitioned pod) and then fails.
+
+    Args:
+        host: a host name or address.
+
+    Returns:
+        ``(family, sockaddr)`` pairs (the sockaddr's port is replaced when probing).
+    """
+    try:
+        return [(info[0], info[4]) for info in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)]
+    except OSError:
+        return []
+
+
+def probe(host: str, port: int, timeout_s: float, resolved: list[tuple[int, tuple[Any, ...]]] | None = None) -> str:
     """Whether a TCP connection to ``host:port`` completes.
 
     Args:
         host: the host.
         port: the port.
         timeout_s: how long to wait for an answer (the kernel resends a lost SYN after 1 s).
+        resolved: ``host``'s addresses from an earlier :func:`resolve`: nothing is looked up
+            now; ``None`` or empty: ``host`` is looked up.
 
     Returns:
         ``"alive"`` (it completed), ``"gone"`` (refused: the host answers, nothing listens),
         ``"silent"`` (no answer in time, or no route), or ``"unknown"`` (the name does not resolve).
     """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
+    infos = resolved or resolve(host)
+    if not infos:
         return UNKNOWN
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
+    family, sockaddr = infos[0]
+    addr = (sockaddr[0], port, *sockaddr[2:])
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         sock.connect(addr)
@@ -214,6 +236,10 @@ class LivenessMonitor:
         self._cut: Silence | None = None
         self._seen: dict[Any, tuple[Any, float]] = {}  # node -> (last heartbeat, when it changed here)
         self._ports: dict[str, int] = {}
+        # addresses looked up while the network worked (a cut-off node has no DNS either):
+        # per node (a replacement is a new node, looked up afresh) and the store's
+        self._addrs: dict[Any, list[tuple[int, tuple[Any, ...]]]] = {}
+        self._store_addrs: list[tuple[int, tuple[Any, ...]]] = []
         self._probed: dict[Any, float] = {}
         self._threads: list[threading.Thread] = []
         self._progress_pending = False
@@ -305,6 +331,7 @@ class LivenessMonitor:
             guard_backend(backend, f"{self.store_host}:{self.store_port}"), self._settings
         )
         self._call(lambda: store.set(self._key(self._node), str(self._listener.port if self._listener else 0)))
+        self._store_addrs = resolve(self.store_host) or self._store_addrs  # the store just answered there
         self._store = store
 
     def _read_loop(self) -> None:
@@ -354,9 +381,12 @@ class LivenessMonitor:
         for node in list(self._seen):
             if node not in beats:
                 del self._seen[node]
+                self._addrs.pop(node, None)
         for node, beat in beats.items():
             if node == self._node:
                 continue
+            if node not in self._addrs:  # first sight: its heartbeat reached the store, its name resolves now
+                self._addrs[node] = resolve(str(node.addr))
             seen = self._seen.get(node)
             if seen is None or seen[0] != beat:
                 self._seen[node] = (beat, now)
@@ -369,7 +399,7 @@ class LivenessMonitor:
             if port is None:
                 continue  # an agent without the monitor: torch's own expiry applies
             addr = str(node.addr)
-            verdict = probe(addr, port, self.probe_timeout_s)
+            verdict = probe(addr, port, self.probe_timeout_s, self._addrs.get(node))
             if verdict in (ALIVE, UNKNOWN):
                 if verdict == ALIVE and age > 2 * self.suspect_after_s:
                     log.info("liveness: node %s sent no heartbeat for %.1fs but its host answers: waiting", node, age)
@@ -445,7 +475,7 @@ class LivenessMonitor:
             if now - since < self.cut_after_s:
                 continue
             endpoint = f"{self.store_host}:{self.store_port}"
-            verdict = probe(self.store_host, self.store_port, self.probe_timeout_s)
+            verdict = probe(self.store_host, self.store_port, self.probe_timeout_s, self._store_addrs)
             if verdict == ALIVE:
                 continue  # the store's host answers (its process may be stalled): wait
             if self._call_since is None:
@@ -471,7 +501,7 @@ class LivenessMonitor:
         """End the agent's wait on the store: its blocked calls fail at once."""
         from torchstep.agent.stores import shutdown_connections
 
-        count = shutdown_connections(self.store_host, self.store_port)
+        count = shutdown_connections(self.store_host, self.store_port, [str(a[1][0]) for a in self._store_addrs])
         log.error(
             "liveness: giving up on the rendezvous store at %s:%d (%s): %d connection(s) shut down",
             self.store_host,

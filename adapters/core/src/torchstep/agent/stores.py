@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -175,7 +176,7 @@ def private_handler(params: Any) -> Any:
     return create_handler(store, backend, params)
 
 
-def shutdown_connections(host: str, port: int) -> int:
+def shutdown_connections(host: str, port: int, addresses: Collection[str] = ()) -> int:
     """Shut down every TCP connection of this process to ``host:port`` (both directions).
 
     torch's store client has no deadline on most calls (a ``compare_set`` to a store host that
@@ -188,16 +189,21 @@ def shutdown_connections(host: str, port: int) -> int:
     Args:
         host: the store's host name or address.
         port: its port.
+        addresses: ``host``'s addresses, looked up earlier: then nothing is looked up now (a
+            node cut off from the network is often cut off from its DNS server too, where a
+            lookup waits for the resolver's timeouts, ~10 s, and fails).
 
     Returns:
         How many connections were shut down.
     """
     import os
 
-    try:
-        addrs = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
-    except OSError:
-        return 0
+    addrs = set(addresses)
+    if not addrs:
+        try:
+            addrs = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+        except OSError:
+            return 0
     count = 0
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
