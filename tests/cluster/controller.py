@@ -33,15 +33,19 @@ Test infrastructure. What it executes of Kubernetes' semantics:
   condition), ``lose`` (every process SIGKILLed and the node's link cut; the API hears nothing
   until the node is ``NotReady`` after ``node_grace_s``, then its pods get ``DisruptionTarget``
   and fail), ``partition`` (the link cut, the processes alive; ``NotReady`` likewise, the pods
-  left as they are), ``heal``, ``slow-pulls`` (its pods' sandboxes — IP, DNS name — come at
-  once, their containers ``seconds`` later, as behind a slow image pull);
+  left as they are), ``heal``, ``restore`` (a lost node back, empty: a rebooted machine),
+  ``slow-pulls`` (its pods' sandboxes — IP, DNS name — come at once, their containers
+  ``seconds`` later, as behind a slow image pull);
 - the **watch API** of pods and Jobs with resourceVersions (``tests/apiwatch.py``);
 - **events** (``SuccessfulCreate``, ``Started``, ``Killing``, ``Evicted``, ``Completed``,
   ``BackoffLimitExceeded``, ...), NetworkPolicies stored and listed (**not enforced**).
 
 Not executed: admission (no webhooks, quotas or defaulting beyond what is above), a real
-scheduler (no resources, affinity, taints), image pulls, liveness and startup probes, init or sidecar containers
-(the first container alone runs), ``successPolicy``.
+scheduler (no resources, affinity, taints), image pulls, liveness and startup probes, init containers,
+``successPolicy``. A pod's containers after the first (such as the KubernetesPodOperator's XCom sidecar)
+run, each in its own mount and PID namespaces, in the pod's network namespace and cgroup (one memory limit
+for the pod: the first container's); the pod stays ``Running`` until every container has ended, and its
+``exec`` subresource enters any running one (``tests/kubeexec.py``).
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ class RealCluster(ApiFaults, ApiWatch):
             self._started,
             self._readiness,
         )
+        self.kubelet.on_main_end = self._main_ended
         self.dns = Dns(self.root, self.network.ns, self.kubelet.cgroups / "dns")
         self.dns.start()
         self._stop = threading.Event()
@@ -305,7 +310,7 @@ class RealCluster(ApiFaults, ApiWatch):
             proc = self.procs.get(pod["metadata"]["uid"]) if pod is not None else None
         if proc is None:
             return [], pod is None or pod["status"].get("phase") in ("Succeeded", "Failed"), 0
-        ended = proc.ended.is_set()
+        ended = (proc.main_ended if proc.sidecars else proc.ended).is_set()  # the first container's log
         lines = []
         for raw in proc.log.read_text(errors="replace").splitlines():
             when, _, text = raw.partition(" ")
@@ -344,7 +349,7 @@ class RealCluster(ApiFaults, ApiWatch):
 
     # -- nodes ---------------------------------------------------------------------------------------
     def node(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal" | "slow-pulls",
+        """``{"node": NAME, "action": "drain" | "lose" | "partition" | "heal" | "restore" | "slow-pulls",
         "seconds": S}`` (a drain's ``grace_s``: the evicted pods' grace period, 0 for SIGKILL
         at once; default their own), or
         ``{"action": "cut-pod" | "restore-pod" | "signal-pod", "pod": NAME, "signal": N}`` (a
@@ -395,8 +400,14 @@ class RealCluster(ApiFaults, ApiWatch):
                 node.update(schedulable=True, partitioned=False, ready=True, since=None)
                 if not node["lost"]:
                     self.network.set_node_link(str(name), True)
+            elif action == "restore":  # a lost node back, empty (a rebooted or replaced machine)
+                node.update(lost=False, schedulable=True, partitioned=False, ready=True, since=None)
+                self.network.set_node_link(str(name), True)
             else:
-                return {"ok": False, "error": f"unknown action {action!r}: drain, lose, partition, heal, slow-pulls"}
+                return {
+                    "ok": False,
+                    "error": f"unknown action {action!r}: drain, lose, partition, heal, restore, slow-pulls",
+                }
             return {"ok": True, "pods": [k[2] for k in on_node]}
 
     # -- the kubelet's reports -------------------------------------------------------------------------
@@ -430,13 +441,60 @@ class RealCluster(ApiFaults, ApiWatch):
         if proc.message:
             state["terminated"]["message"] = proc.message
         status = pod["status"]
-        status["phase"] = "Succeeded" if code == 0 else "Failed"
-        status["containerStatuses"] = [self._container(proc, state, ready=False)]
+        codes = [code, *(c.exit_code if c.exit_code is not None else 137 for c in proc.sidecars)]
+        status["phase"] = "Succeeded" if not any(codes) else "Failed"  # every container's, as kubelet
+        status["containerStatuses"] = [self._container(proc, state, ready=False), *self._sidecars(proc)]
         for c in status.get("conditions", []):
             if c["type"] in ("Ready", "ContainersReady"):
                 c["status"] = "False"
         reason = {"OOMKilled": "OOMKilling"}.get(proc.reason or "", "Completed" if code == 0 else "Failed")
         self._event(pod, reason, f"container {proc.container} exited {code} ({proc.reason})")
+
+    def _main_ended(self, proc: PodProcess) -> None:
+        """The first container of a pod with sidecars ended: its status says so, the pod runs on."""
+        with self.lock:
+            pod = self.objects.get(("Pod", proc.ns, proc.name))
+            if pod is None or pod["metadata"]["uid"] != proc.uid or self.nodes.get(proc.node, {}).get("lost"):
+                return
+            code = proc.exit_code if proc.exit_code is not None else 137
+            state = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": proc.reason or "Error",
+                    "startedAt": rfc3339(proc.started_at or time.time()),
+                    "finishedAt": rfc3339(proc.finished_at or time.time()),
+                    "containerID": f"onemachine://{proc.uid}",
+                    **({"message": proc.message} if proc.message else {}),
+                }
+            }
+            pod["status"]["containerStatuses"] = [self._container(proc, state, ready=False), *self._sidecars(proc)]
+            for c in pod["status"].get("conditions", []):
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c["status"] = "False"
+            self._event(pod, "Completed", f"container {proc.container} exited {code} ({proc.reason})")
+
+    def _sidecars(self, proc: PodProcess) -> list[dict[str, Any]]:
+        """The status of a pod's containers after the first (``containerStatuses[1:]``)."""
+        out = []
+        for c in proc.sidecars:
+            if c.exit_code is not None:
+                state: dict[str, Any] = {
+                    "terminated": {
+                        "exitCode": c.exit_code,
+                        "reason": "Completed" if c.exit_code == 0 else "Error",
+                        "startedAt": rfc3339(c.started_at or time.time()),
+                        "finishedAt": rfc3339(c.finished_at or time.time()),
+                    }
+                }
+            elif c.proc is not None:
+                state = {"running": {"startedAt": rfc3339(c.started_at or time.time())}}
+            else:
+                state = {"waiting": {"reason": "ContainerCreating"}}
+            out.append(
+                {"name": c.name, "image": "onemachine", "imageID": "", "ready": "running" in state,
+                 "restartCount": 0, "started": "running" in state, "state": state}
+            )  # fmt: skip
+        return out
 
     def _container(self, proc: PodProcess, state: dict[str, Any], ready: bool) -> dict[str, Any]:
         return {
@@ -592,7 +650,10 @@ class RealCluster(ApiFaults, ApiWatch):
     def _running(self, pod: dict[str, Any], proc: PodProcess) -> None:
         pod["status"]["phase"] = "Running"
         ready = proc.probe is None  # with a readinessProbe: not ready until it passes
-        pod["status"]["containerStatuses"] = [self._container(proc, {"running": {"startedAt": _now()}}, ready)]
+        pod["status"]["containerStatuses"] = [
+            self._container(proc, {"running": {"startedAt": _now()}}, ready),
+            *self._sidecars(proc),
+        ]
         self._condition(pod, "Initialized", None, None)
         for t in ("ContainersReady", "Ready"):
             self._condition(pod, t, None, None, status=ready)

@@ -6,6 +6,7 @@ one); plus the plan's determinism. ``make soak`` covers every (surface, class) p
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -53,6 +54,10 @@ def _execute(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
         (outcome,) = campaign.execute([run], SEED, say=said.append, root=short)
     finally:
         shutil.rmtree(short, ignore_errors=True)
+    if outcome.skipped:  # the surface cannot run on this machine (the one-machine cluster: root...)
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the {run.surface} surface: {outcome.skipped}")
+        pytest.skip(f"{run.surface}: {outcome.skipped}")
     wrong = [f"{run.key}: {v.invariant}: {v.detail}" for v in outcome.violations]
     no_disk = any("no tmpfs" in note for note in outcome.observation.notes)
     if not wrong and not no_disk and not outcome.observation.injected and run.fault != "none":
@@ -69,7 +74,7 @@ def _stop_what_surfaces_started():
 
 
 def test_the_smoke_plan_covers_every_fault_class_and_every_surface() -> None:
-    every = set(campaign.pairs(list(campaign.SURFACES)))
+    every = set(campaign.pairs(list(campaign.SURFACES))) - set(campaign.SMOKE_ELSEWHERE)
     smoke = {(r.surface, r.fault) for r in SMOKE}
     assert len(smoke) == len(SMOKE) and smoke <= every  # no pair twice, none a surface cannot inject
     assert {f for _, f in smoke} == {f for _, f in every}

@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = campaign.execute(runs, seed, say=lambda s: print(s, flush=True), keep=a.keep)
     wall = time.monotonic() - started
     broken = sum(1 for o in outcomes if o.violations)
-    print(f"soak: {len(outcomes) - broken} of {len(outcomes)} runs held every invariant in {wall:.0f} s (seed {seed})")
+    skipped = sum(1 for o in outcomes if o.skipped)
+    print(
+        f"soak: {len(outcomes) - broken - skipped} of {len(outcomes) - skipped} runs held every invariant in "
+        f"{wall:.0f} s (seed {seed})" + (f"; {skipped} skipped (their surface cannot run here)" if skipped else "")
+    )
     if a.hang_timeout:
         stopped = [o for o in outcomes if faults.hang_stops(o.observation.result, o.observation.console)]
         real = [o for o in stopped if o.run.fault == "stop"]
@@ -75,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
             + "".join(f"\n    false positive: run {o.run.index} {o.run.key}" for o in stopped if o.run.fault != "stop")
         )
     if a.report and a.only is None and not a.replay:
-        Path(a.report).write_text(report.render(outcomes, seed, a.faults, wall))
+        page = Path(a.report)
+        if a.surface and page.exists():  # one surface's campaign: its rows and section, the rest kept
+            page.write_text(report.update(page.read_text(), outcomes, seed, a.faults, wall, a.surface))
+        else:
+            page.write_text(report.render(outcomes, seed, a.faults, wall))
         print(f"soak: wrote {a.report}")
     return 1 if broken else 0
 

@@ -18,11 +18,16 @@ CLI takes seconds to land). Every rank also writes ``SOAK_PROGRESS/rank<R>`` (``
 inject external faults (SIGKILL a rank or its agent, fill the log disk) at a line number; rank
 ``SOAK_HOLD_RANK`` waits after line ``SOAK_HOLD_LINE`` (once) until the harness writes
 ``SOAK_PROGRESS/go``, so the run cannot end before the fault strikes.
+
+``pid=P`` names the worker process. In a pod's own PID namespace (the kubernetes surface sets
+``SOAK_WORKER_ID=random``) pids repeat from pod to pod and across a pod's replacement, so a
+worker prints a random 9-digit number there instead, drawn once per process.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import time
@@ -101,6 +106,9 @@ def main() -> None:
     hold_line = int(os.environ.get("SOAK_HOLD_LINE", "-1"))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    ident = os.getpid()
+    if os.environ.get("SOAK_WORKER_ID") == "random":  # pids repeat across PID namespaces
+        ident = random.SystemRandom().randrange(10**8, 10**9)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     done_file = os.path.join(ckpt, "done")
     try:
@@ -115,8 +123,8 @@ def main() -> None:
             write_atomic(done_file, str(n - 1))
         if kind and rank == fault_rank and n == fault_line and once(ckpt, kind):
             fault(kind)
-        print(f"soak rank={rank} attempt={attempt} pid={os.getpid()} line={n}", flush=True)
-        write_atomic(os.path.join(progress, f"rank{rank}"), f"{os.getpid()} {n}")
+        print(f"soak rank={rank} attempt={attempt} pid={ident} line={n}", flush=True)
+        write_atomic(os.path.join(progress, f"rank{rank}"), f"{ident} {n}")
         if rank == hold_rank and n == hold_line and once(ckpt, "hold"):
             hold(progress)
         time.sleep(interval)

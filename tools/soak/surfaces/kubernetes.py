@@ -1,15 +1,22 @@
 """Surface ``kubernetes``: the kubernetes target (``torchstep.steps.KubernetesStep`` over
-``JobGang`` and the official client) run by a watcher process against the cross-process
-fake API of tests/kubehttp.py — no cluster exists here, its pods are simulated by the wall
-clock: 2 replicas (an Indexed Job) x 2 ranks, each rank printing the soak job's numbered
-lines ``soak rank=R attempt=A pid=P line=N`` (a fake pid per rank and pod incarnation).
+``JobGang`` and the official client) run by a watcher process against the one-machine cluster
+of tests/cluster, whose pods run for real: the rendered Indexed Job's 2 pods (2 replicas x 2
+ranks, checkpoints on a hostPath, numbered lines on every rank) each in its own network, UTS
+and PID namespaces on one of 2 nodes, with cluster DNS; what is ours is only the API server
+and its controllers. One cluster per campaign process, started on first use and stopped at
+exit, or by tools/soak/kube_reaper.py when the process is killed first. Node faults: a drain,
+a lost node, a partition.
 
 The watcher is what an orchestrator's task process is: it runs the step with a file-backed
 state store (the log cursor and the workload uids, as Airflow's task state store keeps
 them) and prints every line on its console. Faults are injected at the moment rank
-``run.rank`` printed line ``run.moment`` on that console, through the fake's
-``POST /debug/fault`` or a signal to the watcher. Invariant 7 (:func:`check`): never two
-gangs of one logical attempt, and nothing of the run left on the "cluster" at the end.
+``run.rank`` printed line ``run.moment`` (its progress file on the hostPath; the rank waits
+there until the fault is in, ``SOAK_HOLD_*``), through the API server's ``/debug`` endpoints
+or a signal to the watcher. Invariant 7 (:func:`check`): never two gangs of one logical
+attempt, and nothing of the run left on the cluster at the end (Jobs, pods, Services, pod
+processes). Where the machine cannot run the cluster (not root, a tool missing:
+``tests/cluster/harness.missing()``), :func:`unavailable` says why and the campaign skips
+this surface's runs with that reason.
 """
 
 from __future__ import annotations
@@ -25,35 +32,60 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tools.soak import component, faults, invariants, procs
+from tools.soak import closing, component, faults, invariants, procs
 from tools.soak.model import Observation, Run
 
 _TESTS = str(Path(__file__).resolve().parents[3] / "tests")
 if _TESTS not in sys.path:
     sys.path.append(_TESTS)
 
-from kubehttp import KubeServer, Scenario, start_server  # noqa: E402
-
 NAME = "kubernetes"
-FAULTS = ("none", "api_500", "api_429", "watch_reset", "pod_deleted", "sigkill_watcher", "cancel")
-LINES, INTERVAL_S = 12, 0.25
+#: Runs of this surface share one cluster (started once per campaign process): the smoke runs
+#: them one after the other on one worker.
+SERVER = True
+NODE_FAULTS = ("drain", "node_loss", "partition")
+FAULTS = (
+    "none",
+    "api_500",
+    "api_429",
+    "watch_reset",
+    "pod_deleted",
+    "sigkill_watcher",
+    "cancel",
+    *NODE_FAULTS,
+)
+LINES = 12
 #: The watcher's poll and log-cursor intervals (seconds): a SIGKILLed watcher's successor
 #: shows again at most what was delivered after the last save.
 POLL_S, CURSOR_S = 0.2, 0.5
 #: API requests answered 500 under ``api_500``; 429 (``Retry-After: 1``) under ``api_429``.
 N_500, N_429, RETRY_AFTER_S = 6, 4, 1
-#: The harness's deadline for one watcher (a run is far shorter: seconds).
-DEADLINE_S = 120
-TEMPLATE = "[soak/{rank}] soak rank={rank} attempt={attempt} pid={pid} line={line}"
-LABEL = "torchstep/app-id"
+#: The harness's deadline for one watcher (a run takes 15-40 s; a lost node's replacement more).
+DEADLINE_S = 240
+#: A partition drawn with an even moment is healed this long after the cut; an odd one never
+#: (until the run has ended).
+HEAL_AFTER_S = 8.0
+MANAGED = "app.kubernetes.io/managed-by=torchstep"
+NODES = 2
+#: A lost or partitioned node's run must end this soon after the fault: docs/agent.md's bound
+#: for a fixed-size group (a silent peer or a cut-off store fails it within ~5 s) plus the
+#: replacement pods' start and the rest of the lines on a loaded machine. The agent's
+#: watchdog (60 s) ending a node that did not see it was cut off is past it.
+NODE_BOUND_S = 45.0
+
+_LOSS = (
+    "the replacement pods (`podFailurePolicy`: the lost pod's `DisruptionTarget` Ignored, the survivor's "
+    "exit Counted within `backoffLimitPerIndex` 1) form the group again, resume after the checkpoint and "
+    "the step SUCCEEDS; no line of a finished attempt lost or doubled, one Job, nothing left"
+)
 
 #: The outcome of each fault class on this surface (none of the local target's applies as is).
 EXPECT = {
-    "none": faults.Expect("SUCCEEDED", 0, 0, guarantee="no fault: every line once, one Job, everything deleted"),
+    "none": faults.Expect("SUCCEEDED", 0, None, guarantee="no fault: every line once, one Job, everything deleted"),
     "api_500": faults.Expect(
         "SUCCEEDED",
         0,
-        0,
+        None,
         guarantee=(
             f"the next {N_500} Kubernetes API requests are answered 500 mid-run: reads, lists, log streams and deletes "
             "are retried with backoff (JobGang's API retry budget, 60 s a call), the step SUCCEEDS, every line once, "
@@ -63,7 +95,7 @@ EXPECT = {
     "api_429": faults.Expect(
         "SUCCEEDED",
         0,
-        0,
+        None,
         guarantee=(
             f"the next {N_429} API requests are answered 429 with `Retry-After: {RETRY_AFTER_S}` (API priority and "
             "fairness): retried after what the server asked, SUCCEEDED, every line once, one Job, nothing left"
@@ -72,7 +104,7 @@ EXPECT = {
     "watch_reset": faults.Expect(
         "SUCCEEDED",
         0,
-        0,
+        None,
         guarantee=(
             "the followed pod-log streams are cut mid-way (connection closed without its last chunk): each follower "
             "reattaches with `sinceSeconds` and skips what it saw by timestamp; SUCCEEDED, no line lost or repeated"
@@ -85,15 +117,14 @@ EXPECT = {
         guarantee=(
             "a running pod is deleted under the watcher (`kubectl delete pod`): its agent is SIGTERMed (exit 143, "
             "`podFailurePolicy` Count), the Job controller replaces it within `backoffLimitPerIndex` (REPLICA, "
-            "max_retries 1), the replacement resumes after the checkpoint and JobGang follows its log and collects "
-            "the latest pod of every index: SUCCEEDED, no line lost, one Job (restarts are the fake pods' own "
-            "agents' count: not compared)"
+            "max_retries 1), the group re-forms, resumes after the checkpoint and JobGang follows the new pod's log "
+            "and collects the latest pod of every index: SUCCEEDED, no line lost, one Job"
         ),
     ),
     "sigkill_watcher": faults.Expect(
         "SUCCEEDED",
         0,
-        0,
+        None,
         guarantee=(
             "the watcher is SIGKILLed mid-run and the same step (run id, state store) is run again, as an "
             "orchestrator's retry: it attaches to the running Job (409, the recorded uid), never a second gang; its "
@@ -104,10 +135,44 @@ EXPECT = {
     "cancel": faults.Expect(
         "CANCELLED",
         128 + signal.SIGTERM,
-        0,
+        None,
         guarantee=(
             "SIGTERM to the watcher (the orchestrator cancels): CANCELLED, exit 143, the Job, its pods and Service "
-            f"deleted within grace + {faults.CANCEL_MARGIN_S:g} s"
+            f"deleted and every pod process gone within grace + {faults.CANCEL_MARGIN_S:g} s"
+        ),
+    ),
+    "drain": faults.Expect(
+        "SUCCEEDED",
+        0,
+        None,
+        guarantee=(
+            "the node of the faulty rank's pod is drained (cordoned, its pods evicted with `DisruptionTarget`): "
+            "a preemption, not a failure: the Job controller replaces the pod on the other node without counting "
+            "it (`podFailurePolicy` Ignore: the Job's `failed` stays 0, no retry spent), the result warns "
+            "`preempted 1 time`, the group resumes after the checkpoint and SUCCEEDS; no line of a finished attempt "
+            "lost or doubled, one Job, nothing left"
+        ),
+    ),
+    "node_loss": faults.Expect(
+        "SUCCEEDED",
+        0,
+        None,
+        guarantee=(
+            "the node of the faulty rank's pod is lost (its pod processes SIGKILLed, its link cut, NotReady after "
+            "the 2 s grace, its pods failed with `DisruptionTarget`): the survivor's liveness monitor finds the "
+            "silent peer (or that it is cut off from the store) and ends FAILED, retryable, in seconds "
+            "(docs/agent.md: fixed `--nnodes 2`); " + _LOSS
+        ),
+    ),
+    "partition": faults.Expect(
+        "SUCCEEDED",
+        0,
+        None,
+        guarantee=(
+            "the node of the faulty rank's pod is partitioned (its link down, its processes alive; healed "
+            f"{HEAL_AFTER_S:g} s later when the moment is even, never when odd): both sides end FAILED, retryable, in "
+            "seconds (a silent peer, or cut off from the store; docs/agent.md, fixed `--nnodes 2`), never a hang; "
+            + _LOSS
         ),
     ),
 }
@@ -119,10 +184,12 @@ import torchstep
 from torchstep.kubernetes import OfficialClient
 from torchstep.result import CANCELLED
 from torchstep.steps import KubernetesStep
+from torchx import specs
 from tools.soak import component
 
-kubeconfig, result_file, store_file = sys.argv[1:4]
-poll_s, cursor_s = float(sys.argv[4]), float(sys.argv[5])
+kubeconfig, result_file, store_file, app_file = sys.argv[1:5]
+poll_s, cursor_s = float(sys.argv[5]), float(sys.argv[6])
+spec = json.loads(open(app_file).read())
 
 
 class FileStore:  # the orchestrator's state between tries (Airflow's task state store), a private JSON file
@@ -151,9 +218,11 @@ def write(record):
         f.write(json.dumps(record))
 
 
-plan = torchstep.build_plan(component.soak(2, 2), target="kubernetes")
+app = component.soak(2, 2, env=spec["env"])
+app.roles[0].mounts = [specs.BindMount(src_path=spec["shared"], dst_path="/soak")]
+plan = torchstep.build_plan(app, target="kubernetes")
 kube = OfficialClient.from_config(config_file=kubeconfig, in_cluster=False)
-step = KubernetesStep(plan, run_id="soak-1", cfg={"namespace": "ml"}, client=kube, poll_interval=poll_s,
+step = KubernetesStep(plan, run_id=spec["run_id"], cfg={"namespace": "ml"}, client=kube, poll_interval=poll_s,
                       on_line=lambda line: print(line, flush=True), cursor_store=FileStore())
 step.job_gang().cursor_interval = cursor_s
 
@@ -181,32 +250,102 @@ sys.exit(0 if result.succeeded else 128 + signal.SIGTERM if result.state == CANC
 """
 
 
-def _scenario(fault: str) -> Scenario:
-    """The fake cluster's pods: LINES lines per rank, every index succeeding with a result."""
-    from torchstep.result import StepResult
+def unavailable() -> str | None:
+    """Why this machine cannot run the surface (the one-machine cluster's own check:
+    root, network namespaces, bubblewrap, dnsmasq, a writable cgroup v1 memory controller),
+    or None."""
+    from cluster.harness import missing
 
-    ok = StepResult(app_id="soak", state="SUCCEEDED", exit_code=0).summary()
-    run_s = LINES * INTERVAL_S + 0.5 + (60 if fault == "cancel" else 0)  # cancel: still running when it lands
-    return Scenario(
-        replicas=faults.REPLICAS,
-        run_s=run_s,
-        lines=LINES,
-        line_interval_s=INTERVAL_S,
-        line_template=TEMPLATE,
-        procs=faults.NPROC,
-        messages=[ok] * faults.REPLICAS,
-    )
+    return missing()
 
 
-def _reached(console: Path, rank: int, moment: int) -> bool:
-    try:
-        text = console.read_text(errors="replace")
-    except OSError:
-        return False
-    return any(r == rank and n >= moment for seq in invariants.numbered(text).values() for r, n in seq)
+class _Pods:
+    """The campaign process's one cluster: the API server in ``--real`` mode and its reaper."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        from cluster.controller import new_prefix
+        from cluster.harness import Cluster, cluster_config
+        from kubehttp import start_server
+
+        self.home = Path(tempfile.mkdtemp(prefix="soakkube"))
+        os.chmod(self.home, 0o700)
+        self.prefix = new_prefix()
+        root = self.home / "cluster"
+        # the reaper first: whatever happens to this process from here on, it cleans up
+        self.reaper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve().parents[1] / "kube_reaper.py")],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": _TESTS},
+        )
+        self._tell({"prefix": self.prefix, "root": str(root), "home": str(self.home)})
+        server = start_server(self.home / "api", real=cluster_config(root, self.prefix, nodes=NODES))
+        self._tell({"server": server.process.pid})
+        self.cluster = Cluster(server, root, prefix=self.prefix)
+        self.nodes = [f"node-{i}" for i in range(NODES)]
+
+    def _tell(self, what: dict[str, Any]) -> None:
+        assert self.reaper.stdin is not None
+        self.reaper.stdin.write((json.dumps(what) + "\n").encode())
+        self.reaper.stdin.flush()
+
+    def close(self) -> None:
+        """Stop the server (its pods, DNS, namespaces), remove what it left, end the reaper."""
+        import shutil
+
+        from cluster.kubelet import cleanup
+
+        try:
+            self.cluster.server.stop()
+            cleanup(self.prefix, self.cluster.root)
+            shutil.rmtree(self.home, ignore_errors=True)
+        finally:
+            self._tell({"done": True})
+            assert self.reaper.stdin is not None
+            self.reaper.stdin.close()
+            self.reaper.wait(60)
 
 
-def _watch(workdir: Path, name: str, server: KubeServer, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+_pods: _Pods | None = None
+
+
+def _cluster() -> _Pods:
+    """The campaign's cluster, started on first use (stopped when the campaign closes)."""
+    global _pods
+    if _pods is None:
+        _pods = _Pods()
+        closing.on_close(_close)
+    return _pods
+
+
+def _close() -> None:
+    global _pods
+    if _pods is not None:
+        pods, _pods = _pods, None
+        pods.close()
+
+
+def _progress(shared: Path, rank: int) -> int:
+    seen = faults.progress_of(shared / "progress", rank)
+    return -1 if seen is None else seen[1]
+
+
+def _node_of(pods: _Pods, index: int) -> tuple[str | None, str | None]:
+    """(pod name, node) of the running pod of completion index ``index``."""
+    for pod in pods.cluster.items("pods", MANAGED):
+        ann = pod["metadata"].get("annotations") or {}
+        if (
+            ann.get("batch.kubernetes.io/job-completion-index") == str(index)
+            and pod["status"].get("phase") == "Running"
+            and "deletionTimestamp" not in pod["metadata"]
+        ):
+            return pod["metadata"]["name"], pod["spec"].get("nodeName")
+    return None, None
+
+
+def _watch(workdir: Path, name: str, pods: _Pods, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     """Start a watcher process; its console goes to ``<name>.console``."""
     console = workdir / f"{name}.console"
     fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -214,9 +353,10 @@ def _watch(workdir: Path, name: str, server: KubeServer, env: dict[str, str]) ->
         argv = [
             sys.executable,
             str(workdir / "watcher.py"),
-            str(server.kubeconfig),
+            str(pods.cluster.kubeconfig),
             str(workdir / f"{name}.json"),
             str(workdir / "store.json"),
+            str(workdir / "app.json"),
             str(POLL_S),
             str(CURSOR_S),
         ]
@@ -235,10 +375,13 @@ def _wait(proc: subprocess.Popen[bytes], seconds: float) -> bool:
         return False
 
 
-def _inject(run: Run, server: KubeServer, proc: subprocess.Popen[bytes], console: Path) -> bool:
-    """Wait for the moment, then inject ``run.fault`` (False: the watcher ended first)."""
+def _inject(run: Run, pods: _Pods, proc: subprocess.Popen[bytes], shared: Path, acted: dict[str, Any]) -> bool:
+    """Wait for the moment, then inject ``run.fault`` (False: the watcher ended first, or
+    there was nothing to act on). ``acted`` records the node acted on."""
+    server = pods.cluster.server
+    index = run.rank // faults.NPROC
     while proc.poll() is None:
-        if _reached(console, run.rank, run.moment):
+        if _progress(shared, run.rank) >= run.moment:
             if run.fault == "api_500":
                 server.fault(status=500, count=N_500)
             elif run.fault == "api_429":
@@ -246,11 +389,18 @@ def _inject(run: Run, server: KubeServer, proc: subprocess.Popen[bytes], console
             elif run.fault == "watch_reset":
                 server.fault(cut_logs=faults.REPLICAS)
             elif run.fault == "pod_deleted":
-                return server.fault(delete_pod=run.rank // faults.NPROC)["pod"] is not None
+                return server.fault(delete_pod=index)["pod"] is not None
             elif run.fault == "sigkill_watcher":
                 return faults.kill(proc.pid, signal.SIGKILL)
             elif run.fault == "cancel":
                 return faults.kill(proc.pid, signal.SIGTERM)
+            elif run.fault in NODE_FAULTS:
+                pod, node = _node_of(pods, index)
+                if node is None:
+                    return False
+                action = {"drain": "drain", "node_loss": "lose", "partition": "partition"}[run.fault]
+                server.node(node, action)
+                acted.update(node=node, pod=pod, at=time.monotonic())
             return True
         time.sleep(0.02)
     return False
@@ -287,8 +437,25 @@ def _result(path: Path, notes: list[str]) -> dict[str, Any] | None:
     return dict(record)
 
 
+def _left(pods: _Pods, within: float = 30.0) -> tuple[list[str], list[int]]:
+    """What torchstep made still on the cluster (runs go one after the other: all of it is
+    this run's) and the pods' processes still alive, after waiting up to ``within`` seconds
+    for them to go."""
+    deadline = time.monotonic() + within
+    while True:
+        objects = [
+            f"{kind}/{o['metadata']['name']}"
+            for kind in ("jobs", "pods", "services")
+            for o in pods.cluster.items(kind, MANAGED)
+        ]
+        alive = sorted(pods.cluster.pod_processes())
+        if (not objects and not alive) or time.monotonic() > deadline:
+            return objects, alive
+        time.sleep(0.2)
+
+
 def run(run: Run, seed: int, workdir: Path) -> Observation:
-    """Run the soak step on the fake cluster under ``run``'s fault.
+    """Run the soak step on the one-machine cluster's real pods under ``run``'s fault.
 
     Args:
         run: the planned run.
@@ -296,28 +463,65 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         workdir: a fresh private directory for this run.
 
     Returns:
-        What was observed (``extra``: the fake's counters and objects at the end, the
-        repeats after a reattach).
+        What was observed (``extra``: the API server's counters of this run, the objects and
+        pod processes left, the Job's final counts, the repeats after a reattach).
     """
     del seed
+    pods = _cluster()
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(workdir / "watcher.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(WATCHER)
+    shared = workdir / "shared"  # the pods' hostPath: the checkpoint and the progress files
+    for sub in ("ckpt", "progress"):
+        (shared / sub).mkdir(mode=0o700, parents=True)
     token = uuid.uuid4().hex
+    run_id = f"soak-{run.index}-{token[:6]}"
+    hold = (
+        {}
+        if run.fault == "none"
+        else {
+            "SOAK_HOLD_RANK": str(run.rank),
+            "SOAK_HOLD_LINE": str(run.moment),
+            "SOAK_HOLD_MAX_S": str(faults.HOLD_MAX_S),
+        }
+    )
+    role_env = {
+        "SOAK_MARK": token,  # the pods' processes carry it too: the /proc scan finds them
+        "SOAK_CKPT": "/soak/ckpt",
+        "SOAK_PROGRESS": "/soak/progress",
+        "SOAK_WORKER_ID": "random",
+        "PYTHONUNBUFFERED": "1",
+        **hold,
+        **faults.tail_env("cancel" if run.fault == "cancel" else "none"),
+    }
+    (workdir / "app.json").write_text(json.dumps({"env": role_env, "shared": str(shared), "run_id": run_id}))
     root = str(Path(component.__file__).resolve().parents[2])
     env = dict(os.environ, SOAK_MARK=token, SOAK_ROOT=root, PYTHONUNBUFFERED="1")
     notes: list[str] = []
     extra: dict[str, Any] = {"repeated": {}}
-    server = start_server(workdir / "api", _scenario(run.fault))
+    acted: dict[str, Any] = {}
+    before = pods.cluster.server.state()
     started = time.monotonic()
     hung = False
+    healed = False
     try:
-        proc, console = _watch(workdir, "first", server, env)
+        proc, console = _watch(workdir, "first", pods, env)
         injected = True
-        if run.fault != "none":
-            injected = _inject(run, server, proc, console)
+        try:
+            if run.fault != "none":
+                injected = _inject(run, pods, proc, shared, acted)
+        finally:
+            faults.release(shared / "progress")
         sent = time.monotonic()
+        if run.fault == "partition" and acted and run.moment % 2 == 0:
+            try:
+                proc.wait(timeout=HEAL_AFTER_S)
+            except subprocess.TimeoutExpired:
+                pass
+            pods.cluster.server.node(acted["node"], "heal")
+            healed = True
+            notes.append(f"partition: {acted['node']} healed {time.monotonic() - sent:.1f} s after the cut")
         if run.fault == "cancel" and injected:
             hung = not _wait(proc, faults.GRACE_S + faults.CANCEL_MARGIN_S)
             notes.append(
@@ -327,27 +531,47 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
         final, text = proc, console.read_text(errors="replace")
         name = "first"
         if run.fault == "sigkill_watcher" and injected:
-            again, console2 = _watch(workdir, "second", server, env)  # the orchestrator's retry of the step
+            again, console2 = _watch(workdir, "second", pods, env)  # the orchestrator's retry of the step
             hung = hung or not _wait(again, DEADLINE_S)
             final, name = again, "second"
             text, extra["repeated"] = _splice(text, console2.read_text(errors="replace"))
+        if acted:
+            extra["after_fault_s"] = time.monotonic() - acted["at"]
+            notes.append(
+                f"{run.fault}: {acted['node']} (pod {acted['pod']}); the run ended "
+                f"{time.monotonic() - acted['at']:.1f} s later"
+            )
         if hung:
             notes.append(f"the watcher was still running at the harness's deadline ({DEADLINE_S} s)")
         duration = time.monotonic() - started
         result = _result(workdir / f"{name}.json", notes)
-        extra["state"] = server.state()
+        after = pods.cluster.server.state()
+        extra["state"] = {
+            k: after[k] - before.get(k, 0)
+            for k in after
+            if isinstance(after[k], int) and not isinstance(after[k], bool)
+        }
     finally:
-        server.stop()
+        if acted:  # the node back for the next run: uncordoned, reconnected, or a lost one restored
+            action = "restore" if run.fault == "node_loss" else "heal"
+            if not (healed and action == "heal"):
+                pods.cluster.server.node(acted["node"], action)
+    objects, alive = _left(pods)
+    extra["left"] = objects
+    extra["pod_processes"] = alive
+    if alive:  # never leave them to the next run
+        for pid in alive:
+            faults.kill(pid, signal.SIGKILL)
     leftovers = procs.leftovers(f"SOAK_MARK={token}")
     counters = extra["state"]
     if run.fault in ("api_500", "api_429"):
-        injected = injected and counters["faults_answered"] > 0
-        notes.append(f"{counters['faults_answered']} API requests answered {run.fault[4:]}")
+        injected = injected and counters.get("faults_answered", 0) > 0
+        notes.append(f"{counters.get('faults_answered', 0)} API requests answered {run.fault[4:]}")
     elif run.fault == "watch_reset":
-        injected = injected and counters["streams_cut"] > 0
-        notes.append(f"{counters['streams_cut']} log streams cut")
+        injected = injected and counters.get("streams_cut", 0) > 0
+        notes.append(f"{counters.get('streams_cut', 0)} log streams cut")
     elif run.fault == "pod_deleted":
-        notes.append(f"{counters['pods_replaced']} pod(s) replaced by the Job controller")
+        notes.append(f"{counters.get('pods_replaced', 0)} pod(s) replaced by the Job controller")
     if extra["repeated"]:
         notes.append(f"shown again after the reattach (per pid): {extra['repeated']}")
     if not injected and run.fault != "none":
@@ -370,9 +594,13 @@ def run(run: Run, seed: int, workdir: Path) -> Observation:
 
 
 def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
-    """Invariant 7: one gang of the logical attempt (``jobs_created`` equals the roles'
-    count: 1; a rerun attaches: 409s allowed), nothing of the run left on the fake cluster
-    at the end, and after a reattach no more lines shown again than the cursor's window.
+    """Invariant 7: one gang of the logical attempt (one Job created by the run; a rerun
+    attaches: 409s allowed), nothing of the run left on the cluster at the end (its Job,
+    pods, Service, and no pod process alive), after a reattach no more lines shown again
+    than the cursor's window; and what each fault class calls for: a drain is a preemption
+    (the result warns of it, not a retry: attempts 1), a deleted or lost pod was replaced and
+    its group resumed after the checkpoint (every worker started after the fault begins past
+    line 0), a lost or partitioned node's run ended within ``NODE_BOUND_S`` of the fault.
 
     Args:
         run: the planned run.
@@ -382,21 +610,43 @@ def check(run: Run, obs: Observation) -> list[tuple[str, str]]:
         ``("7", detail)`` for each thing that does not hold.
     """
     state = obs.extra.get("state")
-    if not state:
-        return [("7", "no state of the fake API server was read")]
+    if state is None:
+        return [("7", "no state of the API server was read")]
     bad = []
-    if state["jobs_created"] != 1 or state["pods_created"] != 0:
-        bad.append(f"{state['jobs_created']} Jobs and {state['pods_created']} bare Pods created for one attempt")
-    left = [f"{o['kind']}/{o['name']}" for o in state["objects"] if o["labels"].get(LABEL)]
-    if left:
-        bad.append(f"left on the cluster after the step ended: {left}")
+    if state.get("jobs_created") != 1 or state.get("services_created") != 1:  # the Job's pods are its own
+        bad.append(f"{state.get('jobs_created')} Jobs and {state.get('services_created')} Services for one attempt")
+    if obs.extra.get("left"):
+        bad.append(f"left on the cluster after the step ended: {obs.extra['left']}")
+    if obs.extra.get("pod_processes"):
+        bad.append(f"pod processes alive 30 s after the step ended: {obs.extra['pod_processes']}")
     if run.fault == "sigkill_watcher" and obs.injected:
-        if obs.extra.get("attached") is not True or state["conflicts"] < 1:
-            bad.append(f"the rerun did not attach (attached={obs.extra.get('attached')}, {state['conflicts']} 409s)")
-        window = int((CURSOR_S + POLL_S + 1.0) / INTERVAL_S) + 2  # the last save, the kill's latency
+        if obs.extra.get("attached") is not True or state.get("conflicts", 0) < 1:
+            bad.append(
+                f"the rerun did not attach (attached={obs.extra.get('attached')}, {state.get('conflicts')} 409s)"
+            )
+        window = int((CURSOR_S + POLL_S + 1.0) / 0.2) + 2  # the last save, the kill's latency (a line per 0.2 s)
         over = {pid: n for pid, n in obs.extra.get("repeated", {}).items() if n > window}
         if over:
             bad.append(f"lines shown again after the reattach beyond the cursor's window ({window}): {over}")
-    if run.fault == "pod_deleted" and obs.injected and state["pods_replaced"] < 1:
+    res = obs.result or {}
+    if run.fault == "pod_deleted" and obs.injected and state.get("pods_replaced", 0) < 1:
         bad.append("the deleted pod was not replaced")
+    if run.fault == "drain" and obs.injected:
+        if not any(str(w).startswith("preempted 1 time") for w in res.get("warnings") or []):
+            bad.append(f"a drain is a preemption, the result does not say so: warnings {res.get('warnings')}")
+        if state.get("evictions", 0) < 1:
+            bad.append("the drain evicted no pod")
+    if run.fault in ("pod_deleted", *NODE_FAULTS) and obs.injected and res.get("state") == "SUCCEEDED":
+        firsts = [items[0][1] for items in invariants.numbered(obs.console).values() if items]  # in print order
+        later = firsts[faults.WORLD :]  # the workers of the group formed again after the fault
+        if not later:
+            bad.append("no worker group started again after the fault")
+        elif min(later) == 0:
+            bad.append(f"a worker started after the fault began at line 0, not after the checkpoint: {later}")
+    after = obs.extra.get("after_fault_s")
+    if run.fault in ("node_loss", "partition") and obs.injected and after is not None and after > NODE_BOUND_S:
+        bad.append(
+            f"the run ended {after:.0f} s after the node went silent, past the {NODE_BOUND_S:g} s bound (docs/agent.md: "
+            "a fixed-size group fails within ~5 s of a silent peer or a cut-off store, then the replacements run)"
+        )
     return [("7", b) for b in bad]
