@@ -165,8 +165,8 @@ def surface_block(outcomes: list[Outcome], seed: int, wall_s: float, surfaces: l
         f"- Result: **{len(made) - len(broken)} of {len(made)} runs held every invariant**"
         + (f"; {len(outcomes) - len(made)} skipped: {'; '.join(skipped)}" if skipped else ""),
         "",
-        "| surface | fault class | runs | held | longest run | violations |",
-        "|---|---|---|---|---|---|",
+        "| surface | fault class | runs | held | longest run | longest from the fault to the end | violations |",
+        "|---|---|---|---|---|---|---|",
     ]
     for surface in surfaces:
         for fault in SURFACES[surface].FAULTS:
@@ -174,7 +174,9 @@ def surface_block(outcomes: list[Outcome], seed: int, wall_s: float, surfaces: l
             ok = sum(1 for o in runs if not o.violations)
             viol = "; ".join(sorted({v.invariant for o in runs for v in o.violations})) or "-"
             longest = f"{max(o.observation.duration_s for o in runs):.0f} s" if runs else "-"
-            out.append(f"| `{surface}` | `{fault}` | {len(runs)} | {ok} | {longest} | {viol} |")
+            after = [o.observation.extra["after_fault_s"] for o in runs if "after_fault_s" in o.observation.extra]
+            to_end = f"{max(after):.1f} s" if after else "-"
+            out.append(f"| `{surface}` | `{fault}` | {len(runs)} | {ok} | {longest} | {to_end} | {viol} |")
     out += [""]
     for o in broken:
         for v in o.violations:
