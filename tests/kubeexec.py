@@ -11,8 +11,7 @@ KubernetesPodOperator's XCom sidecar reads) speaks it.
   closes the connection.
 - The command runs inside the pod's namespaces (mount with its root and working directory,
   UTS, IPC, network, PID) with the container's environment, as its readiness probe does
-  (``cluster/kubelet.py``). The pod's first container is the only one that runs here (see
-  ``cluster/controller.py``): that is the one exec can enter.
+  (``cluster/kubelet.py``), in any of the pod's running containers (a sidecar too).
 - Errors as the API server gives them, before the upgrade: 404 ``NotFound`` for an unknown
   pod, 400 ``BadRequest`` for an unknown container, a pod whose container is not running, a
   request without a command or without the WebSocket upgrade.
@@ -89,12 +88,16 @@ def target(cluster: Any, ns: str, name: str, container: str | None) -> tuple[int
             return 400, _status(
                 400, "BadRequest", f"cannot exec into a container in a completed pod; current phase is {phase}"
             )
-        if proc is None or container != proc.container or proc.proc is None or proc.ended.is_set():
+        if proc is None:
             return 400, _status(400, "BadRequest", f"container {container} is not running in pod {name}")
-    pid = proc.pid1(timeout=2.0)
+        if container == proc.container:
+            box: Any = None if proc.main_ended.is_set() or proc.ended.is_set() else proc
+        else:
+            box = next((c for c in proc.sidecars if c.name == container and not c.ended.is_set()), None)
+    pid = box.pid1(timeout=2.0) if box is not None else None
     if pid is None:
         return 400, _status(400, "BadRequest", f"container {container} is not running in pod {name}")
-    return 0, (pid, dict(proc.env), proc.cgroup)
+    return 0, (pid, dict(box.env), proc.cgroup)
 
 
 class _Socket:

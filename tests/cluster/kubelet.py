@@ -271,6 +271,42 @@ class KubeletConfig:
 
 
 @dataclass
+class Sidecar:
+    """A container of a pod after its first (``containers[1:]``, such as the KubernetesPodOperator's
+    XCom sidecar): its own process, mount and PID namespaces and volumes, in the pod's network
+    namespace and cgroup; its output goes to ``log``."""
+
+    name: str
+    launcher: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def pid1(self, timeout: float = 5.0) -> int | None:
+        """The host PID of this container's PID 1 (bubblewrap's child)."""
+        return _pid1(self.proc, timeout)
+
+
+def _pid1(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
+    if proc is None:
+        return None
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        with contextlib.suppress(OSError):
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if kids:
+                return int(kids[0])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return None
+
+
+@dataclass
 class PodProcess:
     """One pod's sandbox and its container's process, as this kubelet runs them."""
 
@@ -298,7 +334,9 @@ class PodProcess:
     probe: dict[str, Any] | None = None  # the container's readinessProbe
     env: dict[str, str] = field(default_factory=dict)  # the container's environment (probes run with it)
     ready: bool = False  # the readinessProbe's verdict
-    ended: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)  # every container has ended
+    sidecars: list[Sidecar] = field(default_factory=list)  # its containers after the first
+    main_ended: threading.Event = field(default_factory=threading.Event)  # the first container ended
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -306,24 +344,16 @@ class PodProcess:
 
     def pid1(self, timeout: float = 5.0) -> int | None:
         """The host PID of the container's PID 1 (bubblewrap's child)."""
-        if self.proc is None:
-            return None
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-                if kids:
-                    return int(kids[0])
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
-        return None
+        return _pid1(self.proc, timeout)
 
     def signal(self, sig: int) -> None:
-        pid = self.pid1(timeout=2.0)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        """``sig`` to the PID 1 of each of the pod's containers that runs."""
+        pids = [self.pid1(timeout=2.0)] if not self.main_ended.is_set() else []
+        pids += [c.pid1(timeout=2.0) for c in self.sidecars if not c.ended.is_set()]
+        for pid in pids:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
 
 
 class Kubelet:
@@ -342,6 +372,8 @@ class Kubelet:
         self.on_end = on_end
         self.on_start = on_start or (lambda p: None)
         self.on_ready = on_ready or (lambda p, ready: None)
+        #: The first container of a pod with sidecars ended (they still run): set by the control plane.
+        self.on_main_end: Callable[[PodProcess], None] = lambda p: None
         self.cgroups = memory_cgroup_root() / f"{config.prefix}pods"
         self.cgroups.mkdir(exist_ok=True)
         self.pods: dict[str, PodProcess] = {}  # pod uid -> its process
@@ -484,6 +516,13 @@ class Kubelet:
             if not argv:
                 raise ConfigError("containers[0].command: empty, and no image is pulled to give an entrypoint")
             volumes = self._volumes(pod, container, podir)
+            extra = []  # the containers after the first: (spec, env, argv, volumes)
+            for i, c in enumerate((spec.get("containers") or [])[1:], start=1):
+                c_env = self.container_env(pod, c, p.ip)
+                c_argv = [expand(a, c_env) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+                if not c_argv:
+                    raise ConfigError(f"containers[{i}].command: empty, and no image is pulled to give an entrypoint")
+                extra.append((c, c_env, c_argv, self._volumes(pod, c, podir)))
         except ConfigError as e:
             p.waiting = ("CreateContainerConfigError", str(e))
             return p
@@ -544,6 +583,21 @@ class Kubelet:
             f"--net=/run/netns/{p.netns}",
             *sandbox,
         ]
+        hosts = sandbox.index(str(podir / "hosts")) - 1  # the sidecars share the sandbox up to here
+        for c, c_env, c_argv, c_volumes in extra:
+            c_sandbox = [
+                *sandbox[:hosts],
+                *sandbox[hosts : hosts + 6],  # /etc/hosts and /etc/resolv.conf
+                *c_volumes,
+                "--chdir",
+                c.get("workingDir") or self.config.workdir,
+                "--",
+                *c_argv,
+            ]
+            name = str(c.get("name", f"c{len(p.sidecars) + 1}"))
+            p.sidecars.append(
+                Sidecar(name, [*launcher[: launcher.index("nsenter") + 2], *c_sandbox], c_env, podir / f"{name}.log")
+            )
         if pull_s > 0:
             p.waiting = ("ContainerCreating", f"pulling the image (this node's pulls take {pull_s:g} s)")
             pull = threading.Timer(pull_s, self._exec, args=(p, launcher, env))
@@ -567,6 +621,18 @@ class Kubelet:
             )
             p.started_at = time.time()
             p.waiting = None
+            for c in p.sidecars:
+                c.log.touch()
+                c.proc = subprocess.Popen(
+                    c.launcher,
+                    env=c.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                c.started_at = time.time()
+                threading.Thread(target=self._follow_sidecar, args=(c,), daemon=True, name=f"kubelet-{c.name}").start()
         threading.Thread(target=self._follow, args=(p,), daemon=True, name=f"kubelet-{p.name}").start()
         if p.probe is not None:
             threading.Thread(target=self._probe_loop, args=(p,), daemon=True, name=f"probe-{p.name}").start()
@@ -634,9 +700,25 @@ class Kubelet:
         p.reason = "OOMKilled" if oom and code == 137 else ("Completed" if code == 0 else "Error")
         p.message = self._message(p)
         p.finished_at = time.time()
+        if p.sidecars:  # the pod runs on (phase Running) until its other containers end too
+            self.on_main_end(p)
+            p.main_ended.set()
+            for c in p.sidecars:
+                c.ended.wait()
+        p.main_ended.set()
         self._teardown(p)
         p.ended.set()
         self.on_end(p)
+
+    def _follow_sidecar(self, c: Sidecar) -> None:
+        """A sidecar's output into its own log, then its exit code."""
+        assert c.proc is not None and c.proc.stdout is not None
+        with open(c.log, "ab", buffering=0) as log:
+            for line in iter(c.proc.stdout.readline, b""):
+                log.write(stamp().encode() + b" " + (line if line.endswith(b"\n") else line + b"\n"))
+        c.exit_code = c.proc.wait()
+        c.finished_at = time.time()
+        c.ended.set()
 
     def _message(self, p: PodProcess) -> str | None:
         text = ""

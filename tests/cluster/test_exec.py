@@ -170,3 +170,68 @@ def test_exec_errors_are_the_api_servers(module_cluster: Cluster, core: Any) -> 
     assert "400" in said and "completed pod" in said
     module_cluster.delete("pods", "exec-e")
     module_cluster.wait(lambda: not module_cluster.pod_processes(), 60, "every pod process to end")
+
+
+def test_a_sidecar_keeps_the_pod_running_after_the_first_container_and_exec_reads_their_shared_volume(
+    module_cluster: Cluster, core: Any
+) -> None:
+    """The KubernetesPodOperator's XCom protocol, as its pod manager runs it: the main
+    container writes the result into a shared emptyDir and exits; the sidecar keeps the pod
+    Running; an exec into the sidecar reads the file, another one makes it exit; then the pod
+    has Succeeded."""
+    mount = [{"name": "xcom", "mountPath": "/airflow/xcom"}]
+    spec = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "volumes": [{"name": "xcom", "emptyDir": {}}],
+        "containers": [
+            {"name": "main", "image": "onemachine", "volumeMounts": mount,
+             "command": ["sh", "-c", 'echo \'{"ok": 1}\' > /airflow/xcom/return.json']},
+            {"name": "airflow-xcom-sidecar", "image": "alpine", "volumeMounts": mount,
+             "command": ["sh", "-c", 'trap "exit 0" INT; while true; do sleep 1; done;']},
+        ],
+    }  # fmt: skip
+    made = module_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "xcom-a"}, "spec": spec})
+    assert made.get("kind") == "Pod", made
+
+    def main_done() -> Any:
+        pod = module_cluster.get("pods", "xcom-a")
+        states = {c["name"]: c["state"] for c in pod["status"].get("containerStatuses") or []}
+        return "terminated" in states.get("main", {}) and pod
+
+    pod = module_cluster.wait(main_done, 60, "the main container to end")
+    states = {c["name"]: c["state"] for c in pod["status"]["containerStatuses"]}
+    assert pod["status"]["phase"] == "Running" and "running" in states["airflow-xcom-sidecar"], pod["status"]
+    assert states["main"]["terminated"]["exitCode"] == 0
+    read = stream(  # as the pod manager reads it (unparsed: the client would parse JSON output)
+        core.connect_get_namespaced_pod_exec,
+        "xcom-a",
+        "ml",
+        container="airflow-xcom-sidecar",
+        command=["/bin/sh", "-c", "if [ -s /airflow/xcom/return.json ]; then cat /airflow/xcom/return.json; fi"],
+        stdin=False,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+    )
+    read.run_forever(timeout=30)
+    assert read.read_all() == '{"ok": 1}\n'
+    resp = stream(
+        core.connect_get_namespaced_pod_exec,
+        "xcom-a",
+        "ml",
+        container="airflow-xcom-sidecar",
+        command=["/bin/sh"],
+        stdin=True,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+    )
+    resp.write_stdin("kill -2 $(pgrep -u $(id -u) -f 'sh')\n")
+    resp.run_forever(timeout=30)
+    done = module_cluster.pod_done("xcom-a", 60)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert [c["state"]["terminated"]["exitCode"] for c in done["status"]["containerStatuses"]] == [0, 0]
+    gone(module_cluster, "xcom-a")

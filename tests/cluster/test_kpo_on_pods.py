@@ -1,0 +1,181 @@
+"""Airflow's KubernetesPodOperator path on real pods (issue 35 item 2, issue 36 goal 3): a
+1-role, 1-replica ``AppDefOperator(target="kubernetes")`` in ``dag.test()`` runs as
+``StepPodOperator`` against the one-machine cluster, the provider's code unchanged: the pod
+(the agent and the operator's XCom sidecar, two containers) runs, the agent writes the step
+result into the shared ``/airflow/xcom`` volume, the operator reads it through the pods
+``exec`` subresource (``tests/kubeexec.py``) and stops the sidecar; success is the task's
+success with the result as XCom, a failing app fails the task with the worker's root cause
+in its log, and a drain of the pod's node while it runs counts as a preemption (the pod
+created again, on the other node) instead of an Airflow retry. Nothing is left behind:
+no pod, no pod process.
+
+The operator runs on this machine (as a worker does), not in a pod: the pods' network
+namespaces cannot reach the test's API server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.harness import REPO, Cluster
+
+pytestmark = pytest.mark.slow
+APP = Path(__file__).resolve().parent / "apps" / "kpo_step.py"
+
+DAG_FILE = """
+from airflow.sdk import DAG
+from torchx import specs
+from torchstep_airflow import AppDefOperator
+
+
+def app(name, *args):
+    role = specs.Role(
+        "step", image="python:3.11", entrypoint="python", args=[{app!r}, *args],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
+    return specs.AppDef(name, roles=[role])
+
+
+with DAG("kpo_on_pods", schedule=None) as dag:
+    for task_id, args in {tasks!r}.items():
+        AppDefOperator(task_id=task_id, app=app("kpo-" + task_id, *args), target="kubernetes",
+                       cfg={{"namespace": "ml"}}, retries=0)
+"""
+
+
+def run_dag(cluster: Cluster, tmp_path: Path, tasks: dict[str, list[str]]) -> tuple[dict[str, Any], str]:
+    """``dag.test()`` of a DAG with one 1-replica AppDefOperator per entry of ``tasks``
+    (task id -> the app's arguments), in a child process with the cluster as Airflow's
+    default kubernetes connection; its summary and its output."""
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    dag_file = home / "dags" / "kpo_dag.py"
+    dag_file.write_text(DAG_FILE.format(app=str(APP), tasks=tasks))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__UNIT_TEST_MODE="False",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        KUBECONFIG=str(cluster.kubeconfig),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(cluster.kubeconfig), "namespace": "ml"}}
+    env["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(connection)
+    shared = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
+    template = Path(shared) / "airflow-sqlite" if shared else None
+    if template is not None and (template / ".complete").exists():
+        (home / "airflow.db").write_bytes((template / "airflow.db").read_bytes())
+    else:
+        airflow = str(Path(sys.executable).parent / "airflow")
+        done = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    driver = REPO / "tests" / "airflow" / "dag_test_driver.py"
+    done = subprocess.run(
+        [sys.executable, str(driver), str(dag_file), "kpo_on_pods", "{}"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=500,
+    )
+    text = done.stdout
+    (tmp_path / "dag_test.log").write_text(text)  # the whole output, for a failure's reader
+    marks = [x for x in text.splitlines() if x.startswith("DAG_TEST_SUMMARY ")]
+    assert done.returncode == 0 and marks, text[-6000:]
+    return json.loads(marks[-1].split(" ", 1)[1]), text
+
+
+def nothing_left(cluster: Cluster, timeout: float = 90.0) -> None:
+    cluster.wait(lambda: not cluster.items("pods"), timeout, "every pod to be deleted")
+    cluster.wait(lambda: not cluster.pod_processes(), timeout, "every pod process to end")
+
+
+class Drainer:
+    """Drains the node of the first pod whose name starts with ``prefix`` once its step runs
+    (its evicted pod's grace period ``grace_s``), and remembers every pod of that name it saw."""
+
+    def __init__(self, cluster: Cluster, prefix: str, grace_s: float) -> None:
+        self.cluster, self.prefix, self.grace_s = cluster, prefix, grace_s
+        self.pods: dict[str, str] = {}  # uid -> node
+        self.drained: str | None = None
+        self.notes: list[str] = []  # what it did when, for a failure's reader
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="drainer")
+
+    def __enter__(self) -> Drainer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.drained is not None:
+            self.cluster.server.node(self.drained, "heal")  # schedulable again for later tests
+
+    def _training(self, pod: dict[str, Any]) -> bool:
+        """Whether the pod's step runs (its line is in the log): a SIGTERM before the agent
+        handles it would be lost, as for any container's PID 1 without a handler."""
+        if pod["status"].get("phase") != "Running":
+            return False
+        try:
+            return "kpo step running" in self.cluster.log(pod["metadata"]["name"])
+        except Exception:  # gone meanwhile
+            return False
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                pods = self.cluster.items("pods")
+            except Exception as e:  # a read that raced the server: the next one sees it
+                self.notes.append(f"{time.time():.1f} list failed: {e!r}")
+                continue
+            for pod in pods:
+                if not pod["metadata"]["name"].startswith(self.prefix):
+                    continue
+                node = pod["spec"].get("nodeName")
+                if node:
+                    self.pods.setdefault(pod["metadata"]["uid"], node)
+                if self.drained is None and node and self._training(pod):
+                    self.notes.append(f"{time.time():.1f} draining {node} of {pod['metadata']['name']}")
+                    self.cluster.server.node(node, "drain", grace_s=self.grace_s)
+                    self.drained = node
+                    self.notes.append(f"{time.time():.1f} drained {node}")
+
+
+def test_the_pod_path_runs_on_real_pods_reads_its_result_through_the_xcom_sidecar_and_absorbs_a_drain(
+    module_cluster: Cluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("airflow.providers.cncf.kubernetes")
+    tasks = {"ok": [], "bad": ["--fail"], "drained": ["--hold", "15"]}
+    with Drainer(module_cluster, "kpo-drained", grace_s=5) as drainer:
+        summary, text = run_dag(module_cluster, tmp_path, tasks)
+    ok, bad, drained = (summary["tasks"][t] for t in ("ok", "bad", "drained"))
+    # success: the agent's result, read from the pod's XCom volume by the sidecar exec
+    assert ok["state"] == "success" and ok["try_number"] == 1, text[-6000:]
+    assert ok["xcom"]["state"] == "SUCCEEDED" and ok["xcom"]["outputs"] == {"answer": 42}, ok
+    # failure: the task fails, the worker's error is the root cause in the task's log and XCom
+    assert bad["state"] == "failed", text[-6000:]
+    assert bad["xcom"]["state"] == "FAILED" and "bad batch 7: loss is nan" in json.dumps(bad["xcom"]), bad["xcom"]
+    assert "ValueError: bad batch 7: loss is nan" in text
+    # the drain: a preemption, the pod created again on the other node; no Airflow retry spent
+    assert drainer.drained is not None and len(drainer.pods) == 2, (drainer.pods, drainer.notes)
+    assert set(drainer.pods.values()) == {"node-0", "node-1"}, drainer.pods
+    assert drained["state"] == "success" and drained["try_number"] == 1, text[-6000:]
+    assert drained["xcom"]["outputs"] == {"answer": 42}
+    assert any(w.startswith("preempted 1 time") for w in drained["xcom"]["warnings"]), drained["xcom"]
+    assert "was preempted (DisruptionTarget" in text, text[-6000:]
+    nothing_left(module_cluster)
