@@ -20,7 +20,13 @@ Test infrastructure, not product code. Each pod is one process tree in
   environment, after ``initialDelaySeconds``, every ``periodSeconds``, each try bounded by
   ``timeoutSeconds``; ``successThreshold`` passes in a row make it ready,
   ``failureThreshold`` failures in a row unready (reported through ``on_ready``). Other
-  probe handlers (httpGet, tcpSocket, grpc) are not played: such a probe never passes.
+  probe handlers (httpGet, tcpSocket, grpc) are not played: such a probe never passes;
+- its **other containers** (``containers[1:]``, such as the KubernetesPodOperator's XCom
+  sidecar), each its own bubblewrap sandbox (own mount and PID namespaces, its own volume
+  mounts, environment and log) in the pod's network namespace and cgroup; the pod lives until
+  every container has ended (``on_main_end`` reports the first one's end before), and
+  deleting it signals each container's PID 1. Its ``exec`` subresource (``tests/kubeexec.py``)
+  enters any running container as the probe does, in the pod's cgroup.
 
 The image is never pulled: a pod runs on this machine's filesystem, with the checkout's
 virtual environment first on ``PATH`` (``KubeletConfig.path``); the "image's" environment is
