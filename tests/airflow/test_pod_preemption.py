@@ -269,14 +269,18 @@ def test_a_pod_deleted_without_disruption_is_still_the_steps_failure(monkeypatch
     assert len(c.created) == 1
 
 
-def resume(event_of: Any, deferred: Any, ctx: dict[str, Any], **cfg: Any) -> Any:
+def resume(event_of: Any, deferred: Any, ctx: dict[str, Any], keep: bool, **cfg: Any) -> Any:
     """What Airflow does when the trigger fires: a fresh operator in a worker, resumed with
-    the deferral's keywords and the trigger's event."""
-    kwargs = {**(deferred.kwargs or {}), "event": event_of(deferred)}
+    the deferral's keywords (``keep``; ``dag.test()`` keeps only the event) and the
+    trigger's event."""
+    kwargs = {**((deferred.kwargs or {}) if keep else {}), "event": event_of(deferred)}
     return operator(**cfg, deferrable=True).resume_execution(deferred.method_name, kwargs, ctx)
 
 
-def test_preemptions_counted_before_a_deferral_still_count_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("keep", [True, False], ids=["triggerer", "dag-test"])
+def test_preemptions_counted_before_a_deferral_still_count_after_it(
+    monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
     c = cluster(monkeypatch, "evicted", "evicted", "ok")
@@ -289,10 +293,10 @@ def test_preemptions_counted_before_a_deferral_still_count_after_it(monkeypatch:
     with pytest.raises(TaskDeferred) as first:
         operator(preemption_retries=1, deferrable=True).execute(ctx)
     with pytest.raises(TaskDeferred) as second:  # preemption 1 of 1: created again, deferred again
-        resume(failed, first.value, ctx, preemption_retries=1)
+        resume(failed, first.value, ctx, keep, preemption_retries=1)
     assert len(c.created) == 2
     with pytest.raises(AirflowFailException, match="not retryable"):  # preemption 2 of 1: over the budget
-        resume(failed, second.value, ctx, preemption_retries=1)
+        resume(failed, second.value, ctx, keep, preemption_retries=1)
     assert len(c.created) == 2
     result = ctx["ti"].xcom["return_value"]
     assert result["state"] == "PREEMPTED"

@@ -48,7 +48,8 @@ def app(name, *args):
 with DAG("kpo_on_pods", schedule=None) as dag:
     for task_id, args in {tasks!r}.items():
         AppDefOperator(task_id=task_id, app=app("kpo-" + task_id, *args), target="kubernetes",
-                       cfg={{"namespace": "ml"}}, retries=0)
+                       cfg={{"namespace": "ml"}}, retries=0, deferrable=task_id.startswith("deferred"),
+                       kubernetes_kwargs={{"poll_interval": 1}})
 """
 
 
@@ -67,11 +68,13 @@ def run_dag(cluster: Cluster, tmp_path: Path, tasks: dict[str, list[str]]) -> tu
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
-        KUBECONFIG=str(cluster.kubeconfig),
         XDG_STATE_HOME=str(tmp_path / "state"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     )
     env.pop("KUBERNETES_SERVICE_HOST", None)
+    # the connection alone: with $KUBECONFIG too, the deferred pod operator hands both to its
+    # trigger, whose hook refuses them ("kube_config_path, kube_config ... mutually exclusive")
+    env.pop("KUBECONFIG", None)
     connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(cluster.kubeconfig), "namespace": "ml"}}
     env["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(connection)
     shared = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
@@ -105,13 +108,15 @@ def nothing_left(cluster: Cluster, timeout: float = 90.0) -> None:
 
 
 class Drainer:
-    """Drains the node of the first pod whose name starts with ``prefix`` once its step runs
-    (its evicted pod's grace period ``grace_s``), and remembers every pod of that name it saw."""
+    """For each of ``prefixes``: drains the node of the first pod whose name starts with it
+    once its step runs (the evicted pod's grace period ``grace_s``), and makes the node
+    schedulable again once the pod's replacement exists; remembers every such pod it saw."""
 
-    def __init__(self, cluster: Cluster, prefix: str, grace_s: float) -> None:
-        self.cluster, self.prefix, self.grace_s = cluster, prefix, grace_s
-        self.pods: dict[str, str] = {}  # uid -> node
-        self.drained: str | None = None
+    def __init__(self, cluster: Cluster, prefixes: list[str], grace_s: float) -> None:
+        self.cluster, self.prefixes, self.grace_s = cluster, prefixes, grace_s
+        self.pods: dict[str, dict[str, str]] = {p: {} for p in prefixes}  # prefix -> uid -> node
+        self.drained: dict[str, str] = {}  # prefix -> the node drained
+        self.healed: set[str] = set()
         self.notes: list[str] = []  # what it did when, for a failure's reader
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="drainer")
@@ -123,8 +128,8 @@ class Drainer:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(10)
-        if self.drained is not None:
-            self.cluster.server.node(self.drained, "heal")  # schedulable again for later tests
+        for node in set(self.drained.values()):
+            self.cluster.server.node(node, "heal")  # schedulable again for later tests
 
     def _training(self, pod: dict[str, Any]) -> bool:
         """Whether the pod's step runs (its line is in the log): a SIGTERM before the agent
@@ -144,26 +149,30 @@ class Drainer:
                 self.notes.append(f"{time.time():.1f} list failed: {e!r}")
                 continue
             for pod in pods:
-                if not pod["metadata"]["name"].startswith(self.prefix):
-                    continue
+                prefix = next((p for p in self.prefixes if pod["metadata"]["name"].startswith(p)), None)
                 node = pod["spec"].get("nodeName")
-                if node:
-                    self.pods.setdefault(pod["metadata"]["uid"], node)
-                if self.drained is None and node and self._training(pod):
+                if prefix is None or not node:
+                    continue
+                self.pods[prefix].setdefault(pod["metadata"]["uid"], node)
+                if prefix not in self.drained and self._training(pod):
                     self.notes.append(f"{time.time():.1f} draining {node} of {pod['metadata']['name']}")
                     self.cluster.server.node(node, "drain", grace_s=self.grace_s)
-                    self.drained = node
+                    self.drained[prefix] = node
                     self.notes.append(f"{time.time():.1f} drained {node}")
+                elif prefix in self.drained and prefix not in self.healed and len(self.pods[prefix]) > 1:
+                    self.cluster.server.node(self.drained[prefix], "heal")  # the replacement is placed
+                    self.healed.add(prefix)
+                    self.notes.append(f"{time.time():.1f} healed {self.drained[prefix]}")
 
 
 def test_the_pod_path_runs_on_real_pods_reads_its_result_through_the_xcom_sidecar_and_absorbs_a_drain(
     module_cluster: Cluster, tmp_path: Path
 ) -> None:
     pytest.importorskip("airflow.providers.cncf.kubernetes")
-    tasks = {"ok": [], "bad": ["--fail"], "drained": ["--hold", "15"]}
-    with Drainer(module_cluster, "kpo-drained", grace_s=5) as drainer:
+    tasks = {"ok": [], "bad": ["--fail"], "drained": ["--hold", "15"], "deferred_drained": ["--hold", "15"]}
+    with Drainer(module_cluster, ["kpo-drained", "kpo-deferred-drained"], grace_s=5) as drainer:
         summary, text = run_dag(module_cluster, tmp_path, tasks)
-    ok, bad, drained = (summary["tasks"][t] for t in ("ok", "bad", "drained"))
+    ok, bad, drained, deferred = (summary["tasks"][t] for t in ("ok", "bad", "drained", "deferred_drained"))
     # success: the agent's result, read from the pod's XCom volume by the sidecar exec
     assert ok["state"] == "success" and ok["try_number"] == 1, text[-6000:]
     assert ok["xcom"]["state"] == "SUCCEEDED" and ok["xcom"]["outputs"] == {"answer": 42}, ok
@@ -171,11 +180,14 @@ def test_the_pod_path_runs_on_real_pods_reads_its_result_through_the_xcom_sideca
     assert bad["state"] == "failed", text[-6000:]
     assert bad["xcom"]["state"] == "FAILED" and "bad batch 7: loss is nan" in json.dumps(bad["xcom"]), bad["xcom"]
     assert "ValueError: bad batch 7: loss is nan" in text
-    # the drain: a preemption, the pod created again on the other node; no Airflow retry spent
-    assert drainer.drained is not None and len(drainer.pods) == 2, (drainer.pods, drainer.notes)
-    assert set(drainer.pods.values()) == {"node-0", "node-1"}, drainer.pods
-    assert drained["state"] == "success" and drained["try_number"] == 1, text[-6000:]
-    assert drained["xcom"]["outputs"] == {"answer": 42}
-    assert any(w.startswith("preempted 1 time") for w in drained["xcom"]["warnings"]), drained["xcom"]
-    assert "was preempted (DisruptionTarget" in text, text[-6000:]
+    # the drain: a preemption, the pod created again on the other node; no Airflow retry spent,
+    # whether the task waited in the worker or deferred to the triggerer (dag.test runs it inline)
+    for prefix, task in (("kpo-drained", drained), ("kpo-deferred-drained", deferred)):
+        seen = drainer.pods[prefix]
+        assert prefix in drainer.drained and len(seen) == 2, (prefix, drainer.pods, drainer.notes)
+        assert set(seen.values()) == {"node-0", "node-1"}, (prefix, seen)
+        assert task["state"] == "success" and task["try_number"] == 1, (prefix, text[-6000:])
+        assert task["xcom"]["outputs"] == {"answer": 42}
+        assert any(w.startswith("preempted 1 time") for w in task["xcom"]["warnings"]), task["xcom"]
+    assert text.count("was preempted (DisruptionTarget") == 2, text[-6000:]
     nothing_left(module_cluster)

@@ -73,6 +73,9 @@ XCOM_RESULT_FILE = "/airflow/xcom/return.json"
 #: the deferral (Airflow's ``next_kwargs``, kept with the task instance: it survives the
 #: worker): the pod's uid and resourceVersion and the pods counted as preempted.
 DEFERRAL_KWARG = "torchstep_pod"
+#: The same state in the task state store (Airflow 3.3+), keyed by the try's pod name: what
+#: resumes a deferral whose keywords were not kept (``dag.test()`` keeps only the event).
+DEFERRAL_STATE_KEY = "torchstep_pod_deferral"
 #: Seconds a watch may take to replay how a pod that is already gone ended.
 GONE_WATCH_S = 5
 #: KubernetesPodOperator arguments torchstep sets from the rendered pod.
@@ -493,6 +496,11 @@ class PodStep:
         #: through deferrals: :data:`DEFERRAL_KWARG`).
         self.preemptions = Preemptions(rendered.options.preemption_retries, rendered.options.queue, self.say)
         self._seen_version: str | None = None  # the pod's resourceVersion the operator saw last
+        store = _store(context)
+        if event is not None and not carried and store is not None:
+            kept = store.get(DEFERRAL_STATE_KEY)
+            if isinstance(kept, dict) and kept.get("pod") == rendered.roles[0].name:  # this try's pod
+                carried = kept
         if carried:
             self.operator.pod_uid = carried.get("uid")
             self._seen_version = carried.get("resource_version")
@@ -617,13 +625,19 @@ class PodStep:
         return max(known, key=lambda v: (v.isdigit(), int(v) if v.isdigit() else 0))
 
     def _carried(self) -> dict[str, Any]:
-        """What this try keeps through a deferral (:data:`DEFERRAL_KWARG`)."""
+        """What this try keeps through a deferral (:data:`DEFERRAL_KWARG`, and the task state
+        store's :data:`DEFERRAL_STATE_KEY` where there is one)."""
         self._seen_version = self._seen()
-        return {
+        state = {
+            "pod": self.rendered.roles[0].name,
             "uid": self.operator.pod_uid,
             "resource_version": self._seen_version,
             "preempted": dict(self.preemptions.pods),
         }
+        store = _store(self._context)
+        if store is not None:
+            store.set(DEFERRAL_STATE_KEY, state)
+        return state
 
     def _replace(self) -> None:
         """Delete the preempted pod, wait until it is gone (its grace period, plus 120 s),
