@@ -113,9 +113,11 @@ bench-user-torch: $(STAMP)
 # class x moment drawn from SOAK_SEED (printed first; the same seed replays the same campaign),
 # every invariant checked after each run; writes docs/reliability.md, fails on any violation.
 # One run again: .venv/bin/python -m tools.soak --seed SEED --only INDEX
+# SOAK_SURFACE="kubernetes ..." draws from those surfaces only (real pods: needs root, as tests/cluster)
+# and rewrites only its part of the page.
 SOAK_FAULTS ?= 100
 soak: $(STAMP)
-	SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$(SOAK_SEED) $(BIN)/python -m tools.soak
+	SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$(SOAK_SEED) $(BIN)/python -m tools.soak $(foreach s,$(SOAK_SURFACE),--surface $(s))
 
 # Regenerate the pinned dependency set after editing requirements/dev.in.
 lock: $(STAMP)
