@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -368,25 +369,35 @@ def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 )
         ours = [r for r in mine if r["tool"] == "torchstep-agent"]
         if elastic:
-            for r in ours:
-                side = "cut" if r.get("stopped_replica") == cut else "other"
-                notes.append(
-                    f"torchstep-agent: world 1 on replica {r.get('again_replica')}; replica {r.get('stopped_replica')} "
-                    f"({side} side) stopped its worker "
-                    + ("never (within the window)" if r.get("stopped_s") is None else f"after {r['stopped_s']:.1f} s")
-                )
+            where = sorted({str(r.get("again_replica")) for r in ours})
+            stopper = sorted({str(r.get("stopped_replica")) for r in ours})
+            side = "cut side" if stopper == [str(cut)] else "the other side, cut off from the store"
+            notes.append(
+                f"torchstep-agent: world 1 on replica {'/'.join(where)}; replica {'/'.join(stopper)} ({side}) "
+                "stopped its worker after "
+                + ", ".join("never" if r.get("stopped_s") is None else f"{r['stopped_s']:.1f} s" for r in ours)
+            )
         else:
             said = set()
             for r in ours:
                 m = r.get("message") or {}
                 if isinstance(m, dict):
-                    said.add(f"{m.get('state')}, retryable {m.get('retryable')}: {str(m.get('root_cause'))[:160]}")
+                    cause = re.sub(r"silent-t-[0-9a-f]{8}", "silent-t-ID", str(m.get("root_cause")))
+                    cause = re.sub(r"(_\d+_0|:\d+)\)", ")", cause)  # the run's pids and probe ports
+                    said.add(f"{m.get('state')}, retryable {m.get('retryable')}: {cause[:300]}")
                 else:
                     said.add(str(m)[:160])
             notes.append("torchstep-agent's result: " + "; ".join(sorted(said)))
             notes.append(
                 "the Job's backoffLimit is 1 for both launchers (see bench/silent_pods.py: this cluster's partitioned kubelet still reports)"
             )
+        if elastic:
+            alive = [r for r in mine if r["tool"] == "torchrun" and r.get("stopped_s") is None]
+            if alive:
+                notes.append(
+                    f"torchrun: the cut replica's worker still ran after {args.window:g} s in "
+                    f"{len(alive)} of {len(vals['torchrun'])} runs"
+                )
         if (elastic, cut) == (True, 0):
             notes.append("20 s of torchstep-agent's are two DNS timeouts in torch's c10d client (see below)")
         loads = [r["load_1m"] for r in mine if r.get("load_1m") is not None]
