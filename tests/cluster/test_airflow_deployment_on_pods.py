@@ -15,11 +15,12 @@ The Airflow processes run on this machine, not in pods (the pods' network namesp
 reach the test's API server on the loopback). One deployment and one cluster serve the module;
 each run names its objects apart and each test checks that nothing of it is left.
 
-The ``kubernetes_default`` connection is made through the REST API, then the triggerer is
-started: with a triggerer started before the connection existed, the trigger intermittently
-(2 of 4 runs) got an empty ``kubernetes_default`` (the provider's hook falls back to an empty
-connection when the lookup fails: "Invalid kube-config file. No configuration found." for
-300 s, then the run handed back to a worker), while the workers read the connection.
+Found here, not understood yet: in 2 of 7 runs of the deferred test (both times run after the
+others), the trigger's ``KubernetesHook`` got no kubeconfig from
+``kubernetes_default`` ("Invalid kube-config file. No configuration found." every poll; the
+provider's hook turns a failed connection lookup into an empty connection) until the
+trigger's 300 s of API patience handed the run back to a worker, while the workers read the
+connection. The deferred test then fails with the trigger's own log in its message.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def deployment(module_cluster: Cluster) -> Iterator[Any]:
             "/api/v2/connections",
             {"connection_id": "kubernetes_default", "conn_type": "kubernetes", "extra": json.dumps(extra)},
         )
-        # the triggerer after the connection (see the module docstring)
+        # the triggerer once the connection exists (a deployer's order; the first trigger reads it)
         with open(d.home / "triggerer.log", "wb") as log:
             d.procs["triggerer"] = subprocess.Popen(
                 [harness.AIRFLOW, "triggerer"], env=d.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -99,6 +100,17 @@ def deployment(module_cluster: Cluster) -> Iterator[Any]:
         os.chdir(cwd)
         d.stop()
         shutil.rmtree(d.home, ignore_errors=True)
+
+
+def trigger_said(d: Any) -> str:
+    """What torchstep's triggers logged (their own log files, beside the task logs)."""
+    lines = [
+        line
+        for f in sorted((d.home / "logs").rglob("*.trigger.*"))
+        for line in f.read_text(errors="replace").splitlines()
+        if "torchstep" in line
+    ]
+    return "\n".join(lines[:5] + ["..."] + lines[-5:])
 
 
 def triggerer_healthy(d: Any) -> bool:
@@ -240,8 +252,7 @@ def test_a_deferrable_task_waits_in_the_triggerer_while_the_pods_train(
     # the pods trained while the task was deferred, with no task process holding a worker slot
     assert any(procs and not worker for procs, worker in seen_while_deferred), (states, seen_while_deferred)
     assert "deferred" in states and states[-1] == "success", states
-    said = [line for line in text.splitlines() if "torchstep" in line and "[trainer/" not in line]
-    assert "back from the triggerer (succeeded)" in text, (said, deployment.log_of("triggerer")[-6000:])
+    assert "back from the triggerer (succeeded)" in text, trigger_said(deployment)
     assert deployment.call("GET", ti)["try_number"] == 1  # resumed, not retried
     result = result_of(deployment, ti)
     assert result["state"] == "SUCCEEDED" and result["outputs"] == {"sum": 10, "world": 4}
