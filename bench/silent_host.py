@@ -228,7 +228,7 @@ def scenario(tool: str, *, cut: int, elastic: bool, window: float, work: Path) -
     return out
 
 
-def _fmt(values: list[float | None], window: float) -> str:
+def fmt_seconds(values: list[float | None], window: float) -> str:
     got = [v for v in values if v is not None]
     if len(got) < len(values):
         return f"> {window:g} s ({len(values) - len(got)}/{len(values)} runs)"
@@ -268,7 +268,7 @@ def main() -> None:
             meds = []
             for tool in ("torchrun", "torchstep-agent"):
                 vals = [r.get(key) for r in rows if r["tool"] == tool and r["elastic"] == elastic and r["cut"] == cut]
-                cells.append(_fmt(vals, args.window) if vals else "-")
+                cells.append(fmt_seconds(vals, args.window) if vals else "-")
                 got = [v for v in vals if v is not None]
                 meds.append(statistics.median(got) if got and len(got) == len(vals) else args.window)
             ratio = f"{meds[0] / meds[1]:.0f}x+" if meds[1] else "-"

@@ -41,6 +41,7 @@ from cluster.controller import new_prefix  # noqa: E402
 from cluster.harness import Cluster, cluster_config, missing  # noqa: E402
 from cluster.kubelet import cleanup  # noqa: E402
 from kubehttp import start_server  # noqa: E402
+from silent_host import fmt_seconds, steps, wait_for  # noqa: E402  (beside this script)
 
 TOOLS = ("torchrun", "torchstep-agent")
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -102,20 +103,6 @@ def objects(tool: str, elastic: bool, work: Path) -> tuple[str, list[dict[str, A
     return app_id, objs
 
 
-def steps(work: Path, replica: int) -> list[tuple[float, int]]:
-    """``(time, world size)`` of every all-reduce replica ``replica`` finished."""
-    try:
-        lines = (work / f"steps.{replica}").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((float(parts[0]), int(parts[1])))
-    return out
-
-
 def workers(cluster: Cluster, app_id: str, replica: int) -> list[int]:
     """The host pids of replica ``replica``'s training workers (not its launcher)."""
     found = []
@@ -130,15 +117,6 @@ def workers(cluster: Cluster, app_id: str, replica: int) -> list[int]:
         if f"TORCHSTEP_APP_ID={app_id}".encode() in env and f"TORCHSTEP_REPLICA_ID={replica}".encode() in env:
             found.append(pid)
     return found
-
-
-def wait_for(cond: Any, timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def _pods(cluster: Cluster, app_id: str) -> dict[int, dict[str, Any]]:
@@ -274,13 +252,6 @@ def _root_cause(message: str) -> dict[str, Any] | str:
     return {"state": data.get("state"), "retryable": data.get("retryable"), "root_cause": root.get("message")}
 
 
-def _fmt(values: list[float | None], window: float) -> str:
-    got = [v for v in values if v is not None]
-    if len(got) < len(values):
-        return f"> {window:g} s ({len(values) - len(got)}/{len(values)} runs)"
-    return f"{statistics.median(got):.1f} s"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
@@ -340,7 +311,7 @@ def main() -> None:
                 for r in rows
                 if r["tool"] == tool and r["elastic"] == elastic and r["cut"] == cut and "error" not in r
             ]
-            cells.append(_fmt(vals, args.window) if vals else "-")
+            cells.append(fmt_seconds(vals, args.window) if vals else "-")
             got = [v for v in vals if v is not None]
             meds.append(statistics.median(got) if got and len(got) == len(vals) else args.window)
         ratio = f"{meds[0] / meds[1]:.0f}x+" if meds[1] else "-"
