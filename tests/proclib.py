@@ -69,3 +69,19 @@ def proc_cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def airflow_task_process(ti_id: str) -> int | None:
+    """The pid of the process running Airflow task instance ``ti_id`` (a worker titles it
+    ``airflow worker -- <id>``), or None."""
+    want = f"airflow worker -- {ti_id}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read().replace(b"\0", b" ").strip() == want:
+                    return int(name)
+        except OSError:
+            continue
+    return None

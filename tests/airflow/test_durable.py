@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torchstep
 from kubefake import ApiError, FakeKube, Script, _plain, _ts
+from proclib import airflow_task_process
 from statestore import TaskStateStore as Store
 from torchstep.kubernetes import LABEL_APP_ID
 from torchstep.kubernetes.jobs import CURSOR_KEY
@@ -472,23 +473,6 @@ with DAG("torchstep_durable", schedule=None, tags=["torchstep-test"]):
 '''
 
 
-def task_process(ti_id: str) -> int | None:
-    """The pid of the task process running ``ti_id`` (Airflow titles it ``airflow worker -- <ti id>``)."""
-    import os
-
-    want = f"airflow worker -- {ti_id}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if f.read().replace(b"\0", b" ").strip() == want:
-                    return int(name)
-        except OSError:
-            continue
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkilled_task_process_is_retried_and_the_retry_reattaches_to_the_one_job(deployment, tmp_path) -> None:
@@ -517,7 +501,7 @@ def test_sigkilled_task_process_is_retried_and_the_retry_reattaches_to_the_one_j
 
         first = deployment.wait(running_job, 300, "try 1 to create its Job", interval=0.5)
         assert first["try_number"] == 1
-        pid = deployment.wait(lambda: task_process(first["id"]), 60, "the task process of try 1")
+        pid = deployment.wait(lambda: airflow_task_process(first["id"]), 60, "the task process of try 1")
         first_id = deployment.call("GET", f"{ti}/state-store/{RUN_ID_KEY}")["value"]
 
         def cursor_saved() -> bool:  # try 1 streamed some lines and saved where it is

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proclib import airflow_task_process
 
 from cluster.harness import REPO, Cluster
 from cluster.test_adapters_on_pods import Seen, nothing_left, rank_lines, saved_lines
@@ -142,20 +143,6 @@ def log_of(d: Any, ti: str, try_number: int) -> str:
     return "\n".join(str(e.get("event", "")) if isinstance(e, dict) else str(e) for e in log["content"])
 
 
-def task_process(ti_id: str) -> int | None:
-    """The pid of the process running task instance ``ti_id`` (titled ``airflow worker -- <id>``)."""
-    want = f"airflow worker -- {ti_id}".encode()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if f.read().replace(b"\0", b" ").strip() == want:
-                        return int(name)
-            except OSError:
-                continue
-    return None
-
-
 def result_of(d: Any, ti: str) -> dict[str, Any]:
     return d.call("GET", f"{ti}/xcomEntries/return_value?deserialize=true")["value"]  # type: ignore[no-any-return]
 
@@ -190,7 +177,7 @@ def test_a_sigkilled_task_process_is_retried_and_the_retry_reattaches_to_the_sam
 
         first = deployment.wait(running, 300, "try 1 to create its Job", interval=0.5)
         assert first["try_number"] == 1
-        pid = deployment.wait(lambda: task_process(first["id"]), 60, "the task process of try 1")
+        pid = deployment.wait(lambda: airflow_task_process(first["id"]), 60, "the task process of try 1")
         # kill it once it saved a log position past some of both pods' training lines
         module_cluster.wait(
             lambda: len({r // 2 for r, _ in saved_lines(module_cluster)}) == 2,
@@ -242,7 +229,9 @@ def test_a_deferrable_task_waits_in_the_triggerer_while_the_pods_train(
             if not states or states[-1] != t["state"]:
                 states.append(t["state"])
             if t["state"] == "deferred":
-                seen_while_deferred.append((len(module_cluster.pod_processes()), task_process(t["id"]) is not None))
+                seen_while_deferred.append(
+                    (len(module_cluster.pod_processes()), airflow_task_process(t["id"]) is not None)
+                )
             if deployment.call("GET", path)["state"] in ("success", "failed"):
                 break
             time.sleep(0.5)
