@@ -491,9 +491,16 @@ class RealCluster(ApiFaults, ApiWatch):
             else:
                 state = {"waiting": {"reason": "ContainerCreating"}}
             out.append(
-                {"name": c.name, "image": "onemachine", "imageID": "", "ready": "running" in state,
-                 "restartCount": 0, "started": "running" in state, "state": state}
-            )  # fmt: skip
+                {
+                    "name": c.name,
+                    "image": "onemachine",
+                    "imageID": "",
+                    "ready": "running" in state,
+                    "restartCount": 0,
+                    "started": "running" in state,
+                    "state": state,
+                }
+            )
         return out
 
     def _container(self, proc: PodProcess, state: dict[str, Any], ready: bool) -> dict[str, Any]:

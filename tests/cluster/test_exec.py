@@ -34,10 +34,14 @@ def running_pod(cluster: Cluster, name: str, **container: Any) -> dict[str, Any]
         "hostname": name,
         "terminationGracePeriodSeconds": 1,
         "containers": [
-            {"name": "main", "image": "onemachine", "command": ["sh", "-c", "echo inside > /tmp/mark; sleep 300"],
-             **container}
+            {
+                "name": "main",
+                "image": "onemachine",
+                "command": ["sh", "-c", "echo inside > /tmp/mark; sleep 300"],
+                **container,
+            }
         ],
-    }  # fmt: skip
+    }
     made = cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
     assert made.get("kind") == "Pod", made
     return dict(
@@ -185,12 +189,20 @@ def test_a_sidecar_keeps_the_pod_running_after_the_first_container_and_exec_read
         "terminationGracePeriodSeconds": 1,
         "volumes": [{"name": "xcom", "emptyDir": {}}],
         "containers": [
-            {"name": "main", "image": "onemachine", "volumeMounts": mount,
-             "command": ["sh", "-c", 'echo \'{"ok": 1}\' > /airflow/xcom/return.json']},
-            {"name": "airflow-xcom-sidecar", "image": "alpine", "volumeMounts": mount,
-             "command": ["sh", "-c", 'trap "exit 0" INT; while true; do sleep 1; done;']},
+            {
+                "name": "main",
+                "image": "onemachine",
+                "volumeMounts": mount,
+                "command": ["sh", "-c", "echo '{\"ok\": 1}' > /airflow/xcom/return.json"],
+            },
+            {
+                "name": "airflow-xcom-sidecar",
+                "image": "alpine",
+                "volumeMounts": mount,
+                "command": ["sh", "-c", 'trap "exit 0" INT; while true; do sleep 1; done;'],
+            },
         ],
-    }  # fmt: skip
+    }
     made = module_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "xcom-a"}, "spec": spec})
     assert made.get("kind") == "Pod", made
 
