@@ -24,6 +24,7 @@ clock changes without any write.
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from typing import Any
 
@@ -34,10 +35,30 @@ HISTORY = 2000
 
 
 def matches(labels: dict[str, str], selector: str | None) -> bool:
-    """Whether ``labels`` match an equality-based label selector (``a=b,c=d``)."""
-    for term in filter(None, (selector or "").split(",")):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
+    """Whether ``labels`` match a label selector as the API server reads it: equality
+    (``a=b``, ``a==b``, ``a!=b``: true where ``a`` is missing), existence (``a``, ``!a``) and
+    sets (``a in (x,y)``, ``a notin (x,y)``), comma-separated (the KubernetesPodOperator's
+    ``already_checked!=True,!airflow-worker``)."""
+    for term in (t.strip() for t in re.split(r",(?![^(]*\))", selector or "")):
+        if not term:
+            continue
+        found = re.fullmatch(r"(\S+)\s+(in|notin)\s+\((.*)\)", term)
+        if found:
+            key, op, values = found.group(1), found.group(2), {v.strip() for v in found.group(3).split(",")}
+            if (labels.get(key) in values) != (op == "in"):
+                return False
+        elif "!=" in term:
+            key, value = (x.strip() for x in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (x.strip() for x in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
             return False
     return True
 

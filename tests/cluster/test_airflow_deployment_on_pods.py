@@ -9,7 +9,10 @@ kubernetes connection:
 - the task process SIGKILLed mid-run: Airflow's retry reattaches to the same Job (by the uid
   in the task state store) and resumes the log at the saved cursor;
 - ``deferrable=True``: the task waits in the triggerer (DEFERRED, no task process) while the
-  pods train, then resumes in a worker and succeeds.
+  pods train, then resumes in a worker and succeeds;
+- a 1-role, 1-replica app (the KubernetesPodOperator path) whose task process is SIGKILLed
+  mid-run: the retry reattaches to the same pod (by the uid a try recorded) and reads its
+  result through the XCom sidecar.
 
 The Airflow processes run on this machine, not in pods (the pods' network namespaces cannot
 reach the test's API server on the loopback). One deployment and one cluster serve the module;
@@ -247,4 +250,38 @@ def test_a_deferrable_task_waits_in_the_triggerer_while_the_pods_train(
     assert result["state"] == "SUCCEEDED" and result["outputs"] == {"sum": 10, "world": 4}
     assert sorted(rank_lines(text)) == every_line(20), text[-4000:]  # each line once, after the resume
     assert len(seen.jobs) == 1 and seen.complete == set(seen.jobs) and len(seen.pods) == 2
+    nothing_left(module_cluster)
+
+
+def test_a_sigkilled_task_process_on_the_pod_path_is_retried_and_reattaches_to_the_same_pod(
+    deployment: Any, module_cluster: Cluster
+) -> None:
+    dag_id = "torchstep_pods_kpo_durable"
+    with Seen(module_cluster) as seen:
+        run = deployment.start_run(dag_id)
+        path, ti = task_path(run, dag_id)
+
+        def running() -> dict[str, Any] | None:  # try 1 runs and its pod's step prints
+            t = deployment.call("GET", ti)
+            return t if t["state"] == "running" and seen.pods and module_cluster.pod_processes() else None
+
+        first = deployment.wait(running, 300, "try 1's pod to run", interval=0.5)
+        assert first["try_number"] == 1
+        pid = deployment.wait(lambda: airflow_task_process(first["id"]), 60, "the task process of try 1")
+        os.kill(pid, signal.SIGKILL)  # the worker dies mid-step: nothing deletes the pod
+        (pod_uid,) = seen.pods
+        assert module_cluster.pod_processes()  # the pod runs on without its watcher
+        deployment.wait(
+            lambda: deployment.call("GET", ti)["try_number"] == 2, 400, "Airflow to start try 2", interval=0.5
+        )
+        done = finished(deployment, path)
+    second_text = log_of(deployment, ti, 2)
+    assert done["state"] == "success", second_text[-4000:]
+    tries = deployment.call("GET", f"{ti}/tries")["task_instances"]
+    assert [t["try_number"] for t in tries] == [1, 2]  # Airflow's retry, once
+    # reattached, not created: the one pod (seen by uid) ran the step to its end for try 2
+    assert set(seen.pods) == {pod_uid}, (seen.pods, second_text[:9000])
+    assert "succeeded" in second_text, second_text[-4000:]
+    result = result_of(deployment, ti)  # read from the reattached pod through the XCom sidecar
+    assert result["state"] == "SUCCEEDED" and result["outputs"] == {"answer": 42}, result
     nothing_left(module_cluster)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 from torchstep_airflow import AppDefOperator
+from torchx import specs
 
 GANG = f"{Path(__file__).resolve().parent / 'gang.py'}:allreduce_steps"
+KPO_STEP = str(Path(__file__).resolve().parent / "kpo_step.py")
 CFG = {"namespace": "ml"}
 FAST = {"poll_interval": 0.5}  # the Job's state read every 0.5 s (default 2 s): a shorter test
 
@@ -42,4 +44,24 @@ with DAG("torchstep_pods_deferred", schedule=None, tags=["torchstep-test"]):
         cfg=CFG,
         kubernetes_kwargs=FAST,
         deferrable=True,
+    )
+
+# one role, one replica: the KubernetesPodOperator path; the step holds ~25 s (the test SIGKILLs
+# the task process meanwhile), one retry 1 s later
+KPO_ROLE = specs.Role(
+    "step",
+    image="python:3.11",
+    entrypoint="python",
+    args=[KPO_STEP, "--hold", "25"],
+    resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    max_retries=1,
+    metadata={"torchstep": {"retry_delay": 1}},
+)
+with DAG("torchstep_pods_kpo_durable", schedule=None, tags=["torchstep-test"]):
+    AppDefOperator(
+        task_id="train",
+        app=specs.AppDef("kpo-durable", roles=[KPO_ROLE]),
+        target="kubernetes",
+        cfg=CFG,
+        kubernetes_kwargs={"poll_interval": 1},
     )
