@@ -183,13 +183,7 @@ def serve(handler: Any, ns: str, name: str) -> None:
     wanted = [p.strip() for p in (handler.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
     protocol = next((p for p in PROTOCOLS if p in wanted), None)
 
-    def refuse(code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        handler.send_response(code)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
+    refuse = handler._send  # the API server's JSON answer (kubehttp.Handler)
 
     answer = target(handler.cluster, ns, name, (query.get("container") or [None])[-1])
     if answer[0] != 0:

@@ -427,19 +427,23 @@ class RealCluster(ApiFaults, ApiWatch):
                 self.objects.pop(key, None)
                 self.deleted.append(f"Pod/{proc.name}")
 
-    def _terminated(self, pod: dict[str, Any], proc: PodProcess) -> None:
-        code = proc.exit_code if proc.exit_code is not None else 137
-        state = {
+    @staticmethod
+    def _terminated_state(proc: PodProcess) -> dict[str, Any]:
+        """The ``state`` of ``proc``'s ended container, as kubelet reports it."""
+        return {
             "terminated": {
-                "exitCode": code,
+                "exitCode": proc.exit_code if proc.exit_code is not None else 137,
                 "reason": proc.reason or "Error",
                 "startedAt": rfc3339(proc.started_at or time.time()),
                 "finishedAt": rfc3339(proc.finished_at or time.time()),
                 "containerID": f"onemachine://{proc.uid}",
+                **({"message": proc.message} if proc.message else {}),
             }
         }
-        if proc.message:
-            state["terminated"]["message"] = proc.message
+
+    def _terminated(self, pod: dict[str, Any], proc: PodProcess) -> None:
+        code = proc.exit_code if proc.exit_code is not None else 137
+        state = self._terminated_state(proc)
         status = pod["status"]
         codes = [code, *(c.exit_code if c.exit_code is not None else 137 for c in proc.sidecars)]
         status["phase"] = "Succeeded" if not any(codes) else "Failed"  # every container's, as kubelet
@@ -456,22 +460,14 @@ class RealCluster(ApiFaults, ApiWatch):
             pod = self.objects.get(("Pod", proc.ns, proc.name))
             if pod is None or pod["metadata"]["uid"] != proc.uid or self.nodes.get(proc.node, {}).get("lost"):
                 return
-            code = proc.exit_code if proc.exit_code is not None else 137
-            state = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": proc.reason or "Error",
-                    "startedAt": rfc3339(proc.started_at or time.time()),
-                    "finishedAt": rfc3339(proc.finished_at or time.time()),
-                    "containerID": f"onemachine://{proc.uid}",
-                    **({"message": proc.message} if proc.message else {}),
-                }
-            }
+            state = self._terminated_state(proc)
             pod["status"]["containerStatuses"] = [self._container(proc, state, ready=False), *self._sidecars(proc)]
             for c in pod["status"].get("conditions", []):
                 if c["type"] in ("Ready", "ContainersReady"):
                     c["status"] = "False"
-            self._event(pod, "Completed", f"container {proc.container} exited {code} ({proc.reason})")
+            self._event(
+                pod, "Completed", f"container {proc.container} exited {state['terminated']['exitCode']} ({proc.reason})"
+            )
 
     def _sidecars(self, proc: PodProcess) -> list[dict[str, Any]]:
         """The status of a pod's containers after the first (``containerStatuses[1:]``)."""
