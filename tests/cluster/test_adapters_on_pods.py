@@ -425,14 +425,18 @@ with DAG("torchstep_gang_on_pods", schedule=None) as dag:
 """
 
 
-def airflow_home(tmp_path: Path) -> dict[str, str]:
-    """A migrated Airflow home with the DAG of a 2x2 gang on the kubernetes target, and the
-    environment of its processes: the cluster as Airflow's default kubernetes connection.
-    The database is the session's migrated template when tests/airflow's fixtures built one
-    (``airflow db migrate`` costs a minute of CPU on a loaded machine), else migrated here."""
+def airflow_home(
+    tmp_path: Path, kubeconfig: str, dag: tuple[str, str] | None = None, *, connection_only: bool = False
+) -> dict[str, str]:
+    """A migrated Airflow home with the DAG file ``dag`` (name, text; default: a 2x2 gang on
+    the kubernetes target), and the environment of its processes: the cluster (``kubeconfig``)
+    as Airflow's default kubernetes connection; ``connection_only``: without ``$KUBECONFIG``
+    too. The database is the session's migrated template when tests/airflow's fixtures built
+    one (``airflow db migrate`` costs a minute of CPU on a loaded machine), else migrated here."""
+    name, text = dag or ("gang_dag.py", AIRFLOW_DAG.format(gang=GANG))
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
-    (home / "dags" / "gang_dag.py").write_text(AIRFLOW_DAG.format(gang=GANG))
+    (home / "dags" / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update(
         AIRFLOW_HOME=str(home),
@@ -440,9 +444,13 @@ def airflow_home(tmp_path: Path) -> dict[str, str]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
-    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": env["KUBECONFIG"], "namespace": "ml"}}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    if connection_only:
+        env.pop("KUBECONFIG", None)
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig, "namespace": "ml"}}
     env["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(connection)
     shared = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
     template = Path(shared) / "airflow-sqlite" if shared else None
@@ -457,7 +465,7 @@ def airflow_home(tmp_path: Path) -> dict[str, str]:
 
 def test_airflow_appdefoperator_runs_a_2x2_gang_on_real_pods_in_dag_test(kube_env: Cluster, tmp_path: Path) -> None:
     pytest.importorskip("airflow.providers.cncf.kubernetes")
-    env = airflow_home(tmp_path)
+    env = airflow_home(tmp_path, str(kube_env.kubeconfig))
     driver = REPO / "tests" / "airflow" / "dag_test_driver.py"
     dag_file = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "gang_dag.py"
     with Seen(kube_env) as seen:

@@ -16,7 +16,6 @@ namespaces cannot reach the test's API server.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from cluster.harness import REPO, Cluster
+from cluster.test_adapters_on_pods import airflow_home
 
 pytestmark = pytest.mark.slow
 APP = Path(__file__).resolve().parent / "apps" / "kpo_step.py"
@@ -57,34 +57,15 @@ def run_dag(cluster: Cluster, tmp_path: Path, tasks: dict[str, list[str]]) -> tu
     """``dag.test()`` of a DAG with one 1-replica AppDefOperator per entry of ``tasks``
     (task id -> the app's arguments), in a child process with the cluster as Airflow's
     default kubernetes connection; its summary and its output."""
-    home = tmp_path / "airflow"
-    (home / "dags").mkdir(parents=True)
-    dag_file = home / "dags" / "kpo_dag.py"
-    dag_file.write_text(DAG_FILE.format(app=str(APP), tasks=tasks))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__CORE__UNIT_TEST_MODE="False",
-        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
-        XDG_STATE_HOME=str(tmp_path / "state"),
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-    )
-    env.pop("KUBERNETES_SERVICE_HOST", None)
     # the connection alone: with $KUBECONFIG too, the deferred pod operator hands both to its
     # trigger, whose hook refuses them ("kube_config_path, kube_config ... mutually exclusive")
-    env.pop("KUBECONFIG", None)
-    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(cluster.kubeconfig), "namespace": "ml"}}
-    env["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(connection)
-    shared = os.environ.get("TORCHSTEP_TESTS_SHARED_TMP")
-    template = Path(shared) / "airflow-sqlite" if shared else None
-    if template is not None and (template / ".complete").exists():
-        (home / "airflow.db").write_bytes((template / "airflow.db").read_bytes())
-    else:
-        airflow = str(Path(sys.executable).parent / "airflow")
-        done = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
+    env = airflow_home(
+        tmp_path,
+        str(cluster.kubeconfig),
+        ("kpo_dag.py", DAG_FILE.format(app=str(APP), tasks=tasks)),
+        connection_only=True,
+    )
+    dag_file = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "kpo_dag.py"
     driver = REPO / "tests" / "airflow" / "dag_test_driver.py"
     done = subprocess.run(
         [sys.executable, str(driver), str(dag_file), "kpo_on_pods", "{}"],
