@@ -304,12 +304,21 @@ def _pid1(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
     while proc.poll() is None:
         with contextlib.suppress(OSError):
             kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            if kids:
+            # bubblewrap's child is the container only once it has exec'd the command: before,
+            # it still sets up the sandbox (its mounts), and a process entering it (exec, a
+            # probe) would find no container's root yet (a loaded machine's race)
+            if kids and _exe(int(kids[0])) != _exe(proc.pid):
                 return int(kids[0])
         if time.monotonic() > deadline:
             return None
         time.sleep(0.02)
     return None
+
+
+def _exe(pid: int) -> tuple[int, int]:
+    """The file a process runs (device and inode: its path may be another mount namespace's)."""
+    st = os.stat(f"/proc/{pid}/exe")
+    return st.st_dev, st.st_ino
 
 
 @dataclass

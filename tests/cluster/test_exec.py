@@ -126,7 +126,16 @@ def test_exec_leaves_no_process_behind_when_the_client_goes(module_cluster: Clus
             tty=False,
             _preload_content=False,
         )
-        module_cluster.wait(lambda: _pod_has("exec-c", module_cluster, "123"), 30, "the exec'd sleep to run")
+
+        def started_or_ended() -> bool:
+            if _pod_has("exec-c", module_cluster, "123"):
+                return True
+            resp.update(timeout=0.1)
+            return not resp.is_open()
+
+        module_cluster.wait(started_or_ended, 30, "the exec'd sleep to run")
+        # an exec that ended at once says why (its stderr and its status channel)
+        assert _pod_has("exec-c", module_cluster, "123"), (resp.read_stderr(), resp.read_channel(3))
         resp.close()
         module_cluster.wait(lambda: not _pod_has("exec-c", module_cluster, "123"), 30, "the exec'd sleep to end")
     finally:
