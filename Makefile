@@ -42,10 +42,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy adapters
 
 # The suite waits on real servers and processes more than it computes: a few more workers
-# than cores (each with its own servers, ports and TMPDIR) finish it well inside 35 minutes.
+# than cores (each with its own servers, ports and TMPDIR). A module is one work unit (its
+# deployment or cluster starts once), but for tests/conftest.py's SPREAD_MODULES; the longest
+# units go first.
 TEST_WORKERS ?= 4
 unit: $(STAMP) system-deps torch-matrix-env
-	$(BIN)/pytest -n $(TEST_WORKERS) --durations=40
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=40
 
 # The torch matrix (issue 32; docs/contributing.md): the agent's compatibility suite
 # (tests/torchmatrix) against each supported (Python, torch), each in a virtualenv of PyPI's

@@ -43,3 +43,69 @@ def _shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
     harness's migrated databases. Pytest keeps and cleans it like any temp root."""
     base = tmp_path_factory.getbasetemp()
     os.environ["TORCHSTEP_TESTS_SHARED_TMP"] = str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+# -- how pytest-xdist shares the suite among its workers (`make unit`: --dist loadscope) ------
+#: Modules whose tests share no module- or class-scoped fixture and run long: each test is a
+#: work unit of its own, so that several workers share them. Every other module is one unit,
+#: run by one worker, so that its module fixtures (an Airflow deployment, a Prefect server,
+#: a cluster, a browser) start once instead of once per worker that ran one of its tests.
+SPREAD_MODULES = frozenset(
+    {
+        "tests/agent/test_agent_multinode.py",
+        "tests/agent/test_agent_restarts.py",
+        "tests/agent/test_hang.py",
+        "tests/agent/test_silent_host.py",
+        "tests/airflow/test_batch_training.py",
+        "tests/bench/test_airflow_parse.py",
+        "tests/cluster/test_kueue.py",
+        "tests/cluster/test_preemption.py",
+        "tests/e2e/test_batch_components.py",
+        "tests/e2e/test_example_output.py",
+        "tests/local/test_cli.py",
+        "tests/local/test_replica_policy.py",
+        "tests/local/test_run_local.py",
+        "tests/prefect/test_torchx_policy.py",
+        "tests/soak/test_soak_kubernetes.py",
+        "tests/soak/test_soak_smoke.py",  # its module fixture only stops what its runs started
+    }
+)
+#: A test's expected seconds when it does not say: ``@pytest.mark.slow`` or ``slow(seconds=N)``.
+SLOW_S, QUICK_S = 60.0, 1.0
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its module (or class), or the test itself in a
+    :data:`SPREAD_MODULES` module."""
+    module = nodeid.split("::", 1)[0]
+    return nodeid if module in SPREAD_MODULES else nodeid.rsplit("::", 1)[0]
+
+
+def expected_s(item: pytest.Item) -> float:
+    slow = item.get_closest_marker("slow")
+    return float(slow.kwargs.get("seconds", SLOW_S)) if slow is not None else QUICK_S
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest work units first (a unit keeps its tests' order): the workers start on
+    the demo, the deployments and the clusters, and the suite does not end waiting on one
+    of them started last. Every worker sorts alike, as xdist requires."""
+    units: dict[str, float] = {}
+    for item in items:
+        unit = work_unit(item.nodeid)
+        units[unit] = units.get(unit, 0.0) + expected_s(item)
+    order = {unit: i for i, unit in enumerate(sorted(units, key=lambda u: -units[u]))}
+    items.sort(key=lambda item: order[work_unit(item.nodeid)])  # stable: a unit's order stays
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadscope``: :func:`work_unit`'s units, in collection order."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=170)
 @pytest.mark.timeout(900)  # two dag.test runs (400 s and 240 s at most): ~100 s on a quiet machine
 def test_faults_are_survived_and_the_model_reaches_downstream(dag_tester, tmp_path: Path) -> None:
     conf = {

@@ -62,7 +62,7 @@ def test_every_block_is_a_step() -> None:
     assert any("airflow db migrate" in body for kind, body in found if kind == "bash")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=280)
 @pytest.mark.timeout(900)
 def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     clone = tmp_path / "clone"  # stands for the clone's root: its .venv and prefect.toml

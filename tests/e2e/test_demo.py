@@ -59,7 +59,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=600)
 @pytest.mark.timeout(1500)
 def test_the_quick_demo_survives_every_fault_on_all_three_orchestrators(tmp_path: Path) -> None:
     code, lines, stderr = run_demo(tmp_path)
