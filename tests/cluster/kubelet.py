@@ -297,7 +297,9 @@ class Sidecar:
         return _pid1(self.proc, timeout)
 
 
-def _pid1(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
+def _pid1(proc: subprocess.Popen[bytes] | None, timeout: float, started: bool = True) -> int | None:
+    """Bubblewrap's child: once it has exec'd the container's command (``started``), or as
+    soon as it is forked (a signal: a container still being set up dies of it too)."""
     if proc is None:
         return None
     deadline = time.monotonic() + timeout
@@ -307,7 +309,7 @@ def _pid1(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
             # bubblewrap's child is the container only once it has exec'd the command: before,
             # it still sets up the sandbox (its mounts), and a process entering it (exec, a
             # probe) would find no container's root yet (a loaded machine's race)
-            if kids and _exe(int(kids[0])) != _exe(proc.pid):
+            if kids and (not started or _exe(int(kids[0])) != _exe(proc.pid)):
                 return int(kids[0])
         if time.monotonic() > deadline:
             return None
@@ -363,8 +365,8 @@ class PodProcess:
 
     def signal(self, sig: int) -> None:
         """``sig`` to the PID 1 of each of the pod's containers that runs."""
-        pids = [self.pid1(timeout=2.0)] if not self.main_ended.is_set() else []
-        pids += [c.pid1(timeout=2.0) for c in self.sidecars if not c.ended.is_set()]
+        pids = [_pid1(self.proc, 2.0, started=False)] if not self.main_ended.is_set() else []
+        pids += [_pid1(c.proc, 2.0, started=False) for c in self.sidecars if not c.ended.is_set()]
         for pid in pids:
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
