@@ -28,8 +28,8 @@ import pytest
 from browser.pages import Browser, airflow_harness, where_ranks_were
 
 # a deployment (or server) and a run of three 2 x 2 steps come first: minutes on a loaded machine
-# one module, one deployment: with --dist loadgroup every test of it runs in one xdist worker
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("browser-airflow")]
+# one module, one deployment: `make unit` runs a module in one xdist worker (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 DAG = Path(__file__).resolve().parent / "dags" / "torchstep_browser.py"
 LINES = 300  # dags/torchstep_browser.py: LINES

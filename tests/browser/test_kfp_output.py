@@ -21,8 +21,8 @@ from browser.pages import where_ranks_were
 
 pytest.importorskip("kfp")
 
-# one module, one deployment: with --dist loadgroup every test of it runs in one xdist worker
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("browser-kfp")]
+# one module, one deployment: `make unit` runs a module in one xdist worker (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PIPELINE = Path(__file__).resolve().parent / "apps" / "kfp_pipeline.py"
 LINES = 300  # apps/kfp_pipeline.py: LINES

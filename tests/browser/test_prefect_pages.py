@@ -30,8 +30,8 @@ from proclib import kill_all, procs_with_env
 from browser.pages import Browser, where_ranks_were
 
 # a deployment (or server) and a run of three 2 x 2 steps come first: minutes on a loaded machine
-# one module, one deployment: with --dist loadgroup every test of it runs in one xdist worker
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("browser-prefect")]
+# one module, one deployment: `make unit` runs a module in one xdist worker (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 FLOW = Path(__file__).resolve().parent / "apps" / "prefect_flow.py"
 #: Long enough for all four ranks to reach their hang on a loaded machine (30 s fired before

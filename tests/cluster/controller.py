@@ -442,8 +442,8 @@ class RealCluster(ApiFaults, ApiWatch):
         }
 
     def _terminated(self, pod: dict[str, Any], proc: PodProcess) -> None:
-        code = proc.exit_code if proc.exit_code is not None else 137
         state = self._terminated_state(proc)
+        code = state["terminated"]["exitCode"]
         status = pod["status"]
         codes = [code, *(c.exit_code if c.exit_code is not None else 137 for c in proc.sidecars)]
         status["phase"] = "Succeeded" if not any(codes) else "Failed"  # every container's, as kubelet
