@@ -13,12 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from netlib import free_port
 from proclib import wait_for
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 WORKER = str(SCRIPTS / "worker.py")
 TRAIN = str(SCRIPTS / "train.py")
 STORE = str(SCRIPTS / "store.py")
+#: A gloo all-reduce loop: "<time> <world size> <rank>" per step into $SILENT_LOG, forever.
+SILENT_TRAIN = str(SCRIPTS.parents[2] / "bench" / "scripts" / "silent_train.py")
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -171,3 +174,58 @@ class StoreHost:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def train_steps(path: Path) -> list[tuple[float, int]]:
+    """(time, world size) of each all-reduce a node's workers logged (bench/scripts/silent_train.py)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((float(parts[0]), int(parts[1])))
+    return out
+
+
+def start_three_nodes(agents: Agents, tmp_path: Path, conf: str) -> tuple[list[Agent], list[Path]]:
+    """Three agents of one elastic ``1:3`` c10d run on loopback, each on an address of its own
+    (127.0.0.1-3), the first hosting the store; returned once all three train together."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes, logs = [], []
+    for i in range(3):
+        log = tmp_path / f"steps{i}.log"
+        args = [
+            "--nnodes",
+            "1:3",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "takeover",
+            "--local-addr",
+            f"127.0.0.{i + 1}",  # a host each (the loopback range): the new store is on another address
+            "--rdzv-conf",
+            f"{conf},last_call_timeout=2,is_host={'true' if i == 0 else 'false'}",
+            SILENT_TRAIN,
+        ]
+        nodes.append(agents.start(args, name=f"node{i}", env={"SILENT_LOG": str(log)}))
+        logs.append(log)
+        if i == 0:  # the store's host first, so that the others find it
+            time.sleep(1.0)
+    wait_for(
+        lambda: all(any(w == 3 for _, w in train_steps(p)) for p in logs) or any_ended(nodes),
+        240,
+        "the three nodes to train together",
+    )
+    assert not any_ended(nodes), "\n\n".join(n.diagnostics() for n in nodes)
+    return nodes, logs
+
+
+def any_ended(nodes: list[Agent]) -> bool:
+    return any(n.proc.poll() is not None for n in nodes)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_testlib import alive
+from agent_testlib import alive, any_ended, start_three_nodes, train_steps
 from matrixlib import ENVDUMP, PROBE, TRAIN, WORKER, MatrixAgents, RowPython, RowStore, no_traceback, probes
 from proclib import wait_for
 
@@ -134,6 +134,22 @@ def test_elastic_job_survives_a_lost_node(agents: MatrixAgents, row: RowPython, 
         wait_for(lambda: not any(alive(p) for p in victim_pids), 30, "the lost node's workers gone")
     finally:
         store.stop()
+
+
+def test_the_store_moves_to_a_survivor_when_its_agent_dies(agents: MatrixAgents, tmp_path: Path) -> None:
+    """``--rdzv-conf store_takeover=on``: the agent hosting the rendezvous store is killed with
+    its workers; the two others rebuild the rendezvous on a store the lowest-ranked survivor
+    hosts (the handler's private names, torchstep.agent.compat) and train on at world 2."""
+    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=on")
+    killed_at = time.time()
+    nodes[0].kill()
+    wait_for(
+        lambda: all(any(t > killed_at and w == 2 for t, w in train_steps(p)) for p in logs[1:]) or any_ended(nodes[1:]),
+        180,
+        "the survivors to train at world 2",
+    )
+    assert not any_ended(nodes[1:]), "\n\n".join(n.diagnostics() for n in nodes[1:])
+    assert sum("hosted by this node" in n.stderr for n in nodes[1:]) == 1
 
 
 def test_sigterm_forwards_waits_the_grace_period_and_cancels(agents: MatrixAgents, tmp_path: Path) -> None:

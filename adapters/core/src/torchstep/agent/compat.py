@@ -109,6 +109,9 @@ def set_rdzv_backend(handler: Any, backend: Any) -> bool:
 #   dynamic_rendezvous._remove_participant_epilogue: what torch does after removing a
 #   participant (a round left empty moves on). All present on torch 2.4 … 2.15 (checked 2.13);
 #   a torch without one of them runs without the monitor (one log line).
+#   DynamicRendezvousHandler._stop_heartbeats and its instance __dict__ (the store moved to
+#   a survivor, torchstep.agent.store_move): the handler torch's loop holds takes a new
+#   handler's state; a torch without them fails the move (the run fails, retryable).
 # ---------------------------------------------------------------------------------------
 
 
@@ -156,6 +159,42 @@ def rdzv_state_holder(backend: Any, settings: Any) -> Any:
     if cls is None:
         return None
     return cls(backend, settings, cache_duration=0)
+
+
+def rdzv_participants(handler: Any) -> dict[Any, int]:
+    """The participants of the round a dynamic handler last read, with their group ranks.
+
+    Args:
+        handler: a rendezvous handler.
+
+    Returns:
+        ``{node: rank}``; empty for handlers without a state.
+    """
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    participants = getattr(state, "participants", None)
+    return dict(participants) if isinstance(participants, dict) else {}
+
+
+def replace_rdzv_handler(handler: Any, new: Any) -> bool:
+    """Make ``handler`` the handler ``new`` is (its store, backend, state, node, settings),
+    its own keep-alive heartbeats stopped first (torch's ``_stop_heartbeats``). The object
+    stays the same: torch's agent loop holds it (:mod:`torchstep.agent.store_move`).
+
+    Args:
+        handler: a dynamic rendezvous handler.
+        new: a handler of the same class, built on the new store.
+
+    Returns:
+        ``False`` (nothing changed) when they are not dynamic handlers of one class.
+    """
+    if type(new) is not type(handler) or rdzv_node_and_settings(handler) is None:
+        return False
+    stop = getattr(handler, "_stop_heartbeats", None)
+    if callable(stop):
+        stop()
+    handler.__dict__.clear()
+    handler.__dict__.update(new.__dict__)
+    return True
 
 
 def remove_rdzv_node(state: Any, node: Any, settings: Any) -> bool:

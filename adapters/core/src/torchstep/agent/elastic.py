@@ -189,6 +189,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._liveness_started = False
         self._silence: tuple[Any, int | None] | None = None  # (Silence, attempt index it stopped)
         self._rdzv_round: int | None = None
+        #: torch's ``RendezvousParameters`` of the run (the runner sets them): a store move rebuilds from them.
+        self.rdzv_params: Any = None
         #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
         self.warnings: list[str] = warnings if warnings is not None else []
         self._warn_lock = threading.Lock()
@@ -233,7 +235,15 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
     def rendezvous_group(self, worker_group: WorkerGroup) -> None:
         self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
         self._start_liveness(worker_group)
-        self.torch_rendezvous(worker_group)
+        if self._move_store_if_gone(worker_group):
+            self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
+        try:
+            self.torch_rendezvous(worker_group)
+        except RendezvousError:  # the store's agent died during this rendezvous
+            if not self._move_store_if_gone(worker_group):
+                raise
+            self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
+            self.torch_rendezvous(worker_group)
         self._rdzv_round = compat.rdzv_round(worker_group.spec.rdzv_handler)
         self._watchdog.phase("starting workers", 120)
         self._agent_hosts_store = self._host_worker_store(worker_group)
@@ -472,6 +482,59 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self._liveness.start()
             if self._hang is not None:  # no rank of any node progressed: the group's hang
                 self._hang.peers = self._liveness
+
+    def _move_store_if_gone(self, wg: WorkerGroup) -> bool:
+        """With ``--rdzv-conf store_takeover=on`` (elastic): when the store's process is gone
+        (its host refuses the connection), rebuild the rendezvous on a new store hosted by the
+        lowest-ranked survivor of the last round (:mod:`torchstep.agent.store_move`).
+
+        Returns:
+            Whether the store moved.
+        """
+        from torchstep.agent import store_move
+        from torchstep.agent.liveness import GONE
+
+        config = self.settings.config
+        monitor, params = self._liveness, self.rdzv_params
+        if monitor is None or params is None or self._rdzv_round is None:
+            return False  # no group formed yet (nothing to survive from), or no monitor to probe with
+        if not store_move.enabled(config.rdzv_configs, min_nodes=config.min_nodes, max_nodes=config.max_nodes):
+            return False
+        old = f"{monitor.store_host}:{monitor.store_port}"
+        if monitor.store_verdict() != GONE:
+            return False
+        handler = wg.spec.rdzv_handler
+        found = compat.rdzv_node_and_settings(handler)
+        me = found[0] if found is not None else None
+        participants = compat.rdzv_participants(handler)
+        log.info(
+            "the rendezvous store at %s is gone; the last round: %s (this node: %s)",
+            old,
+            ", ".join(f"rank {r} {n}" for n, r in sorted(participants.items(), key=lambda i: i[1])),
+            me,
+        )
+        successor = store_move.choose_successor(participants, me, monitor.probe_node, store_host=monitor.store_names())
+        if successor is None:
+            raise store_move.StoreMoveError(f"the rendezvous store at {old} is gone and no survivor answers")
+        host_it = successor == me
+        self._watchdog.phase("moving the rendezvous store", float(config.rdzv_configs.get("read_timeout", 60)) + 10)
+        endpoint = store_move.move(
+            handler,
+            params,
+            host_addr=str(successor.addr),
+            port=monitor.store_port,
+            host_it=host_it,
+            timeout_s=min(60.0, float(config.rdzv_configs.get("read_timeout", 60))),
+        )
+        monitor.retarget(handler, endpoint)
+        self._rdzv_round = None
+        log.warning(
+            "the rendezvous store at %s is gone (its host refuses the connection): moved to %s, hosted by %s",
+            old,
+            endpoint,
+            "this node" if host_it else f"node {successor}",
+        )
+        return True
 
     def _on_silent(self, silence: Any) -> None:
         # the monitor's thread: the main loop acts on it at its next tick

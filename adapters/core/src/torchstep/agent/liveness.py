@@ -44,6 +44,7 @@ Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does)::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
@@ -157,8 +158,8 @@ class _ProbeListener:
     def __init__(self, node_addr: str, store_host: str) -> None:
         from torchstep.agent.stores import LOOPBACK, loopback_ip
 
-        if loopback_ip(store_host) is not None:
-            self.sock = socket.create_server((LOOPBACK, 0), backlog=256)
+        if loopback_ip(store_host) is not None:  # the node's own loopback address (127.0.0.2: a "host" of a test)
+            self.sock = socket.create_server((loopback_ip(node_addr) or LOOPBACK, 0), backlog=256)
         else:
             self.sock = self._bind_own(node_addr)
         self.port: int = self.sock.getsockname()[1]
@@ -304,6 +305,38 @@ class LivenessMonitor:
         """The cut-off this agent is in, if any (cleared when the store answers again)."""
         return self._cut
 
+    # -- a store move (torchstep.agent.store_move) ------------------------------------------
+    def store_verdict(self) -> str:
+        """A probe of the store's endpoint now, by the addresses looked up when it last
+        answered: ``"gone"`` when its host refuses the connection (the store's process is gone)."""
+        return probe(self.store_host, self.store_port, self.probe_timeout_s, self._store_addrs)
+
+    def store_names(self) -> set[str]:
+        """The store's host name and the addresses it had when it last answered."""
+        return {self.store_host, *(str(addr[1][0]) for addr in self._store_addrs)}
+
+    def probe_node(self, node: Any) -> str:
+        """A probe of ``node``'s agent on its liveness port (``"unknown"`` when this monitor
+        never learnt the port: that node is passed over)."""
+        port = self._ports.get(str(node))
+        if not port:
+            return UNKNOWN
+        return probe(str(node.addr), port, self.probe_timeout_s, self._addrs.get(node))
+
+    def retarget(self, handler: Any, endpoint: str) -> None:
+        """Watch the rendezvous of ``handler`` (rebuilt on a moved store) at ``endpoint``:
+        the reader connects there on its next tick; the cut-off ends."""
+        found = compat.rdzv_node_and_settings(handler)
+        if found is not None:
+            self._node, self._settings = found
+        self.store_host, self.store_port = parse_rendezvous_endpoint(endpoint.strip(), default_port=29400)
+        self._store_addrs = resolve(self.store_host)
+        self._store = None
+        self._holder = None
+        self._seen.clear()
+        self._probed.clear()
+        self._cut = None
+
     # -- the reader ------------------------------------------------------------------------
     def _key(self, node: Any) -> str:
         return f"torchstep.liveness.{self._run_id}.{node}"
@@ -387,6 +420,9 @@ class LivenessMonitor:
                 continue
             if node not in self._addrs:  # first sight: its heartbeat reached the store, its name resolves now
                 self._addrs[node] = resolve(str(node.addr))
+            if str(node) not in self._ports:  # its probe port, known before a store move needs it
+                with contextlib.suppress(Exception):
+                    self._port_of(node)
             seen = self._seen.get(node)
             if seen is None or seen[0] != beat:
                 self._seen[node] = (beat, now)

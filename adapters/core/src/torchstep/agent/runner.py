@@ -253,6 +253,7 @@ class AgentRun:
                 warnings=self.warnings,
                 zygote=self.zygote,
             )
+            self.agent.rdzv_params = params  # a store move rebuilds the rendezvous from them
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
             result = self.agent.run()
             events.record(self.agent.get_event_succeeded(), config.event_log_handler)

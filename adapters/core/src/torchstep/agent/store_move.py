@@ -1,0 +1,170 @@
+"""The rendezvous store moves to a survivor when the agent that hosted it is gone.
+
+With the c10d backend the rendezvous store lives in one agent (torchrun's design: the node
+whose host name is the endpoint's, replica 0 of a rendered Kubernetes role). When that agent
+dies — its pod deleted, its process killed, its container OOM-killed — every other agent
+loses the store: torchrun's survivors fail at their next store call, and a Kubernetes role
+could only go on by replacing every pod. With ``--rdzv-conf store_takeover=on`` (elastic
+``--nnodes min:max`` only) the survivors build a new store instead and go on training at the
+smaller size:
+
+1. at the next rendezvous (the survivors' workers failed with the lost node's, or the
+   liveness monitor stopped them), an agent probes the store's endpoint: a *refused*
+   connection means the host answers and nothing listens there any more, i.e. the store's
+   process is gone (a host that does not answer is a partition: nothing moves, see below);
+2. every survivor picks the same successor from the last round it was part of: the
+   participant with the lowest group rank that is not on the lost store's host and whose
+   agent a probe of its liveness port (:mod:`torchstep.agent.liveness`) does not find gone;
+3. the successor hosts a new store on its own address and the endpoint's port, the others
+   connect to it (waiting up to ``read_timeout`` for it), and each agent's rendezvous handler
+   is rebuilt on the new store: the next rendezvous forms the group of the survivors, a
+   membership change like any node loss.
+
+Not moved (documented limits, tested as such): a store host that went *silent* (a partition:
+the agents that cannot reach it stop their workers and wait to rejoin, as before: moving
+would split the run in two while the old host trains on); a fixed ``--nnodes N`` (the world
+cannot form again at another size: the step fails, retryable); an agent that starts later
+with the original endpoint (a replacement of the lost node) is not told where the store went.
+
+Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does at a rendezvous)::
+
+    if enabled(config.rdzv_configs) and store_gone(monitor):
+        successor = choose_successor(participants, me, monitor.probe_node, store_host=monitor.store_names())
+        endpoint = move(handler, params, successor, me, port)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+from torchstep.agent import compat
+from torchstep.agent.liveness import GONE, SILENT
+
+__all__ = ["TAKEOVER_CONF", "StoreMoveError", "choose_successor", "enabled", "move"]
+
+log = logging.getLogger("torchstep.agent")
+
+#: ``--rdzv-conf`` key that turns the move on (``on``/``off``; default off).
+TAKEOVER_CONF = "store_takeover"
+
+
+class StoreMoveError(RendezvousConnectionError):
+    """The store could not be moved (no survivor answers, the new store cannot be hosted or
+    reached): the run fails as a rendezvous failure, retryable, as when the store is lost
+    without a move."""
+
+
+def enabled(rdzv_configs: Mapping[str, Any], *, min_nodes: int, max_nodes: int) -> bool:
+    """Whether the store may move: ``store_takeover=on`` and an elastic node range.
+
+    Args:
+        rdzv_configs: ``--rdzv-conf`` as torch parsed it.
+        min_nodes: ``--nnodes``' lower bound.
+        max_nodes: its upper bound.
+
+    Returns:
+        ``True`` when it is on.
+
+    Example: ``enabled({"store_takeover": "on"}, min_nodes=1, max_nodes=3)`` is ``True``;
+    with ``min_nodes=3`` it is ``False`` (a fixed size fails fast instead).
+    """
+    value = str(rdzv_configs.get(TAKEOVER_CONF, "off")).strip().lower()
+    return value in ("1", "on", "true", "yes") and min_nodes < max_nodes
+
+
+def choose_successor(
+    participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str], *, store_host: Collection[str] = ()
+) -> Any | None:
+    """The node that hosts the new store: the lowest group rank that may still be there.
+
+    Every survivor calls this on the same round's participants, so they agree. Passed over:
+    the nodes on the lost store's host (their agent hosted it: the store lives in the agent's
+    process) and those whose agent a probe finds gone or silent. A node whose probe port is
+    not known yet (the store was lost right after the round formed) counts as there: every
+    survivor judges it alike, where a probe could answer differently from one to the next.
+
+    Args:
+        participants: the last round's participants and their group ranks.
+        me: this agent's node.
+        verdict: a probe of a node's agent (``"alive"``, ``"gone"``, ``"silent"``, ``"unknown"``).
+        store_host: the lost store's host name and addresses.
+
+    Returns:
+        The node, or ``None`` when none is left.
+
+    Example: with ``a`` on the store's host, ``choose_successor({a: 0, b: 1, c: 2}, c,
+    lambda n: "alive", store_host={a.addr})`` is ``b``.
+    """
+    for node, _ in sorted(participants.items(), key=lambda item: item[1]):
+        if node == me:
+            return me
+        if str(node.addr) in store_host or verdict(node) in (GONE, SILENT):
+            continue
+        return node
+    return None
+
+
+def move(handler: Any, params: Any, *, host_addr: str, port: int, host_it: bool, timeout_s: float) -> str:
+    """Rebuild ``handler`` on a new store at ``host_addr:port``, hosted here when ``host_it``.
+
+    The handler object stays the one torch's agent holds (its loop keeps a reference to it);
+    it takes the new handler's state, so its next rendezvous starts a new round on the new
+    store (and is guarded and keeps its keep-alive tick like the first one).
+
+    Args:
+        handler: the agent's dynamic rendezvous handler (c10d).
+        params: torch's ``RendezvousParameters`` of the run (the endpoint is replaced).
+        host_addr: the successor's address (its node's).
+        port: the store's port (the endpoint's).
+        host_it: whether this agent is the successor.
+        timeout_s: how long a client waits for the successor's store.
+
+    Returns:
+        The new endpoint (``host:port``).
+
+    Raises:
+        StoreMoveError: the store cannot be hosted or reached, or this torch lacks a name.
+    """
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from torchstep.agent.stores import host_store
+
+    endpoint = f"[{host_addr}]:{port}" if ":" in host_addr else f"{host_addr}:{port}"
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        if host_it:
+            store = host_store(host_addr, port, timeout=timeout)
+        else:
+            store = TCPStore(host_addr, port, None, False, timeout, wait_for_workers=False)
+    except Exception as e:  # a port taken here, or the successor never came (its agent died too)
+        what = "host the rendezvous store" if host_it else "reach the rendezvous store"
+        raise StoreMoveError(f"cannot {what} at {endpoint}: {type(e).__name__}: {e}") from None
+    config = dict(params.config)
+    config.pop("is_host", None)  # the store exists already: the handler only connects to it
+    new_params = RendezvousParameters(
+        backend=params.backend,
+        endpoint=endpoint,
+        run_id=params.run_id,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        local_addr=params.local_addr,
+        **config,
+    )
+    from torchstep.agent.rdzv_guard import guard_handler
+
+    new = create_handler(store, C10dRendezvousBackend(store, params.run_id), new_params)
+    found = compat.rdzv_node_and_settings(handler)
+    if found is not None:  # the keep-alive tick the agent gave the first handler
+        compat.set_keep_alive(new, found[1].keep_alive_interval.total_seconds())
+    if not compat.replace_rdzv_handler(handler, new):
+        raise StoreMoveError("this torch's rendezvous handler cannot be rebuilt (torchstep.agent.compat)")
+    guard_handler(handler, endpoint)  # a forged state in the new store is refused as in the first
+    return endpoint

@@ -1,0 +1,59 @@
+"""The rendezvous store moves to a survivor when the agent that hosted it dies
+(``--rdzv-conf store_takeover=on``, torchstep.agent.store_move): three real agents on
+loopback, ``--nnodes 1:3``, the store hosted by the first; that agent and its workers are
+SIGKILLed (a pod deleted, a node's agent killed) and the two others train again at world 2,
+in the same processes, on a store the lowest-ranked survivor hosts. Without the option the
+survivors fail as with torchrun."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from agent_testlib import Agents, any_ended, start_three_nodes, train_steps
+from proclib import wait_for
+
+
+@pytest.mark.slow(seconds=90)
+@pytest.mark.timeout(400)
+def test_the_survivors_train_on_when_the_store_hosts_agent_dies(agents: Agents, tmp_path: Path) -> None:
+    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=on")
+    survivors = nodes[1:]
+    pids = [n.pid for n in survivors]
+    killed_at = time.time()
+    nodes[0].kill()  # the agent and its workers: every connection to the store is reset
+
+    def trained_at_two() -> bool:
+        return all(any(t > killed_at and w == 2 for t, w in train_steps(p)) for p in logs[1:]) or any_ended(survivors)
+
+    wait_for(trained_at_two, 180, "the survivors to train again at world 2")
+    assert not any_ended(survivors), "\n\n".join(n.diagnostics() for n in survivors)
+    assert [n.pid for n in survivors] == pids  # the same agents: nothing was replaced
+    said = [n.stderr for n in survivors]
+    moved = [s for s in said if "rendezvous store at 127.0.0.1:" in s and "moved to 127.0.0.2:" in s]
+    assert len(moved) == 2, "\n\n".join(said)  # both survivors moved...
+    assert sum("hosted by this node" in s for s in said) == 1, "\n\n".join(said)  # ...to one store
+    # the new round keeps training: several all-reduces at world 2 on both survivors
+    wait_for(
+        lambda: all(sum(1 for t, w in train_steps(p) if t > killed_at and w == 2) >= 5 for p in logs[1:]),
+        120,
+        "five steps at world 2",
+    )
+    for n in survivors:
+        n.kill()
+
+
+@pytest.mark.slow(seconds=90)
+@pytest.mark.timeout(400)
+def test_without_the_option_the_survivors_lose_the_store_as_with_torchrun(agents: Agents, tmp_path: Path) -> None:
+    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=off")
+    survivors = nodes[1:]
+    killed_at = time.time()
+    nodes[0].kill()
+    for n in survivors:  # each fails: its rendezvous store is gone (the step is retried or its pod replaced)
+        assert n.wait(240) != 0, n.diagnostics()
+        assert "moved to" not in n.stderr
+        assert n.result["state"] == "FAILED", n.diagnostics()
+    for p in logs[1:]:
+        assert not any(t > killed_at and w == 2 for t, w in train_steps(p))
