@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,32 +189,42 @@ def train_steps(path: Path) -> list[tuple[float, int]]:
     return out
 
 
-def start_three_nodes(agents: Agents, tmp_path: Path, conf: str) -> tuple[list[Agent], list[Path]]:
+def node_args(endpoint: str, i: int, conf: str) -> list[str]:
+    """An agent of the elastic ``1:3`` run of :func:`start_three_nodes`: node ``i`` on
+    127.0.0.``i+1``, hosting the store when ``i`` is 0."""
+    return [
+        "--nnodes",
+        "1:3",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "takeover",
+        "--local-addr",
+        f"127.0.0.{i + 1}",  # a host each (the loopback range): the new store is on another address
+        "--rdzv-conf",
+        f"{conf},last_call_timeout=2,is_host={'true' if i == 0 else 'false'}",
+        SILENT_TRAIN,
+    ]
+
+
+def start_three_nodes(
+    agents: Agents, tmp_path: Path, conf: str
+) -> tuple[list[Agent], list[Path], Callable[[int], list[str]]]:
     """Three agents of one elastic ``1:3`` c10d run on loopback, each on an address of its own
-    (127.0.0.1-3), the first hosting the store; returned once all three train together."""
+    (127.0.0.1-3), the first hosting the store; returned once all three train together, with
+    the command line of node ``i`` (to start a replacement)."""
     endpoint = f"127.0.0.1:{free_port()}"
+    nodes_conf = f"{conf},store_candidates=127.0.0.2|127.0.0.3" if "store_takeover=on" in conf else conf
     nodes, logs = [], []
     for i in range(3):
         log = tmp_path / f"steps{i}.log"
-        args = [
-            "--nnodes",
-            "1:3",
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            "takeover",
-            "--local-addr",
-            f"127.0.0.{i + 1}",  # a host each (the loopback range): the new store is on another address
-            "--rdzv-conf",
-            f"{conf},last_call_timeout=2,is_host={'true' if i == 0 else 'false'}",
-            SILENT_TRAIN,
-        ]
+        args = node_args(endpoint, i, nodes_conf)
         nodes.append(agents.start(args, name=f"node{i}", env={"SILENT_LOG": str(log)}))
         logs.append(log)
         if i == 0:  # the store's host first, so that the others find it
@@ -224,7 +235,7 @@ def start_three_nodes(agents: Agents, tmp_path: Path, conf: str) -> tuple[list[A
         "the three nodes to train together",
     )
     assert not any_ended(nodes), "\n\n".join(n.diagnostics() for n in nodes)
-    return nodes, logs
+    return nodes, logs, lambda i: node_args(endpoint, i, nodes_conf)
 
 
 def any_ended(nodes: list[Agent]) -> bool:

@@ -18,7 +18,7 @@ from proclib import wait_for
 @pytest.mark.slow(seconds=90)
 @pytest.mark.timeout(400)
 def test_the_survivors_train_on_when_the_store_hosts_agent_dies(agents: Agents, tmp_path: Path) -> None:
-    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=on")
+    nodes, logs, args_of = start_three_nodes(agents, tmp_path, "store_takeover=on")
     survivors = nodes[1:]
     pids = [n.pid for n in survivors]
     killed_at = time.time()
@@ -40,14 +40,35 @@ def test_the_survivors_train_on_when_the_store_hosts_agent_dies(agents: Agents, 
         120,
         "five steps at world 2",
     )
-    for n in survivors:
-        n.kill()
+    # the lost node's replacement (same address, same command line: the original endpoint,
+    # hosting there) finds the moved store among store_candidates and joins the run: world 3
+    log = tmp_path / "steps-replacement.log"
+    joined_at = time.time()
+    replacement = agents.start(args_of(0), name="replacement", env={"SILENT_LOG": str(log)})
+    wait_for(
+        lambda: any(w == 3 for _, w in train_steps(log)) or any_ended([*survivors, replacement]),
+        180,
+        "the replacement to train with the survivors at world 3",
+    )
+    assert not any_ended([*survivors, replacement]), replacement.diagnostics()
+    assert "joining the run there" in replacement.stderr
+    for p in logs[1:]:
+        assert any(t > joined_at and w == 3 for t, w in train_steps(p))  # one run, not two
+    assert [n.pid for n in survivors] == pids
+
+
+def test_the_option_needs_the_candidates_where_a_late_agent_looks(agents: Agents) -> None:
+    args = ["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "store_takeover=on", "x.py"]
+    a = agents.run(args, timeout=60)
+    assert a.proc.returncode == 2
+    assert "store_takeover=on needs store_candidates" in a.stderr
+    assert "Traceback" not in a.stderr
 
 
 @pytest.mark.slow(seconds=90)
 @pytest.mark.timeout(400)
 def test_without_the_option_the_survivors_lose_the_store_as_with_torchrun(agents: Agents, tmp_path: Path) -> None:
-    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=off")
+    nodes, logs, _ = start_three_nodes(agents, tmp_path, "store_takeover=off")
     survivors = nodes[1:]
     killed_at = time.time()
     nodes[0].kill()

@@ -140,7 +140,7 @@ def test_the_store_moves_to_a_survivor_when_its_agent_dies(agents: MatrixAgents,
     """``--rdzv-conf store_takeover=on``: the agent hosting the rendezvous store is killed with
     its workers; the two others rebuild the rendezvous on a store the lowest-ranked survivor
     hosts (the handler's private names, torchstep.agent.compat) and train on at world 2."""
-    nodes, logs = start_three_nodes(agents, tmp_path, "store_takeover=on")
+    nodes, logs, _ = start_three_nodes(agents, tmp_path, "store_takeover=on")
     killed_at = time.time()
     nodes[0].kill()
     wait_for(

@@ -235,12 +235,13 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
     def rendezvous_group(self, worker_group: WorkerGroup) -> None:
         self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
         self._start_liveness(worker_group)
+        self._restart_when_store_lost(worker_group.spec.rdzv_handler)
         if self._move_store_if_gone(worker_group):
             self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
         try:
             self.torch_rendezvous(worker_group)
         except RendezvousError:  # the store's agent died during this rendezvous
-            if not self._move_store_if_gone(worker_group):
+            if not self._move_store_if_gone(worker_group, failed=True):
                 raise
             self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
             self.torch_rendezvous(worker_group)
@@ -483,27 +484,69 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             if self._hang is not None:  # no rank of any node progressed: the group's hang
                 self._hang.peers = self._liveness
 
-    def _move_store_if_gone(self, wg: WorkerGroup) -> bool:
+    def _takeover_enabled(self) -> bool:
+        from torchstep.agent import store_move
+
+        config = self.settings.config
+        return self._liveness is not None and store_move.enabled(
+            config.rdzv_configs, min_nodes=config.min_nodes, max_nodes=config.max_nodes
+        )
+
+    def _restart_when_store_lost(self, handler: Any) -> None:
+        """With ``store_takeover``: torch's loop asks the store how many nodes wait while the
+        group is healthy, and a store that is gone would end the run there, before the
+        workers' failure is seen. That call then says "a node waits" instead, so the group
+        restarts (a membership change) and its rendezvous moves the store."""
+        if not self._takeover_enabled() or "num_nodes_waiting" in vars(handler):
+            return
+        from torchstep.agent.liveness import GONE
+
+        asked = type(handler).num_nodes_waiting
+
+        def num_nodes_waiting() -> int:
+            try:
+                return int(asked(handler))
+            except RendezvousError:
+                if self._liveness is None or self._liveness.store_verdict() != GONE:
+                    raise
+                log.warning("the rendezvous store does not answer and its host refuses: restarting to move it")
+                return 1
+
+        handler.num_nodes_waiting = num_nodes_waiting
+
+    def _move_store_if_gone(self, wg: WorkerGroup, *, failed: bool = False) -> bool:
         """With ``--rdzv-conf store_takeover=on`` (elastic): when the store's process is gone
         (its host refuses the connection), rebuild the rendezvous on a new store hosted by the
-        lowest-ranked survivor of the last round (:mod:`torchstep.agent.store_move`).
+        lowest-ranked survivor of the last round (:mod:`torchstep.agent.store_move`). When a
+        rendezvous ``failed`` on the store while its endpoint answers (a new store there: the
+        lost node's replacement hosts it), rebuild on that one instead.
 
         Returns:
-            Whether the store moved.
+            Whether the rendezvous was rebuilt.
         """
         from torchstep.agent import store_move
-        from torchstep.agent.liveness import GONE
+        from torchstep.agent.liveness import ALIVE, GONE
 
         config = self.settings.config
         monitor, params = self._liveness, self.rdzv_params
         if monitor is None or params is None or self._rdzv_round is None:
             return False  # no group formed yet (nothing to survive from), or no monitor to probe with
-        if not store_move.enabled(config.rdzv_configs, min_nodes=config.min_nodes, max_nodes=config.max_nodes):
+        if not self._takeover_enabled():
             return False
         old = f"{monitor.store_host}:{monitor.store_port}"
-        if monitor.store_verdict() != GONE:
-            return False
+        verdict = monitor.store_verdict()
         handler = wg.spec.rdzv_handler
+        if failed and verdict == ALIVE:
+            endpoint = store_move.move(
+                handler, params, host_addr=monitor.store_host, port=monitor.store_port, host_it=False, timeout_s=30.0
+            )
+            monitor.retarget(handler, endpoint)
+            self._rdzv_round = None
+            self._restart_when_store_lost(handler)
+            log.warning("the connection to the rendezvous store at %s broke while it answers: joining it again", old)
+            return True
+        if verdict != GONE:
+            return False
         found = compat.rdzv_node_and_settings(handler)
         me = found[0] if found is not None else None
         participants = compat.rdzv_participants(handler)
@@ -528,6 +571,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         )
         monitor.retarget(handler, endpoint)
         self._rdzv_round = None
+        self._restart_when_store_lost(handler)
         log.warning(
             "the rendezvous store at %s is gone (its host refuses the connection): moved to %s, hosted by %s",
             old,

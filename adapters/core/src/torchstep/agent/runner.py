@@ -194,6 +194,7 @@ class AgentRun:
         shutdown_rdzv = True
         try:
             signals.check()  # one the zygote's start or an import swallowed
+            join_moved_store(config)
             params = private_params(  # a one-node rendezvous: its stores listen on loopback only
                 RendezvousParameters(
                     backend=config.rdzv_backend,
@@ -346,6 +347,32 @@ class AgentRun:
         self.reaper.finish()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return result
+
+
+def join_moved_store(config: Any) -> None:
+    """With ``--rdzv-conf store_takeover=on`` and ``store_candidates``: where the run's
+    rendezvous store moved to a survivor before this agent started (it replaces the lost
+    node), meet the run there: the endpoint is the moved store's, and this agent does not
+    host one (:func:`torchstep.agent.store_move.find_moved`)."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from torchstep.agent import store_move
+
+    conf = config.rdzv_configs
+    hosts = store_move.candidates(conf)
+    if config.rdzv_backend != "c10d" or not hosts:
+        return
+    if not store_move.enabled(conf, min_nodes=config.min_nodes, max_nodes=config.max_nodes):
+        return
+    try:
+        _, port = parse_rendezvous_endpoint(str(config.rdzv_endpoint).strip(), default_port=29400)
+    except ValueError:
+        return  # torch's handler refuses the endpoint with its own message
+    moved = store_move.find_moved(config.run_id, hosts, port)
+    if moved is not None:
+        log.warning("the rendezvous store moved from %s to %s: joining the run there", config.rdzv_endpoint, moved)
+        config.rdzv_endpoint = moved
+        conf["is_host"] = "false"
 
 
 def guard_rendezvous(handler: Any, endpoint: str) -> None:

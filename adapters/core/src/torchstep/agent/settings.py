@@ -323,6 +323,19 @@ def _logs_specs_factory(name: str | None, args: Any, log_dir: str) -> Callable[[
     return lambda: cls(log_dir=log_dir, redirects=redirects, tee=tee, local_ranks_filter=ranks)
 
 
+def _check_store_takeover(conf: Mapping[str, Any]) -> None:
+    """``store_takeover=on`` needs ``store_candidates``: an agent that replaces the lost store
+    host would otherwise host a store of its own at the original endpoint, a second run beside
+    the survivors' (torchstep.agent.store_move)."""
+    takeover = str(conf.get("store_takeover", "off")).strip().lower() in ("1", "on", "true", "yes")
+    if takeover and not str(conf.get("store_candidates", "")).strip():
+        raise UsageError(
+            "--rdzv-conf store_takeover=on needs store_candidates=<host>|<host>...: the other nodes' "
+            "addresses, where an agent started later looks for the moved store (fix: add them, or drop "
+            "store_takeover)"
+        )
+
+
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> AgentSettings:
     """Parse ``argv`` (without the program name) under ``environ`` into settings: each row
     of :data:`~torchstep.agent.settings_table.SETTINGS` by its precedence, then torchrun's
@@ -424,6 +437,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     except (ValueError, AssertionError, RuntimeError) as e:  # torchrun's own checks of its flags
         raise TorchrunError(e) from None
     config.rdzv_configs = conf
+    _check_store_takeover(conf)
 
     process_env = {}
     if ENV_NO_SHARED_STORE not in env:

@@ -20,11 +20,17 @@ smaller size:
    is rebuilt on the new store: the next rendezvous forms the group of the survivors, a
    membership change like any node loss.
 
+An agent that starts later with the original endpoint (the lost node's replacement, a late
+joiner) looks for a moved store first on the hosts ``--rdzv-conf store_candidates=h1|h2``
+names (:func:`find_moved`); where none is named it cannot know, and would host a store of
+its own at the original endpoint. An agent whose store connection broke while the endpoint
+answers again (the lost node's replacement hosts there already) rebuilds its handler on that
+store, so the run meets again there instead of failing.
+
 Not moved (documented limits, tested as such): a store host that went *silent* (a partition:
 the agents that cannot reach it stop their workers and wait to rejoin, as before: moving
 would split the run in two while the old host trains on); a fixed ``--nnodes N`` (the world
-cannot form again at another size: the step fails, retryable); an agent that starts later
-with the original endpoint (a replacement of the lost node) is not told where the store went.
+cannot form again at another size: the step fails, retryable).
 
 Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does at a rendezvous)::
 
@@ -36,7 +42,7 @@ Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does at a rendezvo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -45,7 +51,17 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 from torchstep.agent import compat
 from torchstep.agent.liveness import GONE, SILENT
 
-__all__ = ["TAKEOVER_CONF", "StoreMoveError", "choose_successor", "enabled", "move"]
+__all__ = [
+    "CANDIDATES_CONF",
+    "MOVED_KEY",
+    "TAKEOVER_CONF",
+    "StoreMoveError",
+    "candidates",
+    "choose_successor",
+    "enabled",
+    "find_moved",
+    "move",
+]
 
 log = logging.getLogger("torchstep.agent")
 
@@ -109,6 +125,55 @@ def choose_successor(
     return None
 
 
+#: ``--rdzv-conf`` key: where a moved store may be, ``|``-separated hosts (the endpoint's port).
+CANDIDATES_CONF = "store_candidates"
+#: The key a moved store holds (value: the endpoint it replaced), so a late agent can find it.
+MOVED_KEY = "torchstep.store_moved.{run_id}"
+
+
+def candidates(rdzv_configs: Mapping[str, Any]) -> list[str]:
+    """The hosts of ``--rdzv-conf store_candidates=h1|h2`` (where a launcher says a moved
+    store may be: a Kubernetes role's other replicas).
+
+    Example: ``candidates({"store_candidates": "a|b"})`` is ``["a", "b"]``.
+    """
+    return [h.strip() for h in str(rdzv_configs.get(CANDIDATES_CONF, "")).split("|") if h.strip()]
+
+
+def find_moved(run_id: str, hosts: Sequence[str], port: int, *, timeout_s: float = 5.0) -> str | None:
+    """The endpoint of a store this run's rendezvous moved to, among ``hosts`` at ``port``.
+
+    An agent that starts after a move (a replacement of the lost node, or a late joiner)
+    was given the original endpoint; where a store that says it replaced it (:data:`MOVED_KEY`)
+    answers on a candidate, it joins that one. A candidate that refuses or does not answer
+    within ~1.5 s is passed over (at a job's start none listens: this costs nothing there).
+
+    Args:
+        run_id: the rendezvous id.
+        hosts: the candidates, in order.
+        port: the store's port.
+        timeout_s: how long a store that answers may take to say what it is.
+
+    Returns:
+        ``host:port``, or ``None`` when the store did not move (or cannot be found).
+    """
+    from torch.distributed import TCPStore
+
+    from torchstep.agent.liveness import ALIVE, probe
+
+    key = MOVED_KEY.format(run_id=run_id)
+    for host in hosts:
+        if probe(host, port, 1.5) != ALIVE:
+            continue
+        try:
+            store = TCPStore(host, port, None, False, timedelta(seconds=timeout_s), wait_for_workers=False)
+            if store.check([key]):
+                return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        except Exception as e:  # another service on that port, or it went away: not ours
+            log.info("no moved rendezvous store at %s:%d (%s: %s)", host, port, type(e).__name__, e)
+    return None
+
+
 def move(handler: Any, params: Any, *, host_addr: str, port: int, host_it: bool, timeout_s: float) -> str:
     """Rebuild ``handler`` on a new store at ``host_addr:port``, hosted here when ``host_it``.
 
@@ -142,6 +207,7 @@ def move(handler: Any, params: Any, *, host_addr: str, port: int, host_it: bool,
     try:
         if host_it:
             store = host_store(host_addr, port, timeout=timeout)
+            store.set(MOVED_KEY.format(run_id=params.run_id), str(params.endpoint))  # found by late agents
         else:
             store = TCPStore(host_addr, port, None, False, timeout, wait_for_workers=False)
     except Exception as e:  # a port taken here, or the successor never came (its agent died too)
