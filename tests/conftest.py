@@ -56,6 +56,7 @@ SPREAD_MODULES = frozenset(
         "tests/agent/test_agent_restarts.py",
         "tests/agent/test_hang.py",
         "tests/agent/test_silent_host.py",
+        "tests/agent/test_store_takeover.py",
         "tests/airflow/test_batch_training.py",
         "tests/bench/test_airflow_parse.py",
         "tests/cluster/test_kueue.py",

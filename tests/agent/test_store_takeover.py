@@ -78,3 +78,27 @@ def test_without_the_option_the_survivors_lose_the_store_as_with_torchrun(agents
         assert n.result["state"] == "FAILED", n.diagnostics()
     for p in logs[1:]:
         assert not any(t > killed_at and w == 2 for t, w in train_steps(p))
+
+
+@pytest.mark.slow(seconds=90)
+@pytest.mark.timeout(400)
+def test_a_replacement_started_at_once_meets_the_survivors_in_one_run(agents: Agents, tmp_path: Path) -> None:
+    """The lost node's replacement starts while the survivors may still be moving the store:
+    whichever comes first (the survivors join the replacement's store at the original
+    endpoint, the replacement finds the moved one, or it hosts one and then finds the moved
+    one), the three meet in one run of world 3, never two runs side by side."""
+    nodes, logs, args_of = start_three_nodes(agents, tmp_path, "store_takeover=on")
+    nodes[0].kill()
+    log = tmp_path / "steps-replacement.log"
+    replacement = agents.start(args_of(0), name="replacement", env={"SILENT_LOG": str(log)})
+    started = time.time()
+    every = [*nodes[1:], replacement]
+    wait_for(
+        lambda: (
+            all(sum(1 for t, w in train_steps(p) if t > started and w == 3) >= 5 for p in [*logs[1:], log])
+            or any_ended(every)
+        ),
+        240,
+        "the three to train as one run of world 3",
+    )
+    assert not any_ended(every), "\n\n".join(n.diagnostics() for n in every)

@@ -191,6 +191,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._rdzv_round: int | None = None
         #: torch's ``RendezvousParameters`` of the run (the runner sets them): a store move rebuilds from them.
         self.rdzv_params: Any = None
+        self._moved_checked_at = 0.0
         #: What went wrong beside the outcome (a rank log a full disk truncated): the result's warnings.
         self.warnings: list[str] = warnings if warnings is not None else []
         self._warn_lock = threading.Lock()
@@ -420,6 +421,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         silenced = self._act_on_silence(worker_group, attempt)
         if silenced is not None:
             return silenced
+        joined = self._join_moved_store(worker_group)
+        if joined is not None:
+            return joined
         self._check_hang(attempt)
         self._progress.tick()
         result: RunResult = self.torch_monitor_workers(worker_group)
@@ -499,20 +503,67 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         restarts (a membership change) and its rendezvous moves the store."""
         if not self._takeover_enabled() or "num_nodes_waiting" in vars(handler):
             return
-        from torchstep.agent.liveness import GONE
-
         asked = type(handler).num_nodes_waiting
 
         def num_nodes_waiting() -> int:
             try:
                 return int(asked(handler))
             except RendezvousError:
-                if self._liveness is None or self._liveness.store_verdict() != GONE:
+                if not self._store_process_ended(failed=True):
                     raise
-                log.warning("the rendezvous store does not answer and its host refuses: restarting to move it")
+                log.warning("the rendezvous store's process ended: restarting the group to move the store")
                 return 1
 
         handler.num_nodes_waiting = num_nodes_waiting
+
+    def _join_moved_store(self, wg: WorkerGroup) -> RunResult | None:
+        """With ``store_takeover``: an agent on the original store whose group is not full
+        looks (every 2 s) for a store of this run that moved to a survivor, and joins the run
+        there. This ends the race of a replacement of the lost node that started before the
+        survivors moved the store (it found no moved store and hosts one of its own at the
+        original endpoint): the moved store always wins, so the run is one again."""
+        from torchstep.agent import store_move
+
+        monitor, params = self._liveness, self.rdzv_params
+        if monitor is None or params is None or not self._takeover_enabled():
+            return None
+        now = time.monotonic()
+        if now - self._moved_checked_at < 2.0:
+            return None
+        self._moved_checked_at = now
+        hosts = store_move.candidates(self.settings.config.rdzv_configs)
+        if monitor.store_host in hosts or (wg.group_world_size or 0) >= self.settings.config.max_nodes:
+            return None  # already on a moved store, or nobody is missing
+        found = store_move.find_moved(str(params.run_id), hosts, monitor.store_port, timeout_s=2.0)
+        if found is None:
+            return None
+        handler = wg.spec.rdzv_handler
+        host = found.rpartition(":")[0].strip("[]")
+        endpoint = store_move.move(
+            handler, params, host_addr=host, port=monitor.store_port, host_it=False, timeout_s=30.0
+        )
+        monitor.retarget(handler, endpoint)
+        self._restart_when_store_lost(handler)
+        log.warning("this run's rendezvous store moved to %s while this node hosted one: joining the run there", found)
+        self._rdzv_round = None
+        self.restart_group(wg)  # a membership change: the others restart into a world with this node
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def _store_process_ended(self, *, failed: bool) -> bool:
+        """Whether the store's process ended, so the store may move: its host refuses the
+        connection, or it does not answer now but the store's connections were closed (an
+        error, not a stall: a deleted pod's address stops answering too) — by the liveness
+        monitor's reads, or by this agent's own call that just ``failed`` without a stall
+        being seen. A store that stopped answering *first* is a partition: it stays."""
+        from torchstep.agent.liveness import ALIVE, GONE
+
+        monitor = self._liveness
+        if monitor is None:
+            return False
+        verdict = monitor.store_verdict()
+        if verdict == ALIVE:
+            return False
+        return verdict == GONE or monitor.store_ended() or (failed and monitor.cut_off is None)
 
     def _move_store_if_gone(self, wg: WorkerGroup, *, failed: bool = False) -> bool:
         """With ``--rdzv-conf store_takeover=on`` (elastic): when the store's process is gone
@@ -525,7 +576,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             Whether the rendezvous was rebuilt.
         """
         from torchstep.agent import store_move
-        from torchstep.agent.liveness import ALIVE, GONE
+        from torchstep.agent.liveness import ALIVE
 
         config = self.settings.config
         monitor, params = self._liveness, self.rdzv_params
@@ -534,9 +585,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if not self._takeover_enabled():
             return False
         old = f"{monitor.store_host}:{monitor.store_port}"
-        verdict = monitor.store_verdict()
         handler = wg.spec.rdzv_handler
-        if failed and verdict == ALIVE:
+        if failed and monitor.store_verdict() == ALIVE:
             endpoint = store_move.move(
                 handler, params, host_addr=monitor.store_host, port=monitor.store_port, host_it=False, timeout_s=30.0
             )
@@ -545,7 +595,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self._restart_when_store_lost(handler)
             log.warning("the connection to the rendezvous store at %s broke while it answers: joining it again", old)
             return True
-        if verdict != GONE:
+        if not self._store_process_ended(failed=failed):
             return False
         found = compat.rdzv_node_and_settings(handler)
         me = found[0] if found is not None else None
@@ -573,7 +623,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._rdzv_round = None
         self._restart_when_store_lost(handler)
         log.warning(
-            "the rendezvous store at %s is gone (its host refuses the connection): moved to %s, hosted by %s",
+            "the rendezvous store at %s is gone (its process ended): moved to %s, hosted by %s",
             old,
             endpoint,
             "this node" if host_it else f"node {successor}",

@@ -234,6 +234,9 @@ class LivenessMonitor:
         self._store: Any = None
         self._holder: Any = None
         self._call_since: float | None = None  # a store call of the reader in flight since
+        # when a store call of the reader first *failed* (an error, not a stall) since the store
+        # last answered: the store's process closed its connections (a partition sends nothing)
+        self._error_at: float | None = None
         self._cut: Silence | None = None
         self._seen: dict[Any, tuple[Any, float]] = {}  # node -> (last heartbeat, when it changed here)
         self._ports: dict[str, int] = {}
@@ -315,6 +318,13 @@ class LivenessMonitor:
         """The store's host name and the addresses it had when it last answered."""
         return {self.store_host, *(str(addr[1][0]) for addr in self._store_addrs)}
 
+    def store_ended(self) -> bool:
+        """Whether the store's connections were closed before any call to it stalled: its
+        process ended (a pod deleted, an agent killed), whatever a probe of its address says
+        now (a deleted pod's address stops answering at all, like a partitioned one's)."""
+        error_at, cut = self._error_at, self._cut
+        return error_at is not None and (cut is None or cut.at >= error_at)
+
     def probe_node(self, node: Any) -> str:
         """A probe of ``node``'s agent on its liveness port (``"unknown"`` when this monitor
         never learnt the port: that node is passed over)."""
@@ -336,6 +346,7 @@ class LivenessMonitor:
         self._seen.clear()
         self._probed.clear()
         self._cut = None
+        self._error_at = None
 
     # -- the reader ------------------------------------------------------------------------
     def _key(self, node: Any) -> str:
@@ -381,10 +392,13 @@ class LivenessMonitor:
             except Exception as e:
                 if self._stop.is_set():
                     return
+                if self._error_at is None and self._cut is None and time.monotonic() - now < self.cut_after_s:
+                    self._error_at = time.monotonic()
                 log.debug("liveness: reading the rendezvous state failed: %s: %s", type(e).__name__, e)
                 self._store = None  # a fresh connection next time
                 self._stop.wait(self.tick_s)
                 continue
+            self._error_at = None
             if self._cut is not None:
                 log.warning("liveness: the rendezvous store at %s:%d answers again", self.store_host, self.store_port)
                 self._cut = None

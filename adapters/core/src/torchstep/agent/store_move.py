@@ -9,9 +9,10 @@ could only go on by replacing every pod. With ``--rdzv-conf store_takeover=on`` 
 smaller size:
 
 1. at the next rendezvous (the survivors' workers failed with the lost node's, or the
-   liveness monitor stopped them), an agent probes the store's endpoint: a *refused*
-   connection means the host answers and nothing listens there any more, i.e. the store's
-   process is gone (a host that does not answer is a partition: nothing moves, see below);
+   liveness monitor stopped them), an agent judges whether the store's process ended: its
+   host *refuses* a connection, or does not answer now while the store's connections were
+   closed before any call stalled (a deleted pod's address stops answering altogether); a
+   store that stopped answering first is a partition: nothing moves, see below;
 2. every survivor picks the same successor from the last round it was part of: the
    participant with the lowest group rank that is not on the lost store's host and whose
    agent a probe of its liveness port (:mod:`torchstep.agent.liveness`) does not find gone;
@@ -23,7 +24,7 @@ smaller size:
 An agent that starts later with the original endpoint (the lost node's replacement, a late
 joiner) looks for a moved store first on the hosts ``--rdzv-conf store_candidates=h1|h2``
 names (:func:`find_moved`); where none is named it cannot know, and would host a store of
-its own at the original endpoint. An agent whose store connection broke while the endpoint
+its own at the original endpoint (so the option is refused without them). An agent whose store connection broke while the endpoint
 answers again (the lost node's replacement hosts there already) rebuilds its handler on that
 store, so the run meets again there instead of failing.
 

@@ -83,6 +83,13 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
         "scheduling, node scale-up, image pulls)",
     ),
     "cluster_domain": (str, "cluster.local", "the cluster's DNS domain (part of replica 0's FQDN)"),
+    "store_takeover": (
+        bool,
+        False,
+        "elastic multi-replica roles (--nnodes min:max): when replica 0's agent dies (its pod deleted or "
+        "OOM-killed), the c10d rendezvous store moves to the lowest-ranked surviving replica and the others "
+        "train on without their pods being replaced; replica 0's replacement joins them there",
+    ),
     "result_file": (
         str,
         None,
@@ -133,6 +140,9 @@ class KubernetesOptions:
         rdzv_port: the rendezvous port of multi-replica roles (a ``c10d`` port wins).
         join_timeout: seconds a replica waits in the rendezvous for its peers.
         cluster_domain: the cluster's DNS domain (part of replica 0's FQDN).
+        store_takeover: elastic multi-replica roles: the rendezvous store moves to a surviving
+            replica when replica 0's agent dies (``--rdzv-conf store_takeover=on`` with the
+            other replicas' FQDNs as ``store_candidates``: docs/agent.md).
         result_file: absolute path in the container where the agent writes the step result;
             ``None``: none besides the termination message.
     """
@@ -154,6 +164,7 @@ class KubernetesOptions:
     rdzv_port: int = DEFAULT_RDZV_PORT
     join_timeout: int = 900
     cluster_domain: str = "cluster.local"
+    store_takeover: bool = False
     result_file: str | None = None
 
 

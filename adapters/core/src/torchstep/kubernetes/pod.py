@@ -104,7 +104,7 @@ def command_and_args(role: RolePlan, ep: Endpoint, opts: KubernetesOptions) -> t
         rdzv_endpoint=ep.rdzv_endpoint,
         rdzv_id=ep.rdzv_id,
         replica_args=_macro_values(ep),
-        extra=["--rdzv-conf", rdzv_conf(opts)],
+        extra=["--rdzv-conf", rdzv_conf(opts, role, ep)],
     )
     command, args = (list(LAUNCH_COMMAND), argv) if role.uses_torchrun else (argv[:1], argv[1:])
     return command, [escape(a) for a in args]
@@ -114,11 +114,15 @@ def _macro_values(ep: Endpoint) -> dict[str, str]:
     return {**macro_values(ep.app_id, 0), "replica_id": _REPLICA_SENTINEL if ep.indexed else "0"}
 
 
-def rdzv_conf(opts: KubernetesOptions) -> str:
-    """The agent's ``--rdzv-conf`` on Kubernetes.
+def rdzv_conf(opts: KubernetesOptions, role: RolePlan | None = None, ep: Endpoint | None = None) -> str:
+    """The agent's ``--rdzv-conf`` on Kubernetes: the join timeout, and with the
+    ``store_takeover`` option (an elastic multi-replica role) the store's move to a survivor,
+    with the other replicas' FQDNs as the places a late agent looks for it.
 
     Args:
         opts: the resolved run options.
+        role: the role (its ``--nnodes``); ``None``: no move.
+        ep: where its replicas meet (replica 0's FQDN); ``None``: no move.
 
     Returns:
         ``key=value`` pairs, comma-separated.
@@ -126,7 +130,16 @@ def rdzv_conf(opts: KubernetesOptions) -> str:
     >>> rdzv_conf(KubernetesOptions())
     'join_timeout=900'
     """
-    return f"join_timeout={opts.join_timeout}"
+    conf = f"join_timeout={opts.join_timeout}"
+    if not (opts.store_takeover and role is not None and ep is not None and ep.indexed):
+        return conf
+    low, _, high = role.nnodes.partition(":")
+    if not high or low == high:
+        return conf  # a fixed size fails fast instead (docs/agent.md)
+    first, _, domain = ep.rank0_host.partition(".")  # <job>-0.<job>.<ns>.svc.<domain>
+    job = first.removesuffix("-0")
+    hosts = "|".join(f"{job}-{i}.{domain}" for i in range(1, role.num_replicas))
+    return f"{conf},store_takeover=on,store_candidates={hosts}"
 
 
 def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_path: str) -> list[dict[str, Any]]:
@@ -151,7 +164,7 @@ def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_pa
         "rank0_host": ep.rank0_host,
         "rdzv_endpoint": ep.rdzv_endpoint,
         "rdzv_id": ep.rdzv_id,
-        "rdzv_conf": rdzv_conf(opts),
+        "rdzv_conf": rdzv_conf(opts, role, ep),
     }
     env = replica_env(role, **kwargs)
     # replica_env binds ${replica_id} for one known replica; a Job's pods learn theirs at

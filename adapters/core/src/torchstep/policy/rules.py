@@ -235,6 +235,7 @@ CFG_RULES: dict[str, dict[str, str]] = {
         "rdzv_port": "free",
         "join_timeout": "free",
         "cluster_domain": "free",
+        "store_takeover": "free",
         "preemption_retries": "free",
     },
 }
