@@ -134,8 +134,11 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def launch(bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str) -> list[subprocess.Popen[bytes]]:
-    """Start one agent (torchrun or torchstep-agent) per host, c10d on host 0."""
+def launch(
+    bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str, conf: str = ""
+) -> list[subprocess.Popen[bytes]]:
+    """Start one agent (torchrun or torchstep-agent) per host, c10d on host 0 (``conf``: more
+    ``--rdzv-conf``)."""
     procs = []
     for i in range(2):
         env = base_env()
@@ -144,7 +147,8 @@ def launch(bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str) -> list
         argv += ["--rdzv-endpoint", f"{bed.ips[0]}:29400", "--rdzv-id", run_id, "--local-addr", bed.ips[i]]
         # the namespaces share the machine's host name, so torch cannot tell that the endpoint
         # is host 0's: say which agent hosts the store (a pod's hostname would match)
-        argv += ["--rdzv-conf", f"is_host={1 if i == 0 else 0}", "--max-restarts", "0", "--monitor-interval", "0.1"]
+        rdzv_conf = f"is_host={1 if i == 0 else 0}" + (f",{conf}" if conf else "")
+        argv += ["--rdzv-conf", rdzv_conf, "--max-restarts", "0", "--monitor-interval", "0.1"]
         if tool == "torchstep-agent":
             argv += ["--result-file", str(work / f"result.{i}.json"), "--log-dir", str(work / f"logs.{i}")]
         procs.append(bed.spawn(i, [*argv, TRAIN], env=env, out=work / f"agent.{i}.log"))

@@ -58,8 +58,9 @@ def bed() -> Iterator[Bed]:
         b.close()
 
 
-def _start(bed: Bed, work: Path, nnodes: str) -> list[subprocess.Popen[bytes]]:
-    procs = launch(bed, "torchstep-agent", nnodes, work, run_id=f"sg{os.getpid()}{time.monotonic_ns() % 10**6}")
+def _start(bed: Bed, work: Path, nnodes: str, conf: str = "") -> list[subprocess.Popen[bytes]]:
+    run_id = f"sg{os.getpid()}{time.monotonic_ns() % 10**6}"
+    procs = launch(bed, "torchstep-agent", nnodes, work, run_id=run_id, conf=conf)
     both = wait_for(lambda: all(sum(1 for _, w in steps(work, h) if w == 2) >= 5 for h in (0, 1)), 120)
     assert both, f"the two hosts did not train together within 120 s:\n{_logs(work)}"
     return procs
@@ -101,6 +102,23 @@ def test_elastic_a_silent_host_costs_seconds(bed: Bed, tmp_path: Path, cut: int)
         assert f"node {bed.ips[1]} (group rank 1" in log0 and "restarting the group at the new size" in log0
     log1 = (tmp_path / "agent.1.log").read_text()
     assert f"cut off from the rendezvous store at {bed.ips[0]}:29400" in log1
+
+
+def test_a_partitioned_store_host_is_not_a_lost_one_the_store_does_not_move(bed: Bed, tmp_path: Path) -> None:
+    """``store_takeover=on`` moves the store only when its process ended (its connections
+    closed). A store host that goes silent is a partition: it trains on alone and host 1,
+    cut off, stops its worker as without the option; the store stays (moving it would start
+    a second run beside host 0's)."""
+    _start(bed, tmp_path, "1:2", conf=f"store_takeover=on,store_candidates={bed.ips[1]}")
+    t_cut = time.time()
+    bed.cut(0)
+    again = wait_for(lambda: _first_at_world(tmp_path, 0, 1, t_cut), 60)
+    assert again is not None, f"host 0 did not train on alone within 60 s of the cut:\n{_logs(tmp_path)}"
+    assert wait_for(lambda: not bed.workers(1), 60, interval=0.2), _logs(tmp_path)
+    time.sleep(5)  # past the monitor's cut-off and the next rendezvous: nothing may move
+    log1 = (tmp_path / "agent.1.log").read_text()
+    assert f"cut off from the rendezvous store at {bed.ips[0]}:29400" in log1
+    assert "moved to" not in log1 and not _first_at_world(tmp_path, 1, 1, t_cut), _logs(tmp_path)
 
 
 @pytest.mark.parametrize("cut", [1, 0], ids=["other-host-cut", "store-host-cut"])
