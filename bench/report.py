@@ -239,8 +239,8 @@ def main() -> int:
     hang = HERE / "results" / "hang_timeout.md"  # --hang-timeout's false positives (written by hand)
     if hang.exists():
         parts += [hang.read_text().strip(), ""]
-    silent = HERE / "results" / "silent_pods.md"  # what figures 12e-12h mean (written by hand)
-    if silent.exists() and any(f in figures for f in ("12e", "12f", "12g", "12h")):
+    silent = HERE / "results" / "silent_pods.md"  # what figures 12e-12i mean (written by hand)
+    if silent.exists() and any(f in figures for f in ("12e", "12f", "12g", "12h", "12i")):
         parts += [silent.read_text().strip(), ""]
     if any(f.startswith("5") for f in figures):
         parts += [AIRFLOW_PARSE]

@@ -165,14 +165,7 @@ def scenario(
     out: dict[str, Any] = {"tool": tool, "cut": cut, "elastic": elastic}
     node: str | None = None
     try:
-        for obj in objs:
-            made = cluster.create(obj)
-            if made.get("kind") != obj["kind"]:
-                raise RuntimeError(f"creating {obj['kind']} failed: {made}")
-        pods = wait_for(
-            lambda: len(p := _pods(cluster, app_id)) == 2 and all(x["spec"].get("nodeName") for x in p.values()) and p,
-            60,
-        )
+        pods = create_two(cluster, app_id, objs)
         if not pods:
             raise RuntimeError(f"{tool}: the Job's two pods were not scheduled within 60 s")
         nodes = {i: p["spec"]["nodeName"] for i, p in pods.items()}
@@ -231,13 +224,36 @@ def scenario(
                 (work / f"pod.{i}.log").write_text(cluster.log(pod["metadata"]["name"]))
             except OSError:
                 pass
-        for obj in reversed(objs):
-            kind = {"Job": "jobs", "Service": "services", "NetworkPolicy": "networkpolicies"}[obj["kind"]]
-            cluster.delete(kind, obj["metadata"]["name"], propagationPolicy="Background")
-        for pod in cluster.items("pods", f"torchstep/app-id={app_id}"):
-            cluster.delete("pods", pod["metadata"]["name"], gracePeriodSeconds=0)
-        wait_for(lambda: not cluster.items("pods", f"torchstep/app-id={app_id}"), 60, 0.5)
+        remove(cluster, app_id, objs)
     return out
+
+
+def create_two(cluster: Cluster, app_id: str, objs: list[dict[str, Any]]) -> dict[int, dict[str, Any]] | None:
+    """Create the rendered objects; the Job's two pods by index once both are scheduled
+    (``None`` when they were not within 60 s).
+
+    Raises:
+        RuntimeError: the API server refused an object.
+    """
+    for obj in objs:
+        made = cluster.create(obj)
+        if made.get("kind") != obj["kind"]:
+            raise RuntimeError(f"creating {obj['kind']} failed: {made}")
+    found: dict[int, dict[str, Any]] | None = wait_for(
+        lambda: len(p := _pods(cluster, app_id)) == 2 and all(x["spec"].get("nodeName") for x in p.values()) and p,
+        60,
+    )
+    return found
+
+
+def remove(cluster: Cluster, app_id: str, objs: list[dict[str, Any]]) -> None:
+    """Delete the rendered objects and every pod of the run, and wait until the pods are gone."""
+    for obj in reversed(objs):
+        kind = {"Job": "jobs", "Service": "services", "NetworkPolicy": "networkpolicies"}[obj["kind"]]
+        cluster.delete(kind, obj["metadata"]["name"], propagationPolicy="Background")
+    for pod in cluster.items("pods", f"torchstep/app-id={app_id}"):
+        cluster.delete("pods", pod["metadata"]["name"], gracePeriodSeconds=0)
+    wait_for(lambda: not cluster.items("pods", f"torchstep/app-id={app_id}"), 60, 0.5)
 
 
 def _root_cause(message: str) -> dict[str, Any] | str:

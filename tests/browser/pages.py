@@ -54,11 +54,13 @@ def airflow_harness() -> Any:
 
 def where_ranks_were(text: str) -> bool:
     """The stacks' summary names the outlier, rank 3 in ``load_batch``, and accounts for its
-    peers: waiting in ``all_reduce``, or (a rank too slow to answer on a loaded machine) said
-    to have given no stack."""
+    peers: waiting in ``all_reduce``, or (on a loaded machine) still on their way there, at
+    the line of torch they were in, or too slow to answer: said to have given no stack."""
     if not re.search(r"rank 3 at ranks\.py:\d+ in load_batch", text):
         return False
-    peers = re.findall(r"ranks? ([0-2](?:[-, ]+[0-2])*) (?:waiting in all_reduce|gave no stack)", text)
+    peers = re.findall(
+        r"ranks? ([0-2](?:[-, ]+[0-2])*) (?:waiting in all_reduce|gave no stack|at [\w./-]+:\d+ in \w+)", text
+    )
     named = {int(r) for group in peers for r in re.findall(r"\d", group.replace("0-2", "0 1 2"))}
     return named == {0, 1, 2}
 

@@ -112,7 +112,6 @@ def test_replica_0_deleted_the_other_trains_on_in_its_pod_and_the_replacement_jo
     again = next(t for t, _ in steps(work, 1) if t > t_gone)
     now = cluster.get("pods", survivor["name"])
     assert now["metadata"]["uid"] == survivor["uid"], "replica 1's pod was replaced"  # trained on in the same pod
-    assert "hosted by this node" in log_of(survivor["name"]), log_of(survivor["name"])[-3000:]
 
     # the Job controller replaces index 0; its agent finds the moved store and joins it
     try:  # and trains on with it: steps at world 2 on both replicas
@@ -127,8 +126,14 @@ def test_replica_0_deleted_the_other_trains_on_in_its_pod_and_the_replacement_jo
         raise AssertionError(f"{e}; steps in {work}, pod logs in {tmp_path}") from None
     replacement = live_pods(cluster, app_id)[0]["metadata"]["name"]
     assert replacement != deleted
-    assert "joining the run there" in log_of(replacement), log_of(replacement)[-3000:]
     assert cluster.get("pods", survivor["name"])["metadata"]["uid"] == survivor["uid"]
+    # one run, met on one store: usually replica 1 hosts the moved store and the replacement
+    # joins it there; a replacement faster than the move hosts at the original endpoint and
+    # replica 1 joins it there instead (both are the agent's rules, docs/kubernetes.md)
+    said, theirs = log_of(survivor["name"]), log_of(replacement)
+    moved = "hosted by this node" in said and "joining the run there" in theirs
+    met_at_origin = "broke while it answers: joining it again" in said
+    assert moved or met_at_origin, f"--- replica 1\n{said[-3000:]}\n--- replacement\n{theirs[-3000:]}"
     for obj in reversed(objs):
         kind = {"Job": "jobs", "Service": "services", "NetworkPolicy": "networkpolicies"}[obj["kind"]]
         cluster.delete(kind, obj["metadata"]["name"], propagationPolicy="Background")

@@ -1,0 +1,178 @@
+"""Losing the store's replica on the one-machine cluster's pods (issue 36, goal 2): a rendered
+2-replica elastic Indexed Job (``--nnodes 1:2``) of a gloo all-reduce loop
+(``bench/scripts/silent_train.py``), one replica per node; once both train together, replica
+0's pod — where the c10d store lives — is deleted (SIGTERM to its container's first process,
+then its network is gone). Measured: the deletion -> replica 1's first all-reduce in a group
+formed after it (the first step after a pause of over a second), and whether replica 1 still
+runs in the same pod. Three launchers on the same Job:
+
+* ``torchstep-agent`` with the kubernetes run option ``store_takeover`` (the store moves to
+  replica 1, which trains on in its pod; index 0's replacement joins it);
+* ``torchstep-agent`` as rendered by default (the survivor loses the store, exits 83 and is
+  replaced, as torchrun's pods are);
+* ``torchrun`` (the same Job, the container's command ``python -m torch.distributed.run``).
+
+What did not happen within ``--window`` seconds counts as the window (a lower bound, said in
+the figure's note). Needs root. Usage: ``python bench/store_loss_pods.py [--runs N]
+[--window S] [--json]``; figure 12i in bench/results.json (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the one-machine cluster is test infrastructure
+sys.path.insert(0, str(BENCH))
+
+from cluster.controller import new_prefix  # noqa: E402
+from cluster.harness import Cluster, cluster_config, missing  # noqa: E402
+from cluster.kubelet import cleanup  # noqa: E402
+from kubehttp import start_server  # noqa: E402
+from silent_host import fmt_seconds, steps, wait_for  # noqa: E402
+from silent_pods import TRAIN, _pods, create_two, remove  # noqa: E402
+
+LAUNCHERS = ("torchrun", "torchstep-agent", "torchstep-agent+store_takeover")
+FIGURE = ("12i", "pods: the store's replica 0 deleted, --nnodes 1:2: deletion -> replica 1 trains again")
+
+
+def objects(launcher: str, work: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The rendered Job (with its Service and NetworkPolicy) and its app id."""
+    import torchstep
+    from torchx import specs
+
+    role = specs.Role(
+        "t",
+        image="onemachine",
+        entrypoint="python",
+        args=[TRAIN],
+        env={"SILENT_LOG": f"/silent/steps.{specs.macros.replica_id}", "OMP_NUM_THREADS": "1"},
+        num_replicas=2,
+        min_replicas=1,
+        max_retries=2,  # index 0's replacement (and, without the move, index 1's)
+        retry_policy=specs.RetryPolicy.REPLICA,
+        mounts=[specs.BindMount(src_path=str(work), dst_path="/silent")],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+    )
+    cfg: dict[str, Any] = {"run_id": f"r{uuid.uuid4().hex[:8]}"}
+    if launcher.endswith("+store_takeover"):
+        cfg["store_takeover"] = True
+    objs = torchstep.kubernetes.render(specs.AppDef("loss", roles=[role]), namespace="ml", cfg=cfg)
+    job = next(o for o in objs if o["kind"] == "Job")
+    if launcher == "torchrun":
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [sys.executable, "-m", "torch.distributed.run"]
+        container.pop("readinessProbe", None)
+    return job["metadata"]["labels"]["torchstep/app-id"], objs
+
+
+def scenario(cluster: Cluster, launcher: str, *, window: float, work: Path) -> dict[str, Any]:
+    """One run; ``again_s`` (None: not within ``window``) and ``same_pod`` (replica 1's pod uid
+    unchanged when it trained again)."""
+    work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    app_id, objs = objects(launcher, work)
+    out: dict[str, Any] = {"tool": launcher}
+    try:
+        pods = create_two(cluster, app_id, objs)
+        if not pods or pods[0]["spec"]["nodeName"] == pods[1]["spec"]["nodeName"]:
+            raise RuntimeError(f"{launcher}: the two pods were not scheduled on two nodes")
+        if not wait_for(lambda: all(sum(1 for _, w in steps(work, r) if w == 2) >= 5 for r in (0, 1)), 240, 0.5):
+            raise RuntimeError(f"{launcher}: the two replicas did not train together within 240 s")
+        uid1 = pods[1]["metadata"]["uid"]
+        out["load_1m"] = round(os.getloadavg()[0], 2)
+        t_del = time.time()
+        cluster.delete("pods", pods[0]["metadata"]["name"])
+
+        def again() -> float | None:
+            last = t_del
+            for t, _ in steps(work, 1):
+                if t > t_del and t - last > 1.0:
+                    return t
+                last = max(last, t)
+            return None
+
+        t_again = wait_for(again, window, 0.2)
+        out["again_s"] = None if not t_again else round(t_again - t_del, 2)
+        now = _pods(cluster, app_id).get(1)
+        out["same_pod"] = bool(now) and now["metadata"]["uid"] == uid1
+    finally:
+        remove(cluster, app_id, objs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--json", action="store_true", help="print the rows only; record no figure")
+    args = parser.parse_args()
+    reason = missing()
+    if reason:
+        sys.exit(f"bench/store_loss_pods.py needs the one-machine cluster: {reason}")
+    work = Path(tempfile.mkdtemp(prefix="store_loss_pods."))
+    prefix = new_prefix()
+    server = start_server(work / "api", real=cluster_config(work / "cluster", prefix))
+    cluster = Cluster(server, work / "cluster", prefix=prefix)
+    rows: list[dict[str, Any]] = []
+    try:
+        for run in range(args.runs):
+            for launcher in LAUNCHERS if run % 2 == 0 else reversed(LAUNCHERS):
+                try:
+                    row = scenario(cluster, launcher, window=args.window, work=work / f"{launcher}-{run}")
+                except RuntimeError as e:
+                    row = {"tool": launcher, "error": str(e)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    finally:
+        server.stop()
+        cleanup(prefix, work / "cluster")
+    vals = {t: [r.get("again_s") for r in rows if r["tool"] == t and "error" not in r] for t in LAUNCHERS}
+    for t in LAUNCHERS:
+        print(f"{t}: {fmt_seconds(vals[t], args.window) if vals[t] else '-'}")
+    if args.json or not all(vals.values()):
+        return
+    sys.path.insert(0, str(BENCH / "scripts"))
+    from figures import record
+
+    def counted(v: list[float | None]) -> list[float]:
+        return [args.window if x is None else x for x in v]
+
+    same = [r.get("same_pod") for r in rows if r["tool"] == LAUNCHERS[2] and "error" not in r]
+    before = counted(vals["torchstep-agent"])
+    loads = [r["load_1m"] for r in rows if r.get("load_1m") is not None]
+    notes = [
+        f"torchstep-agent with store_takeover: replica 1 in the same pod in {sum(1 for s in same if s)} of {len(same)} runs",
+        f"before (store_takeover off, the default): {statistics.median(before):.2f} s (median), replica 1 replaced",
+        f"1-minute load average at the deletions {min(loads):g}-{max(loads):g} on {os.cpu_count()} cores",
+    ]
+    for t in LAUNCHERS:
+        n = sum(1 for x in vals[t] if x is None)
+        if n:
+            notes.append(
+                f"{t}: {n} of {len(vals[t])} runs had not trained again after {args.window:g} s (counted as {args.window:g} s)"
+            )
+    record(
+        FIGURE[0],
+        FIGURE[1],
+        counted(vals[LAUNCHERS[2]]),
+        counted(vals["torchrun"]),
+        peer_name="torchrun",
+        goal=10.0,
+        goal_on="ours",
+        command=f"python bench/store_loss_pods.py --runs {args.runs} --window {args.window:g}",
+        note="; ".join(notes),
+    )
+
+
+if __name__ == "__main__":
+    main()
