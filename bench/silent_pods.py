@@ -57,6 +57,26 @@ FIGURES = {
 }
 
 
+def train_role(work: Path, **kw: Any) -> Any:
+    """The benchmark's 2-replica role: the gloo all-reduce loop, one step file per replica in
+    ``work`` (a host directory, readable while the replica's node is cut); ``kw``: more
+    ``specs.Role`` fields (``min_replicas``, retries)."""
+    from torchx import specs
+
+    fields: dict[str, Any] = {"max_retries": 0, **kw}
+    return specs.Role(
+        "t",
+        image="onemachine",
+        entrypoint="python",
+        args=[TRAIN],
+        env={"SILENT_LOG": f"/silent/steps.{specs.macros.replica_id}", "OMP_NUM_THREADS": "1"},
+        num_replicas=2,
+        mounts=[specs.BindMount(src_path=str(work), dst_path="/silent")],
+        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
+        **fields,
+    )
+
+
 def objects(tool: str, elastic: bool, work: Path) -> tuple[str, list[dict[str, Any]]]:
     """The rendered objects of the benchmark's Job (Service, NetworkPolicy, Job) and its app id;
     for ``torchrun`` the container runs ``python -m torch.distributed.run`` with the agent's
@@ -64,19 +84,7 @@ def objects(tool: str, elastic: bool, work: Path) -> tuple[str, list[dict[str, A
     import torchstep
     from torchx import specs
 
-    role = specs.Role(
-        "t",
-        image="onemachine",
-        entrypoint="python",
-        args=[TRAIN],
-        # one file per replica on a host directory: readable while the replica's node is cut
-        env={"SILENT_LOG": f"/silent/steps.{specs.macros.replica_id}", "OMP_NUM_THREADS": "1"},
-        num_replicas=2,
-        min_replicas=1 if elastic else None,
-        max_retries=0,
-        mounts=[specs.BindMount(src_path=str(work), dst_path="/silent")],
-        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
-    )
+    role = train_role(work, min_replicas=1 if elastic else None)
     objs = torchstep.kubernetes.render(
         specs.AppDef("silent", roles=[role]), namespace="ml", cfg={"run_id": f"r{uuid.uuid4().hex[:8]}"}
     )

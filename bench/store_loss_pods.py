@@ -40,7 +40,7 @@ from cluster.harness import Cluster, cluster_config, missing  # noqa: E402
 from cluster.kubelet import cleanup  # noqa: E402
 from kubehttp import start_server  # noqa: E402
 from silent_host import fmt_seconds, steps, wait_for  # noqa: E402
-from silent_pods import TRAIN, _pods, create_two, remove  # noqa: E402
+from silent_pods import _pods, create_two, remove, train_role  # noqa: E402
 
 LAUNCHERS = ("torchrun", "torchstep-agent", "torchstep-agent+store_takeover")
 FIGURE = ("12i", "pods: the store's replica 0 deleted, --nnodes 1:2: deletion -> replica 1 trains again")
@@ -51,19 +51,8 @@ def objects(launcher: str, work: Path) -> tuple[str, list[dict[str, Any]]]:
     import torchstep
     from torchx import specs
 
-    role = specs.Role(
-        "t",
-        image="onemachine",
-        entrypoint="python",
-        args=[TRAIN],
-        env={"SILENT_LOG": f"/silent/steps.{specs.macros.replica_id}", "OMP_NUM_THREADS": "1"},
-        num_replicas=2,
-        min_replicas=1,
-        max_retries=2,  # index 0's replacement (and, without the move, index 1's)
-        retry_policy=specs.RetryPolicy.REPLICA,
-        mounts=[specs.BindMount(src_path=str(work), dst_path="/silent")],
-        resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
-    )
+    # index 0's replacement (and, without the move, index 1's): REPLICA retries
+    role = train_role(work, min_replicas=1, max_retries=2, retry_policy=specs.RetryPolicy.REPLICA)
     cfg: dict[str, Any] = {"run_id": f"r{uuid.uuid4().hex[:8]}"}
     if launcher.endswith("+store_takeover"):
         cfg["store_takeover"] = True

@@ -538,13 +538,14 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if found is None:
             return None
         handler = wg.spec.rdzv_handler
-        host = found.rpartition(":")[0].strip("[]")
         endpoint = store_move.move(
-            handler, params, host_addr=host, port=monitor.store_port, host_it=False, timeout_s=30.0
+            handler, params, host_addr=found, port=monitor.store_port, host_it=False, timeout_s=30.0
         )
         monitor.retarget(handler, endpoint)
         self._restart_when_store_lost(handler)
-        log.warning("this run's rendezvous store moved to %s while this node hosted one: joining the run there", found)
+        log.warning(
+            "this run's rendezvous store moved to %s while this node hosted one: joining the run there", endpoint
+        )
         self._rdzv_round = None
         self.restart_group(wg)  # a membership change: the others restart into a world with this node
         return RunResult(state=WorkerState.HEALTHY)

@@ -368,8 +368,9 @@ def join_moved_store(config: Any) -> None:
         _, port = parse_rendezvous_endpoint(str(config.rdzv_endpoint).strip(), default_port=29400)
     except ValueError:
         return  # torch's handler refuses the endpoint with its own message
-    moved = store_move.find_moved(config.run_id, hosts, port)
-    if moved is not None:
+    host = store_move.find_moved(config.run_id, hosts, port)
+    if host is not None:
+        moved = store_move.endpoint_of(host, port)
         log.warning("the rendezvous store moved from %s to %s: joining the run there", config.rdzv_endpoint, moved)
         config.rdzv_endpoint = moved
         conf["is_host"] = "false"

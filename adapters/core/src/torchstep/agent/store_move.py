@@ -60,6 +60,7 @@ __all__ = [
     "candidates",
     "choose_successor",
     "enabled",
+    "endpoint_of",
     "find_moved",
     "move",
 ]
@@ -141,8 +142,16 @@ def candidates(rdzv_configs: Mapping[str, Any]) -> list[str]:
     return [h.strip() for h in str(rdzv_configs.get(CANDIDATES_CONF, "")).split("|") if h.strip()]
 
 
+def endpoint_of(host: str, port: int) -> str:
+    """``host:port`` as torch's endpoint parser reads it (an IPv6 address in brackets).
+
+    Example: ``endpoint_of("fd00::2", 29400)`` is ``"[fd00::2]:29400"``.
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def find_moved(run_id: str, hosts: Sequence[str], port: int, *, timeout_s: float = 5.0) -> str | None:
-    """The endpoint of a store this run's rendezvous moved to, among ``hosts`` at ``port``.
+    """The host of a store this run's rendezvous moved to, among ``hosts`` at ``port``.
 
     An agent that starts after a move (a replacement of the lost node, or a late joiner)
     was given the original endpoint; where a store that says it replaced it (:data:`MOVED_KEY`)
@@ -156,7 +165,7 @@ def find_moved(run_id: str, hosts: Sequence[str], port: int, *, timeout_s: float
         timeout_s: how long a store that answers may take to say what it is.
 
     Returns:
-        ``host:port``, or ``None`` when the store did not move (or cannot be found).
+        The host, or ``None`` when the store did not move (or cannot be found).
     """
     from torch.distributed import TCPStore
 
@@ -169,7 +178,7 @@ def find_moved(run_id: str, hosts: Sequence[str], port: int, *, timeout_s: float
         try:
             store = TCPStore(host, port, None, False, timedelta(seconds=timeout_s), wait_for_workers=False)
             if store.check([key]):
-                return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                return host
         except Exception as e:  # another service on that port, or it went away: not ours
             log.info("no moved rendezvous store at %s:%d (%s: %s)", host, port, type(e).__name__, e)
     return None
@@ -203,7 +212,7 @@ def move(handler: Any, params: Any, *, host_addr: str, port: int, host_it: bool,
 
     from torchstep.agent.stores import host_store
 
-    endpoint = f"[{host_addr}]:{port}" if ":" in host_addr else f"{host_addr}:{port}"
+    endpoint = endpoint_of(host_addr, port)
     timeout = timedelta(seconds=timeout_s)
     try:
         if host_it:
