@@ -112,6 +112,9 @@ def test_a_watch_cut_mid_run_resumes_without_losing_the_change_it_carried(server
 def test_a_watch_whose_version_expired_lists_again(server: KubeServer) -> None:
     gang, lines, done, t = start(server)
     wait_for(lambda: running(server), 60, "the run's pods and watches")
+    # evicted once its log is followed: a pod deleted before anyone read its log takes the
+    # lines it wrote with it, on a real cluster as here (a loaded machine can delay the follower)
+    wait_for(lambda: "[trainer/0] line 0" in lines, 60, "pod 0's log followed")
     # the pods' watch is reset as it is about to send the eviction, and every version up to
     # then is compacted away as it is: its reconnection is answered 410 Gone
     server.fault(cut_watches=1, expire=True, evict_pod=0)
