@@ -20,7 +20,11 @@ env: $(STAMP)
 $(STAMP): requirements/dev.lock $(PYPROJECTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements/dev.lock
+	# byte code compiled once here: uv writes none by default, and PYTHONDONTWRITEBYTECODE (the
+	# checkout stays clean) kept every process from caching it, so each import of Prefect, KFP
+	# or the Kubernetes client compiled it anew (3-4 CPU-s each, the suite's processes by the
+	# thousand; docs/contributing.md)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r requirements/dev.lock
 	# torch through pip: pip's own configuration may point at a local CPU build (see the README).
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(foreach a,$(ADAPTERS),-e adapters/$(a))
