@@ -38,18 +38,19 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 class Bed:
-    """Two hosts on a bridge: network namespaces ``<tag>h0``/``<tag>h1`` with ``eth0``
-    (``10.X.Y.1``/``.2``), whose other veth ends hang on a bridge in ``<tag>br``;
+    """``count`` hosts (two by default) on a bridge: network namespaces ``<tag>h0``,
+    ``<tag>h1``... with ``eth0`` (``10.X.Y.1``, ``.2``...), whose other veth ends hang on a
+    bridge in ``<tag>br``;
     :meth:`cut` sets a host's bridge-side veth down (its processes live on, nothing is
     sent). Every process it starts runs in a host's namespace and is killed by
     :meth:`close` (by the namespace's pids)."""
 
-    def __init__(self, tag: str | None = None) -> None:
+    def __init__(self, tag: str | None = None, count: int = 2) -> None:
         self.tag = tag or f"sg{os.getpid() % 10000}{random.randint(0, 99)}"
         net = random.randint(0, 250)
-        self.ips = [f"10.213.{net}.1", f"10.213.{net}.2"]
+        self.ips = [f"10.213.{net}.{i + 1}" for i in range(count)]
         self.br = f"{self.tag}br"
-        self.hosts = [f"{self.tag}h0", f"{self.tag}h1"]
+        self.hosts = [f"{self.tag}h{i}" for i in range(count)]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def up(self) -> Bed:
@@ -102,7 +103,7 @@ class Bed:
 
     def kill_all(self) -> None:
         for _ in range(3):
-            pids = [p for h in range(2) for p in self.pids(h)]
+            pids = [p for h in range(len(self.hosts)) for p in self.pids(h)]
             if not pids:
                 break
             for pid in pids:
@@ -137,10 +138,10 @@ def base_env() -> dict[str, str]:
 def launch(
     bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str, conf: str = ""
 ) -> list[subprocess.Popen[bytes]]:
-    """Start one agent (torchrun or torchstep-agent) per host, c10d on host 0 (``conf``: more
-    ``--rdzv-conf``)."""
+    """Start one agent (torchrun or torchstep-agent) per host of ``bed``, c10d on host 0
+    (``conf``: more ``--rdzv-conf``)."""
     procs = []
-    for i in range(2):
+    for i in range(len(bed.hosts)):
         env = base_env()
         env["SILENT_LOG"] = str(work / f"steps.{i}")
         argv = [TOOLS[tool], "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d"]

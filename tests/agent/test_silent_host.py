@@ -44,32 +44,42 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture
-def bed() -> Iterator[Bed]:
+def _bed(count: int) -> Iterator[Bed]:
     reason = _missing()
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must run the silent-host tests: {reason}")
         pytest.skip(reason)
-    b = Bed().up()
+    b = Bed(count=count).up()
     try:
         yield b
     finally:
         b.close()
 
 
+@pytest.fixture
+def bed() -> Iterator[Bed]:
+    yield from _bed(2)
+
+
+@pytest.fixture
+def bed3() -> Iterator[Bed]:
+    yield from _bed(3)
+
+
 def _start(bed: Bed, work: Path, nnodes: str, conf: str = "") -> list[subprocess.Popen[bytes]]:
     run_id = f"sg{os.getpid()}{time.monotonic_ns() % 10**6}"
     procs = launch(bed, "torchstep-agent", nnodes, work, run_id=run_id, conf=conf)
-    both = wait_for(lambda: all(sum(1 for _, w in steps(work, h) if w == 2) >= 5 for h in (0, 1)), 120)
-    assert both, f"the two hosts did not train together within 120 s:\n{_logs(work)}"
+    n = len(bed.hosts)
+    together = wait_for(lambda: all(sum(1 for _, w in steps(work, h) if w == n) >= 5 for h in range(n)), 120)
+    assert together, f"the {n} hosts did not train together within 120 s:\n{_logs(work)}"
     return procs
 
 
 def _logs(work: Path) -> str:
     return "\n".join(
         f"--- agent {h}:\n" + (work / f"agent.{h}.log").read_text(errors="replace")[-3000:]
-        for h in (0, 1)
+        for h in range(4)
         if (work / f"agent.{h}.log").exists()
     )
 
@@ -119,6 +129,36 @@ def test_a_partitioned_store_host_is_not_a_lost_one_the_store_does_not_move(bed:
     log1 = (tmp_path / "agent.1.log").read_text()
     assert f"cut off from the rendezvous store at {bed.ips[0]}:29400" in log1
     assert "moved to" not in log1 and not _first_at_world(tmp_path, 1, 1, t_cut), _logs(tmp_path)
+
+
+def test_of_three_hosts_the_two_that_lose_the_silent_store_host_move_the_store(bed3: Bed, tmp_path: Path) -> None:
+    """``--nnodes 1:3`` with ``store_takeover=on``: the store's host goes silent. The two
+    others answer each other, a majority of the last round: they move the store to host 1
+    and train on at world size 2 within the bound. Host 0 reaches one node of three (itself):
+    it stops its worker instead of training on alone (two runs), waits for the moved store,
+    and once its link heals it joins the run there: all three train at world size 3 again."""
+    bed = bed3
+    _start(bed, tmp_path, "1:3", conf=f"store_takeover=on,store_candidates={'|'.join(bed.ips)}")
+    t_cut = time.time()
+    bed.cut(0)
+    again = wait_for(lambda: all(_first_at_world(tmp_path, h, 2, t_cut) for h in (1, 2)), 60)
+    assert again, f"hosts 1 and 2 did not train again at world size 2 within 60 s:\n{_logs(tmp_path)}"
+    took = max(_first_at_world(tmp_path, h, 2, t_cut) or 0.0 for h in (1, 2)) - t_cut
+    assert took < ELASTIC_BOUND_S, f"{took:.1f}s\n{_logs(tmp_path)}"
+    assert wait_for(lambda: not bed.workers(0), 60, interval=0.2), f"host 0's worker runs on:\n{_logs(tmp_path)}"
+    assert time.time() - t_cut < ELASTIC_BOUND_S + 5, _logs(tmp_path)
+    for h in (1, 2):
+        assert f"moved to {bed.ips[1]}:29400" in (tmp_path / f"agent.{h}.log").read_text(), _logs(tmp_path)
+    log0 = (tmp_path / "agent.0.log").read_text()
+    assert "it is the one cut off" in log0, _logs(tmp_path)
+    assert _first_at_world(tmp_path, 0, 1, t_cut) is None, f"host 0 trained on alone:\n{_logs(tmp_path)}"
+    t_heal = time.time()
+    bed.cut(0, down=False)
+    back = wait_for(lambda: all(_first_at_world(tmp_path, h, 3, t_heal) for h in range(3)), 90, interval=0.2)
+    assert back, f"host 0 did not rejoin within 90 s of its link coming back:\n{_logs(tmp_path)}"
+    assert f"rendezvous store moved to {bed.ips[1]}:29400: rejoining the run there" in (
+        tmp_path / "agent.0.log"
+    ).read_text()
 
 
 @pytest.mark.parametrize("cut", [1, 0], ids=["other-host-cut", "store-host-cut"])

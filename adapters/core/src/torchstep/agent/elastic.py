@@ -189,6 +189,11 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._liveness_started = False
         self._silence: tuple[Any, int | None] | None = None  # (Silence, attempt index it stopped)
         self._rdzv_round: int | None = None
+        # the round's participants as it formed (the monitor removes silent nodes from the
+        # shared state afterwards): a majority is counted against them
+        self._round_nodes: dict[Any, int] = {}
+        # with store_takeover: why this side, a majority, moves a store whose host went silent
+        self._store_outvoted: str | None = None
         #: torch's ``RendezvousParameters`` of the run (the runner sets them): a store move rebuilds from them.
         self.rdzv_params: Any = None
         self._moved_checked_at = 0.0
@@ -247,6 +252,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self._watchdog.phase("rendezvous", self.settings.rendezvous_bound())
             self.torch_rendezvous(worker_group)
         self._rdzv_round = compat.rdzv_round(worker_group.spec.rdzv_handler)
+        self._round_nodes = compat.rdzv_participants(worker_group.spec.rdzv_handler)
         self._watchdog.phase("starting workers", 120)
         self._agent_hosts_store = self._host_worker_store(worker_group)
         signals.check()  # before any worker starts
@@ -511,7 +517,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             except RendezvousError:
                 if not self._store_process_ended(failed=True):
                     raise
-                log.warning("the rendezvous store's process ended: restarting the group to move the store")
+                log.warning("the rendezvous store is lost: restarting the group to move the store")
                 return 1
 
         handler.num_nodes_waiting = num_nodes_waiting
@@ -561,6 +567,8 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         monitor = self._liveness
         if monitor is None:
             return False
+        if self._store_outvoted is not None:
+            return True  # silent, and this side holds a majority of the round (_move_silent_store)
         verdict = monitor.store_verdict()
         if verdict == ALIVE:
             return False
@@ -624,11 +632,13 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._rdzv_round = None
         self._restart_when_store_lost(handler)
         log.warning(
-            "the rendezvous store at %s is gone (its process ended): moved to %s, hosted by %s",
+            "the rendezvous store at %s is gone (%s): moved to %s, hosted by %s",
             old,
+            "its host went silent; this side holds a majority" if self._store_outvoted else "its process ended",
             endpoint,
             "this node" if host_it else f"node {successor}",
         )
+        self._store_outvoted = None
         return True
 
     def _on_silent(self, silence: Any) -> None:
@@ -649,6 +659,90 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             if w.reason is None:
                 w.reason, w.detail = "replica_lost", silence.message
             self._kill(w, signal.SIGKILL)
+        self._move_silent_store(silence)
+
+    def _move_silent_store(self, silence: Any) -> None:
+        """With ``store_takeover``: the store's host went silent (or this node is cut off: a
+        probe cannot tell). When the nodes of the last round that answer, without the store's
+        host, are a majority, this side moves the store: the monitor shuts the store
+        connections down, so the main loop's blocked call fails at once and its rendezvous
+        moves the store (:meth:`_move_store_if_gone`). The store's side is then a minority
+        and stops its workers (:meth:`_stop_outvoted`)."""
+        from torchstep.agent import store_move
+
+        monitor, me = self._liveness, self._me()
+        if monitor is None or not self._takeover_enabled() or me is None or not self._round_nodes:
+            return
+        answering = store_move.answering(self._round_nodes, me, monitor.probe_node, store_host=monitor.store_names())
+        if 2 * len(answering) <= len(self._round_nodes):
+            log.warning(
+                "%d of the last round's %d nodes answer here without the store's host: not a majority, "
+                "the store stays (this node waits to rejoin it)",
+                len(answering),
+                len(self._round_nodes),
+            )
+            return
+        self._store_outvoted = (
+            f"{silence.message}; {len(answering)} of the last round's {len(self._round_nodes)} nodes answer "
+            "without it: a majority"
+        )
+        log.warning("%s: moving the store", self._store_outvoted)
+        monitor.release_store()
+
+    def _me(self) -> Any:
+        found = compat.rdzv_node_and_settings(self.current_group.spec.rdzv_handler)
+        return found[0] if found is not None else None
+
+    def _stop_outvoted(self, wg: WorkerGroup, attempt: GroupStart, silence: Any) -> RunResult | None:
+        """With ``store_takeover``: peers went silent and this node reaches fewer than half of
+        the last round's nodes. It is the side cut off (the others, a majority, move the
+        store), so it must not train on at the smaller size: it stops its workers and looks
+        for the moved store on the candidates, where it rejoins the run once its link heals
+        (every 2 s, up to the monitor's ``rejoin_s``; then the step fails, retryable).
+
+        Returns:
+            ``None`` when this node is not outvoted (it restarts at the new size as usual).
+        """
+        from torchstep.agent import store_move
+
+        monitor, me, params = self._liveness, self._me(), self.rdzv_params
+        if monitor is None or params is None or me is None or not self._takeover_enabled():
+            return None
+        if silence.round != self._rdzv_round or not store_move.outvoted(self._round_nodes, me, monitor.probe_node):
+            return None
+        why = (
+            f"{silence.message}; this node reaches fewer than half of the last round's {len(self._round_nodes)} "
+            "nodes: it is the one cut off"
+        )
+        log.error("%s: stopping its workers; the store moves to the others, this node rejoins it there", why)
+        for w in attempt.workers.values():
+            if w.reason is None:
+                w.reason, w.detail = "replica_lost", why
+            self._kill(w, signal.SIGKILL)
+        hosts = store_move.candidates(self.settings.config.rdzv_configs)
+        deadline = time.monotonic() + monitor.rejoin_s
+        self._watchdog.phase("waiting for the moved rendezvous store", monitor.rejoin_s + 60)
+        while time.monotonic() < deadline:
+            signals.check()
+            found = store_move.find_moved(str(params.run_id), hosts, monitor.store_port, timeout_s=2.0)
+            if found is not None:
+                handler = wg.spec.rdzv_handler
+                endpoint = store_move.move(
+                    handler, params, host_addr=found, port=monitor.store_port, host_it=False, timeout_s=30.0
+                )
+                monitor.retarget(handler, endpoint)
+                self._restart_when_store_lost(handler)
+                log.warning("this run's rendezvous store moved to %s: rejoining the run there", endpoint)
+                self._rdzv_round = None
+                self._silence = None
+                self.restart_group(wg)
+                return RunResult(state=WorkerState.HEALTHY)
+            time.sleep(1.0)
+            self._watchdog.tick()
+        log.error(
+            "no moved rendezvous store found on %s within %gs", ", ".join(hosts) or "no candidate", monitor.rejoin_s
+        )
+        return self._failed_by_silence(attempt)
 
     def _fixed_size(self) -> bool:
         return bool(self.settings.config.min_nodes == self.settings.config.max_nodes)
@@ -664,6 +758,10 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             return None  # it stopped an earlier attempt (or none)
         if silence.kind != "cut_off" and silence.round != self._rdzv_round:
             return None  # a node of another round (this one was formed without it)
+        if silence.kind != "cut_off" and not self._fixed_size():
+            outvoted = self._stop_outvoted(wg, attempt, silence)
+            if outvoted is not None:
+                return outvoted
         if not self._fixed_size():
             what = "rejoining the rendezvous" if silence.kind == "cut_off" else "restarting the group at the new size"
             log.warning("%s: %s", silence.message, what)

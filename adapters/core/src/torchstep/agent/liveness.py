@@ -318,6 +318,18 @@ class LivenessMonitor:
         """The store's host name and the addresses it had when it last answered."""
         return {self.store_host, *(str(addr[1][0]) for addr in self._store_addrs)}
 
+    def release_store(self) -> int:
+        """Shut this process's connections to the store down (the agent's blocked calls fail
+        at once) while the monitor keeps watching: the store is about to move.
+
+        Returns:
+            How many connections were shut down.
+        """
+        from torchstep.agent.stores import shutdown_connections
+
+        addresses = [str(a[1][0]) for a in self._store_addrs]
+        return shutdown_connections(self.store_host, self.store_port, addresses)
+
     def store_ended(self) -> bool:
         """Whether the store's connections were closed before any call to it stalled: its
         process ended (a pod deleted, an agent killed), whatever a probe of its address says

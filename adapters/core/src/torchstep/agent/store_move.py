@@ -28,10 +28,16 @@ its own at the original endpoint (so the option is refused without them). An age
 answers again (the lost node's replacement hosts there already) rebuilds its handler on that
 store, so the run meets again there instead of failing.
 
-Not moved (documented limits, tested as such): a store host that went *silent* (a partition:
-the agents that cannot reach it stop their workers and wait to rejoin, as before: moving
-would split the run in two while the old host trains on); a fixed ``--nnodes N`` (the world
-cannot form again at another size: the step fails, retryable).
+A store host that went *silent* (a partition, a power loss: nothing tells the two apart) is
+decided by a majority of the last round, so that the run never splits in two: the agents cut
+off from the store move it only when they, without the store's host, are more than half of
+that round's nodes and answer each other's probes (:func:`holds_majority`); and an agent
+that sees its peers go silent stops its workers instead of training on at the smaller size
+when it reaches fewer than half of them (:func:`outvoted`): it waits for the moved store on
+the candidates and rejoins the run there once its link heals. An even split keeps the store
+where it is: with two nodes the store's host trains on and the other one stops its workers,
+as before. Not moved: a fixed ``--nnodes N`` (the world cannot form again at another size:
+the step fails, retryable).
 
 Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does at a rendezvous)::
 
@@ -57,12 +63,15 @@ __all__ = [
     "MOVED_KEY",
     "TAKEOVER_CONF",
     "StoreMoveError",
+    "answering",
     "candidates",
     "choose_successor",
     "enabled",
     "endpoint_of",
     "find_moved",
+    "holds_majority",
     "move",
+    "outvoted",
 ]
 
 log = logging.getLogger("torchstep.agent")
@@ -125,6 +134,61 @@ def choose_successor(
             continue
         return node
     return None
+
+
+def answering(
+    participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str], *, store_host: Collection[str] = ()
+) -> list[Any]:
+    """The nodes of a round that answer now: this node, and every other one whose agent a
+    probe finds there (``"alive"``), leaving out those on ``store_host``. The probes run at
+    once, so a round with several silent nodes costs one probe timeout, not one each. A node
+    whose probe port is not known does not count: a majority is never assumed.
+
+    Args:
+        participants: the round's participants and their group ranks.
+        me: this agent's node.
+        verdict: a probe of a node's agent.
+        store_host: host names and addresses whose nodes are left out (the silent store's).
+
+    Returns:
+        The nodes, by group rank.
+
+    Example: ``answering({a: 0, b: 1, c: 2}, c, lambda n: "alive", store_host={a.addr})`` is ``[b, c]``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchstep.agent.liveness import ALIVE
+
+    others = [n for n in participants if n != me and str(n.addr) not in store_host]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(others)))) as pool:
+        verdicts = dict(zip(others, pool.map(verdict, others), strict=True))
+    found = [n for n in others if verdicts[n] == ALIVE] + ([me] if me in participants else [])
+    return sorted(found, key=lambda n: participants[n])
+
+
+def holds_majority(
+    participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str], *, store_host: Collection[str]
+) -> bool:
+    """Whether the agents that lost a *silent* store may move it: those that answer, without
+    the store's host, are more than half of the last round. The store's side then holds fewer
+    than half, and stops its workers (:func:`outvoted`): one run, never two.
+
+    Example: of three nodes, the two that are not on the silent store's host and answer each
+    other hold it; of two nodes, the one left does not (an even split keeps the store).
+    """
+    return 2 * len(answering(participants, me, verdict, store_host=store_host)) > len(participants)
+
+
+def outvoted(participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str]) -> bool:
+    """Whether an agent whose peers went silent is on the smaller side of a split: it reaches
+    fewer than half of the last round's nodes (itself included), so the others may hold a
+    majority and move the store (:func:`holds_majority`); it must not train on alone. An even
+    split is not outvoted: the side of the store keeps it.
+
+    Example: the store's host of three nodes whose two peers went silent is outvoted; of two
+    nodes it is not.
+    """
+    return 2 * len(answering(participants, me, verdict)) < len(participants)
 
 
 #: ``--rdzv-conf`` key: where a moved store may be, ``|``-separated hosts (the endpoint's port).
