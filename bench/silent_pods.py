@@ -57,10 +57,10 @@ FIGURES = {
 }
 
 
-def train_role(work: Path, **kw: Any) -> Any:
-    """The benchmark's 2-replica role: the gloo all-reduce loop, one step file per replica in
-    ``work`` (a host directory, readable while the replica's node is cut); ``kw``: more
-    ``specs.Role`` fields (``min_replicas``, retries)."""
+def train_role(work: Path, replicas: int = 2, **kw: Any) -> Any:
+    """The benchmark's role of ``replicas`` replicas: the gloo all-reduce loop, one step file
+    per replica in ``work`` (a host directory, readable while the replica's node is cut);
+    ``kw``: more ``specs.Role`` fields (``min_replicas``, retries)."""
     from torchx import specs
 
     fields: dict[str, Any] = {"max_retries": 0, **kw}
@@ -70,7 +70,7 @@ def train_role(work: Path, **kw: Any) -> Any:
         entrypoint="python",
         args=[TRAIN],
         env={"SILENT_LOG": f"/silent/steps.{specs.macros.replica_id}", "OMP_NUM_THREADS": "1"},
-        num_replicas=2,
+        num_replicas=replicas,
         mounts=[specs.BindMount(src_path=str(work), dst_path="/silent")],
         resource=specs.Resource(cpu=1, gpu=0, memMB=1024),
         **fields,
@@ -236,9 +236,11 @@ def scenario(
     return out
 
 
-def create_two(cluster: Cluster, app_id: str, objs: list[dict[str, Any]]) -> dict[int, dict[str, Any]] | None:
-    """Create the rendered objects; the Job's two pods by index once both are scheduled
-    (``None`` when they were not within 60 s).
+def create_two(
+    cluster: Cluster, app_id: str, objs: list[dict[str, Any]], count: int = 2
+) -> dict[int, dict[str, Any]] | None:
+    """Create the rendered objects; the Job's ``count`` pods (two) by index once all are
+    scheduled (``None`` when they were not within 60 s).
 
     Raises:
         RuntimeError: the API server refused an object.
@@ -248,7 +250,7 @@ def create_two(cluster: Cluster, app_id: str, objs: list[dict[str, Any]]) -> dic
         if made.get("kind") != obj["kind"]:
             raise RuntimeError(f"creating {obj['kind']} failed: {made}")
     found: dict[int, dict[str, Any]] | None = wait_for(
-        lambda: len(p := _pods(cluster, app_id)) == 2 and all(x["spec"].get("nodeName") for x in p.values()) and p,
+        lambda: len(p := _pods(cluster, app_id)) == count and all(x["spec"].get("nodeName") for x in p.values()) and p,
         60,
     )
     return found

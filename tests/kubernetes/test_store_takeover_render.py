@@ -25,8 +25,8 @@ def role(**kw: Any) -> specs.Role:
 
 
 def test_an_elastic_role_gets_the_move_and_every_other_replica_as_a_candidate() -> None:
-    flag, env = rdzv_confs(role(num_replicas=3, min_replicas=1), store_takeover="true")
-    assert flag == env
+    flag, env = rdzv_confs(role(num_replicas=3, min_replicas=1))  # on by default
+    assert flag == env == rdzv_confs(role(num_replicas=3, min_replicas=1), store_takeover="true")[0]
     conf = dict(kv.split("=", 1) for kv in flag.split(","))
     assert conf["store_takeover"] == "on"
     hosts = conf["store_candidates"].split("|")
@@ -37,11 +37,12 @@ def test_an_elastic_role_gets_the_move_and_every_other_replica_as_a_candidate() 
 @pytest.mark.parametrize(
     ("kw", "cfg"),
     [
-        ({"num_replicas": 3, "min_replicas": 1}, {}),  # off by default
+        ({"num_replicas": 3, "min_replicas": 1}, {"store_takeover": False}),  # torchrun's way, when asked
         ({"num_replicas": 3}, {"store_takeover": True}),  # a fixed size fails fast instead
+        ({"num_replicas": 3}, {}),
     ],
 )
-def test_no_move_by_default_or_for_a_fixed_size(kw: dict[str, Any], cfg: dict[str, Any]) -> None:
+def test_no_move_when_turned_off_or_for_a_fixed_size(kw: dict[str, Any], cfg: dict[str, Any]) -> None:
     flag, env = rdzv_confs(role(**kw), **cfg)
     assert "store_takeover" not in flag and "store_takeover" not in env
 

@@ -85,10 +85,12 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
     "cluster_domain": (str, "cluster.local", "the cluster's DNS domain (part of replica 0's FQDN)"),
     "store_takeover": (
         bool,
-        False,
+        True,
         "elastic multi-replica roles (--nnodes min:max): when replica 0's agent dies (its pod deleted or "
-        "OOM-killed), the c10d rendezvous store moves to the lowest-ranked surviving replica and the others "
-        "train on without their pods being replaced; replica 0's replacement joins them there",
+        "OOM-killed), or its node goes silent while the other replicas are a majority, the c10d rendezvous "
+        "store moves to the lowest-ranked surviving replica and the others train on without their pods being "
+        "replaced; replica 0 (or its replacement) joins them there. False: torchrun's way (the store stays "
+        "in replica 0, whose loss replaces every pod)",
     ),
     "result_file": (
         str,
@@ -140,9 +142,10 @@ class KubernetesOptions:
         rdzv_port: the rendezvous port of multi-replica roles (a ``c10d`` port wins).
         join_timeout: seconds a replica waits in the rendezvous for its peers.
         cluster_domain: the cluster's DNS domain (part of replica 0's FQDN).
-        store_takeover: elastic multi-replica roles: the rendezvous store moves to a surviving
-            replica when replica 0's agent dies (``--rdzv-conf store_takeover=on`` with the
-            other replicas' FQDNs as ``store_candidates``: docs/agent.md).
+        store_takeover: elastic multi-replica roles (on by default): the rendezvous store moves
+            to a surviving replica when replica 0's agent dies, or when its node goes silent
+            and the others are a majority (``--rdzv-conf store_takeover=on`` with the other
+            replicas' FQDNs as ``store_candidates``: docs/agent.md); ``False``: torchrun's way.
         result_file: absolute path in the container where the agent writes the step result;
             ``None``: none besides the termination message.
     """
@@ -164,7 +167,7 @@ class KubernetesOptions:
     rdzv_port: int = DEFAULT_RDZV_PORT
     join_timeout: int = 900
     cluster_domain: str = "cluster.local"
-    store_takeover: bool = False
+    store_takeover: bool = True
     result_file: str | None = None
 
 
