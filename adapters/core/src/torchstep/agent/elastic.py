@@ -715,6 +715,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             "nodes: it is the one cut off"
         )
         log.error("%s: stopping its workers; the store moves to the others, this node rejoins it there", why)
+        self._ready.clear()  # not in a formed world while it waits (the pod's readinessProbe)
         for w in attempt.workers.values():
             if w.reason is None:
                 w.reason, w.detail = "replica_lost", why
