@@ -225,15 +225,21 @@ def scenario(
                 message = result.read_text() if result.exists() else ended.get("message") or ""
                 out["message"] = _root_cause(message)
     finally:
-        if node is not None:
-            cluster.server.node(node, "heal")
-        for i, pod in _pods(cluster, app_id).items():  # what each launcher said, for the reader
-            try:
-                (work / f"pod.{i}.log").write_text(cluster.log(pod["metadata"]["name"]))
-            except OSError:
-                pass
-        remove(cluster, app_id, objs)
+        finish(cluster, app_id, objs, work, node)
     return out
+
+
+def finish(cluster: Cluster, app_id: str, objs: list[dict[str, Any]], work: Path, node: str | None) -> None:
+    """The end of a run: ``node`` healed (when one was partitioned), each pod's log kept in
+    ``work`` (what each launcher said, for the reader), the objects and pods removed."""
+    if node is not None:
+        cluster.server.node(node, "heal")
+    for i, pod in _pods(cluster, app_id).items():
+        try:
+            (work / f"pod.{i}.log").write_text(cluster.log(pod["metadata"]["name"]))
+        except OSError:
+            pass
+    remove(cluster, app_id, objs)
 
 
 def create_two(

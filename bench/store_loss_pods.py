@@ -49,7 +49,7 @@ from cluster.harness import Cluster, cluster_config, missing  # noqa: E402
 from cluster.kubelet import cleanup  # noqa: E402
 from kubehttp import start_server  # noqa: E402
 from silent_host import fmt_seconds, steps, wait_for  # noqa: E402
-from silent_pods import _pods, create_two, remove, train_role  # noqa: E402
+from silent_pods import _pods, create_two, finish, remove, train_role  # noqa: E402
 
 LAUNCHERS = ("torchrun", "torchstep-agent", "torchstep-agent+store_takeover")
 FIGURES = {
@@ -151,14 +151,7 @@ def partition(cluster: Cluster, launcher: str, *, window: float, work: Path) -> 
         alone = first(0, 1)
         out["alone_s"] = None if alone is None else round(alone - t_cut, 2)
     finally:
-        if node is not None:
-            cluster.server.node(node, "heal")
-        for i, pod in _pods(cluster, app_id).items():
-            try:
-                (work / f"pod.{i}.log").write_text(cluster.log(pod["metadata"]["name"]))
-            except OSError:
-                pass
-        remove(cluster, app_id, objs)
+        finish(cluster, app_id, objs, work, node)
     return out
 
 
