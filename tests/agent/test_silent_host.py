@@ -156,9 +156,10 @@ def test_of_three_hosts_the_two_that_lose_the_silent_store_host_move_the_store(b
     bed.cut(0, down=False)
     back = wait_for(lambda: all(_first_at_world(tmp_path, h, 3, t_heal) for h in range(3)), 90, interval=0.2)
     assert back, f"host 0 did not rejoin within 90 s of its link coming back:\n{_logs(tmp_path)}"
-    assert f"rendezvous store moved to {bed.ips[1]}:29400: rejoining the run there" in (
-        tmp_path / "agent.0.log"
-    ).read_text()
+    assert (
+        f"rendezvous store moved to {bed.ips[1]}:29400: rejoining the run there"
+        in (tmp_path / "agent.0.log").read_text()
+    )
 
 
 @pytest.mark.parametrize("cut", [1, 0], ids=["other-host-cut", "store-host-cut"])
