@@ -139,10 +139,17 @@ def test_elastic_job_survives_a_lost_node(agents: MatrixAgents, row: RowPython, 
 def test_the_store_moves_to_a_survivor_when_its_agent_dies(agents: MatrixAgents, tmp_path: Path) -> None:
     """``--rdzv-conf store_takeover=on``: the agent hosting the rendezvous store is killed with
     its workers; the two others rebuild the rendezvous on a store the lowest-ranked survivor
-    hosts (the handler's private names, torchstep.agent.compat) and train on at world 2."""
+    hosts (the handler's private names, torchstep.agent.compat) and train on at world 2. On
+    torch 2.4 the move is off, said once (the first group after a move hung there in
+    ``init_process_group``, its restarts too): the survivors fail as under torchrun."""
     nodes, logs, _ = start_three_nodes(agents, tmp_path, "store_takeover=on")
     killed_at = time.time()
     nodes[0].kill()
+    if str(agents.row.row.torch).startswith("2.4."):
+        wait_for(lambda: all(n.proc.poll() is not None for n in nodes[1:]), 180, "the survivors to end")
+        assert all("store_takeover is off on torch 2.4" in n.stderr for n in nodes[1:])
+        assert not any("moved to" in n.stderr for n in nodes[1:])
+        return
     wait_for(
         lambda: all(any(t > killed_at and w == 2 for t, w in train_steps(p)) for p in logs[1:]) or any_ended(nodes[1:]),
         180,

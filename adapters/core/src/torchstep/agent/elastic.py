@@ -498,9 +498,13 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         from torchstep.agent import store_move
 
         config = self.settings.config
-        return self._liveness is not None and store_move.enabled(
+        asked = self._liveness is not None and store_move.enabled(
             config.rdzv_configs, min_nodes=config.min_nodes, max_nodes=config.max_nodes
         )
+        if asked and not store_move.torch_supports():
+            self.warn(store_move.UNSUPPORTED)
+            return False
+        return asked
 
     def _restart_when_store_lost(self, handler: Any) -> None:
         """With ``store_takeover``: torch's loop asks the store how many nodes wait while the

@@ -72,6 +72,7 @@ __all__ = [
     "holds_majority",
     "move",
     "outvoted",
+    "torch_supports",
 ]
 
 log = logging.getLogger("torchstep.agent")
@@ -102,6 +103,27 @@ def enabled(rdzv_configs: Mapping[str, Any], *, min_nodes: int, max_nodes: int) 
     """
     value = str(rdzv_configs.get(TAKEOVER_CONF, "off")).strip().lower()
     return value in ("1", "on", "true", "yes") and min_nodes < max_nodes
+
+
+#: What the agent says where torch is too old for the move (once, in the result's warnings).
+UNSUPPORTED = (
+    "store_takeover is off on torch 2.4: there the first group formed after a move hangs in "
+    "init_process_group (about one move in eight under load, and every restart after it); "
+    "the store stays in its agent, as under torchrun (fix: torch 2.5 or newer)"
+)
+
+
+def torch_supports() -> bool:
+    """Whether this torch may move the store: 2.5 and newer (on 2.4 the workers of the first
+    group after a move hang in ``init_process_group``, the restarts' too: issue 36, measured
+    with the torch matrix's oldest row).
+
+    Example: ``torch_supports()`` is ``True`` on torch 2.13.
+    """
+    import torch
+
+    parts = str(torch.__version__).split("+", 1)[0].split(".")
+    return (int(parts[0]), int(parts[1])) >= (2, 5)
 
 
 def choose_successor(
