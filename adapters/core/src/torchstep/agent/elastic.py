@@ -547,17 +547,24 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         found = store_move.find_moved(str(params.run_id), hosts, monitor.store_port, timeout_s=2.0)
         if found is None:
             return None
+        return self._join_store_at(wg, found, " while this node hosted one: joining the run there")
+
+    def _join_store_at(self, wg: WorkerGroup, host: str, what: str) -> RunResult:
+        """Rebuild the rendezvous on the moved store found on ``host`` (a client of it) and
+        restart the group: a membership change, the others restart into a world with this node."""
+        from torchstep.agent import store_move
+
+        monitor, params = self._liveness, self.rdzv_params
         handler = wg.spec.rdzv_handler
         endpoint = store_move.move(
-            handler, params, host_addr=found, port=monitor.store_port, host_it=False, timeout_s=30.0
+            handler, params, host_addr=host, port=monitor.store_port, host_it=False, timeout_s=30.0
         )
         monitor.retarget(handler, endpoint)
         self._restart_when_store_lost(handler)
-        log.warning(
-            "this run's rendezvous store moved to %s while this node hosted one: joining the run there", endpoint
-        )
+        log.warning("this run's rendezvous store moved to %s%s", endpoint, what)
         self._rdzv_round = None
-        self.restart_group(wg)  # a membership change: the others restart into a world with this node
+        self._silence = None
+        self.restart_group(wg)
         return RunResult(state=WorkerState.HEALTHY)
 
     def _store_process_ended(self, *, failed: bool) -> bool:
@@ -731,17 +738,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             signals.check()
             found = store_move.find_moved(str(params.run_id), hosts, monitor.store_port, timeout_s=2.0)
             if found is not None:
-                handler = wg.spec.rdzv_handler
-                endpoint = store_move.move(
-                    handler, params, host_addr=found, port=monitor.store_port, host_it=False, timeout_s=30.0
-                )
-                monitor.retarget(handler, endpoint)
-                self._restart_when_store_lost(handler)
-                log.warning("this run's rendezvous store moved to %s: rejoining the run there", endpoint)
-                self._rdzv_round = None
-                self._silence = None
-                self.restart_group(wg)
-                return RunResult(state=WorkerState.HEALTHY)
+                return self._join_store_at(wg, found, ": rejoining the run there")
             time.sleep(1.0)
             self._watchdog.tick()
         log.error(
