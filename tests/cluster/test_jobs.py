@@ -58,6 +58,39 @@ def pods_of(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return cluster.items("pods", f"job-name={name}")
 
 
+def pod_log_tail(cluster: Cluster, pod: str) -> str:
+    try:
+        return cluster.log(pod)[-300:]
+    except OSError as e:  # a pod gone since the listing
+        return f"(no log: {e})"
+
+
+def pod_summary(cluster: Cluster, name: str) -> list[tuple[str, str, str, object, str]]:
+    """Each pod of the Job as (index, failure count, phase, exit code, its log's tail): what an
+    assertion about the Job's counts shows when it fails."""
+    out = []
+    for pod in pods_of(cluster, name):
+        notes = pod["metadata"].get("annotations") or {}
+        term = next(
+            (
+                s["state"]["terminated"]
+                for s in pod["status"].get("containerStatuses") or []
+                if "terminated" in s["state"]
+            ),
+            {},
+        )
+        out.append(
+            (
+                notes.get("batch.kubernetes.io/job-completion-index", "?"),
+                notes.get("batch.kubernetes.io/job-index-failure-count", "?"),
+                pod["status"].get("phase", "?"),
+                term.get("exitCode"),
+                pod_log_tail(cluster, pod["metadata"]["name"]),
+            )
+        )
+    return sorted(out)
+
+
 def test_per_index_retries_and_the_failure_policy_on_exit_codes(real_cluster: Cluster) -> None:
     script = (
         "case $IDX in 0) exit 0;;"
@@ -71,9 +104,10 @@ def test_per_index_retries_and_the_failure_policy_on_exit_codes(real_cluster: Cl
     ]
     real_cluster.create(job("per-index", script, 4, backoffLimitPerIndex=1, podFailurePolicy={"rules": rules}))
     done = real_cluster.job_done("per-index")
-    assert condition(done) == ("Failed", "FailedIndexes")
-    assert done["status"]["failedIndexes"] == "2" and done["status"]["completedIndexes"] == "0-1,3"
-    assert done["status"]["failed"] == 2  # index 1's first pod and index 2's; the ignored exit 7 is not counted
+    seen = pod_summary(real_cluster, "per-index")
+    assert condition(done) == ("Failed", "FailedIndexes"), seen
+    assert done["status"]["failedIndexes"] == "2" and done["status"]["completedIndexes"] == "0-1,3", seen
+    assert done["status"]["failed"] == 2, seen  # index 1's first pod and index 2's; the ignored exit 7 is not counted
     by_index: dict[str, list[dict[str, Any]]] = {}
     for pod in pods_of(real_cluster, "per-index"):
         by_index.setdefault(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"], []).append(pod)
