@@ -10,6 +10,8 @@ What it serves, exactly as the official ``kubernetes`` client (30.x) calls it:
 - ``v1`` pods: create, get, ``/status``, list / delete-collection by ``labelSelector``,
   PATCH, ``/log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``sinceTime``;
 - ``v1`` services: create (409), list, delete by name;
+- ``coordination.k8s.io/v1`` leases (``--real`` only): create (409), get, PUT with the
+  ``resourceVersion`` check (409 ``Conflict`` for a stale one): the store witness's Lease;
 - ``networking.k8s.io/v1`` networkpolicies: create, get, list, delete — stored, **never
   enforced** (no network plugin here); ``v1`` events: list (the ``--real`` mode records them);
 - the watch API for pods and Jobs (``?watch=true``: ``resourceVersion``, ``timeoutSeconds``,
@@ -437,10 +439,17 @@ def _status(code: int, reason: str, message: str, status: str = "Failure") -> di
 
 
 _PATH = re.compile(
-    r"^/(?:api/v1|apis/batch/v1|apis/networking\.k8s\.io/v1)/namespaces/([^/]+)"
-    r"/(jobs|pods|services|networkpolicies|events)(?:/([^/]+))?(?:/(status|log))?$"
+    r"^/(?:api/v1|apis/batch/v1|apis/networking\.k8s\.io/v1|apis/coordination\.k8s\.io/v1)/namespaces/([^/]+)"
+    r"/(jobs|pods|services|networkpolicies|events|leases)(?:/([^/]+))?(?:/(status|log))?$"
 )
-_KINDS = {"jobs": "Job", "pods": "Pod", "services": "Service", "networkpolicies": "NetworkPolicy", "events": "Event"}
+_KINDS = {
+    "jobs": "Job",
+    "pods": "Pod",
+    "services": "Service",
+    "networkpolicies": "NetworkPolicy",
+    "events": "Event",
+    "leases": "Lease",
+}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -560,6 +569,14 @@ class Handler(BaseHTTPRequestHandler):
         if route is None or route[2] is None:
             return self._send(404, _status(404, "NotFound", self.path))
         self._send(*self.cluster.patch(route[0], route[1], route[2], self._body()))
+
+    def do_PUT(self) -> None:
+        if self._faulted():
+            return
+        route = self._route()
+        if route is None or route[2] is None or not hasattr(self.cluster, "replace"):
+            return self._send(404, _status(404, "NotFound", self.path))
+        self._send(*self.cluster.replace(route[0], route[1], route[2], self._body()))
 
     def do_DELETE(self) -> None:
         if self._faulted():
@@ -799,8 +816,11 @@ def main() -> None:
     ns = ap.parse_args()
     if ns.real:
         from cluster.controller import RealCluster  # tests/ is this script's directory
+        from cluster.incluster import ServiceAccount, serve_in_cluster
 
-        Handler.cluster = RealCluster(json.loads(Path(ns.real).read_text()))
+        real = RealCluster(json.loads(Path(ns.real).read_text()))
+        Handler.cluster = real
+        serve_in_cluster(Handler, real.network.ns, ServiceAccount(real.root))  # what the pods reach
     else:
         Handler.cluster = Cluster(Scenario(**json.loads(Path(ns.scenario).read_text())))
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

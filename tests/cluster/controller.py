@@ -76,8 +76,9 @@ PLURALS = {
     "Service": "services",
     "NetworkPolicy": "networkpolicies",
     "Event": "events",
+    "Lease": "leases.coordination.k8s.io",
 }
-API_VERSIONS = {"Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
+API_VERSIONS = {"Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1", "Lease": "coordination.k8s.io/v1"}
 
 
 def _status(code: int, reason: str, message: str, status: str = "Failure") -> dict[str, Any]:
@@ -230,6 +231,32 @@ class RealCluster(ApiFaults, ApiWatch):
             "metadata": {"resourceVersion": version},
             "items": items,
         }
+
+    def replace(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A PUT of a Lease (what leader election and the store witness write): the API
+        server's optimistic concurrency, so of two writers that read the same version exactly
+        one gets through and the other gets ``409 Conflict``."""
+        if kind != "Lease":
+            return 405, _status(405, "MethodNotAllowed", f"PUT of {PLURALS.get(kind, kind)} is not served here")
+        with self.lock:
+            obj = self.objects.get((kind, ns, name))
+            if obj is None:
+                return 404, _status(404, "NotFound", f'{PLURALS[kind]} "{name}" not found')
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent != obj["metadata"]["resourceVersion"]:
+                self.counters["lease_conflicts"] = self.counters.get("lease_conflicts", 0) + 1
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {PLURALS[kind]} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+            self.revision += 1
+            for key in ("annotations", "labels"):
+                obj["metadata"][key] = dict((body.get("metadata") or {}).get(key) or {})
+            obj["metadata"]["resourceVersion"] = str(self.revision)
+            obj["spec"] = json.loads(json.dumps(body.get("spec") or {}))
+            return 200, self.view(kind, obj)
 
     def patch(self, kind: str, ns: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """A merge patch of ``metadata.labels``/``annotations`` and of ``spec`` (``suspend``)."""

@@ -13,6 +13,10 @@ Test infrastructure, not product code. Each pod is one process tree in
   search path) bind-mounted, a private ``/tmp``, ``/dev`` with the termination-message file;
   volumes (``emptyDir``, ``medium: Memory`` as a tmpfs of its ``sizeLimit``, ``hostPath``,
   a PVC as one directory per claim) bind-mounted at their ``mountPath``, read-only where asked;
+- the **service account** (``automountServiceAccountToken`` unless false): the cluster's CA,
+  a token and the pod's namespace at ``/var/run/secrets/kubernetes.io/serviceaccount``, and
+  ``KUBERNETES_SERVICE_HOST``/``_PORT`` naming the API as pods reach it
+  (``tests/cluster/incluster.py``);
 - its own **cgroup v1 memory controller** group with the container's memory limit: going
   over it is an ``OOMKilled`` termination with exit code 137;
 - its container's **exec readinessProbe**, run as kubelet does: inside the pod's mount, UTS,
@@ -71,6 +75,9 @@ def image_binds() -> list[str]:
     inside = sorted(str(p) for p in paths if p.is_relative_to("/tmp"))
     return [arg for p in inside for arg in ("--bind", p, p)]
 
+
+#: Where a pod finds its service account (``tests/cluster/incluster.py``).
+SERVICE_ACCOUNT_MOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount").resolve()  # /var/run: /run
 
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048  # FallbackToLogsOnError: the log's tail, as kubelet
 
@@ -409,6 +416,10 @@ class Kubelet:
             "HOSTNAME": spec.get("hostname") or meta["name"],
             "XDG_STATE_HOME": "/tmp/.state",
         }
+        if self._service_account(pod) is not None:  # the ``kubernetes`` Service, as kubelet sets it
+            env.update(
+                KUBERNETES_SERVICE_HOST=DNS_IP, KUBERNETES_SERVICE_PORT="443", KUBERNETES_SERVICE_PORT_HTTPS="443"
+            )
         fields = {
             "metadata.name": meta["name"],
             "metadata.namespace": meta["namespace"],
@@ -437,10 +448,29 @@ class Kubelet:
             env[name] = fields[ref["fieldPath"]]
         return env
 
+    def _service_account(self, pod: Mapping[str, Any]) -> Path | None:
+        """The cluster's service-account files (``tests/cluster/incluster.py``), unless the pod
+        sets ``automountServiceAccountToken: false`` or the cluster serves no in-cluster API."""
+        found = self.config.root / "serviceaccount"
+        if pod["spec"].get("automountServiceAccountToken") is False or not (found / "ca.crt").exists():
+            return None
+        return found
+
     def _volumes(self, pod: Mapping[str, Any], container: Mapping[str, Any], podir: Path) -> list[str]:
-        """bubblewrap arguments that mount the container's ``volumeMounts``."""
+        """bubblewrap arguments that mount the container's ``volumeMounts`` (and the service
+        account's token, CA and namespace where the pod gets them)."""
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         args: list[str] = []
+        account = self._service_account(pod)
+        if account is not None:
+            mine = podir / "serviceaccount"
+            if not mine.exists():
+                mine.mkdir()
+                for name in ("ca.crt", "token"):
+                    shutil.copyfile(account / name, mine / name)
+                (mine / "namespace").write_text(pod["metadata"]["namespace"])
+            SERVICE_ACCOUNT_MOUNT.mkdir(parents=True, exist_ok=True)  # the mount point, on this root
+            args += ["--ro-bind", str(mine), str(SERVICE_ACCOUNT_MOUNT)]
         for i, mount in enumerate(container.get("volumeMounts") or []):
             volume = volumes.get(mount["name"])
             if volume is None:
