@@ -401,7 +401,12 @@ def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     f"torchrun: the cut replica's worker still ran after {args.window:g} s in "
                     f"{len(alive)} of {len(vals['torchrun'])} runs"
                 )
-        if (elastic, cut) == (True, 0):
+        if (elastic, cut) == (True, 0) and any(r.get("again_replica") == 1 for r in ours):
+            notes.append(
+                "the run's Lease (store_witness) chose replica 1, which moved the store and trained on in its pod "
+                "(replica 0 could not reach the API server behind its cut link)"
+            )
+        elif (elastic, cut) == (True, 0):  # without the witness: replica 0 trains on, after torch's lookups
             notes.append("20 s of torchstep-agent's are two DNS timeouts in torch's c10d client (see below)")
         loads = [r["load_1m"] for r in mine if r.get("load_1m") is not None]
         if loads:

@@ -65,6 +65,21 @@ def test_the_option_needs_the_candidates_where_a_late_agent_looks(agents: Agents
     assert "Traceback" not in a.stderr
 
 
+@pytest.mark.parametrize(
+    ("conf", "said"),
+    [
+        ("store_takeover=on,store_candidates=h1,store_witness=etcd", "store_witness=etcd: unknown"),
+        ("store_witness=kubernetes", "decides an even split for store_takeover, which is off"),
+    ],
+)
+def test_a_bad_witness_is_refused_at_start_naming_the_fix(agents: Agents, conf: str, said: str) -> None:
+    args = ["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", conf, "x.py"]
+    a = agents.run(args, timeout=60)
+    assert a.proc.returncode == 2
+    assert said in a.stderr and "fix:" in a.stderr
+    assert "Traceback" not in a.stderr
+
+
 @pytest.mark.slow(seconds=90)
 @pytest.mark.timeout(400)
 def test_without_the_option_the_survivors_lose_the_store_as_with_torchrun(agents: Agents, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torchstep
 from proclib import wait_for
+from torchstep.agent.witness import lease_name
 from torchx import specs
 
 from cluster.harness import REPO, Cluster
@@ -134,6 +135,69 @@ def test_replica_0_deleted_the_other_trains_on_in_its_pod_and_the_replacement_jo
     moved = "hosted by this node" in said and "joining the run there" in theirs
     met_at_origin = "broke while it answers: joining it again" in said
     assert moved or met_at_origin, f"--- replica 1\n{said[-3000:]}\n--- replacement\n{theirs[-3000:]}"
+    for obj in reversed(objs):
+        kind = {"Job": "jobs", "Service": "services", "NetworkPolicy": "networkpolicies"}[obj["kind"]]
+        cluster.delete(kind, obj["metadata"]["name"], propagationPolicy="Background")
+
+
+@pytest.mark.slow(seconds=120)
+@pytest.mark.timeout(600)
+def test_two_replicas_split_by_a_partition_the_lease_lets_replica_1_train_on_and_replica_0_stop(
+    real_cluster: Cluster, tmp_path: Path
+) -> None:
+    """An even split, where no majority exists: replica 0's node (the store's host) is
+    partitioned. Both halves claim the run's Lease; replica 0 cannot reach the API server (its
+    node's link is down) and stops its workers, replica 1 wins, moves the store and trains on
+    in its pod. Healed, replica 0 finds the moved store and joins: one run throughout."""
+    cluster = real_cluster
+    work = tmp_path / "silent"
+    work.mkdir(mode=0o700)
+    app_id, objs = rendered(work)
+    for obj in objs:
+        assert cluster.create(obj).get("kind") == obj["kind"]
+    pods = wait_for(
+        lambda: len(p := live_pods(cluster, app_id)) == 2 and all(x["spec"].get("nodeName") for x in p.values()) and p,
+        60,
+        "both pods scheduled",
+    )
+    wait_for(
+        lambda: all(sum(1 for _, w in steps(work, r) if w == 2) >= 5 for r in (0, 1)), 240, "both replicas training"
+    )
+    names = {i: p["metadata"]["name"] for i, p in pods.items()}
+    cluster.server.node(pods[0]["spec"]["nodeName"], "partition")
+    t_cut = time.time()
+
+    def logs() -> str:
+        return "".join(f"--- replica {i}\n{cluster.log(n)[-4000:]}\n" for i, n in names.items())
+
+    try:
+        wait_for(lambda: any(t > t_cut + 0.5 and w == 1 for t, w in steps(work, 1)), 120, "replica 1 to train alone")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{logs()}") from None
+    again = next(t for t, w in steps(work, 1) if t > t_cut + 0.5 and w == 1)
+    time.sleep(3)  # replica 0 trained on alone meanwhile, or stopped: its steps say which
+    assert not any(t > again for t, _ in steps(work, 0)), f"replica 0 trained on while cut off\n{logs()}"
+    assert "the store witness chose this half" in cluster.log(names[1]), logs()
+    try:  # replica 0's claim fails once its bound is over (the API server is behind the cut too)
+        wait_for(lambda: "the store witness chose the other half" in cluster.log(names[0]), 60, "replica 0's verdict")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{logs()}") from None
+    assert cluster.get("pods", names[1])["metadata"]["uid"] == pods[1]["metadata"]["uid"]  # the same pod
+    job = next(o for o in objs if o["kind"] == "Job")["metadata"]["name"]
+    lease = cluster.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/ml/leases/{lease_name(job)}")
+    assert lease["spec"]["holderIdentity"].startswith(f"{job}-1."), lease  # replica 1's node (its FQDN)
+
+    cluster.server.node(pods[0]["spec"]["nodeName"], "heal")
+    t_heal = time.time()
+    try:  # replica 0 finds the moved store on replica 1 and rejoins: world 2 on both again
+        wait_for(
+            lambda: all(sum(1 for t, w in steps(work, r) if t > t_heal and w == 2) >= 5 for r in (0, 1)),
+            120,
+            "replica 0 to rejoin after the heal",
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{logs()}") from None
+    assert "rejoining the run there" in cluster.log(names[0]), logs()
     for obj in reversed(objs):
         kind = {"Job": "jobs", "Service": "services", "NetworkPolicy": "networkpolicies"}[obj["kind"]]
         cluster.delete(kind, obj["metadata"]["name"], propagationPolicy="Background")

@@ -50,3 +50,14 @@ def test_no_move_when_turned_off_or_for_a_fixed_size(kw: dict[str, Any], cfg: di
 def test_a_bad_value_names_the_option() -> None:
     with pytest.raises(torchstep.SpecError, match=r"cfg\['store_takeover'\]"):
         rdzv_confs(role(num_replicas=2, min_replicas=1), store_takeover="maybe")
+
+
+def test_the_lease_witness_is_rendered_with_the_move_unless_turned_off() -> None:
+    conf = dict(kv.split("=", 1) for kv in rdzv_confs(role(num_replicas=2, min_replicas=1))[0].split(","))
+    assert conf["store_witness"] == "kubernetes"  # an even split (two replicas) has a witness by default
+    flag, env = rdzv_confs(role(num_replicas=2, min_replicas=1), store_witness=False)
+    assert "store_witness" not in flag and "store_witness" not in env and "store_takeover=on" in flag
+    flag, _ = rdzv_confs(role(num_replicas=2, min_replicas=1), store_takeover=False)  # no move: no witness either
+    assert "store_witness" not in flag
+    with pytest.raises(torchstep.SpecError, match=r"cfg\['store_witness'\]"):
+        rdzv_confs(role(num_replicas=2, min_replicas=1), store_witness="perhaps")

@@ -194,6 +194,10 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         self._round_nodes: dict[Any, int] = {}
         # with store_takeover: why this side, a majority, moves a store whose host went silent
         self._store_outvoted: str | None = None
+        self._move_verdict = "a majority"  # or the witness's choice of this half of an even split
+        # with store_witness: what breaks an even split (torchstep.agent.witness), and its verdicts
+        self._witness: Any = None
+        self._claims: dict[str, bool] = {}
         #: torch's ``RendezvousParameters`` of the run (the runner sets them): a store move rebuilds from them.
         self.rdzv_params: Any = None
         self._moved_checked_at = 0.0
@@ -493,6 +497,44 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self._liveness.start()
             if self._hang is not None:  # no rank of any node progressed: the group's hang
                 self._hang.peers = self._liveness
+            self._start_witness(wg)
+
+    def _start_witness(self, wg: WorkerGroup) -> None:
+        """With ``store_takeover`` and ``--rdzv-conf store_witness=kubernetes``: the Lease that
+        breaks an even split, checked now so that a missing permission is said at start (in
+        the result's warnings) instead of found at a split."""
+        from torchstep.agent.witness import WITNESS_CONF, LeaseWitness
+
+        kind = str(self.settings.config.rdzv_configs.get(WITNESS_CONF, "off")).strip().lower()
+        if kind in ("", "0", "off", "false", "no") or not self._takeover_enabled():
+            return
+        if kind != "kubernetes":
+            self.warn(f"--rdzv-conf {WITNESS_CONF}={kind}: unknown (kubernetes or off): no witness")
+            return
+        witness = LeaseWitness.in_cluster(str(wg.spec.rdzv_handler.get_run_id()))
+        problem = witness.check() if witness is not None else None
+        if problem is not None:
+            self.warn(f"{WITNESS_CONF}: {problem}")
+            return
+        self._witness = witness
+
+    def _even_split_won(self) -> bool:
+        """This half of an even split holds the witness's Lease for it (``False`` without a
+        witness: an even split then keeps the store where it is). Both halves name the split
+        alike: the store they lost each other on and the round they were in."""
+        monitor, me = self._liveness, self._me()
+        if self._witness is None or monitor is None or me is None:
+            return False
+        epoch = f"{monitor.store_host}:{monitor.store_port}#{self._rdzv_round}"
+        if epoch not in self._claims:
+            self._claims[epoch] = self._witness.claim(epoch, str(me))
+            log.warning(
+                "an even split of the last round's %d nodes: the store witness (lease %s) %s",
+                len(self._round_nodes),
+                self._witness.name,
+                "chose this half" if self._claims[epoch] else "chose the other half (or did not answer)",
+            )
+        return self._claims[epoch]
 
     def _takeover_enabled(self) -> bool:
         from torchstep.agent import store_move
@@ -645,7 +687,7 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         log.warning(
             "the rendezvous store at %s is gone (%s): moved to %s, hosted by %s",
             old,
-            "its host went silent; this side holds a majority" if self._store_outvoted else "its process ended",
+            f"its host went silent; this side: {self._move_verdict}" if self._store_outvoted else "its process ended",
             endpoint,
             "this node" if host_it else f"node {successor}",
         )
@@ -685,17 +727,22 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         if monitor is None or not self._takeover_enabled() or me is None or not self._round_nodes:
             return
         answering = store_move.answering(self._round_nodes, me, monitor.probe_node, store_host=monitor.store_names())
-        if 2 * len(answering) <= len(self._round_nodes):
+        total = len(self._round_nodes)
+        if 2 * len(answering) > total:
+            verdict = "a majority"
+        elif 2 * len(answering) == total and self._even_split_won():
+            verdict = "an even split, and the store witness chose this half"
+        else:
             log.warning(
                 "%d of the last round's %d nodes answer here without the store's host: not a majority, "
                 "the store stays (this node waits to rejoin it)",
                 len(answering),
-                len(self._round_nodes),
+                total,
             )
             return
+        self._move_verdict = verdict
         self._store_outvoted = (
-            f"{silence.message}; {len(answering)} of the last round's {len(self._round_nodes)} nodes answer "
-            "without it: a majority"
+            f"{silence.message}; {len(answering)} of the last round's {total} nodes answer without it: {verdict}"
         )
         log.warning("%s: moving the store", self._store_outvoted)
         monitor.release_store()
@@ -706,8 +753,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
 
     def _stop_outvoted(self, wg: WorkerGroup, attempt: GroupStart, silence: Any) -> RunResult | None:
         """With ``store_takeover``: peers went silent and this node reaches fewer than half of
-        the last round's nodes. It is the side cut off (the others, a majority, move the
-        store), so it must not train on at the smaller size: it stops its workers and looks
+        the last round's nodes (or half, and the store witness chose the other half). It is
+        the side cut off (the others move the store), so it must not train on at the smaller
+        size: it stops its workers and looks
         for the moved store on the candidates, where it rejoins the run once its link heals
         (every 2 s, up to the monitor's ``rejoin_s``; then the step fails, retryable).
 
@@ -719,12 +767,27 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         monitor, me, params = self._liveness, self._me(), self.rdzv_params
         if monitor is None or params is None or me is None or not self._takeover_enabled():
             return None
-        if silence.round != self._rdzv_round or not store_move.outvoted(self._round_nodes, me, monitor.probe_node):
+        if silence.round != self._rdzv_round:
             return None
-        why = (
-            f"{silence.message}; this node reaches fewer than half of the last round's {len(self._round_nodes)} "
-            "nodes: it is the one cut off"
-        )
+        reached = len(store_move.answering(self._round_nodes, me, monitor.probe_node))
+        total = len(self._round_nodes)
+        if 2 * reached < total:
+            why = f"{silence.message}; this node reaches fewer than half of the last round's {total} nodes: it is the one cut off"
+        elif 2 * reached == total and self._witness is not None:
+            # an even split: the workers stop now, whoever wins (they cannot finish a collective
+            # with the silent half, and the winner restarts its group at the new size anyway)
+            for w in attempt.workers.values():
+                if w.reason is None:
+                    w.reason, w.detail = "replica_lost", f"{silence.message}; the split is decided by the store witness"
+                self._kill(w, signal.SIGKILL)
+            if self._even_split_won():
+                return None
+            why = (
+                f"{silence.message}; this node reaches half of the last round's {total} nodes and the store "
+                "witness chose the other half"
+            )
+        else:
+            return None
         log.error("%s: stopping its workers; the store moves to the others, this node rejoins it there", why)
         self._ready.clear()  # not in a formed world while it waits (the pod's readinessProbe)
         for w in attempt.workers.values():

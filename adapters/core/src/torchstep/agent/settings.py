@@ -334,6 +334,17 @@ def _check_store_takeover(conf: Mapping[str, Any]) -> None:
             "addresses, where an agent started later looks for the moved store (fix: add them, or drop "
             "store_takeover)"
         )
+    witness = str(conf.get("store_witness", "off")).strip().lower()
+    if witness not in ("kubernetes", "off", "0", "false", "no", ""):
+        raise UsageError(
+            f"--rdzv-conf store_witness={conf.get('store_witness')}: unknown (fix: store_witness=kubernetes, "
+            "the run's Lease in the pod's namespace, or off)"
+        )
+    if witness == "kubernetes" and not takeover:
+        raise UsageError(
+            "--rdzv-conf store_witness=kubernetes decides an even split for store_takeover, which is off "
+            "(fix: add store_takeover=on,store_candidates=..., or drop store_witness)"
+        )
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> AgentSettings:

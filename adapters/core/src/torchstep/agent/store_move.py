@@ -34,9 +34,11 @@ off from the store move it only when they, without the store's host, are more th
 that round's nodes and answer each other's probes (:func:`holds_majority`); and an agent
 that sees its peers go silent stops its workers instead of training on at the smaller size
 when it reaches fewer than half of them (:func:`outvoted`): it waits for the moved store on
-the candidates and rejoins the run there once its link heals. An even split keeps the store
-where it is: with two nodes the store's host trains on and the other one stops its workers,
-as before. Not moved: a fixed ``--nnodes N`` (the world cannot form again at another size:
+the candidates and rejoins the run there once its link heals. An even split (two nodes) is
+decided by the run's witness where ``--rdzv-conf store_witness=kubernetes`` names one
+(:mod:`torchstep.agent.witness`: the half whose claim of a Lease gets through goes on);
+without one it keeps the store where it is: the store's host trains on and the other one
+stops its workers, as before. Not moved: a fixed ``--nnodes N`` (the world cannot form again at another size:
 the step fails, retryable).
 
 Example (what :class:`torchstep.agent.elastic.TorchstepAgent` does at a rendezvous)::

@@ -89,8 +89,16 @@ _OPTS: dict[str, tuple[Any, Any, str]] = {
         "elastic multi-replica roles (--nnodes min:max): when replica 0's agent dies (its pod deleted or "
         "OOM-killed), or its node goes silent while the other replicas are a majority, the c10d rendezvous "
         "store moves to the lowest-ranked surviving replica and the others train on without their pods being "
-        "replaced; replica 0 (or its replacement) joins them there. False: torchrun's way (the store stays "
-        "in replica 0, whose loss replaces every pod)",
+        "replaced; replica 0 (or its replacement) joins them there. An even split (two replicas, one cut off) "
+        "is decided by the run's Lease (the pods' service account needs get/create/update on leases). False: "
+        "torchrun's way (the store stays in replica 0, whose loss replaces every pod)",
+    ),
+    "store_witness": (
+        bool,
+        True,
+        "with store_takeover: an even split (two replicas, one partitioned) is decided by the run's Lease "
+        "(coordination.k8s.io, torchstep-store-<job>), which the pods' service account must be allowed to get, "
+        "create and update; False: an even split keeps the store in replica 0 (and no Lease is read)",
     ),
     "result_file": (
         str,
@@ -144,8 +152,12 @@ class KubernetesOptions:
         cluster_domain: the cluster's DNS domain (part of replica 0's FQDN).
         store_takeover: elastic multi-replica roles (on by default): the rendezvous store moves
             to a surviving replica when replica 0's agent dies, or when its node goes silent
-            and the others are a majority (``--rdzv-conf store_takeover=on`` with the other
-            replicas' FQDNs as ``store_candidates``: docs/agent.md); ``False``: torchrun's way.
+            and the others are a majority, or half with the run's Lease (``--rdzv-conf
+            store_takeover=on,store_witness=kubernetes`` with the other replicas' FQDNs as
+            ``store_candidates``: docs/agent.md); ``False``: torchrun's way.
+        store_witness: with ``store_takeover``: the run's Lease decides an even split (the
+            pods' service account needs get/create/update on leases); ``False``: an even
+            split keeps the store in replica 0.
         result_file: absolute path in the container where the agent writes the step result;
             ``None``: none besides the termination message.
     """
@@ -168,6 +180,7 @@ class KubernetesOptions:
     join_timeout: int = 900
     cluster_domain: str = "cluster.local"
     store_takeover: bool = True
+    store_witness: bool = True
     result_file: str | None = None
 
 

@@ -117,7 +117,8 @@ def _macro_values(ep: Endpoint) -> dict[str, str]:
 def rdzv_conf(opts: KubernetesOptions, role: RolePlan | None = None, ep: Endpoint | None = None) -> str:
     """The agent's ``--rdzv-conf`` on Kubernetes: the join timeout, and with the
     ``store_takeover`` option (an elastic multi-replica role) the store's move to a survivor,
-    with the other replicas' FQDNs as the places a late agent looks for it.
+    with the other replicas' FQDNs as the places a late agent looks for it, and the run's
+    Lease as the witness of an even split.
 
     Args:
         opts: the resolved run options.
@@ -139,7 +140,9 @@ def rdzv_conf(opts: KubernetesOptions, role: RolePlan | None = None, ep: Endpoin
     first, _, domain = ep.rank0_host.partition(".")  # <job>-0.<job>.<ns>.svc.<domain>
     job = first.removesuffix("-0")
     hosts = "|".join(f"{job}-{i}.{domain}" for i in range(1, role.num_replicas))
-    return f"{conf},store_takeover=on,store_candidates={hosts}"
+    conf = f"{conf},store_takeover=on,store_candidates={hosts}"
+    # the Lease that breaks an even split (two replicas, one cut off): torchstep.agent.witness
+    return f"{conf},store_witness=kubernetes" if opts.store_witness else conf
 
 
 def container_env(role: RolePlan, ep: Endpoint, opts: KubernetesOptions, role_path: str) -> list[dict[str, Any]]:

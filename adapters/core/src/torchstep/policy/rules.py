@@ -236,6 +236,7 @@ CFG_RULES: dict[str, dict[str, str]] = {
         "join_timeout": "free",
         "cluster_domain": "free",
         "store_takeover": "free",
+        "store_witness": "free",
         "preemption_retries": "free",
     },
 }
