@@ -136,7 +136,7 @@ def base_env() -> dict[str, str]:
 
 
 def launch(
-    bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str, conf: str = ""
+    bed: Bed, tool: str, nnodes: str, work: Path, *, run_id: str, conf: str = "", max_restarts: int = 0
 ) -> list[subprocess.Popen[bytes]]:
     """Start one agent (torchrun or torchstep-agent) per host of ``bed``, c10d on host 0
     (``conf``: more ``--rdzv-conf``)."""
@@ -149,7 +149,7 @@ def launch(
         # the namespaces share the machine's host name, so torch cannot tell that the endpoint
         # is host 0's: say which agent hosts the store (a pod's hostname would match)
         rdzv_conf = f"is_host={1 if i == 0 else 0}" + (f",{conf}" if conf else "")
-        argv += ["--rdzv-conf", rdzv_conf, "--max-restarts", "0", "--monitor-interval", "0.1"]
+        argv += ["--rdzv-conf", rdzv_conf, "--max-restarts", str(max_restarts), "--monitor-interval", "0.1"]
         if tool == "torchstep-agent":
             argv += ["--result-file", str(work / f"result.{i}.json"), "--log-dir", str(work / f"logs.{i}")]
         procs.append(bed.spawn(i, [*argv, TRAIN], env=env, out=work / f"agent.{i}.log"))

@@ -647,12 +647,21 @@ class Kubelet:
             )
         if pull_s > 0:
             p.waiting = ("ContainerCreating", f"pulling the image (this node's pulls take {pull_s:g} s)")
-            pull = threading.Timer(pull_s, self._exec, args=(p, launcher, env))
-            pull.daemon = True  # a "pull" longer than the test never holds the server's exit
-            pull.start()
+            pull = threading.Thread(target=self._pull_then_exec, args=(p, launcher, env, pull_s), daemon=True)
+            pull.start()  # a daemon: a "pull" longer than the test never holds the server's exit
         else:
             self._exec(p, launcher, env)
         return p
+
+    def _pull_then_exec(self, p: PodProcess, launcher: list[str], env: dict[str, str], pull_s: float) -> None:
+        """A slow node's "pull", then the container, started from this thread, which lives as
+        long as the container: bubblewrap's ``--die-with-parent`` is the kernel's parent-death
+        signal, sent when the *thread* that started the process ends (a thread that returned
+        right after starting it SIGKILLed the container: exit -9, seen under load)."""
+        time.sleep(pull_s)
+        self._exec(p, launcher, env)
+        if p.proc is not None:  # not when the pod was deleted during its "pull"
+            p.ended.wait()
 
     def _exec(self, p: PodProcess, launcher: list[str], env: dict[str, str]) -> None:
         with self._lock:  # never start a container whose pod is being deleted
