@@ -155,16 +155,31 @@ class Cluster:
 
         return dict(self.wait(done, timeout, f"Job {name} to finish"))
 
+    def start_pod(
+        self,
+        name: str,
+        command: list[str],
+        node: str | None = None,
+        container: dict[str, Any] | None = None,
+        **spec: Any,
+    ) -> dict[str, Any]:
+        """Create a bare pod (restartPolicy Never) whose one container runs ``command``, on
+        ``node`` when given (its ``kubernetes.io/hostname`` selector); ``container`` and
+        ``spec`` add to the container and the pod's spec. Returns the created pod."""
+        body = {
+            "restartPolicy": "Never",
+            **({"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}),
+            "containers": [{"name": "main", "image": "onemachine", "command": command, **(container or {})}],
+            **spec,
+        }
+        made = self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body})
+        assert made.get("kind") == "Pod", made
+        return made
+
     def exec_pod(self, argv: list[str], **fields: Any) -> dict[str, Any]:
         """Run ``argv`` as a bare pod's container (restartPolicy Never) and return it once ended."""
         name = fields.pop("name", f"probe-{os.urandom(3).hex()}")
-        spec = {
-            "restartPolicy": "Never",
-            "containers": [{"name": "main", "image": "onemachine", "command": argv, **fields.pop("container", {})}],
-            **fields,
-        }
-        made = self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
-        assert made.get("kind") == "Pod", made
+        self.start_pod(name, argv, container=fields.pop("container", None), **fields)
         return self.pod_done(name)
 
 

@@ -264,18 +264,7 @@ def test_a_lost_node_fails_its_pods_with_disruption_target_and_a_partition_cuts_
     )
 
     def place(name: str, code: str, node: str, args: list[str]) -> None:
-        real_cluster.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "main", "image": "x", "command": ["python3", "-c", code], "args": args}],
-                },
-            }
-        )
+        real_cluster.start_pod(name, ["python3", "-c", code], node, container={"args": args})
 
     place("srv", server, "node-0", [])
     ip = real_cluster.wait(lambda: real_cluster.get("pods", "srv")["status"].get("podIP"), 60, "srv's IP")

@@ -31,26 +31,13 @@ def claim_pod(cluster: Cluster, name: str, node: str, epoch: str, me: str, *, wa
     shared hostPath ``/go``, when given)."""
     (cluster.root / "go").mkdir(exist_ok=True)
     gate = f"while [ ! -e /go/{wait_for} ]; do sleep 0.05; done; " if wait_for else ""
-    cluster.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "onemachine",
-                        "command": ["sh", "-c", f'{gate}exec python -c "$0" "$@"', CLAIM, epoch, me, "6"],
-                        "volumeMounts": [{"name": "go", "mountPath": "/go"}],
-                    }
-                ],
-                "volumes": [{"name": "go", "hostPath": {"path": str(cluster.root / "go")}}],
-                **spec,
-            },
-        }
+    cluster.start_pod(
+        name,
+        ["sh", "-c", f'{gate}exec python -c "$0" "$@"', CLAIM, epoch, me, "6"],
+        node,
+        container={"volumeMounts": [{"name": "go", "mountPath": "/go"}]},
+        volumes=[{"name": "go", "hostPath": {"path": str(cluster.root / "go")}}],
+        **spec,
     )
 
 
