@@ -512,11 +512,17 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             self.warn(f"--rdzv-conf {WITNESS_CONF}={kind}: unknown (kubernetes or off): no witness")
             return
         witness = LeaseWitness.in_cluster(str(wg.spec.rdzv_handler.get_run_id()))
-        problem = witness.check() if witness is not None else None
-        if problem is not None:
-            self.warn(f"{WITNESS_CONF}: {problem}")
+        if witness is None:
             return
-        self._witness = witness
+
+        def check() -> None:  # beside the workers' start: an API server slow to answer delays nothing
+            problem = witness.check()
+            if problem is not None:
+                self.warn(f"{WITNESS_CONF}: {problem}")
+            else:
+                self._witness = witness
+
+        threading.Thread(target=check, name="torchstep-store-witness", daemon=True).start()
 
     def _even_split_won(self) -> bool:
         """This half of an even split holds the witness's Lease for it (``False`` without a
