@@ -15,12 +15,16 @@ from collections.abc import Iterator
 
 import pytest
 
+#: SIGINT's and SIGTERM's handlers as the session began (see ``_signal_handlers``).
+_BASELINE: dict[signal.Signals, object] = {}
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    _BASELINE.update({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +32,13 @@ def _signal_handlers() -> Iterator[None]:
     """Each test leaves SIGINT and SIGTERM as it found them. A test that builds torchx's
     LocalScheduler in the main thread installs torchx's handlers, which raise its
     ``SignalException``; a later test of the same worker that plays Ctrl-C
-    (``_thread.interrupt_main``) would otherwise get that instead of KeyboardInterrupt."""
+    (``_thread.interrupt_main``) would otherwise get that instead of KeyboardInterrupt. A
+    module or session fixture that built one before this test began left them too (a CI
+    simulation: tests/steps/test_runner.py after such a module on the same worker): a test
+    starts with the session's own handlers in their place."""
+    for s, handler in list(_BASELINE.items()):
+        if str(getattr(signal.getsignal(s), "__module__", "")).startswith("torchx"):
+            signal.signal(s, handler)  # type: ignore[arg-type]
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     yield
     for s, handler in saved.items():

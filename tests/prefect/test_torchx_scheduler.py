@@ -405,6 +405,10 @@ def test_torchx_cancel_stops_every_process_and_a_followed_log_ends(api: str) -> 
     wait_for(lambda: len(procs_with_env(f"TORCHSTEP_TEST_MARK={mark}")) >= 3, 120, "the sleeper's processes")
     runner = get_runner()
     assert runner.status(handle).state == AppState.RUNNING  # type: ignore[union-attr]
+    # its line written before the cancel (the processes exist a moment before it prints)
+    wait_for(
+        lambda: any("sleeping 600.0 s" in line for line in runner.log_lines(handle, "sleeper")), 60, "its first line"
+    )
     followed: list[str] = []
     follower = threading.Thread(target=lambda: followed.extend(runner.log_lines(handle, "sleeper", should_tail=True)))
     follower.start()
