@@ -86,14 +86,24 @@ def test_queued_admitted_with_a_node_selector_evicted_and_readmitted_resumes_fro
 
 def looped(ckpt: Path, steps: int, hold: bool = False) -> specs.AppDef:
     """A 2-replica :func:`checkpointed` step of ``steps`` quarter-second steps; with ``hold``,
-    its ranks then wait for ``ckpt / "release"`` (the test creates it) before they end."""
+    its ranks then wait for ``release(ckpt)`` (the test creates it) before they end. The
+    marker lives beside the checkpoint directory, never in it: a rank that starts late (a
+    loaded machine) would take it for the newest checkpoint."""
     app = checkpointed(ckpt, replicas=2)
     role = app.roles[0]
     args = list(role.args)
     args[args.index("--steps") + 1] = str(steps)
+    mounts = list(role.mounts)
     if hold:
-        args += ["--hold", "/ckpt/release"]
-    return specs.AppDef(app.name, roles=[dataclasses.replace(role, args=args)])
+        release(ckpt).parent.mkdir(mode=0o700, exist_ok=True)
+        args += ["--hold", "/gate/release"]
+        mounts.append(specs.BindMount(src_path=str(release(ckpt).parent), dst_path="/gate"))
+    return specs.AppDef(app.name, roles=[dataclasses.replace(role, args=args, mounts=mounts)])
+
+
+def release(ckpt: Path) -> Path:
+    """The file a held :func:`looped` step waits for."""
+    return ckpt.parent / f"{ckpt.name}-gate" / "release"
 
 
 def ready(pod: dict[str, Any]) -> bool:
@@ -149,13 +159,13 @@ def test_a_gang_is_ready_once_its_rendezvous_formed_and_stays_admitted(real_clus
             "the Workload to be PodsReady",
         )
         assert kueue.condition(name, "PodsReady")["reason"] == "Started"
-        (tmp_path / "ckpt" / "release").touch()
+        release(tmp_path / "ckpt").touch()
         runner.join(240)
         assert done and done[0].state == "SUCCEEDED", (done and done[0].summary(), lines)
         assert kueue.evictions == [] and kueue.condition(name, "Evicted") is None
         assert not any("was evicted" in x for x in lines)
     finally:
-        (tmp_path / "ckpt" / "release").touch()  # a failed check leaves no step holding
+        release(tmp_path / "ckpt").touch()  # a failed check leaves no step holding
         kueue.close()
 
 

@@ -667,7 +667,12 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             return False
         found = compat.rdzv_node_and_settings(handler)
         me = found[0] if found is not None else None
-        participants = compat.rdzv_participants(handler)
+        # the round as it formed: the state the handler last read may be a later one that
+        # this node was not (yet) part of (a late agent's round, a node the monitor removed),
+        # and a list without this node has no survivor to choose (CI: "no survivor answers")
+        participants = dict(self._round_nodes)
+        if me not in participants:
+            participants = compat.rdzv_participants(handler)
         log.info(
             "the rendezvous store at %s is gone; the last round: %s (this node: %s)",
             old,
