@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchstep.agent.store_move import answering, choose_successor, enabled, holds_majority, outvoted
+from torchstep.agent.store_move import answering, choose_successor, enabled, holds_majority, outvoted, side
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,14 @@ def test_two_nodes_split_evenly_the_store_stays_and_nobody_is_outvoted() -> None
     pair = {A: 0, B: 1}
     assert not holds_majority(pair, B, _reach({B}), store_host={"10.0.0.1"})
     assert not outvoted(pair, A, _reach({A}))  # the store's side trains on, as before
+
+
+def test_an_even_split_is_named_on_both_halves_so_the_witness_can_decide() -> None:
+    pair = {A: 0, B: 1}
+    assert side(pair, B, _reach({B}), store_host={"10.0.0.1"}) == ("even", 1)  # lost the store's host
+    assert side(pair, A, _reach({A})) == ("even", 1)  # the store's host, its peer silent
+    assert side(RANKS, B, _reach({B, C}), store_host={"10.0.0.1"}) == ("majority", 2)
+    assert side(RANKS, A, _reach({A})) == ("minority", 1)
 
 
 def test_a_split_never_lets_both_sides_go_on() -> None:

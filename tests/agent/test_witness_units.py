@@ -101,6 +101,16 @@ def test_a_write_that_loses_the_race_reads_again_and_the_winner_is_respected(api
     assert put["spec"]["holderIdentity"] == "me" and put["metadata"]["annotations"]["torchstep.io/split"] == "h:1#3"
 
 
+def test_a_busy_server_is_asked_again_within_the_bound_and_a_refusal_is_not(api: Api) -> None:
+    answers = iter([(503, {}), (429, {}), (404, {})])
+    api.answer = lambda m, p, b: next(answers) if m == "GET" else (201, b)
+    assert api.witness().claim("e#1", "me", timeout_s=5) is True  # 503 and 429: read again
+    api.calls.clear()
+    api.answer = lambda m, p, b: (404, {}) if m == "GET" else (422, {"reason": "Invalid"})
+    assert api.witness().claim("e#1", "me", timeout_s=5) is False
+    assert [c[0] for c in api.calls] == ["GET", "POST"]  # a refusal ends the claim at once
+
+
 def test_the_first_claim_creates_the_lease_with_the_split_and_the_holder(api: Api) -> None:
     api.answer = lambda m, p, b: (404, {}) if m == "GET" else (201, b)
     assert api.witness().claim("h:29400#0", "node-a") is True

@@ -91,15 +91,11 @@ class ServiceAccount:
         return self.ca, key_file
 
 
-def _setns(path: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
+def _setns(fd: int) -> None:
+    """Move the calling thread into the network namespace ``fd`` refers to."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 def serve_in_cluster(handler: type[Any], netns: str, account: ServiceAccount) -> ThreadingHTTPServer:
@@ -123,20 +119,23 @@ def serve_in_cluster(handler: type[Any], netns: str, account: ServiceAccount) ->
     made: list[Any] = []
 
     def bind() -> None:
-        home = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/net"
-        own = os.open(home, os.O_RDONLY)
         try:
-            _setns(f"/run/netns/{netns}")
+            # opened before entering: once there, this thread's /proc entry names the new namespace
+            own = os.open(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
             try:
-                made.append(ThreadingHTTPServer((DNS_IP, PORT), InCluster))
+                target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+                try:
+                    _setns(target)
+                finally:
+                    os.close(target)
+                try:
+                    made.append(ThreadingHTTPServer((DNS_IP, PORT), InCluster))
+                finally:
+                    _setns(own)
             finally:
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(own, _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns back")
-        except Exception as e:
+                os.close(own)
+        except Exception as e:  # handed to the caller
             made.append(e)
-        finally:
-            os.close(own)
 
     thread = threading.Thread(target=bind, name="incluster-bind")
     thread.start()

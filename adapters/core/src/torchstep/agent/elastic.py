@@ -505,11 +505,9 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         the result's warnings) instead of found at a split."""
         from torchstep.agent.witness import WITNESS_CONF, LeaseWitness
 
+        # any value but kubernetes or off was refused at start (settings._check_store_takeover)
         kind = str(self.settings.config.rdzv_configs.get(WITNESS_CONF, "off")).strip().lower()
-        if kind in ("", "0", "off", "false", "no") or not self._takeover_enabled():
-            return
-        if kind != "kubernetes":
-            self.warn(f"--rdzv-conf {WITNESS_CONF}={kind}: unknown (kubernetes or off): no witness")
+        if kind != "kubernetes" or not self._takeover_enabled():
             return
         witness = LeaseWitness.in_cluster(str(wg.spec.rdzv_handler.get_run_id()))
         if witness is None:
@@ -737,23 +735,23 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
         monitor, me = self._liveness, self._me()
         if monitor is None or not self._takeover_enabled() or me is None or not self._round_nodes:
             return
-        answering = store_move.answering(self._round_nodes, me, monitor.probe_node, store_host=monitor.store_names())
+        which, count = store_move.side(self._round_nodes, me, monitor.probe_node, store_host=monitor.store_names())
         total = len(self._round_nodes)
-        if 2 * len(answering) > total:
+        if which == store_move.MAJORITY:
             verdict = "a majority"
-        elif 2 * len(answering) == total and self._even_split_won():
+        elif which == store_move.EVEN and self._even_split_won():
             verdict = "an even split, and the store witness chose this half"
         else:
             log.warning(
                 "%d of the last round's %d nodes answer here without the store's host: not a majority, "
                 "the store stays (this node waits to rejoin it)",
-                len(answering),
+                count,
                 total,
             )
             return
         self._move_verdict = verdict
         self._store_outvoted = (
-            f"{silence.message}; {len(answering)} of the last round's {total} nodes answer without it: {verdict}"
+            f"{silence.message}; {count} of the last round's {total} nodes answer without it: {verdict}"
         )
         log.warning("%s: moving the store", self._store_outvoted)
         monitor.release_store()
@@ -780,11 +778,11 @@ class TorchstepAgent(compat.agent_base()):  # type: ignore[misc]  # torch's Loca
             return None
         if silence.round != self._rdzv_round:
             return None
-        reached = len(store_move.answering(self._round_nodes, me, monitor.probe_node))
+        which, _ = store_move.side(self._round_nodes, me, monitor.probe_node)
         total = len(self._round_nodes)
-        if 2 * reached < total:
+        if which == store_move.MINORITY:
             why = f"{silence.message}; this node reaches fewer than half of the last round's {total} nodes: it is the one cut off"
-        elif 2 * reached == total and self._witness is not None:
+        elif which == store_move.EVEN and self._witness is not None:
             # an even split: the workers stop now, whoever wins (they cannot finish a collective
             # with the silent half, and the winner restarts its group at the new size anyway)
             for w in attempt.workers.values():

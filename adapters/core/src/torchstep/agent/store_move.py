@@ -62,6 +62,9 @@ from torchstep.agent.liveness import GONE, SILENT
 
 __all__ = [
     "CANDIDATES_CONF",
+    "EVEN",
+    "MAJORITY",
+    "MINORITY",
     "MOVED_KEY",
     "TAKEOVER_CONF",
     "StoreMoveError",
@@ -74,6 +77,7 @@ __all__ = [
     "holds_majority",
     "move",
     "outvoted",
+    "side",
     "torch_supports",
 ]
 
@@ -190,6 +194,27 @@ def answering(
     return sorted(found, key=lambda n: participants[n])
 
 
+#: What :func:`side` says of the nodes that answer here: more than half of the round, half, fewer.
+MAJORITY, EVEN, MINORITY = "majority", "even", "minority"
+
+
+def side(
+    participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str], *, store_host: Collection[str] = ()
+) -> tuple[str, int]:
+    """Which side of a split this node is on: the nodes that answer here (:func:`answering`,
+    those on ``store_host`` left out) against the last round's count.
+
+    Returns:
+        :data:`MAJORITY`, :data:`EVEN` or :data:`MINORITY`, and how many answer.
+
+    Example: of three nodes, ``side({a: 0, b: 1, c: 2}, c, lambda n: "alive", store_host={a.addr})``
+    is ``("majority", 2)``; of two, the one left is ``("even", 1)``.
+    """
+    count = len(answering(participants, me, verdict, store_host=store_host))
+    twice, total = 2 * count, len(participants)
+    return (MAJORITY if twice > total else EVEN if twice == total else MINORITY), count
+
+
 def holds_majority(
     participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str], *, store_host: Collection[str]
 ) -> bool:
@@ -200,7 +225,7 @@ def holds_majority(
     Example: of three nodes, the two that are not on the silent store's host and answer each
     other hold it; of two nodes, the one left does not (an even split keeps the store).
     """
-    return 2 * len(answering(participants, me, verdict, store_host=store_host)) > len(participants)
+    return side(participants, me, verdict, store_host=store_host)[0] == MAJORITY
 
 
 def outvoted(participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], str]) -> bool:
@@ -212,7 +237,7 @@ def outvoted(participants: Mapping[Any, int], me: Any, verdict: Callable[[Any], 
     Example: the store's host of three nodes whose two peers went silent is outvoted; of two
     nodes it is not.
     """
-    return 2 * len(answering(participants, me, verdict)) < len(participants)
+    return side(participants, me, verdict)[0] == MINORITY
 
 
 #: ``--rdzv-conf`` key: where a moved store may be, ``|``-separated hosts (the endpoint's port).

@@ -52,7 +52,7 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 EPOCH_ANNOTATION = "torchstep.io/split"
 _ROLE_FIX = (
     "grant the pods' service account get, create and update on leases.coordination.k8s.io in "
-    "the namespace (docs/kubernetes.md, 'An even split'), or set the run option store_takeover=False"
+    "the namespace (docs/kubernetes.md, 'An even split'), or set the run option store_witness=False"
 )
 
 
@@ -168,6 +168,7 @@ class LeaseWitness:
                 continue
             if won is not None:
                 return won
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # a race lost, a busy server: read again
 
     def _claim_once(self, epoch: str, me: str, timeout_s: float) -> bool | None:
         """One read and one write: the verdict, or ``None`` when a concurrent write got in
@@ -187,17 +188,21 @@ class LeaseWitness:
                 "spec": spec,
             }
             code, _ = self._call("POST", self._url, body, timeout_s)
-            return True if code == 201 else None if code == 409 else self._refused(code)
+            return True if code == 201 else self._again_or_refused(code)
         if code != 200:
-            return self._refused(code)
+            return self._again_or_refused(code)
         held = (lease.get("metadata", {}).get("annotations") or {}).get(EPOCH_ANNOTATION)
         if held == epoch:  # this split is decided: by this agent's claim or the other half's
             return bool(lease.get("spec", {}).get("holderIdentity") == me)
         lease.setdefault("metadata", {}).setdefault("annotations", {})[EPOCH_ANNOTATION] = epoch
         lease["spec"] = {**(lease.get("spec") or {}), **spec}
         code, _ = self._call("PUT", f"{self._url}/{self.name}", lease, timeout_s)
-        return True if code == 200 else None if code == 409 else self._refused(code)
+        return True if code == 200 else self._again_or_refused(code)
 
-    def _refused(self, code: int) -> bool:
+    def _again_or_refused(self, code: int) -> bool | None:
+        """``None`` (read again) for a write that lost a race (409) or a server too busy to
+        answer now (429, 5xx: within the claim's bound); ``False`` for a refusal."""
+        if code in (409, 429) or code >= 500:
+            return None
         log.warning("store witness: the API server answered %d to a claim of lease %s: lost", code, self.name)
         return False
