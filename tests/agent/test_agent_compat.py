@@ -315,3 +315,61 @@ def test_an_agent_that_probed_cuda_still_forks_usable_workers(tmp_path: Path) ->
     assert "worker zygote not used" not in done.stderr + done.stdout, done.stderr
     for rank in (0, 1):
         assert f"rank {rank} preloaded=True bad_fork=False" in done.stdout, done.stdout + done.stderr
+
+
+# -- what a rendezvous costs --------------------------------------------------------------------------------
+QUICKEN = """
+import json, sys
+import torch.distributed.elastic.rendezvous.dynamic_rendezvous as dr
+import torch.distributed.elastic.rendezvous.utils as utils
+from torchstep.agent import compat
+
+slept = []
+utils.time.sleep = slept.append  # what torch's _delay would wait, without waiting
+
+
+class Handler:  # torch names an event after the caller of its _record
+    def next_rendezvous(self):
+        return self._record()
+
+    def _record(self):
+        return dr.get_method_name()
+
+
+before = Handler().next_rendezvous()
+replaced = compat.quicken_rendezvous(single_node=sys.argv[1] == "1")
+after = Handler().next_rendezvous()
+shallow = compat._method_name(depth=10_000)
+dr._delay(seconds=(0.5, 0.5))  # the first round's skew, as next_rendezvous calls it
+dr._delay(seconds=1)  # a round waiting for nodes
+print(json.dumps({"replaced": replaced, "before": before, "after": after, "shallow": shallow, "slept": slept}))
+"""
+
+
+@pytest.mark.parametrize("single_node", [True, False], ids=["one node", "several nodes"])
+def test_a_one_node_rendezvous_skips_the_skew_between_nodes_and_names_events_alike(
+    tmp_path: Path, single_node: bool
+) -> None:
+    """torch waits a random 0-0.3 s before a node's first round, to skew many nodes' joins,
+    and names each event with ``inspect.stack()``: a one-node run (every ``--nnodes 1``
+    step) skips the wait, its fixed waits stay, several nodes keep torch's skew, and events
+    keep torch's names (checked against torch's own function before the change)."""
+    script = tmp_path / "quicken.py"
+    script.write_text(QUICKEN)
+    done = subprocess.run(
+        [sys.executable, str(script), "1" if single_node else "0"],
+        env=clean_env({}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == seen["after"] == "next_rendezvous", seen
+    assert seen["shallow"] == "no_method_name"
+    if single_node:
+        assert seen["replaced"] == ["get_method_name", "_delay"]
+        assert seen["slept"] == [1], seen  # the skew skipped, the fixed wait kept
+    else:
+        assert seen["replaced"] == ["get_method_name"]
+        assert seen["slept"] == [0.5, 1], seen

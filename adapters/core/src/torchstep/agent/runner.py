@@ -211,6 +211,7 @@ class AgentRun:
             if handler is None:
                 handler = rdzv_registry.get_rendezvous_handler(params)
             guard_rendezvous(handler, config.rdzv_endpoint)
+            compat.quicken_rendezvous(single_node=config.max_nodes == 1)
             if settings.sources.get("rdzv_conf.keep_alive_interval") == "default":
                 fast_keep_alive(handler, PRIVATE_KEEP_ALIVE_S if private_rendezvous(config) else KEEP_ALIVE_PERIOD_S)
             entrypoint, args = self._entrypoint()
