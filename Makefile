@@ -12,7 +12,7 @@ PYPROJECTS := $(foreach a,$(ADAPTERS),adapters/$(a)/pyproject.toml)
 export PYTHONDONTWRITEBYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1  # Material for MkDocs: a banner about its successor on every build
 
-.PHONY: env demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench bench-user-torch soak system-deps lock clean \
+.PHONY: env bytecode demo test lint typecheck unit dist test-wheels docs docs-serve docs-examples bench bench-user-torch soak system-deps lock clean \
 	test-torch torch-matrix-env gpu-wheels gpu-check
 
 env: $(STAMP)
@@ -33,7 +33,15 @@ $(STAMP): requirements/dev.lock $(PYPROJECTS)
 system-deps:
 	@bash tools/system-deps.sh
 
-demo: $(STAMP)
+# The working tree's byte code, for the processes that run it (the agent of every step, the
+# pods of the test cluster, the orchestrators' task processes): PYTHONDONTWRITEBYTECODE keeps
+# them from caching it, and each compiled torchstep anew (about 0.1 CPU-s per agent, ~1,100
+# agents in `make test`). compileall writes only what is stale, into ignored __pycache__/.
+SOURCES := $(foreach a,$(ADAPTERS),adapters/$(a)/src) tests dags
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 $(SOURCES)
+
+demo: bytecode
 	$(BIN)/python dags/demo.py
 
 lint: $(STAMP)
@@ -50,7 +58,7 @@ typecheck: $(STAMP)
 # deployment or cluster starts once), but for tests/conftest.py's SPREAD_MODULES; the longest
 # units go first.
 TEST_WORKERS ?= 4
-unit: $(STAMP) system-deps torch-matrix-env
+unit: bytecode system-deps torch-matrix-env
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=40
 
 # The torch matrix (issue 32; docs/contributing.md): the agent's compatibility suite
@@ -62,7 +70,7 @@ TORCH_ROWS ?= all
 torch-matrix-env: $(STAMP)
 	$(BIN)/python tools/torch_matrix.py ensure ends
 
-test-torch: $(STAMP)
+test-torch: bytecode
 	$(BIN)/python tools/torch_matrix.py run $(TORCH_ROWS)
 
 # The GPU check (bench/gpu.sh): the wheels it installs on a GPU machine without network, in the
@@ -99,16 +107,16 @@ docs-serve: $(STAMP)
 
 # Every code block of README.md and docs/*.md that claims to run, run as written (those that
 # cannot run here are marked in the source; the listing says how many and why).
-docs-examples: $(STAMP)
+docs-examples: bytecode
 	$(BIN)/python tools/doc_blocks.py
 
-bench: $(STAMP)
+bench: bytecode
 	$(BIN)/python bench/run_all.py
 
 # The agent's startup and recovery on the torch users' images carry (issue 32): PyPI's CUDA
 # builds, the oldest and the newest rows of the torch matrix (figures N@<row>).
 BENCH_TORCH_ROWS ?= py3.10-torch2.4.1 py3.13-torch2.15.0
-bench-user-torch: $(STAMP)
+bench-user-torch: bytecode
 	for row in $(BENCH_TORCH_ROWS); do \
 	  BENCH_TORCH_ROW=$$row $(BIN)/python bench/agent_startup.py || exit 1; \
 	  BENCH_TORCH_ROW=$$row $(BIN)/python bench/agent_recovery.py || exit 1; \
@@ -122,7 +130,7 @@ bench-user-torch: $(STAMP)
 # SOAK_SURFACE="kubernetes ..." draws from those surfaces only (real pods: needs root, as tests/cluster)
 # and rewrites only its part of the page.
 SOAK_FAULTS ?= 100
-soak: $(STAMP)
+soak: bytecode
 	SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$(SOAK_SEED) $(BIN)/python -m tools.soak $(foreach s,$(SOAK_SURFACE),--surface $(s))
 
 # Regenerate the pinned dependency set after editing requirements/dev.in.

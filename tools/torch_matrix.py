@@ -230,6 +230,7 @@ def ensure(row: Row, log=print) -> str:
     python = venv / "bin" / "python"
     with _locked(cache_root() / f".{row.id}.lock"):
         if (venv / STAMP).exists():
+            compile_source(str(python))
             return str(python)
         for stale in cache_root().glob(f"{row.id}-*"):
             log(f"torch-matrix: {row.id}: removing the stale {stale.name}")
@@ -265,7 +266,23 @@ def ensure(row: Row, log=print) -> str:
         stamp = {"row": row.id, "python": base, "requirements": requirements(row), "installed": freeze.stdout.split()}
         (venv / STAMP).write_text(json.dumps(stamp, indent=1))
         log(f"torch-matrix: {row.id}: built in {time.monotonic() - t0:.0f} s")
+        compile_source(str(python))
     return str(python)
+
+
+def compile_source(python: str) -> None:
+    """The source tree's byte code for ``python``, as ``pip install`` writes it for a user.
+
+    The rows import torchstep from the working tree, where ``PYTHONDONTWRITEBYTECODE`` (the
+    Makefile's) keeps every process from caching it: each agent compiled its own modules
+    again (about 0.1 CPU-s, on the critical path of a start). ``compileall`` writes only what
+    is stale; a file changed later is compiled in memory as before (the byte code records the
+    source's size and time)."""
+    subprocess.run(
+        [python, "-m", "compileall", "-q", "-j", "0", str(CORE_SRC)],
+        capture_output=True,
+        check=False,  # a file that does not compile fails where it is imported, with its own error
+    )
 
 
 def in_ci() -> bool:
