@@ -34,6 +34,12 @@ a row of the torch matrix (tools/torch_matrix.py: a virtualenv of PyPI's default
 build, on that Python), e.g. `BENCH_TORCH_ROW=py3.13-torch2.15.0 python bench/agent_startup.py`.
 A CUDA build runs here without a GPU, and its import is what every new worker process pays:
 what the worker zygote saves.
+
+Every figure of the agent alone (1-3, 8-12d) has a CUDA-build row. Those without one, and why:
+4 and 7a-7c run `torchstep run` and the orchestrators (Airflow, Prefect, KFP), which the rows'
+virtualenvs (torch and torchx only) do not hold; 12e-12j run on the test cluster's pods, which
+run the checkout's environment (docs/contributing.md); 5 and 6 do not run torch. The GPU
+figures (below) ran PyPI's CUDA 13.0 build on an H200.
 """
 
 THROUGHPUT = """## What a long job pays (figures 9-11)

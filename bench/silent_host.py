@@ -29,7 +29,16 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 TRAIN = str(BENCH / "scripts" / "silent_train.py")
-BIN = Path(sys.executable).parent
+#: ``BENCH_TORCH_ROW=<row>``: a row of the torch matrix (its virtualenv of PyPI's CUDA build,
+#: torchstep from this checkout; bench/scripts/agent_bench.py), figures ``12a@<row>``...
+ROW = os.environ.get("BENCH_TORCH_ROW", "").strip()
+if ROW:
+    sys.path.insert(0, str(BENCH / "scripts"))
+    import agent_bench
+
+    BIN = agent_bench.BIN
+else:
+    BIN = Path(sys.executable).parent
 TOOLS = {"torchrun": str(BIN / "torchrun"), "torchstep-agent": str(BIN / "torchstep-agent")}
 
 
@@ -132,6 +141,8 @@ def base_env() -> dict[str, str]:
     }
     # gloo's address: eth0's, not the address of the host name every namespace shares
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
+    if ROW:  # the row's virtualenv holds torch and torchx; torchstep is this checkout
+        env["PYTHONPATH"] = str(agent_bench.CORE_SRC)
     return env
 
 
@@ -331,14 +342,15 @@ def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             }
             notes.append("root cause: " + "; ".join(sorted(str(c)[:120] for c in causes)))
         record(
-            fig,
+            agent_bench.figure_id(fig) if ROW else fig,
             what,
             [args.window if v is None else v for v in vals["torchstep-agent"]],
             [args.window if v is None else v for v in vals["torchrun"]],
             peer_name="torchrun",
             goal=10.0 if elastic else 30.0,
             goal_on="ours",
-            command=f"python bench/silent_host.py --runs {args.runs} --window {args.window:g}",
+            command=(f"BENCH_TORCH_ROW={ROW} " if ROW else "")
+            + f"python bench/silent_host.py --runs {args.runs} --window {args.window:g}",
             note="; ".join(notes),
         )
 
