@@ -137,8 +137,16 @@ def test_the_ranks_table_has_a_row_per_rank_with_its_log_file(browser: Browser, 
     # the table's rows render after the artifact's description (seen once in CI: asserted too early)
     text = browser.wait_text("rank3.log")
     browser.screenshot("prefect-ranks-failed")
+    # rank 3 raised NonRetryableError (exit 82): its row is the failure. The others were stopped
+    # for it: replica 1's rank 2 by its own agent (FAILED with its replica); replica 0's ranks
+    # FAILED when their collective broke on the lost peer before the supervisor's stop reached
+    # their agent, CANCELLED when the stop came first (seen once in a CI simulation): a race of
+    # two true stories, and the table tells either
+    assert re.search(r"trainer\s+1\s+3\s+FAILED\s+82\b", text), text[:3000]
+    assert re.search(r"trainer\s+1\s+2\s+FAILED\b", text), text[:3000]
+    for rank in range(2):
+        assert re.search(rf"trainer\s+0\s+{rank}\s+(FAILED|CANCELLED)\b", text), (rank, text[:3000])
     for rank in range(4):
-        assert re.search(rf"trainer\s+{rank // 2}\s+{rank}\s+FAILED", text), (rank, text[:3000])
         assert f"rank{rank}.log" in text
 
 
