@@ -309,6 +309,7 @@ def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     sys.path.insert(0, str(BENCH / "scripts"))
     from figures import record
 
+    command = f"python bench/silent_host.py --runs {args.runs} --window {args.window:g}"
     for (elastic, cut), (fig, what) in FIGURES.items():
         key = "again_s" if elastic else "fail_s"
         vals = {
@@ -349,8 +350,7 @@ def _record(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             peer_name="torchrun",
             goal=10.0 if elastic else 30.0,
             goal_on="ours",
-            command=(f"BENCH_TORCH_ROW={ROW} " if ROW else "")
-            + f"python bench/silent_host.py --runs {args.runs} --window {args.window:g}",
+            command=(agent_bench.row_command(command) if ROW else command),
             note="; ".join(notes),
         )
 

@@ -229,45 +229,48 @@ def ensure(row: Row, log=print) -> str:
     venv = venv_dir(row, base)
     python = venv / "bin" / "python"
     with _locked(cache_root() / f".{row.id}.lock"):
-        if (venv / STAMP).exists():
-            compile_source(str(python))
-            return str(python)
-        for stale in cache_root().glob(f"{row.id}-*"):
-            log(f"torch-matrix: {row.id}: removing the stale {stale.name}")
-            shutil.rmtree(stale, ignore_errors=True)
-        log(f"torch-matrix: {row.id}: building {venv} ({base}; {' '.join(requirements(row))})")
-        t0 = time.monotonic()
-        # PyPI's own wheels: neither pip's configuration files nor the environment's local
-        # wheel folders, extra indexes or constraints of this machine choose them
-        skip = (
-            "PYTHONPATH",
-            "PIP_FIND_LINKS",
-            "PIP_INDEX_URL",
-            "PIP_EXTRA_INDEX_URL",
-            "PIP_CONSTRAINT",
-            "PIP_NO_INDEX",
-        )
-        env = {k: v for k, v in os.environ.items() if k not in skip}
-        env.update(PIP_CONFIG_FILE="/dev/null", PIP_DISABLE_PIP_VERSION_CHECK="1")
-        steps = [
-            [base, "-m", "venv", str(venv)],
-            [str(python), "-m", "pip", "install", "-q", *requirements(row)],
-            [str(python), "-c", f"import torch, torchx; assert torch.__version__.split('+')[0] == {row.torch!r}"],
-        ]
-        for cmd in steps:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if done.returncode != 0:
-                shutil.rmtree(venv, ignore_errors=True)
-                raise RuntimeError(
-                    f"torch-matrix: {row.id}: {' '.join(cmd[:4])} ... failed (exit {done.returncode}):\n"
-                    f"{(done.stdout + done.stderr)[-3000:]}"
-                )
-        freeze = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=env)
-        stamp = {"row": row.id, "python": base, "requirements": requirements(row), "installed": freeze.stdout.split()}
-        (venv / STAMP).write_text(json.dumps(stamp, indent=1))
-        log(f"torch-matrix: {row.id}: built in {time.monotonic() - t0:.0f} s")
+        if not (venv / STAMP).exists():
+            _build(row, base, venv, python, log)
         compile_source(str(python))
     return str(python)
+
+
+def _build(row: Row, base: str, venv: Path, python: Path, log) -> None:
+    """Build ``row``'s virtualenv at ``venv`` from PyPI's wheels (under the row's lock)."""
+    for stale in cache_root().glob(f"{row.id}-*"):
+        log(f"torch-matrix: {row.id}: removing the stale {stale.name}")
+        shutil.rmtree(stale, ignore_errors=True)
+    log(f"torch-matrix: {row.id}: building {venv} ({base}; {' '.join(requirements(row))})")
+    t0 = time.monotonic()
+    # PyPI's own wheels: neither pip's configuration files nor the environment's local
+    # wheel folders, extra indexes or constraints of this machine choose them
+    skip = (
+        "PYTHONPATH",
+        "PIP_FIND_LINKS",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "PIP_CONSTRAINT",
+        "PIP_NO_INDEX",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in skip}
+    env.update(PIP_CONFIG_FILE="/dev/null", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    steps = [
+        [base, "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "-q", *requirements(row)],
+        [str(python), "-c", f"import torch, torchx; assert torch.__version__.split('+')[0] == {row.torch!r}"],
+    ]
+    for cmd in steps:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise RuntimeError(
+                f"torch-matrix: {row.id}: {' '.join(cmd[:4])} ... failed (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr)[-3000:]}"
+            )
+    freeze = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=env)
+    stamp = {"row": row.id, "python": base, "requirements": requirements(row), "installed": freeze.stdout.split()}
+    (venv / STAMP).write_text(json.dumps(stamp, indent=1))
+    log(f"torch-matrix: {row.id}: built in {time.monotonic() - t0:.0f} s")
 
 
 def compile_source(python: str) -> None:

@@ -564,9 +564,6 @@ def _method_name(depth: int = 2) -> str:
         return "no_method_name"
 
 
-_method_name.torchstep = True  # type: ignore[attr-defined]
-
-
 def quicken_rendezvous(*, single_node: bool) -> list[str]:
     """Take two costs out of torch's dynamic rendezvous that buy this agent nothing; the
     rendezvous itself is unchanged.
@@ -596,7 +593,7 @@ def quicken_rendezvous(*, single_node: bool) -> list[str]:
     dr = _dynamic_rendezvous()
     replaced = []
     current = getattr(dr, "get_method_name", None)
-    if callable(current) and not getattr(current, "torchstep", False):
+    if callable(current) and current is not _method_name:
         dr.get_method_name = _method_name
         replaced.append("get_method_name")
     delay = getattr(dr, "_delay", None)
